@@ -1,0 +1,1 @@
+"""timer-service: durable multi-tenant timers on Postgres and NATS JetStream."""

@@ -1,0 +1,138 @@
+"""Settings: read once from TIMER_* environment variables, validated where they are built."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from datetime import timedelta
+from typing import Annotated, Any
+
+import isodate
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker.errors import ConfigError
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 365 * 86400}
+_SHORT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w|y)\s*$")
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def parse_duration(value: Any) -> timedelta:
+    """A duration setting: `500ms`, `30s`, `7d`, `10y` or ISO 8601 (`PT1H`, `P7D`)."""
+    if isinstance(value, timedelta):
+        return value
+    text = str(value)
+    if m := _SHORT.match(text):
+        return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+    try:
+        parsed = isodate.parse_duration(text.strip())
+    except (isodate.ISO8601Error, ValueError):
+        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 7d or P7D)") from None
+    if isinstance(parsed, isodate.Duration):  # years or months: take them as 365 / 30 days
+        parsed = timedelta(days=int(parsed.years) * 365 + int(parsed.months) * 30) + parsed.tdelta
+    if not isinstance(parsed, timedelta):
+        raise ValueError(f"not a duration: {text!r}")
+    return parsed
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    """Every knob of a replica. The README lists them; Helm exposes them as values."""
+
+    model_config = SettingsConfigDict(env_prefix="TIMER_", frozen=True, extra="ignore")
+
+    database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/postgres")
+    db_pool_size: int = Field(4, ge=2, le=100)
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    nats_token: SecretStr | None = None
+    nats_nkey_seed: SecretStr | None = None
+    nats_creds: str | None = None
+    nats_tls_ca: str | None = None
+    nats_tls_cert: str | None = None
+    nats_tls_key: str | None = None
+    nats_tls_server_name: str | None = None
+
+    subject_prefix: str = "svc"
+    command_stream: str = "TIMER_COMMANDS"
+    event_stream: str = "TIMER_EVENTS"
+    dlq_stream: str = "TIMER_DLQ"
+    consumer: str = "timer-service"
+    create_streams: bool = True
+    stream_replicas: int = Field(1, ge=1, le=5)
+    # JetStream drops a re-published firing with the same Nats-Msg-Id inside this window.
+    events_duplicate_window: Duration = timedelta(minutes=2)
+    # How long an unacknowledged command may stay in the command stream (its redelivery horizon).
+    command_max_age: Duration = timedelta(days=1)
+
+    worker_id: str = Field(default_factory=_default_worker_id)
+    batch_size: int = Field(1000, ge=1, le=20000)
+    intake_batch_size: int = Field(1000, ge=1, le=20000)
+    poll_interval_ms: int = Field(1000, ge=10, le=60000)
+    lease_ms: int = Field(3000, ge=200, le=3_600_000)
+    publish_timeout_ms: int = Field(2000, ge=50, le=60000)
+    max_in_flight: int = Field(2000, ge=1, le=100000)
+    drain_timeout_ms: int = Field(10000, ge=0, le=600000)
+    max_horizon: Duration = timedelta(days=3650)
+    retention: Duration = timedelta(days=7)
+    tenant_max_pending: int = Field(0, ge=0)
+
+    http_port: int = Field(8080, ge=0, le=65535)
+    http_host: str = "0.0.0.0"
+    log_level: str = "INFO"
+    log_format: str = "json"
+
+    @model_validator(mode="after")
+    def _relations(self) -> Settings:
+        for name in ("subject_prefix", "command_stream", "event_stream", "dlq_stream", "consumer"):
+            if not _TOKEN.match(getattr(self, name)):
+                raise ValueError(f"{name}: must match [A-Za-z0-9_-]{{1,64}}")
+        if self.publish_timeout_ms >= self.lease_ms:
+            raise ValueError("publish_timeout_ms: must be shorter than TIMER_LEASE_MS")
+        horizon = timedelta(milliseconds=self.lease_ms + 3 * self.publish_timeout_ms)
+        if self.events_duplicate_window <= horizon:
+            raise ValueError(
+                f"events_duplicate_window: must exceed the lease plus the publish retry horizon ({horizon})"
+            )
+        if self.retention < self.command_max_age:
+            raise ValueError("retention: must not be shorter than TIMER_COMMAND_MAX_AGE")
+        if self.log_format not in ("json", "text"):
+            raise ValueError("log_format: must be json or text")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ValueError("log_level: must be DEBUG, INFO, WARNING or ERROR")
+        if bool(self.nats_tls_cert) != bool(self.nats_tls_key):
+            raise ValueError("nats_tls_cert: TIMER_NATS_TLS_CERT and TIMER_NATS_TLS_KEY go together")
+        return self
+
+    @property
+    def lease(self) -> timedelta:
+        return timedelta(milliseconds=self.lease_ms)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings from the environment (and overrides); a bad one raises ConfigError, one line."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if not loc and ":" in msg:
+            loc, msg = (s.strip() for s in msg.split(":", 1))
+        name = f"TIMER_{loc.upper()}" if loc else "settings"
+        raise ConfigError(f"{name}: {msg}") from None
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced, for logs and `status`."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)

@@ -1,0 +1,45 @@
+"""Versioned schema migrations from sql/migrations, safe when N replicas run them at once."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import psycopg
+from psycopg import sql
+
+# Any constant works; it only has to be the same for every replica.
+_MIGRATION_LOCK = 0x7115_E4
+
+
+def available() -> list[tuple[int, str, str]]:
+    """(version, name, SQL text) of every migration shipped with the package, in order."""
+    found = []
+    for entry in resources.files("worker.sql").joinpath("migrations").iterdir():
+        if m := re.match(r"^(\d+)_(\w+)\.sql$", entry.name):
+            found.append((int(m.group(1)), m.group(2), entry.read_text(encoding="utf-8")))
+    return sorted(found)
+
+
+def migrate(conninfo: str) -> list[int]:
+    """Apply the missing migrations in one transaction under an advisory lock; return their versions."""
+    with psycopg.connect(conninfo, autocommit=False) as conn:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS timer_schema_version ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {v for (v,) in conn.execute("SELECT version FROM timer_schema_version")}
+        applied = []
+        for version, name, text in available():
+            if version in done:
+                continue
+            conn.execute(sql.SQL(text))  # type: ignore[arg-type]  # trusted file shipped with the package
+            conn.execute(
+                "INSERT INTO timer_schema_version (version, name) VALUES (%s, %s)", (version, name)
+            )
+            applied.append(version)
+        conn.commit()
+        return applied
+
