@@ -18,12 +18,15 @@ CREATE TABLE timers (
     lease_expires_at timestamptz,
     attempts         integer     NOT NULL DEFAULT 0,
     last_error       text,
-    -- Recurrence: ISO 8601 period, total occurrences (NULL = forever), IANA zone, first dueAt.
+    -- Recurrence: ISO 8601 period, total occurrences (NULL = forever), IANA zone.
     repeat_every     text,
     repeat_times     integer,
     repeat_timezone  text,
-    repeat_anchor    timestamptz,
-    occurrences      integer     NOT NULL DEFAULT 0,
+    -- The dueAt of the ScheduleTimer that defined this timer: occurrences count from it, and a
+    -- redelivered copy of that same command is recognised and changes nothing.
+    anchor_due_at    timestamptz,
+    occurrence_index integer     NOT NULL DEFAULT 0,  -- index of due_at counted from the anchor
+    fired_count      integer     NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant_id, service_call_id)
 ) WITH (fillfactor = 80);  -- room on each page for HOT updates of the lease columns
 

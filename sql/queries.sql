@@ -1,0 +1,202 @@
+-- Every statement the service runs, by name. worker/queries.py loads them once.
+-- Times always come from the database clock (now()), never from a replica.
+
+-- name: upsert_schedules
+-- Insert new timers and reschedule existing ones, one row per key (the caller splits a batch
+-- into rounds of distinct keys). The WHERE of DO UPDATE is the state machine:
+--   * Reached is final: a late ScheduleTimer is acknowledged and ignored;
+--   * a claimed occurrence (lease_expires_at set) is left alone: the command is retried after
+--     it fired, so "once claimed, it fires" holds and recurring timers still get the change;
+--   * an older command (timestampMs) never overwrites a newer one;
+--   * a redelivered copy of the command that defined a Scheduled timer changes nothing, so
+--     it cannot rewind a recurring timer to its first occurrence.
+-- ON CONFLICT locks the row even when the WHERE is false, so claimed_among below sees it as is.
+INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts,
+                         repeat_every, repeat_times, repeat_timezone, anchor_due_at)
+SELECT i.tenant_id, i.service_call_id, 'Scheduled', i.due_at, i.correlation_id, i.command_ts,
+       i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at
+FROM unnest(%(tenant_id)s::text[], %(service_call_id)s::text[], %(due_at)s::timestamptz[],
+            %(correlation_id)s::text[], %(command_ts)s::bigint[], %(repeat_every)s::text[],
+            %(repeat_times)s::int[], %(repeat_timezone)s::text[])
+     AS i(tenant_id, service_call_id, due_at, correlation_id, command_ts, repeat_every,
+          repeat_times, repeat_timezone)
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    state = 'Scheduled',
+    due_at = excluded.due_at,
+    anchor_due_at = excluded.due_at,
+    correlation_id = excluded.correlation_id,
+    command_ts = coalesce(excluded.command_ts, t.command_ts),
+    repeat_every = excluded.repeat_every,
+    repeat_times = excluded.repeat_times,
+    repeat_timezone = excluded.repeat_timezone,
+    occurrence_index = 0,
+    attempts = 0,
+    last_error = NULL,
+    lease_owner = NULL,
+    lease_token = NULL,
+    updated_at = now()
+WHERE t.state <> 'Reached'
+  AND t.lease_expires_at IS NULL
+  AND (excluded.command_ts IS NULL OR t.command_ts IS NULL OR excluded.command_ts >= t.command_ts)
+  AND NOT (t.state = 'Scheduled'
+           AND t.anchor_due_at = excluded.due_at
+           AND t.repeat_every IS NOT DISTINCT FROM excluded.repeat_every
+           AND t.repeat_times IS NOT DISTINCT FROM excluded.repeat_times
+           AND t.repeat_timezone IS NOT DISTINCT FROM excluded.repeat_timezone)
+RETURNING t.tenant_id, t.service_call_id;
+
+-- name: cancel_timers
+-- Cancel while Scheduled and unclaimed. A cancel for an unknown key leaves a Cancelled
+-- tombstone carrying its timestampMs, so an older ScheduleTimer arriving later stays ignored.
+INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts)
+SELECT i.tenant_id, i.service_call_id, 'Cancelled', NULL, i.correlation_id, i.command_ts
+FROM unnest(%(tenant_id)s::text[], %(service_call_id)s::text[], %(correlation_id)s::text[],
+            %(command_ts)s::bigint[])
+     AS i(tenant_id, service_call_id, correlation_id, command_ts)
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    state = 'Cancelled',
+    command_ts = coalesce(excluded.command_ts, t.command_ts),
+    updated_at = now()
+WHERE t.state <> 'Reached'
+  AND t.lease_expires_at IS NULL
+  AND (excluded.command_ts IS NULL OR t.command_ts IS NULL OR excluded.command_ts >= t.command_ts)
+RETURNING t.tenant_id, t.service_call_id;
+
+-- name: claimed_among
+-- Of the given keys, those whose current occurrence is claimed: their commands wait.
+SELECT t.tenant_id, t.service_call_id
+FROM timers t
+JOIN unnest(%(tenant_id)s::text[], %(service_call_id)s::text[]) AS k(tenant_id, service_call_id)
+  ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
+WHERE t.state = 'Scheduled' AND t.lease_expires_at IS NOT NULL;
+
+-- name: claim_due
+-- Claim a batch of due occurrences under a lease, and say when the next one comes due.
+WITH
+-- Oldest first, so an overdue backlog drains in order. Rows whose lease ran out (their replica
+-- died, or its publish failed and the back-off passed) are claimable again right here: no
+-- separate reaper. SKIP LOCKED lets replicas claim side by side without waiting on each other.
+oldest AS MATERIALIZED (
+    SELECT tenant_id, service_call_id FROM timers
+    WHERE state = 'Scheduled' AND due_at <= now()
+      AND (lease_expires_at IS NULL OR lease_expires_at < now())
+    ORDER BY due_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+-- A slice for the most recently due, so timers coming due now are not starved behind a
+-- backlog (catch-up after downtime, or one tenant's flood). Rows already in `oldest` are
+-- locked by this statement itself and merge in the UNION below.
+newest AS MATERIALIZED (
+    SELECT tenant_id, service_call_id FROM timers
+    WHERE state = 'Scheduled' AND due_at <= now()
+      AND (lease_expires_at IS NULL OR lease_expires_at < now())
+    ORDER BY due_at DESC
+    LIMIT %(fresh_limit)s
+    FOR UPDATE SKIP LOCKED
+),
+-- The lease: a fencing token from a fleet-wide sequence and an expiry on the database clock.
+-- Only lease columns change, none indexed, so on a page with room this is a HOT update.
+claimed AS (
+    UPDATE timers t SET
+        lease_owner = %(owner)s,
+        lease_token = nextval('timer_lease_token'),
+        lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond',
+        attempts = t.attempts + 1
+    FROM (SELECT * FROM oldest UNION SELECT * FROM newest) d
+    WHERE t.tenant_id = d.tenant_id AND t.service_call_id = d.service_call_id
+    RETURNING t.tenant_id, t.service_call_id, t.due_at, t.correlation_id, t.lease_token,
+              t.attempts, t.repeat_every, t.repeat_times, t.repeat_timezone, t.anchor_due_at,
+              t.occurrence_index
+)
+SELECT c.*, NULL::float8 AS next_due_in_ms, now() AS db_now FROM claimed c
+UNION ALL
+-- One extra row: milliseconds until the next unclaimed occurrence (NULL when none), so an
+-- idle replica needs this single statement per wake-up.
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       (SELECT extract(epoch FROM min(due_at) - now()) * 1000 FROM timers
+        WHERE state = 'Scheduled' AND due_at > now()),
+       now();
+
+-- name: mark_fired
+-- Record firings whose DueTimeReached JetStream acknowledged. Fenced: only the claim that
+-- still holds its lease (same token, not expired on the database clock, same dueAt) changes
+-- the row; a replica that lost its lease changes nothing. A recurring timer moves to its next
+-- occurrence in this same statement, so a crash can neither skip nor double one.
+UPDATE timers t SET
+    state = CASE WHEN f.next_due_at IS NULL THEN 'Reached' ELSE 'Scheduled' END,
+    due_at = coalesce(f.next_due_at, t.due_at),
+    occurrence_index = coalesce(f.next_index, t.occurrence_index),
+    fired_count = t.fired_count + 1,
+    reached_at = now(),
+    updated_at = now(),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    attempts = 0,
+    last_error = NULL
+FROM unnest(%(tenant_id)s::text[], %(service_call_id)s::text[], %(lease_token)s::bigint[],
+            %(due_at)s::timestamptz[], %(next_due_at)s::timestamptz[], %(next_index)s::int[])
+     AS f(tenant_id, service_call_id, lease_token, due_at, next_due_at, next_index)
+WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
+  AND t.lease_token = f.lease_token
+  AND t.due_at = f.due_at
+  AND t.lease_expires_at > now()
+RETURNING t.tenant_id, t.service_call_id;
+
+-- name: retry_later
+-- A publish failed or timed out (it may still have reached the stream): keep the occurrence
+-- claimed, so it still fires, and let any replica retry it after a back-off. Fenced like
+-- mark_fired.
+UPDATE timers t SET
+    lease_owner = NULL,
+    lease_expires_at = now() + %(backoff_ms)s * interval '1 millisecond',
+    last_error = f.error
+FROM unnest(%(tenant_id)s::text[], %(service_call_id)s::text[], %(lease_token)s::bigint[],
+            %(error)s::text[])
+     AS f(tenant_id, service_call_id, lease_token, error)
+WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
+  AND t.lease_token = f.lease_token
+  AND t.lease_expires_at > now();
+
+-- name: release_unpublished
+-- On shutdown: give back claims this replica will not publish, so others take them at once.
+-- Nothing was published for them, so they are unclaimed again (a cancel may still win).
+UPDATE timers t SET lease_owner = NULL, lease_expires_at = NULL, lease_token = NULL
+FROM unnest(%(tenant_id)s::text[], %(service_call_id)s::text[], %(lease_token)s::bigint[])
+     AS f(tenant_id, service_call_id, lease_token)
+WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
+  AND t.lease_token = f.lease_token;
+
+-- name: get_timer
+SELECT tenant_id, service_call_id, state, due_at, registered_at, updated_at, reached_at,
+       correlation_id, attempts, last_error, lease_owner, lease_expires_at,
+       repeat_every, repeat_times, repeat_timezone, anchor_due_at, occurrence_index, fired_count
+FROM timers
+WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s;
+
+-- name: status_counts
+-- Counts by state. The Scheduled count walks only the partial index.
+SELECT state, count(*) FROM timers GROUP BY state;
+
+-- name: status_overdue
+-- The oldest unclaimed overdue occurrence: the first entry of the due index.
+SELECT count(*) FILTER (WHERE due_at <= now()) AS overdue,
+       extract(epoch FROM now() - min(due_at)) AS oldest_overdue_s
+FROM timers
+WHERE state = 'Scheduled' AND due_at <= now();
+
+-- name: status_leases
+SELECT lease_owner, count(*), min(lease_expires_at - now())
+FROM timers
+WHERE state = 'Scheduled' AND lease_expires_at > now()
+GROUP BY lease_owner
+ORDER BY lease_owner;
+
+-- name: status_top_tenants
+-- Tenants with the most Scheduled timers, from the due index only.
+SELECT tenant_id, count(*) AS n
+FROM timers
+WHERE state = 'Scheduled'
+GROUP BY tenant_id
+ORDER BY n DESC, tenant_id
+LIMIT %(top)s;

@@ -1,0 +1,236 @@
+"""The NATS JetStream adapter: connection, streams, the shared command consumer, publishing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
+
+from worker.config import Settings
+
+log = logging.getLogger("worker.broker")
+
+
+@dataclass(frozen=True)
+class Subjects:
+    """Every subject of the contract (SPEC §1); tenant tokens are validated before they get here."""
+
+    prefix: str
+
+    def schedule(self, tenant: str) -> str:
+        return f"{self.prefix}.{tenant}.timer.schedule"
+
+    def cancel(self, tenant: str) -> str:
+        return f"{self.prefix}.{tenant}.timer.cancel"
+
+    def due(self, tenant: str) -> str:
+        return f"{self.prefix}.{tenant}.timer.due"
+
+    def dlq(self, tenant: str) -> str:
+        return f"{self.prefix}.{tenant}.timer.dlq"
+
+    def get(self, tenant: str) -> str:
+        return f"{self.prefix}.{tenant}.timer.get"
+
+    @property
+    def commands(self) -> list[str]:
+        return [self.schedule("*"), self.cancel("*")]
+
+    @property
+    def wake(self) -> str:
+        """Core-NATS hint that a timer was stored close to now (not part of the contract)."""
+        return f"{self.prefix}._timer.wake"
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+
+
+def _tls_context(s: Settings) -> ssl.SSLContext | None:
+    if not (s.nats_tls_ca or s.nats_tls_cert or s.nats_url.startswith("tls://")):
+        return None
+    ctx = ssl.create_default_context(cafile=s.nats_tls_ca)
+    if s.nats_tls_cert and s.nats_tls_key:
+        ctx.load_cert_chain(s.nats_tls_cert, s.nats_tls_key)
+    return ctx
+
+
+def connect_options(s: Settings) -> dict[str, Any]:
+    """nats.connect() keyword arguments for these settings (credentials, TLS, reconnects)."""
+    opts: dict[str, Any] = {
+        "servers": [u.strip() for u in s.nats_url.split(",")],
+        "name": s.worker_id,
+        "max_reconnect_attempts": -1,  # a replica waits out a NATS outage; readiness says so
+        "reconnect_time_wait": 0.5,
+        "connect_timeout": 5,
+        "allow_reconnect": True,
+    }
+    if s.nats_user:
+        opts["user"] = s.nats_user
+    if s.nats_password:
+        opts["password"] = s.nats_password.get_secret_value()
+    if s.nats_token:
+        opts["token"] = s.nats_token.get_secret_value()
+    if s.nats_nkey_seed:
+        opts["nkeys_seed_str"] = s.nats_nkey_seed.get_secret_value()
+    if s.nats_creds:
+        opts["user_credentials"] = s.nats_creds
+    if ctx := _tls_context(s):
+        opts["tls"] = ctx
+        if s.nats_tls_server_name:
+            opts["tls_hostname"] = s.nats_tls_server_name
+    return opts
+
+
+class Broker:
+    """One replica's NATS connection and everything it does with JetStream."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.subjects = Subjects(settings.subject_prefix)
+        self.nc: NATS | None = None
+        self._js: JetStreamContext | None = None
+
+    async def connect(self) -> None:
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error", extra={"action": "nats_error", "error": str(exc)})
+
+        async def on_disconnect() -> None:
+            log.warning("nats disconnected", extra={"action": "nats_disconnected"})
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected", extra={"action": "nats_reconnected"})
+
+        self.nc = await nats.connect(
+            **connect_options(self.settings),
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+        )
+        self._js = self.nc.jetstream(
+            timeout=self.settings.publish_timeout_ms / 1000,
+            publish_async_max_pending=self.settings.max_in_flight,
+        )
+
+    @property
+    def js(self) -> JetStreamContext:
+        assert self._js is not None, "connect() first"
+        return self._js
+
+    @property
+    def connected(self) -> bool:
+        return self.nc is not None and self.nc.is_connected
+
+    async def ensure_streams(self) -> None:
+        """Create the streams and the shared consumer when missing; never rewrite existing ones."""
+        s = self.settings
+        streams = [
+            api.StreamConfig(
+                name=s.command_stream,
+                subjects=self.subjects.commands,
+                retention=api.RetentionPolicy.WORK_QUEUE,
+                max_age=s.command_max_age.total_seconds(),
+                num_replicas=s.stream_replicas,
+                duplicate_window=120,
+            ),
+            api.StreamConfig(
+                name=s.event_stream,
+                subjects=[self.subjects.due("*")],
+                max_age=s.retention.total_seconds(),
+                num_replicas=s.stream_replicas,
+                duplicate_window=s.events_duplicate_window.total_seconds(),
+                allow_atomic=True,
+            ),
+            api.StreamConfig(
+                name=s.dlq_stream,
+                subjects=[self.subjects.dlq("*")],
+                max_age=s.retention.total_seconds(),
+                num_replicas=s.stream_replicas,
+            ),
+        ]
+        jsm = self.js._jsm
+        for config in streams:
+            assert config.name is not None
+            try:
+                await jsm.stream_info(config.name)
+            except NotFoundError:
+                if not s.create_streams:
+                    raise
+                await jsm.add_stream(config)
+                log.info("stream created", extra={"action": "stream_created", "stream": config.name})
+        try:
+            await jsm.consumer_info(s.command_stream, s.consumer)
+        except NotFoundError:
+            await jsm.add_consumer(
+                s.command_stream,
+                api.ConsumerConfig(
+                    durable_name=s.consumer,
+                    ack_policy=api.AckPolicy.EXPLICIT,
+                    ack_wait=30,
+                    max_ack_pending=50_000,
+                    max_deliver=-1,
+                    filter_subjects=self.subjects.commands,
+                ),
+            )
+
+    async def command_subscription(self) -> JetStreamContext.PullSubscription:
+        return await self.js.pull_subscribe_bind(self.settings.consumer, self.settings.command_stream)
+
+    async def publish_many(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
+        """Publish with bounded pipelining; for each message, None once JetStream acknowledged it.
+
+        nats-py's publish_async futures can wait forever when a reply is lost, so every future
+        gets the same deadline; whatever has not been acknowledged by then counts as failed.
+        """
+        futures: list[asyncio.Future[api.PubAck]] = []
+        results: list[BaseException | None] = []
+        for m in messages:
+            try:
+                futures.append(await self.js.publish_async(m.subject, m.payload, headers=m.headers))
+            except Exception as exc:  # not connected, or too many stalled: fail the rest of them
+                futures.append(_failed(exc))
+        if futures:
+            await asyncio.wait(futures, timeout=timeout)
+        for f in futures:
+            if not f.done():
+                f.cancel()
+                results.append(TimeoutError("no PubAck before the publish timeout"))
+            else:
+                results.append(f.exception())
+        return results
+
+    async def publish_one(self, message: Outgoing) -> None:
+        await self.js.publish(message.subject, message.payload, headers=message.headers)
+
+    async def subscribe(self, subject: str, cb: Callable[[Msg], Awaitable[None]], queue: str = "") -> None:
+        assert self.nc is not None
+        await self.nc.subscribe(subject, queue=queue, cb=cb)
+
+    async def hint(self, subject: str, payload: bytes) -> None:
+        if self.nc is not None and self.nc.is_connected:
+            await self.nc.publish(subject, payload)
+
+    async def close(self) -> None:
+        if self.nc is not None and not self.nc.is_closed:
+            try:
+                await asyncio.wait_for(self.nc.drain(), timeout=5)
+            except Exception:  # drain on a broken connection: closing is all that is left
+                await self.nc.close()
+
+
+def _failed(exc: BaseException) -> asyncio.Future[api.PubAck]:
+    f: asyncio.Future[api.PubAck] = asyncio.get_running_loop().create_future()
+    f.set_exception(exc)
+    return f

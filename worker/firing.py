@@ -1,0 +1,159 @@
+"""The firing loop: claim due occurrences, publish DueTimeReached, mark them, fenced by the lease."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from worker import metrics
+from worker.broker import Broker, Outgoing
+from worker.commands import Repeat
+from worker.config import Settings
+from worker.errors import TransientError
+from worker.recurrence import next_occurrence
+from worker.store import Claimed, Fired, Store
+from worker.wakeup import Wakeup
+
+log = logging.getLogger("worker.firing")
+
+# Share of a claim batch kept for the most recently due occurrences (see claim_due).
+FRESH_SHARE = 0.25
+# A failed publish is retried by any replica after this long.
+RETRY_BACKOFF_MS = 1000
+
+
+def iso(dt: datetime) -> str:
+    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def firing_id(tenant_id: str, service_call_id: str, due_at: datetime) -> str:
+    """One firing, one id (SPEC §1): JetStream's duplicate window drops re-publishes of it."""
+    return f"{tenant_id}:{service_call_id}:{round(due_at.timestamp() * 1000)}"
+
+
+def due_event(timer: Claimed, subject: str, reached_at: datetime) -> Outgoing:
+    msg_id = firing_id(timer.tenant_id, timer.service_call_id, timer.due_at)
+    body = {
+        "id": msg_id,
+        "type": "DueTimeReached",
+        "tenantId": timer.tenant_id,
+        "correlationId": timer.correlation_id,
+        "timestampMs": round(reached_at.timestamp() * 1000),
+        "payload": {
+            "tenantId": timer.tenant_id,
+            "serviceCallId": timer.service_call_id,
+            "dueAt": iso(timer.due_at),
+            "reachedAt": iso(reached_at),
+        },
+    }
+    return Outgoing(subject, json.dumps(body, separators=(",", ":")).encode(), {"Nats-Msg-Id": msg_id})
+
+
+def next_of(timer: Claimed, db_now: datetime) -> tuple[datetime | None, int | None]:
+    """The occurrence after this one, for a recurring timer; (None, None) when it was the last."""
+    if timer.repeat_every is None or timer.anchor_due_at is None:
+        return None, None
+    repeat = Repeat(timer.repeat_every, timer.repeat_times, timer.repeat_timezone)
+    nxt = next_occurrence(repeat, timer.anchor_due_at, timer.occurrence_index, db_now)
+    return (nxt[0], nxt[1]) if nxt else (None, None)
+
+
+class Firing:
+    def __init__(self, settings: Settings, store: Store, broker: Broker, wakeup: Wakeup) -> None:
+        self.s = settings
+        self.store = store
+        self.broker = broker
+        self.wakeup = wakeup
+        self.fresh_limit = max(1, int(settings.batch_size * FRESH_SHARE))
+        self._idle_s = settings.poll_interval_ms / 1000
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until stop: claim, fire, sleep until the next occurrence. In-flight work finishes."""
+        poll_s = self.s.poll_interval_ms / 1000
+        failures = 0
+        while not stop.is_set():
+            metrics.tick("firing")  # alive, even while Postgres is down (readiness says that)
+            try:
+                busy = await self.tick()
+                failures = 0
+            except TransientError as exc:
+                failures += 1
+                log.warning("claim failed", extra={"action": "claim_failed", "error": str(exc)})
+                await self.wakeup.sleep(min(poll_s * 2**failures, 10.0), stop)
+                continue
+            if not busy:
+                await self.wakeup.sleep(self._idle_s, stop)
+
+    async def tick(self) -> bool:
+        """One claim and its firing; True when the batch was full (more may be due)."""
+        started = time.perf_counter()
+        result = await self.store.claim(
+            self.s.worker_id, self.s.batch_size, self.fresh_limit, self.s.lease_ms
+        )
+        metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+        self.wakeup.observe_db_now(result.db_now)
+        poll_s = self.s.poll_interval_ms / 1000
+        nxt = result.next_due_in_ms
+        self._idle_s = poll_s if nxt is None else min(poll_s, max(nxt, 0) / 1000)
+        if result.claimed:
+            await self.fire(result.claimed, result.db_now)
+        return len(result.claimed) >= self.s.batch_size
+
+    async def fire(self, claimed: list[Claimed], db_now: datetime) -> None:
+        metrics.CLAIMED.inc(len(claimed))
+        metrics.LEASES_RECLAIMED.inc(sum(1 for c in claimed if c.attempts > 1))
+        subjects = self.broker.subjects
+        messages = [due_event(c, subjects.due(c.tenant_id), db_now) for c in claimed]
+        started = time.perf_counter()
+        results = await self.broker.publish_many(messages, self.s.publish_timeout_ms / 1000)
+        metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
+        acked_at = self.wakeup.db_now()
+        fired: list[Fired] = []
+        failed: list[tuple[Claimed, str]] = []
+        for timer, err in zip(claimed, results, strict=True):
+            if err is None:
+                fired.append(Fired(timer, *next_of(timer, db_now)))
+                metrics.LATENESS_SECONDS.observe(max(0.0, acked_at - timer.due_at.timestamp()))
+            else:
+                failed.append((timer, f"publish: {type(err).__name__}: {err}"))
+        metrics.FIRED.inc(len(fired))
+        if failed:
+            metrics.PUBLISH_FAILED.inc(len(failed))
+            log.warning(
+                "publish failed",
+                extra={"action": "publish_failed", "count": len(failed), "error": failed[0][1]},
+            )
+        await self._record(fired, failed)
+
+    async def _record(self, fired: list[Fired], failed: list[tuple[Claimed, str]]) -> None:
+        """Mark what was acknowledged; a lost lease makes the mark a no-op (the fence)."""
+        marked = await self._retrying(self.store.mark_fired, fired)
+        metrics.MARKED.inc(marked)
+        if marked < len(fired):
+            metrics.FENCE_REJECTED.inc(len(fired) - marked)
+            log.warning(
+                "lease lost before mark",
+                extra={"action": "fence_rejected", "count": len(fired) - marked},
+            )
+        if failed:
+            await self._retrying(self.store.retry_later, failed, RETRY_BACKOFF_MS)
+
+    async def _retrying(self, write: Callable[..., Awaitable[int]], *args: Any) -> int:
+        # Retried only while the lease can still be valid; after that the write would be fenced
+        # off anyway and another replica re-fires (same Nats-Msg-Id, so JetStream drops it).
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(TransientError),
+            stop=stop_after_delay(self.s.lease_ms / 1000),
+            wait=wait_exponential(multiplier=0.05, max=1),
+            reraise=True,
+        ):
+            with attempt:
+                return await write(*args)
+        raise AssertionError("unreachable: tenacity reraises")

@@ -1,0 +1,61 @@
+"""A replica's HTTP endpoints: /healthz (loops alive), /readyz (dependencies up), /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+log = logging.getLogger("worker.http")
+
+Check = Callable[[], Awaitable[tuple[bool, str]]]
+
+
+class HttpServer:
+    def __init__(self, host: str, port: int, healthy: Check, ready: Check) -> None:
+        self.host, self.port = host, port
+        self._healthy, self._ready = healthy, ready
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        """Listen; returns the bound port (useful when port 0 asked for any free one)."""
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        port: int = self._server.sockets[0].getsockname()[1]
+        log.info("http listening", extra={"action": "http_listening", "port": port})
+        return port
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), timeout=2)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            method, path = request.split(b" ", 2)[:2]
+            status, ctype, body = await self._route(method.decode(), path.decode().split("?")[0])
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
+            status, ctype, body = 400, "text/plain", b"bad request\n"
+        head = (
+            f"HTTP/1.1 {status} {'OK' if status == 200 else 'ERROR'}\r\n"
+            f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        with contextlib.suppress(ConnectionError):
+            writer.write(head.encode() + body)
+            await writer.drain()
+            writer.close()
+
+    async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
+        if method != "GET":
+            return 405, "text/plain", b"method not allowed\n"
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest()
+        checks = {"/healthz": self._healthy, "/readyz": self._ready}
+        if path not in checks:
+            return 404, "text/plain", b"not found\n"
+        ok, detail = await checks[path]()
+        return (200 if ok else 503), "text/plain", (detail + "\n").encode()

@@ -1,0 +1,146 @@
+"""Command intake: pull commands, validate, commit in batches, and only then acknowledge."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import nats.errors
+from nats.aio.msg import Msg
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from worker import metrics
+from worker.broker import Broker, Outgoing
+from worker.commands import Command, Rejection, ScheduleTimer, is_valid_tenant, parse_command
+from worker.config import Settings
+from worker.errors import TransientError
+from worker.store import Store
+from worker.wakeup import Wakeup
+
+log = logging.getLogger("worker.intake")
+
+FETCH_WAIT_S = 1.0
+# A command whose key could not be written is offered again after this long.
+RETRY_DELAY_S = 2.0
+
+
+def split_subject(prefix: str, subject: str) -> tuple[str, str] | None:
+    """(tenant token, kind) of `<prefix>.<tenant>.timer.<kind>`, or None."""
+    parts = subject.split(".")
+    if len(parts) != 4 or parts[0] != prefix or parts[2] != "timer" or parts[3] not in ("schedule", "cancel"):
+        return None
+    return parts[1], parts[3]
+
+
+class Intake:
+    def __init__(self, settings: Settings, store: Store, broker: Broker, wakeup: Wakeup) -> None:
+        self.s = settings
+        self.store = store
+        self.broker = broker
+        self.wakeup = wakeup
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until stop: fetch a batch and handle it. A batch in hand is finished, never dropped."""
+        sub = await self.broker.command_subscription()
+        while not stop.is_set():
+            metrics.tick("intake")
+            try:
+                msgs = await sub.fetch(self.s.intake_batch_size, timeout=FETCH_WAIT_S)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError) as exc:
+                log.warning("fetch failed", extra={"action": "fetch_failed", "error": str(exc)})
+                await _pause(stop, 1.0)
+                continue
+            await self.handle(msgs)
+
+    async def handle(self, msgs: Sequence[Msg]) -> None:
+        now = datetime.now(UTC)
+        commands: list[tuple[Msg, Command]] = []
+        for msg in msgs:
+            parsed = self.parse(msg, now)
+            if isinstance(parsed, Rejection):
+                await self.reject(msg, parsed)
+            else:
+                commands.append((msg, parsed))
+        if commands:
+            await self.apply(commands)
+
+    def parse(self, msg: Msg, now: datetime) -> Command | Rejection:
+        where = split_subject(self.s.subject_prefix, msg.subject)
+        if where is None:  # the stream only binds our subjects; anything else is foreign
+            return Rejection("bad_subject", "subject is not <prefix>.<tenant>.timer.<kind>", "_invalid")
+        tenant, kind = where
+        metrics.COMMANDS_RECEIVED.labels(kind).inc()
+        return parse_command(kind, tenant, msg.data, now=now, max_horizon=self.s.max_horizon)  # type: ignore[arg-type]
+
+    async def reject(self, msg: Msg, why: Rejection) -> None:
+        """Copy the command, unchanged, to its tenant's DLQ subject; acknowledge once it is stored."""
+        token = why.tenant_token if is_valid_tenant(why.tenant_token) else "_invalid"
+        headers = {
+            "Timer-Error": why.reason,
+            "Timer-Error-Detail": why.detail,
+            "Timer-Subject": msg.subject[:200],
+        }
+        try:
+            await self.broker.publish_one(Outgoing(self.broker.subjects.dlq(token), msg.data, headers))
+        except Exception as exc:  # the DLQ is unreachable: keep the command, try again later
+            log.warning("dlq publish failed", extra={"action": "dlq_failed", "error": str(exc)})
+            await msg.nak(delay=RETRY_DELAY_S)
+            return
+        await msg.ack()
+        metrics.COMMANDS_REJECTED.labels(why.reason).inc()
+        log.info(
+            "command rejected",
+            extra={"action": "command_rejected", "reason": why.reason, "detail": why.detail, "tenant": token},
+        )
+
+    async def apply(self, batch: list[tuple[Msg, Command]]) -> None:
+        started = time.perf_counter()
+        try:
+            outcomes = await self._apply_retrying([c for _, c in batch])
+        except TransientError as exc:
+            log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
+            for msg, _ in batch:  # nothing committed, nothing acknowledged
+                await msg.nak(delay=RETRY_DELAY_S)
+            return
+        metrics.COMMAND_BATCH_SECONDS.observe(time.perf_counter() - started)
+        for (msg, command), outcome in zip(batch, outcomes, strict=True):
+            kind = "schedule" if isinstance(command, ScheduleTimer) else "cancel"
+            metrics.COMMANDS_APPLIED.labels(kind, outcome).inc()
+            if outcome == "deferred":  # its occurrence is being fired: apply after that
+                await msg.nak(delay=self.s.lease_ms / 1000)
+            else:
+                await msg.ack()
+        await self._hint([c for (_, c), o in zip(batch, outcomes, strict=True) if o == "applied"])
+
+    async def _apply_retrying(self, commands: list[Command]) -> list[str]:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(TransientError),
+            stop=stop_after_delay(5),
+            wait=wait_exponential(multiplier=0.1, max=2),
+            reraise=True,
+        ):
+            with attempt:
+                return list(await self.store.apply(commands))
+        raise AssertionError("unreachable: tenacity reraises")
+
+    async def _hint(self, applied: list[Command]) -> None:
+        """Tell every replica's firing loop when the soonest new timer comes due."""
+        dues = [c.due_at.timestamp() for c in applied if isinstance(c, ScheduleTimer)]
+        if not dues:
+            return
+        soonest = min(dues)
+        if soonest - self.wakeup.db_now() > self.s.poll_interval_ms / 1000:
+            return  # the regular poll will see it in time
+        self.wakeup.hint(soonest)
+        await self.broker.hint(self.broker.subjects.wake, f"{soonest:.3f}".encode())
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

@@ -1,0 +1,45 @@
+"""Structured logs: one JSON object per line with a stable `action` key."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in _STANDARD)
+        line = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname:<7} {record.getMessage()} {extra}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line.rstrip()
+
+
+def setup(level: str = "INFO", fmt: str = "json") -> None:
+    logging.Formatter.converter = time.gmtime  # logs in UTC, like every timestamp here
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # nats-py logs every reconnect attempt at ERROR; our callbacks say it once, with context.
+    logging.getLogger("nats").setLevel(logging.CRITICAL)

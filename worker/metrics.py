@@ -1,0 +1,60 @@
+"""Prometheus metrics, named like the events they count. Documented in docs/OPERATIONS.md."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+
+COMMANDS_RECEIVED = Counter("timer_commands_received_total", "Commands taken from the stream", ["kind"])
+COMMANDS_APPLIED = Counter(
+    "timer_commands_applied_total",
+    "Valid commands by outcome: applied, ignored (no-op), deferred (occurrence claimed)",
+    ["kind", "outcome"],
+)
+COMMANDS_REJECTED = Counter("timer_commands_rejected_total", "Invalid commands sent to the DLQ", ["reason"])
+COMMAND_BATCH_SECONDS = Histogram(
+    "timer_command_batch_seconds", "Time to commit one intake batch", buckets=_LATENCY_BUCKETS
+)
+
+CLAIMED = Counter("timer_claimed_total", "Occurrences claimed under a lease")
+LEASES_RECLAIMED = Counter(
+    "timer_leases_reclaimed_total", "Claims of occurrences whose earlier lease ran out (crash or retry)"
+)
+FIRED = Counter("timer_fired_total", "DueTimeReached events acknowledged by JetStream")
+MARKED = Counter("timer_marked_total", "Firings recorded in Postgres")
+FENCE_REJECTED = Counter("timer_fence_rejected_total", "Marks refused because the lease was lost")
+PUBLISH_FAILED = Counter("timer_publish_failures_total", "Publishes that failed or timed out")
+CLAIM_SECONDS = Histogram("timer_claim_seconds", "Time of one claim statement", buckets=_LATENCY_BUCKETS)
+PUBLISH_SECONDS = Histogram(
+    "timer_publish_seconds",
+    "Time to publish one claimed batch until its last PubAck",
+    buckets=_LATENCY_BUCKETS,
+)
+LATENESS_SECONDS = Histogram(
+    "timer_lateness_seconds", "PubAck time minus dueAt, on the database clock", buckets=_LATENESS_BUCKETS
+)
+
+LOOP_TICK = Gauge("timer_loop_last_tick_timestamp_seconds", "Last time each loop made progress", ["loop"])
+OVERDUE = Gauge("timer_overdue", "Unclaimed occurrences past their dueAt (capped count)")
+OLDEST_OVERDUE_SECONDS = Gauge(
+    "timer_oldest_overdue_seconds", "Age of the oldest unclaimed overdue occurrence"
+)
+DB_POOL = Gauge("timer_db_pool_connections", "Postgres pool connections", ["state"])
+READY = Gauge("timer_ready", "1 when Postgres and NATS are reachable")
+
+_last_tick: dict[str, float] = {}
+
+
+def tick(loop: str) -> None:
+    """A loop made progress: for the alert on the gauge, and for /healthz."""
+    now = time.time()
+    _last_tick[loop] = now
+    LOOP_TICK.labels(loop).set(now)
+
+
+def last_tick(loop: str) -> float | None:
+    return _last_tick.get(loop)

@@ -1,0 +1,160 @@
+"""One replica: intake, firing, read model and HTTP, supervised, with a soft then hard stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+
+from worker import metrics
+from worker.broker import Broker
+from worker.config import Settings, mask_url
+from worker.firing import Firing
+from worker.http import HttpServer
+from worker.intake import Intake
+from worker.migrations import migrate
+from worker.readmodel import ReadModel
+from worker.store import Store
+from worker.wakeup import Wakeup
+
+log = logging.getLogger("worker.service")
+
+# A loop that has not ticked for this long makes /healthz fail.
+STALL_S = 30.0
+
+
+class Replica:
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        self.stop = asyncio.Event()
+        self.wakeup = Wakeup()
+        self.broker = Broker(settings)
+        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            settings.database_url.get_secret_value(),
+            min_size=2,
+            max_size=settings.db_pool_size,
+            open=False,
+            kwargs={"autocommit": True},
+            name=settings.worker_id,
+        )
+        self.store = Store(self.pool)
+        self.firing = Firing(settings, self.store, self.broker, self.wakeup)
+        self.intake = Intake(settings, self.store, self.broker, self.wakeup)
+        self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
+        self.http_port: int | None = None
+        self._ticks: dict[str, float] = {}
+
+    async def run(self) -> int:
+        """Run until SIGTERM/SIGINT (or stop set); 0 after a clean drain."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stop.set)
+        self.http_port = await self.http.start()  # up first: /readyz answers false while we connect
+        try:
+            if not await self._connect():
+                return 0  # stopped before the dependencies came up
+            log.info(
+                "replica started",
+                extra={
+                    "action": "replica_started",
+                    "worker_id": self.s.worker_id,
+                    "database": mask_url(self.s.database_url.get_secret_value()),
+                    "nats": mask_url(self.s.nats_url),
+                },
+            )
+            return await self._supervise()
+        finally:
+            await self.broker.close()
+            await self.pool.close()
+            await self.http.close()
+
+    async def _connect(self) -> bool:
+        """Wait for Postgres and NATS (with back-off), migrate, ensure streams."""
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            before_sleep=lambda rs: log.warning(
+                "dependencies not ready",
+                extra={"action": "connect_retry", "error": str(rs.outcome.exception() if rs.outcome else "")},
+            ),
+        ):
+            with attempt:
+                if self.stop.is_set():
+                    return False
+                await asyncio.to_thread(migrate, self.s.database_url.get_secret_value())
+                await self.pool.open(wait=True, timeout=10)
+                if not self.broker.connected:
+                    await self.broker.connect()
+                await self.broker.ensure_streams()
+        return True
+
+    async def _supervise(self) -> int:
+        readmodel = ReadModel(self.store, self.s.subject_prefix)
+        await self.broker.subscribe(
+            self.broker.subjects.get("*"), readmodel.answer, queue="timer-service-get"
+        )
+        await self.broker.subscribe(self.broker.subjects.wake, self._on_wake)
+        tasks = {
+            asyncio.create_task(self.intake.run(self.stop), name="intake"),
+            asyncio.create_task(self.firing.run(self.stop), name="firing"),
+            asyncio.create_task(self._gauges(), name="gauges"),
+        }
+        stopper = asyncio.create_task(self.stop.wait(), name="stop")
+        done, _ = await asyncio.wait(tasks | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+        crashed = [t for t in done if t is not stopper and t.exception() is not None]
+        for t in crashed:
+            log.error(
+                "loop died", extra={"action": "loop_died", "loop": t.get_name()}, exc_info=t.exception()
+            )
+        self.stop.set()
+        log.info("draining", extra={"action": "drain_started"})
+        # Soft stop: loops finish the batch in hand. Hard stop after the drain timeout; unmarked
+        # claims then simply expire and another replica fires them.
+        _, late = await asyncio.wait(tasks, timeout=self.s.drain_timeout_ms / 1000)
+        for t in late:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        log.info("stopped", extra={"action": "replica_stopped", "hard": bool(late)})
+        return 1 if crashed else 0
+
+    async def _on_wake(self, msg: Any) -> None:
+        with contextlib.suppress(ValueError):
+            self.wakeup.hint(float(msg.data))
+
+    async def _gauges(self) -> None:
+        """Cheap fleet gauges and pool stats, every few seconds."""
+        while not self.stop.is_set():
+            stats = self.pool.get_stats()
+            metrics.DB_POOL.labels("size").set(stats.get("pool_size", 0))
+            metrics.DB_POOL.labels("available").set(stats.get("pool_available", 0))
+            metrics.DB_POOL.labels("waiting").set(stats.get("requests_waiting", 0))
+            ok, _ = await self.ready()
+            metrics.READY.set(1 if ok else 0)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), timeout=5)
+
+    async def healthy(self) -> tuple[bool, str]:
+        now, stall = time.time(), max(STALL_S, 3 * self.s.poll_interval_ms / 1000)
+        for loop in ("intake", "firing"):
+            last = metrics.last_tick(loop)
+            if last and now - last > stall:
+                return False, f"{loop} loop has not ticked for {now - last:.0f}s"
+        return True, "ok"
+
+    async def ready(self) -> tuple[bool, str]:
+        if self.stop.is_set():
+            return False, "stopping"
+        if not self.broker.connected:
+            return False, "nats not connected"
+        try:
+            await asyncio.wait_for(self.store.ping(), timeout=2)
+        except Exception as exc:
+            return False, f"postgres not reachable: {type(exc).__name__}"
+        return True, "ok"
