@@ -81,12 +81,13 @@ oldest AS MATERIALIZED (
     WHERE state = 'Scheduled' AND due_at <= now()
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
     ORDER BY due_at
-    LIMIT %(limit)s
+    LIMIT %(oldest_limit)s
     FOR UPDATE SKIP LOCKED
 ),
 -- A slice for the most recently due, so timers coming due now are not starved behind a
--- backlog (catch-up after downtime, or one tenant's flood). Rows already in `oldest` are
--- locked by this statement itself and merge in the UNION below.
+-- backlog (catch-up after downtime, or one tenant's flood). The two overlap only when fewer
+-- rows are due than the batch holds; shared rows are locked by this statement itself and
+-- merge in the UNION below.
 newest AS MATERIALIZED (
     SELECT tenant_id, service_call_id FROM timers
     WHERE state = 'Scheduled' AND due_at <= now()

@@ -166,3 +166,20 @@ def replica_env_from(database_url: str, nats_url: str, **extra: Any) -> dict[str
     env = {"TIMER_DATABASE_URL": database_url, "TIMER_NATS_URL": nats_url}
     env.update({f"TIMER_{k.upper()}": str(v) for k, v in extra.items()})
     return env
+
+
+def settings_env(settings: Any) -> dict[str, str]:
+    """TIMER_* variables that reproduce these settings in a child process (secrets included)."""
+    env: dict[str, str] = {}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if hasattr(value, "get_secret_value"):
+            value = value.get_secret_value()
+        if hasattr(value, "total_seconds"):
+            value = f"{value.total_seconds()}s"
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        env[f"TIMER_{name.upper()}"] = str(value)
+    env.pop("TIMER_WORKER_ID", None)
+    return env

@@ -40,7 +40,7 @@ class Replica:
             min_size=2,
             max_size=settings.db_pool_size,
             open=False,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, "application_name": settings.worker_id[:63]},
             name=settings.worker_id,
         )
         self.store = Store(self.pool)
@@ -48,13 +48,14 @@ class Replica:
         self.intake = Intake(settings, self.store, self.broker, self.wakeup)
         self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
         self.http_port: int | None = None
+        self.started = asyncio.Event()  # dependencies up, streams exist, loops starting
         self._ticks: dict[str, float] = {}
 
-    async def run(self) -> int:
+    async def run(self, handle_signals: bool = True) -> int:
         """Run until SIGTERM/SIGINT (or stop set); 0 after a clean drain."""
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
+        if handle_signals:  # handlers only set the stop event; the loops do the rest
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
         self.http_port = await self.http.start()  # up first: /readyz answers false while we connect
         try:
@@ -101,6 +102,7 @@ class Replica:
             self.broker.subjects.get("*"), readmodel.answer, queue="timer-service-get"
         )
         await self.broker.subscribe(self.broker.subjects.wake, self._on_wake)
+        self.started.set()
         tasks = {
             asyncio.create_task(self.intake.run(self.stop), name="intake"),
             asyncio.create_task(self.firing.run(self.stop), name="firing"),

@@ -134,7 +134,13 @@ class Store:
         return {(t, s) for t, s in await cur.fetchall()}
 
     async def claim(self, owner: str, limit: int, fresh_limit: int, lease_ms: int) -> ClaimResult:
-        params = {"owner": owner, "limit": limit, "fresh_limit": fresh_limit, "lease_ms": lease_ms}
+        """Claim up to `limit` due occurrences, `fresh_limit` of them the most recently due."""
+        params = {
+            "owner": owner,
+            "oldest_limit": limit - fresh_limit,
+            "fresh_limit": fresh_limit,
+            "lease_ms": lease_ms,
+        }
         try:
             async with self.pool.connection() as conn:
                 cur = await conn.execute(QUERIES["claim_due"], params)

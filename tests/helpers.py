@@ -1,0 +1,95 @@
+"""Shared test tools: an in-process replica, raw command publishing, polling with deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import nats
+import psycopg
+
+from worker.config import Settings
+from worker.harness import EventRecorder
+from worker.service import Replica
+
+
+@contextlib.asynccontextmanager
+async def running_replica(settings: Settings, **overrides: Any) -> AsyncIterator[Replica]:
+    """A replica in this event loop; stopped (soft) and awaited on exit."""
+    replica = Replica(settings.model_copy(update=overrides) if overrides else settings)
+    task = asyncio.create_task(replica.run(handle_signals=False))
+    await until(lambda: replica.started.is_set() or task.done(), what="replica start")
+    if task.done():
+        task.result()
+    try:
+        yield replica
+    finally:
+        replica.stop.set()
+        assert await asyncio.wait_for(task, timeout=30) == 0
+
+
+@contextlib.asynccontextmanager
+async def recorder(settings: Settings) -> AsyncIterator[EventRecorder]:
+    rec = EventRecorder(settings.nats_url, settings.subject_prefix, settings.event_stream)
+    await rec.start()
+    try:
+        yield rec
+    finally:
+        await rec.stop()
+
+
+@contextlib.asynccontextmanager
+async def jetstream(settings: Settings) -> AsyncIterator[Any]:
+    nc = await nats.connect(settings.nats_url)
+    try:
+        yield nc.jetstream()
+    finally:
+        await nc.close()
+
+
+async def publish_raw(js: Any, settings: Settings, tenant: str, kind: str, body: Any) -> None:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    await js.publish(f"{settings.subject_prefix}.{tenant}.timer.{kind}", data)
+
+
+async def until(
+    check: Callable[[], bool | Awaitable[bool]], timeout: float = 20.0, what: str = "condition"
+) -> None:
+    """Poll `check` until it holds; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def query(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+
+
+def row(db_url: str, tenant: str, service_call_id: str) -> dict[str, Any] | None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        cur.execute("SELECT * FROM timers WHERE tenant_id = %s AND service_call_id = %s", (tenant, service_call_id))
+        return cur.fetchone()
+
+
+def iso_in(seconds: float, db_url: str | None = None) -> str:
+    """An RFC 3339 time `seconds` from now (the database's now when db_url is given)."""
+    from datetime import UTC, datetime, timedelta
+
+    if db_url:
+        (now,) = query(db_url, "SELECT now()")[0]
+    else:
+        now = datetime.now(UTC)
+    return (now + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,69 @@
+"""The lease is a fence: a replica whose lease ran out changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from tests.helpers import iso_in, query, until
+from worker.config import Settings
+from worker.store import Fired, Store
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    pool = AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False, kwargs={"autocommit": True})
+    await pool.open()
+    yield Store(pool)
+    await pool.close()
+
+
+def insert_due(db_url: str, key: str) -> None:
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at)"
+        " VALUES ('acme', %s, 'Scheduled', %s, %s)",
+        key,
+        iso_in(-1, db_url),
+        iso_in(-1, db_url),
+    )
+
+
+def lease_expired(db_url: str) -> bool:
+    return query(db_url, "SELECT bool_and(lease_expires_at < now()) FROM timers")[0][0] is True
+
+
+async def test_expired_lease_cannot_mark_reached(store: Store, db_url: str, settings: Settings) -> None:
+    insert_due(db_url, "paused")
+    claim = await store.claim("zombie", 10, 2, lease_ms=200)
+    assert [c.service_call_id for c in claim.claimed] == ["paused"]
+    await until(lambda: lease_expired(db_url), what="lease expiry on the database clock")
+    # Nobody else claimed it, yet the zombie's mark is refused: its lease is over.
+    assert await store.mark_fired([Fired(claim.claimed[0], None, None)]) == 0
+    assert query(db_url, "SELECT state FROM timers") == [("Scheduled",)]
+
+
+async def test_a_newer_claim_fences_off_the_older_one(store: Store, db_url: str) -> None:
+    insert_due(db_url, "contested")
+    old = await store.claim("zombie", 10, 2, lease_ms=200)
+    await until(lambda: lease_expired(db_url), what="lease expiry")
+    new = await store.claim("healthy", 10, 2, lease_ms=10_000)
+    assert [c.service_call_id for c in new.claimed] == ["contested"]
+    assert new.claimed[0].lease_token > old.claimed[0].lease_token
+    assert new.claimed[0].attempts == 2
+    assert await store.mark_fired([Fired(old.claimed[0], None, None)]) == 0
+    assert await store.mark_fired([Fired(new.claimed[0], None, None)]) == 1
+    assert query(db_url, "SELECT state, lease_owner FROM timers") == [("Reached", None)]
+
+
+async def test_a_live_lease_is_not_claimed_twice(store: Store, db_url: str) -> None:
+    for i in range(50):
+        insert_due(db_url, f"k{i}")
+    first = await store.claim("a", 30, 5, lease_ms=10_000)
+    second = await store.claim("b", 100, 5, lease_ms=10_000)
+    keys_a = {c.service_call_id for c in first.claimed}
+    keys_b = {c.service_call_id for c in second.claimed}
+    assert len(keys_a) == 30 and len(keys_b) == 20
+    assert sorted(keys_a | keys_b) == sorted(f"k{i}" for i in range(50))
