@@ -1,0 +1,492 @@
+"""The Helm chart, linted and rendered by Helm's library, checked object by object."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.config import Settings, parse_duration
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "timer-service"
+Tool = Callable[[dict[str, Any]], dict[str, Any]]
+
+# Settings that never go to the ConfigMap: secrets, mounted files, the pod name.
+SECRET_SETTINGS = {"database_url", "nats_password", "nats_token", "nats_nkey_seed"}
+FILE_SETTINGS = {"nats_creds", "nats_tls_ca", "nats_tls_cert", "nats_tls_key"}
+POD_SETTINGS = {"worker_id"}
+# values.yaml defaults that differ from the service's on purpose.
+CHART_DEFAULTS = {"nats_url": "nats://nats:4222"}
+
+SECRET_STRINGS = {
+    "databaseUrl": "postgresql://timer:S3cret-db@pg:5432/timers",
+    "natsPassword": "S3cret-nats-password",
+    "natsToken": "S3cret-nats-token",
+    "natsNkeySeed": "SUACS3CRETNKEYSEED",
+}
+
+CASES: dict[str, dict[str, Any]] = {
+    "default": {},
+    # Everything switched on, as a production install would be.
+    "production": {
+        "config": {
+            "drainTimeoutMs": 25000,
+            "leaseMs": 3600000,
+            "natsUrl": "tls://nats.messaging:4222",
+            "natsUser": "timer",
+            "natsTlsServerName": "nats.messaging.svc",
+        },
+        "secrets": {"existingSecret": "timer-secrets", "natsPasswordKey": "nats-password"},
+        "natsCreds": {"existingSecret": "timer-nats-creds"},
+        "natsTls": {"existingSecret": "timer-nats-tls"},
+        "postgresTls": {"existingSecret": "timer-pg-tls"},
+        "autoscaling": {"enabled": True, "targetMemoryUtilizationPercentage": 80},
+        "metrics": {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}},
+        "extraEnv": [{"name": "OTEL_SERVICE_NAME", "value": "timer-service"}],
+    },
+    "chart_secret": {"secrets": SECRET_STRINGS},
+    "config_changed": {"config": {"batchSize": 500}},
+    "not_config": {"replicaCount": 5, "topologySpread": {"nodes": "", "zones": ""}},
+    "pdb_min_available": {"podDisruptionBudget": {"minAvailable": 2}},
+    "grace_given": {"terminationGracePeriodSeconds": 60},
+    "grace_too_short": {"terminationGracePeriodSeconds": 10},
+    "typo_top": {"replicaCout": 2},
+    "typo_config": {"config": {"batchSzie": 10}},
+    "typo_security": {"securityContext": {"readOnlyRootFileSystem": True}},
+    "typo_probe": {"probes": {"liveness": {"periodSecond": 5}}},
+    "wrong_type": {"config": {"leaseMs": "3s"}},
+    "out_of_range": {"config": {"batchSize": 0}},
+}
+
+
+@pytest.fixture(scope="module")
+def rendered(deploy_tool: Tool) -> dict[str, Any]:
+    answer = deploy_tool({"chart": str(CHART), "release": "demo", "namespace": "timers", "cases": CASES})
+    cases: dict[str, Any] = answer["cases"]
+    return cases
+
+
+class Release:
+    """One rendered case: its objects by kind, and lookups the tests share."""
+
+    def __init__(self, case: dict[str, Any]) -> None:
+        assert case["error"] is None, case["error"]
+        self.objects: list[dict[str, Any]] = [o["object"] for o in case["objects"]]
+        self.notes: str = case["notes"]
+
+    def all(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def one(self, kind: str, component: str = "server") -> dict[str, Any]:
+        found = [o for o in self.all(kind) if _labels(o).get("app.kubernetes.io/component") == component]
+        assert len(found) == 1, f"{len(found)} {kind} objects of component {component}"
+        return found[0]
+
+    @property
+    def deployment(self) -> dict[str, Any]:
+        return self.one("Deployment")
+
+    @property
+    def pod(self) -> dict[str, Any]:
+        spec: dict[str, Any] = self.deployment["spec"]["template"]["spec"]
+        return spec
+
+    @property
+    def container(self) -> dict[str, Any]:
+        containers: list[dict[str, Any]] = self.pod["containers"]
+        return containers[0]
+
+    @property
+    def job(self) -> dict[str, Any]:
+        return self.one("Job", component="migrate")
+
+    @property
+    def job_pod(self) -> dict[str, Any]:
+        spec: dict[str, Any] = self.job["spec"]["template"]["spec"]
+        return spec
+
+    @property
+    def job_container(self) -> dict[str, Any]:
+        containers: list[dict[str, Any]] = self.job_pod["containers"]
+        return containers[0]
+
+    @property
+    def config(self) -> dict[str, str]:
+        data: dict[str, str] = self.one("ConfigMap")["data"]
+        return data
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = obj["metadata"].get("labels", {})
+    return labels
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+@pytest.fixture(scope="module")
+def default(rendered: dict[str, Any]) -> Release:
+    return Release(rendered["default"])
+
+
+@pytest.fixture(scope="module")
+def production(rendered: dict[str, Any]) -> Release:
+    return Release(rendered["production"])
+
+
+# --- lint and shape ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["default", "production", "chart_secret"])
+def test_helm_lint_is_clean(rendered: dict[str, Any], case: str) -> None:
+    serious = [m for m in rendered[case]["lint"] if m["severity"] in ("warning", "error")]
+    assert serious == []
+
+
+def test_default_release_objects(default: Release) -> None:
+    kinds = sorted(o["kind"] for o in default.objects)
+    assert kinds == ["ConfigMap", "Deployment", "Job", "PodDisruptionBudget", "Service", "ServiceAccount"]
+    assert default.deployment["spec"]["replicas"] == 3
+
+
+def test_production_release_objects(production: Release) -> None:
+    kinds = {o["kind"] for o in production.objects}
+    assert {"HorizontalPodAutoscaler", "PodMonitor", "ServiceMonitor"} <= kinds
+    assert "Secret" not in kinds  # existingSecret: the chart makes none
+
+
+def test_hpa_owns_the_replica_count(production: Release) -> None:
+    assert "replicas" not in production.deployment["spec"]
+    hpa = production.one("HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"]["name"] == production.deployment["metadata"]["name"]
+    assert {m["resource"]["name"] for m in hpa["spec"]["metrics"]} == {"cpu", "memory"}
+
+
+# --- settings and secrets ---------------------------------------------------------------------
+
+
+def test_every_setting_reaches_the_pod(rendered: dict[str, Any], production: Release) -> None:
+    """Each field of worker.config.Settings is a ConfigMap key, a secret env or a file env."""
+    wanted = {f"TIMER_{name.upper()}" for name in Settings.model_fields}
+    chart_secret = Release(rendered["chart_secret"])
+    given = set(production.config) | set(_env(production.container)) | set(_env(chart_secret.container))
+    missing = wanted - given
+    assert not missing, f"settings the chart cannot set: {sorted(missing)}"
+
+
+def test_values_mirror_the_service_defaults() -> None:
+    """values.yaml `config` holds every non-secret setting, with the service's own default."""
+    values = _values_yaml_config()
+    by_env = {f"TIMER_{_snake(k).upper()}": v for k, v in values.items()}
+    for name, field in Settings.model_fields.items():
+        env = f"TIMER_{name.upper()}"
+        if name in SECRET_SETTINGS | FILE_SETTINGS | POD_SETTINGS:
+            assert env not in by_env, f"{env} must not be a plain value"
+            continue
+        assert env in by_env, f"{env} is not in values.yaml config"
+        want = CHART_DEFAULTS.get(name, field.default if field.default is not None else "")
+        got = by_env[env]
+        if isinstance(want, timedelta):
+            got = parse_duration(got)
+        assert got == want, f"{env}: values.yaml has {got!r}, the service defaults to {want!r}"
+
+
+def test_every_value_is_documented() -> None:
+    """Each top-level key and each `config` setting has a comment: at its line's end, or above it
+    or above the run of one-line keys it belongs to (nodeSelector, tolerations, affinity)."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    start = lines.index("config:") + 1
+    config = range(start, start + len(_block(lines, "config:")))
+    bare = []
+    for i, line in enumerate(lines):
+        key = re.match(r"^( *)[A-Za-z]\w*:", line)
+        if not key or "#" in line or (key.group(1) and i not in config):
+            continue
+        above = i - 1
+        while re.match(rf"^{key.group(1)}[A-Za-z]\w*: *\S", lines[above]):  # a run of one-liners
+            above -= 1
+        if not lines[above].lstrip().startswith("#"):
+            bare.append(line.strip())
+    assert bare == []
+
+
+def test_worker_id_is_the_pod_name(default: Release) -> None:
+    worker_id = _env(default.container)["TIMER_WORKER_ID"]
+    assert worker_id["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_config_map_holds_settings_only(default: Release) -> None:
+    config = default.config
+    assert config["TIMER_BATCH_SIZE"] == "1000"
+    assert config["TIMER_LEASE_MS"] == "3000"
+    assert not any(re.search(r"DATABASE|PASSWORD|TOKEN|SEED|CREDS|TLS_KEY", k) for k in config)
+    assert default.container["envFrom"] == [
+        {"configMapRef": {"name": default.one("ConfigMap")["metadata"]["name"]}}
+    ]
+
+
+def test_large_numbers_stay_integers(production: Release) -> None:
+    assert production.config["TIMER_LEASE_MS"] == "3600000"  # not 3.6e+06
+
+
+def test_secrets_come_from_the_existing_secret(production: Release) -> None:
+    env = _env(production.container)
+    for name, key in [("TIMER_DATABASE_URL", "database-url"), ("TIMER_NATS_PASSWORD", "nats-password")]:
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "timer-secrets", "key": key}
+        assert name not in production.config
+    assert "TIMER_NATS_TOKEN" not in env  # no key named for it
+    job_env = _env(production.job_container)
+    assert job_env["TIMER_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "timer-secrets"
+    assert "TIMER_NATS_PASSWORD" not in job_env
+
+
+def test_chart_made_secret_never_leaks(rendered: dict[str, Any]) -> None:
+    release = Release(rendered["chart_secret"])
+    secrets = {o["metadata"]["name"]: o for o in release.all("Secret")}
+    assert set(secrets) == {"demo-timer-service", "demo-timer-service-migrate"}
+    assert set(secrets["demo-timer-service"]["data"]) == {
+        "database-url",
+        "nats-password",
+        "nats-token",
+        "nats-nkey-seed",
+    }
+    env = _env(release.container)
+    assert env["TIMER_NATS_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "demo-timer-service",
+        "key": "nats-token",
+    }
+    # No secret string in clear anywhere but inside the Secrets (whose data is base64).
+    clear = json.dumps([o for o in release.objects if o["kind"] != "Secret"]) + release.notes
+    for value in SECRET_STRINGS.values():
+        assert value not in clear
+    # The migration hook runs before the release's Secret exists: it reads its own hook copy.
+    hook_secret = secrets["demo-timer-service-migrate"]["metadata"]["annotations"]
+    hook_job = release.job["metadata"]["annotations"]
+    job_env = _env(release.job_container)
+    assert job_env["TIMER_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "demo-timer-service-migrate"
+    assert hook_secret["helm.sh/hook"] == hook_job["helm.sh/hook"]
+    assert set(secrets["demo-timer-service-migrate"]["data"]) == {"database-url"}
+    assert not any("NATS" in name for name in job_env)
+    assert int(hook_secret["helm.sh/hook-weight"]) < int(hook_job["helm.sh/hook-weight"])
+
+
+def test_no_database_url_warns_in_notes(default: Release, production: Release) -> None:
+    assert "WARNING: no Postgres DSN" in default.notes
+    assert "WARNING" not in production.notes
+
+
+def test_checksum_rolls_pods_on_config_change(rendered: dict[str, Any], default: Release) -> None:
+    def checksum(release: Release) -> str:
+        annotations: dict[str, str] = release.deployment["spec"]["template"]["metadata"]["annotations"]
+        return annotations["checksum/config"]
+
+    assert re.fullmatch(r"[0-9a-f]{64}", checksum(default))
+    assert checksum(Release(rendered["config_changed"])) != checksum(default)
+    assert checksum(Release(rendered["not_config"])) == checksum(default)
+    secret_sum = default.deployment["spec"]["template"]["metadata"]["annotations"]["checksum/secret"]
+    chart_secret = Release(rendered["chart_secret"]).deployment["spec"]["template"]["metadata"]["annotations"]
+    assert chart_secret["checksum/secret"] != secret_sum
+
+
+# --- files from secrets -----------------------------------------------------------------------
+
+
+def test_creds_and_tls_files_are_mounted_from_secrets(production: Release) -> None:
+    volumes = {v["name"]: v for v in production.pod["volumes"]}
+    mounts = {m["name"]: m for m in production.container["volumeMounts"]}
+    env = _env(production.container)
+    for volume, secret in [
+        ("nats-creds", "timer-nats-creds"),
+        ("nats-tls", "timer-nats-tls"),
+        ("postgres-tls", "timer-pg-tls"),
+    ]:
+        assert volumes[volume]["secret"]["secretName"] == secret
+        assert mounts[volume]["readOnly"] is True
+    assert env["TIMER_NATS_CREDS"]["value"] == mounts["nats-creds"]["mountPath"] + "/nats.creds"
+    tls = mounts["nats-tls"]["mountPath"]
+    assert env["TIMER_NATS_TLS_CA"]["value"] == f"{tls}/ca.crt"
+    assert env["TIMER_NATS_TLS_CERT"]["value"] == f"{tls}/tls.crt"
+    assert env["TIMER_NATS_TLS_KEY"]["value"] == f"{tls}/tls.key"
+    # The migration reaches Postgres the same way, TLS files included.
+    job_mounts = {m["name"] for m in production.job_container["volumeMounts"]}
+    assert job_mounts == {"tmp", "postgres-tls"}  # no NATS credentials: migrating needs none
+
+
+# --- pods: probes, shutdown, placement, security ----------------------------------------------
+
+
+def test_probes_use_the_named_port(default: Release) -> None:
+    container = default.container
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert default.one("Service")["spec"]["ports"][0]["targetPort"] == "http"
+
+
+def test_grace_period_outlasts_the_drain(
+    rendered: dict[str, Any], default: Release, production: Release
+) -> None:
+    for release in (default, production):
+        drain_s = int(release.config["TIMER_DRAIN_TIMEOUT_MS"]) / 1000
+        assert release.pod["terminationGracePeriodSeconds"] > drain_s
+    assert production.pod["terminationGracePeriodSeconds"] == 30
+    assert Release(rendered["grace_given"]).pod["terminationGracePeriodSeconds"] == 60
+    assert "must exceed config.drainTimeoutMs" in rendered["grace_too_short"]["error"]
+
+
+def test_pdb(rendered: dict[str, Any], default: Release) -> None:
+    pdb = default.one("PodDisruptionBudget")
+    assert pdb["apiVersion"] == "policy/v1"
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == default.deployment["spec"]["selector"]["matchLabels"]
+    other = Release(rendered["pdb_min_available"]).one("PodDisruptionBudget")["spec"]
+    assert other["minAvailable"] == 2 and "maxUnavailable" not in other
+
+
+def test_selectors_match_servers_not_the_migration(default: Release) -> None:
+    selector = default.deployment["spec"]["selector"]["matchLabels"]
+    pod_labels = default.deployment["spec"]["template"]["metadata"]["labels"]
+    job_labels = default.job["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+    assert not selector.items() <= job_labels.items()
+    assert default.one("Service")["spec"]["selector"] == selector
+
+
+def test_replicas_spread_across_nodes(rendered: dict[str, Any], default: Release) -> None:
+    spread = default.pod["topologySpreadConstraints"]
+    assert {c["topologyKey"] for c in spread} == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    selector = default.deployment["spec"]["selector"]["matchLabels"]
+    assert all(c["labelSelector"]["matchLabels"] == selector for c in spread)
+    assert "topologySpreadConstraints" not in Release(rendered["not_config"]).pod
+
+
+@pytest.mark.parametrize("which", ["deployment", "job"])
+def test_restricted_security_context(default: Release, which: str) -> None:
+    pod = default.pod if which == "deployment" else default.job_pod
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    for container in pod["containers"]:
+        sc = container["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+        assert "resources" in container and container["resources"]["requests"]
+    assert {v["name"]: v for v in pod["volumes"]}["tmp"]["emptyDir"]
+
+
+def test_service_account(default: Release) -> None:
+    account = default.one("ServiceAccount")
+    assert default.pod["serviceAccountName"] == account["metadata"]["name"]
+    assert account["automountServiceAccountToken"] is False
+
+
+# --- migration hook ---------------------------------------------------------------------------
+
+
+def test_migration_is_a_pre_install_and_pre_upgrade_hook(default: Release) -> None:
+    annotations = default.job["metadata"]["annotations"]
+    assert set(annotations["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade"}
+    assert "before-hook-creation" in annotations["helm.sh/hook-delete-policy"]
+    pod = default.job_pod
+    assert pod["restartPolicy"] == "Never"
+    assert pod["containers"][0]["args"] == ["migrate"]
+    assert pod["containers"][0]["image"] == default.container["image"]
+    # Hooks run before the release's ServiceAccount exists: the Job must not name it.
+    assert "serviceAccountName" not in pod
+
+
+# --- monitors ---------------------------------------------------------------------------------
+
+
+def test_monitors_scrape_the_http_port(production: Release) -> None:
+    pod_monitor = production.one("PodMonitor")["spec"]
+    service_monitor = production.one("ServiceMonitor")["spec"]
+    assert pod_monitor["podMetricsEndpoints"][0]["port"] == "http"
+    assert service_monitor["endpoints"][0]["port"] == "http"
+    assert pod_monitor["podMetricsEndpoints"][0]["path"] == "/metrics"
+    selector = production.deployment["spec"]["selector"]["matchLabels"]
+    assert pod_monitor["selector"]["matchLabels"] == selector
+
+
+# --- the values schema ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("typo_top", "additional properties 'replicaCout' not allowed"),
+        ("typo_config", "additional properties 'batchSzie' not allowed"),
+        ("typo_security", "additional properties 'readOnlyRootFileSystem' not allowed"),
+        ("typo_probe", "additional properties 'periodSecond' not allowed"),
+        ("wrong_type", "/config/leaseMs"),
+        ("out_of_range", "/config/batchSize"),
+    ],
+)
+def test_schema_rejects_bad_values(rendered: dict[str, Any], case: str, message: str) -> None:
+    error = rendered[case]["error"]
+    assert error is not None and message in error, error
+    assert any(m["severity"] == "error" for m in rendered[case]["lint"])
+
+
+def test_schema_closes_every_object() -> None:
+    """additionalProperties: false everywhere, except string maps and objects Kubernetes checks."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    open_objects = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        if node.get("type") == "object" or "properties" in node:
+            closed = node.get("additionalProperties") is False
+            string_map = node.get("additionalProperties") == {"type": "string"}
+            kubernetes = str(node.get("description", "")).startswith(("Kubernetes", "Set by a parent"))
+            if not (closed or string_map or kubernetes):
+                open_objects.append(path)
+        for key, child in node.get("properties", {}).items():
+            walk(child, f"{path}.{key}")
+        for key, child in node.get("definitions", {}).items():
+            walk(child, f"#{key}")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+
+    walk(schema, "values")
+    assert open_objects == []
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _snake(camel: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower()
+
+
+def _block(lines: list[str], header: str) -> list[str]:
+    start = lines.index(header) + 1
+    end = next(i for i in range(start, len(lines)) if lines[i] and not lines[i].startswith(" "))
+    return lines[start:end]
+
+
+def _values_yaml_config() -> dict[str, Any]:
+    """The `config` block of values.yaml, read with a tiny parser (flat `key: scalar` lines)."""
+    values: dict[str, Any] = {}
+    for line in _block((CHART / "values.yaml").read_text().splitlines(), "config:"):
+        m = re.match(r"^  ([A-Za-z]\w*): *(.*?)\s*(#.*)?$", line)
+        if m:
+            values[m.group(1)] = _scalar(m.group(2))
+    return values
+
+
+def _scalar(text: str) -> Any:
+    if text in ("true", "false"):
+        return text == "true"
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    return text.strip("\"'")
