@@ -7,10 +7,13 @@ answers in JSON. When this interpreter already has both (say they join the dev e
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import importlib.util
 import json
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,11 +36,15 @@ def _tools_python() -> Path:
     python = VENV / "bin" / "python"
     stamp = VENV / ".installed"  # holds the requirements it was built from
     wanted = REQUIREMENTS.read_text()
-    if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
-        stamp.write_text(wanted)
+    # One builder at a time when several test runs start together; the others wait, then reuse.
+    tag = hashlib.sha256(str(VENV).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir()) / f"venv-helm-{tag}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+            pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+            subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
+            stamp.write_text(wanted)
     return python
 
 
