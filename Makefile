@@ -29,4 +29,4 @@ bench: $(STAMP)
 	$(BIN)/timer-service bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-helm .pytest_cache .mypy_cache .ruff_cache
