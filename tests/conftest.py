@@ -1,0 +1,83 @@
+"""Real Postgres and NATS JetStream for the tests (SPEC §6).
+
+The servers are found in this order: TIMER_TEST_DATABASE_URL / TIMER_TEST_NATS_URL when set;
+testcontainers when a Docker engine answers; otherwise throwaway embedded servers
+(`worker.embedded`), which is what runs on the team's machines and in CI. Never skipped.
+
+Servers live for the session; isolation is per test: a database cloned from a migrated template
+(`CREATE DATABASE ... TEMPLATE`) and a subject prefix, streams and consumer of its own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from tests.fixtures.servers import Servers, create_template, delete_streams, find_servers, fresh_database
+from worker.config import Settings, load_settings
+from worker.embedded import EmbeddedNats, EmbeddedPostgres
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    with find_servers(tmp_path_factory.mktemp("servers")) as found:
+        yield found
+
+
+@pytest.fixture(scope="session")
+def pg_server_url(servers: Servers) -> str:
+    """The Postgres server's URL (its `postgres` database)."""
+    return servers.pg_url
+
+
+@pytest.fixture(scope="session")
+def nats_url(servers: Servers) -> str:
+    return servers.nats_url
+
+
+@pytest.fixture(scope="session")
+def embedded_pg(servers: Servers) -> EmbeddedPostgres | None:
+    """The session's embedded Postgres, for tests that kill and restart it; None on other servers."""
+    return servers.pg
+
+
+@pytest.fixture(scope="session")
+def embedded_nats(servers: Servers) -> EmbeddedNats | None:
+    """The session's embedded NATS, for tests that kill and restart it; None on other servers."""
+    return servers.nats
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server_url: str) -> str:
+    """URL of `timer_template`: every migration applied; `db_url` clones it."""
+    return create_template(pg_server_url)
+
+
+@pytest.fixture
+def db_url(servers: Servers, template_db: str) -> Iterator[str]:
+    """A migrated database of this test's own; dropped afterwards."""
+    servers.revive()
+    with fresh_database(servers.pg_url) as url:
+        yield url
+        servers.revive()
+
+
+@pytest.fixture
+async def settings(servers: Servers, db_url: str) -> AsyncIterator[Settings]:
+    """Settings on this test's database, with a subject prefix, streams and consumer of its own."""
+    tag = f"t{uuid.uuid4().hex[:8]}"
+    yield load_settings(
+        database_url=db_url,
+        nats_url=servers.nats_url,
+        subject_prefix=tag,
+        command_stream=f"{tag}_COMMANDS",
+        event_stream=f"{tag}_EVENTS",
+        dlq_stream=f"{tag}_DLQ",
+        consumer=f"{tag}-timer-service",
+        http_port=0,
+        log_format="text",
+    )
+    servers.revive()
+    await delete_streams(servers.nats_url, tag)
