@@ -1,0 +1,1 @@
+"""SQL shipped inside the package as `worker.sql`: migrations and named queries."""
