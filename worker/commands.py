@@ -1,0 +1,336 @@
+"""The validation boundary (SPEC §3): command bytes in, a typed command or a Rejection out.
+
+`parse_command` is total: for any bytes it returns a command or a Rejection and never raises.
+The checks raise `_Reject` (private, caught only in `parse_command`); everything else that can
+fail on input (decoding, JSON, dates, durations, zones) is caught by its specific exception where
+it is called.
+
+Identifiers (serviceCallId, correlationId) are opaque strings: any printable Unicode is accepted,
+including non-ASCII and zero-width/format characters (category Cf), because producers own their
+ids and rejecting them would lose timers for no safety gain. Rejected are only control characters
+(category Cc: NUL, which Postgres text cannot hold, CR/LF, escape sequences for logs) and lone
+surrogates (category Cs: not encodable as UTF-8, so they cannot be stored or echoed).
+
+Unknown top-level and payload keys are ignored, for forward compatibility. Inside `repeat` an
+unknown key is an error: a misspelt "time" would silently mean "forever". A JSON null counts as
+an absent field. `timestampMs` is read from the envelope, or from the flat form; when both
+envelope and payload carry `correlationId` or `timestampMs`, the envelope's wins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import unicodedata
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any, Literal, TypeVar
+
+from worker.recurrence import MAX_INDEX, load_zone, parse_period
+
+MAX_BODY_BYTES = 64 * 1024
+# `\Z`, not `$`: `$` also matches before a trailing newline, and "acme\n" is no tenant.
+TENANT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+_TENANT_RULE = "[A-Za-z0-9_-]{1,64}"
+INVALID_TENANT = "_invalid"
+MAX_ID_CHARS = 200
+MAX_DETAIL_CHARS = 200
+MAX_TIMESTAMP_MS = 2**63 - 1  # stored in a Postgres bigint
+COMMAND_TYPES = {"schedule": "ScheduleTimer", "cancel": "CancelTimer"}
+
+# Every reason parse_command can give (the DLQ header `Timer-Error` and the metric label).
+REASONS = frozenset(
+    {
+        "body_too_large",
+        "invalid_utf8",
+        "invalid_json",
+        "duplicate_key",
+        "non_finite_number",
+        "wrong_type",
+        "missing_field",
+        "unknown_type",
+        "type_mismatch",  # a known type on the other command's subject
+        "bad_tenant",
+        "tenant_mismatch",
+        "bad_service_call_id",
+        "bad_correlation_id",
+        "bad_timestamp",
+        "bad_due_at",
+        "beyond_horizon",
+        "bad_repeat",
+        "unknown_timezone",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    every: str  # the ISO 8601 duration as given, validated (e.g. "PT1H", "P1D", "P1M", "P1Y")
+    times: int | None  # total number of occurrences including the first; None = forever
+    timezone: str | None  # IANA zone name, validated with zoneinfo
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTimer:
+    tenant_id: str
+    service_call_id: str
+    due_at: datetime  # timezone-aware, converted to UTC
+    correlation_id: str | None
+    timestamp_ms: int | None  # envelope timestampMs, when present
+    repeat: Repeat | None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    tenant_id: str
+    service_call_id: str
+    correlation_id: str | None
+    timestamp_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    reason: str  # stable snake_case code, one of REASONS
+    detail: str  # one ASCII line, <= 200 chars: safe to log and to put in a NATS header
+    tenant_token: str  # subject token for the DLQ: the subject's tenant when valid, else "_invalid"
+
+
+Command = ScheduleTimer | CancelTimer
+JsonObject = dict[str, Any]
+T = TypeVar("T")
+
+
+class _Reject(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+
+
+def is_valid_tenant(token: str) -> bool:
+    return TENANT_RE.match(token) is not None
+
+
+def parse_command(
+    kind: Literal["schedule", "cancel"],
+    subject_tenant: str,
+    body: bytes,
+    *,
+    now: datetime,
+    max_horizon: timedelta,
+) -> Command | Rejection:
+    """The command in `body`, received on `<prefix>.<subject_tenant>.timer.<kind>`, or why not."""
+    token = subject_tenant if is_valid_tenant(subject_tenant) else INVALID_TENANT
+    try:
+        return _parse(kind, subject_tenant, body, now, max_horizon)
+    except _Reject as why:
+        return Rejection(why.reason, _one_line(why.detail), token)
+
+
+def _parse(kind: str, subject_tenant: str, body: bytes, now: datetime, max_horizon: timedelta) -> Command:
+    # Size first: a 10 MB body is turned away before a byte of it is decoded.
+    if len(body) > MAX_BODY_BYTES:
+        raise _Reject("body_too_large", f"body is {len(body)} bytes, more than {MAX_BODY_BYTES}")
+    if not is_valid_tenant(subject_tenant):
+        raise _Reject("bad_tenant", f"subject tenant {_show(subject_tenant)} does not match {_TENANT_RULE}")
+    if kind not in COMMAND_TYPES:
+        raise _Reject("unknown_type", f"no command is sent on the {_show(kind)} subject")
+    fields, envelope = _unwrap(kind, _load(body))
+
+    tenant = _required(fields, "tenantId", str)
+    if not is_valid_tenant(tenant):
+        raise _Reject("bad_tenant", f"tenantId {_show(tenant)} does not match {_TENANT_RULE}")
+    if tenant != subject_tenant:
+        raise _Reject("tenant_mismatch", f"tenantId {_show(tenant)} is not the subject's {subject_tenant}")
+    outer_tenant = _optional(envelope, "tenantId", str)
+    if outer_tenant is not None and outer_tenant != tenant:
+        raise _Reject("tenant_mismatch", f"envelope tenantId {_show(outer_tenant)} is not the payload's")
+
+    service_call_id = _identifier(
+        _required(fields, "serviceCallId", str), "serviceCallId", "bad_service_call_id"
+    )
+    # Both levels are checked; the envelope's value wins when both are set.
+    correlation_id = _first(_correlation(envelope), _correlation(fields))
+    timestamp_ms = _first(_timestamp(envelope), _timestamp(fields))
+
+    if kind == "cancel":
+        return CancelTimer(tenant, service_call_id, correlation_id, timestamp_ms)
+    due_at = _due_at(_required(fields, "dueAt", str))
+    if due_at - now > max_horizon:
+        raise _Reject("beyond_horizon", f"dueAt is more than {max_horizon} ahead")
+    repeat = _repeat(fields.get("repeat"))
+    return ScheduleTimer(tenant, service_call_id, due_at, correlation_id, timestamp_ms, repeat)
+
+
+def _load(body: bytes) -> JsonObject:
+    try:
+        text = body.decode("utf-8")  # strict: invalid bytes and encoded surrogates fail
+    except UnicodeDecodeError as exc:
+        raise _Reject("invalid_utf8", f"body is not UTF-8 (byte {exc.start})") from None
+    try:
+        doc = json.loads(
+            text, object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite_float
+        )
+    # ValueError: syntax, and integers past Python's digit limit; RecursionError: deep nesting.
+    except (ValueError, RecursionError) as exc:
+        raise _Reject("invalid_json", f"body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise _Reject("wrong_type", f"body must be a JSON object, not {_json_type(doc)}")
+    return doc
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> JsonObject:
+    # Called for every object at any depth, with keys already unescaped ("a" and "\u0061" are one key).
+    obj: JsonObject = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _Reject("duplicate_key", f"key {_show(key)} appears twice in one object")
+        obj[key] = value
+    return obj
+
+
+def _no_constant(name: str) -> float:
+    raise _Reject("non_finite_number", f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to inf without ever spelling "Infinity"
+        raise _Reject("non_finite_number", f"number {_show(text)} is out of range")
+    return value
+
+
+def _unwrap(kind: str, doc: JsonObject) -> tuple[JsonObject, JsonObject]:
+    """(the flat command, the envelope or {}). An envelope is told by its "payload" or "type"."""
+    if "payload" not in doc and "type" not in doc:
+        return doc, {}
+    name = _required(doc, "type", str)
+    if name not in COMMAND_TYPES.values():
+        raise _Reject("unknown_type", f"type {_show(name)} is not a command")
+    if name != COMMAND_TYPES[kind]:
+        raise _Reject("type_mismatch", f"type {name} was sent on the {kind} subject")
+    return _required(doc, "payload", dict), doc
+
+
+def _required(obj: JsonObject, key: str, kind: type[T]) -> T:
+    value = _optional(obj, key, kind)
+    if value is None:
+        raise _Reject("missing_field", f"{key} is required")
+    return value
+
+
+def _optional(obj: JsonObject, key: str, kind: type[T]) -> T | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    # bool is an int in Python, never in a command.
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise _Reject(
+            "wrong_type", f"{key} must be {_JSON_NAMES.get(kind, kind.__name__)}, not {_json_type(value)}"
+        )
+    return value
+
+
+def _identifier(value: str, key: str, reason: str) -> str:
+    if not value:
+        raise _Reject(reason, f"{key} is empty")
+    if len(value) > MAX_ID_CHARS:
+        raise _Reject(reason, f"{key} has {len(value)} characters, more than {MAX_ID_CHARS}")
+    for ch in value:
+        if unicodedata.category(ch) in ("Cc", "Cs"):
+            raise _Reject(reason, f"{key} holds a control character or lone surrogate {_show(ch)}")
+    return value
+
+
+def _correlation(obj: JsonObject) -> str | None:
+    value = _optional(obj, "correlationId", str)
+    return None if value is None else _identifier(value, "correlationId", "bad_correlation_id")
+
+
+def _first(outer: T | None, inner: T | None) -> T | None:
+    return inner if outer is None else outer
+
+
+def _timestamp(obj: JsonObject) -> int | None:
+    value = _optional(obj, "timestampMs", int)
+    if value is not None and not 0 <= value <= MAX_TIMESTAMP_MS:
+        raise _Reject("bad_timestamp", f"timestampMs must be within 0..{MAX_TIMESTAMP_MS}")
+    return value
+
+
+# RFC 3339 date-time. The offset is required; "T", "t" or " " separate date and time.
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:[Zz]|([+-])(\d{2}):(\d{2}))\Z",
+    re.ASCII,  # \d is 0-9 only, not every Unicode digit
+)
+
+
+def _due_at(text: str) -> datetime:
+    """An RFC 3339 date-time with an explicit offset, in UTC. Fractions beyond microseconds are
+    truncated (producers in other languages send nanoseconds); a leap second (:60) is refused."""
+    m = _RFC3339.match(text)
+    if m is None:
+        raise _Reject(
+            "bad_due_at", f"dueAt {_show(text)} is not RFC 3339 with an offset (2026-11-22T09:00:00Z)"
+        )
+    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+    micros = int((m[7] or "").ljust(6, "0")[:6])
+    offset = timedelta(0)
+    if m[8] is not None:
+        if int(m[10]) > 59:
+            raise _Reject("bad_due_at", f"dueAt {_show(text)} has an offset with minutes past 59")
+        offset = timedelta(hours=int(m[9]), minutes=int(m[10])) * (-1 if m[8] == "-" else 1)
+    try:
+        # Out-of-range fields, an offset of 24h or more, or an instant before year 1 or after
+        # year 9999 once moved to UTC (0001-01-01T00:00+01:00) all land here.
+        return datetime(year, month, day, hour, minute, second, micros, timezone(offset)).astimezone(UTC)
+    except (ValueError, OverflowError) as exc:
+        raise _Reject("bad_due_at", f"dueAt {_show(text)} is not a valid instant: {exc}") from None
+
+
+_REPEAT_KEYS = frozenset({"every", "times", "timezone"})
+
+
+def _repeat(value: Any) -> Repeat | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _Reject("bad_repeat", f"repeat must be an object, not {_json_type(value)}")
+    unknown = sorted(set(value) - _REPEAT_KEYS)
+    if unknown:
+        raise _Reject("bad_repeat", f"repeat has unknown key {_show(unknown[0])}")
+    every, times, zone = value.get("every"), value.get("times"), value.get("timezone")
+    if not isinstance(every, str):
+        raise _Reject("bad_repeat", "repeat.every must be an ISO 8601 duration string")
+    try:
+        parse_period(every)
+    except ValueError as exc:
+        raise _Reject("bad_repeat", f"repeat.every {_show(every)}: {exc}") from None
+    if times is not None and (type(times) is not int or not 1 <= times <= MAX_INDEX):
+        raise _Reject("bad_repeat", f"repeat.times must be an integer within 1..{MAX_INDEX}")
+    if zone is not None:
+        if not isinstance(zone, str):
+            raise _Reject("bad_repeat", "repeat.timezone must be a string")
+        if load_zone(zone) is None:
+            raise _Reject("unknown_timezone", f"repeat.timezone {_show(zone)} is not an IANA time zone")
+    return Repeat(every, times, zone)
+
+
+_JSON_NAMES: dict[type, str] = {str: "a string", int: "an integer", dict: "an object"}
+
+
+def _json_type(value: object) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array"}
+    return "null" if value is None else names.get(type(value), "an object")
+
+
+def _show(value: str, limit: int = 60) -> str:
+    """A value quoted for a detail line: ASCII escapes (ascii()), and clipped."""
+    shown = ascii(value)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def _one_line(detail: str) -> str:
+    # Goes into a NATS header and a log line: printable ASCII only, no CR/LF, bounded.
+    clean = "".join(ch if " " <= ch <= "~" else "?" for ch in detail)
+    return clean[:MAX_DETAIL_CHARS]
