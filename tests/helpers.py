@@ -74,7 +74,8 @@ async def until(
 
 def query(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(db_url, autocommit=True) as conn:
-        return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+        cur = conn.execute(sql, params)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
 
 
 def row(db_url: str, tenant: str, service_call_id: str) -> dict[str, Any] | None:

@@ -77,9 +77,9 @@ async def test_three_replicas_fire_ten_thousand_timers_exactly_once(
 ) -> None:
     n = 10_000
     keys = [(TENANTS[i % 10], f"sc-{i}") for i in range(n)]
+    names = fleet.start(3)
+    await wait_ready(settings, js)
     async with recorder(settings) as rec:
-        names = fleet.start(3)
-        await wait_ready(settings, js)
         await schedule_many(js, settings, keys, spread(n, 3, 3, db_url))
         await until(lambda: len(rec.keys()) >= n, timeout=120, what="all timers fired")
         await until(lambda: no_leases_left(db_url), what="every lease cleared")
@@ -95,9 +95,9 @@ async def test_sigkill_while_holding_leases_loses_nothing(
 ) -> None:
     n = 6000
     keys = [(TENANTS[i % 10], f"k-{i}") for i in range(n)]
+    (victim,) = fleet.start(1)
+    await wait_ready(settings, js)
     async with recorder(settings) as rec:
-        (victim,) = fleet.start(1)
-        await wait_ready(settings, js)
         await schedule_many(js, settings, keys, spread(n, 1, 6, db_url))
         # Freeze the victim, look at what it holds, and kill it only while it holds leases.
         held: set[tuple[str, str]] = set()
