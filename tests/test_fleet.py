@@ -7,13 +7,14 @@ import json
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import nats
 import nats.js.errors
 import pytest
 
-from tests.helpers import iso_in, query, recorder, until
+from tests.helpers import query, recorder, until
 from worker.config import Settings
 from worker.harness import ReplicaSet, settings_env
 
@@ -43,7 +44,9 @@ async def schedule_many(js: object, settings: Settings, keys: list[tuple[str, st
 
 
 def spread(n: int, start_s: float, over_s: float, db_url: str) -> list[str]:
-    return [iso_in(start_s + over_s * i / n, db_url) for i in range(n)]
+    """n due times from start_s to start_s + over_s seconds after the database's now."""
+    (now,) = query(db_url, "SELECT now()")[0]
+    return [(now + timedelta(seconds=start_s + over_s * i / n)).isoformat() for i in range(n)]
 
 
 def leased_by(db_url: str, owner: str) -> set[tuple[str, str]]:
