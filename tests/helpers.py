@@ -81,7 +81,9 @@ def query(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
 def row(db_url: str, tenant: str, service_call_id: str) -> dict[str, Any] | None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        cur.execute("SELECT * FROM timers WHERE tenant_id = %s AND service_call_id = %s", (tenant, service_call_id))
+        cur.execute(
+            "SELECT * FROM timers WHERE tenant_id = %s AND service_call_id = %s", (tenant, service_call_id)
+        )
         return cur.fetchone()
 
 

@@ -15,15 +15,27 @@ def schedule(tenant: str, sc: str, due: str, **extra: object) -> dict[str, objec
 
 
 def envelope(kind: str, ts: int, payload: dict[str, object]) -> dict[str, object]:
-    return {"id": f"{kind}-{ts}", "type": kind, "tenantId": payload["tenantId"], "timestampMs": ts, "payload": payload}
+    return {
+        "id": f"{kind}-{ts}",
+        "type": kind,
+        "tenantId": payload["tenantId"],
+        "timestampMs": ts,
+        "payload": payload,
+    }
 
 
-async def test_same_command_three_times_makes_one_timer_that_fires_once(settings: Settings, db_url: str) -> None:
+async def test_same_command_three_times_makes_one_timer_that_fires_once(
+    settings: Settings, db_url: str
+) -> None:
     async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
         body = schedule("acme", "sc-1", iso_in(0.5, db_url))
         for _ in range(3):
             await publish_raw(js, settings, "acme", "schedule", body)
-        await until(lambda: row(db_url, "acme", "sc-1") is not None and row(db_url, "acme", "sc-1")["state"] == "Reached")
+        await until(
+            lambda: (
+                row(db_url, "acme", "sc-1") is not None and row(db_url, "acme", "sc-1")["state"] == "Reached"
+            )
+        )
         # A later copy, after it fired, is acknowledged and ignored.
         await publish_raw(js, settings, "acme", "schedule", body)
         await until(lambda: _consumer_idle(settings), what="command stream drained")
@@ -65,14 +77,26 @@ async def test_older_timestamp_never_overwrites_newer(settings: Settings, db_url
     far, near = iso_in(3600, db_url), iso_in(0.3, db_url)
     async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
         # Delivered out of order: the newer command (ts=200) first, then the older one (ts=100).
-        await publish_raw(js, settings, "acme", "schedule", envelope("ScheduleTimer", 200, schedule("acme", "a", near)))
-        await publish_raw(js, settings, "acme", "schedule", envelope("ScheduleTimer", 100, schedule("acme", "a", far)))
-        # A cancel older than the schedule does not cancel it either.
-        await publish_raw(js, settings, "acme", "schedule", envelope("ScheduleTimer", 300, schedule("acme", "b", near)))
         await publish_raw(
-            js, settings, "acme", "cancel", envelope("CancelTimer", 250, {"tenantId": "acme", "serviceCallId": "b"})
+            js, settings, "acme", "schedule", envelope("ScheduleTimer", 200, schedule("acme", "a", near))
         )
-        await until(lambda: rec.keys()[("acme", "a")] == 1 and rec.keys()[("acme", "b")] == 1, what="both fired")
+        await publish_raw(
+            js, settings, "acme", "schedule", envelope("ScheduleTimer", 100, schedule("acme", "a", far))
+        )
+        # A cancel older than the schedule does not cancel it either.
+        await publish_raw(
+            js, settings, "acme", "schedule", envelope("ScheduleTimer", 300, schedule("acme", "b", near))
+        )
+        await publish_raw(
+            js,
+            settings,
+            "acme",
+            "cancel",
+            envelope("CancelTimer", 250, {"tenantId": "acme", "serviceCallId": "b"}),
+        )
+        await until(
+            lambda: rec.keys()[("acme", "a")] == 1 and rec.keys()[("acme", "b")] == 1, what="both fired"
+        )
     assert abs(rec.firings[0].due_at - _epoch(near)) < 0.001
 
 
@@ -80,7 +104,9 @@ async def test_nothing_fires_before_its_due_at_on_the_database_clock(settings: S
     n = 300
     async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
         for i in range(n):
-            await publish_raw(js, settings, "acme", "schedule", schedule("acme", f"t{i}", iso_in(0.2 + i / 200, db_url)))
+            await publish_raw(
+                js, settings, "acme", "schedule", schedule("acme", f"t{i}", iso_in(0.2 + i / 200, db_url))
+            )
         await until(lambda: len(rec.keys()) == n, what="all fired")
     early = query(db_url, "SELECT count(*) FROM timers WHERE reached_at < due_at")
     assert early == [(0,)]
@@ -89,7 +115,9 @@ async def test_nothing_fires_before_its_due_at_on_the_database_clock(settings: S
     assert all(f.received_at >= f.due_at for f in rec.firings)
 
 
-async def test_bad_input_goes_to_the_dlq_and_valid_commands_still_fire(settings: Settings, db_url: str) -> None:
+async def test_bad_input_goes_to_the_dlq_and_valid_commands_still_fire(
+    settings: Settings, db_url: str
+) -> None:
     poison = [
         ("acme", b"{not json"),
         ("acme", b'{"tenantId": "acme", "serviceCallId": "x"}'),
@@ -113,9 +141,17 @@ async def test_get_returns_the_read_model_for_the_tenant_only(settings: Settings
     from worker.client import TimerClient
 
     async with running_replica(settings), jetstream(settings) as js:
-        await publish_raw(js, settings, "acme", "schedule", schedule("acme", "sc-9", iso_in(3600, db_url), correlationId="r-1"))
+        await publish_raw(
+            js,
+            settings,
+            "acme",
+            "schedule",
+            schedule("acme", "sc-9", iso_in(3600, db_url), correlationId="r-1"),
+        )
         await until(lambda: row(db_url, "acme", "sc-9") is not None)
-        client = TimerClient(await nats.connect(settings.nats_url), settings.subject_prefix, owns_connection=True)
+        client = TimerClient(
+            await nats.connect(settings.nats_url), settings.subject_prefix, owns_connection=True
+        )
         async with client:
             view = await client.get("acme", "sc-9")
             assert view is not None

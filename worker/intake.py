@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Literal
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -28,12 +29,16 @@ FETCH_WAIT_S = 1.0
 RETRY_DELAY_S = 2.0
 
 
-def split_subject(prefix: str, subject: str) -> tuple[str, str] | None:
+def split_subject(prefix: str, subject: str) -> tuple[str, Literal["schedule", "cancel"]] | None:
     """(tenant token, kind) of `<prefix>.<tenant>.timer.<kind>`, or None."""
     parts = subject.split(".")
-    if len(parts) != 4 or parts[0] != prefix or parts[2] != "timer" or parts[3] not in ("schedule", "cancel"):
+    if len(parts) != 4 or parts[0] != prefix or parts[2] != "timer":
         return None
-    return parts[1], parts[3]
+    if parts[3] == "schedule":
+        return parts[1], "schedule"
+    if parts[3] == "cancel":
+        return parts[1], "cancel"
+    return None
 
 
 class Intake:
@@ -76,7 +81,7 @@ class Intake:
             return Rejection("bad_subject", "subject is not <prefix>.<tenant>.timer.<kind>", "_invalid")
         tenant, kind = where
         metrics.COMMANDS_RECEIVED.labels(kind).inc()
-        return parse_command(kind, tenant, msg.data, now=now, max_horizon=self.s.max_horizon)  # type: ignore[arg-type]
+        return parse_command(kind, tenant, msg.data, now=now, max_horizon=self.s.max_horizon)
 
     async def reject(self, msg: Msg, why: Rejection) -> None:
         """Copy the command, unchanged, to its tenant's DLQ subject; acknowledge once it is stored."""

@@ -13,7 +13,9 @@ def _load() -> dict[str, LiteralString]:
     text = resources.files("worker.sql").joinpath("queries.sql").read_text(encoding="utf-8")
     parts = _HEADER.split(text)
     # parts = [preamble, name1, body1, name2, body2, ...]
-    return {name: cast(LiteralString, body.strip()) for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    return {
+        name: cast(LiteralString, body.strip()) for name, body in zip(parts[1::2], parts[2::2], strict=True)
+    }
 
 
 QUERIES = _load()

@@ -120,9 +120,11 @@ class Store:
             cur = await conn.execute(QUERIES["upsert_schedules"], params)
             changed |= {(t, s) for t, s in await cur.fetchall()}
         if cancels:
-            params = _columns(cancels, "tenant_id", "service_call_id", "correlation_id")
-            params["command_ts"] = [c.timestamp_ms for c in cancels]
-            cur = await conn.execute(QUERIES["cancel_timers"], params)
+            cancel_params = _columns(
+                cancels, "tenant_id", "service_call_id", "correlation_id", "timestamp_ms"
+            )
+            cancel_params["command_ts"] = cancel_params.pop("timestamp_ms")
+            cur = await conn.execute(QUERIES["cancel_timers"], cancel_params)
             changed |= {(t, s) for t, s in await cur.fetchall()}
         return changed
 
