@@ -180,11 +180,18 @@ WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s;
 SELECT state, count(*) FROM timers GROUP BY state;
 
 -- name: status_overdue
--- The oldest unclaimed overdue occurrence: the first entry of the due index.
-SELECT count(*) FILTER (WHERE due_at <= now()) AS overdue,
-       extract(epoch FROM now() - min(due_at)) AS oldest_overdue_s
-FROM timers
-WHERE state = 'Scheduled' AND due_at <= now();
+-- Overdue occurrences not yet claimed (counted up to %(cap)s, so a huge backlog stays cheap)
+-- and the age of the oldest: the first entries of the due index.
+SELECT count(*) AS overdue, extract(epoch FROM now() - min(due_at)) AS oldest_overdue_s
+FROM (SELECT due_at FROM timers
+      WHERE state = 'Scheduled' AND due_at <= now()
+        AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      ORDER BY due_at
+      LIMIT %(cap)s) AS o;
+
+-- name: scheduled_estimate
+-- Scheduled timers, as the planner last counted them in the due index: free to read.
+SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'timers_due'::regclass;
 
 -- name: status_leases
 SELECT lease_owner, count(*), min(lease_expires_at - now())

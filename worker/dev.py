@@ -22,7 +22,7 @@ from worker.migrations import migrate
 
 TENANTS = ["acme", "globex", "initech", "umbrella", "hooli"]
 MAX_DELAY_S = 5.0  # demo timers come due 0.5 to 5 s after they are scheduled
-SETTLE_S = 15.0  # after the load stops: time for the last timers to fire
+SETTLE_S = MAX_DELAY_S + 5  # after the load stops: time for the last timers to fire
 
 
 @contextlib.contextmanager
@@ -103,13 +103,13 @@ async def _demo(
                 scheduled.add((tenant, f"demo-{n}"))
             _live(scheduled, recorder)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=0.25)
+                await asyncio.wait_for(stop.wait(), timeout=0.25 if sys.stdout.isatty() else 1.0)
         if duration is not None:
             # Let every scheduled timer come due and fire, then stop.
             deadline = time.monotonic() + SETTLE_S
             while time.monotonic() < deadline and not scheduled <= set(recorder.keys()):
                 _live(scheduled, recorder)
-                await asyncio.sleep(0.25)
+                await asyncio.sleep(0.25 if sys.stdout.isatty() else 1.0)
     finally:
         await client.close()
         await recorder.stop()

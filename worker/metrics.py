@@ -39,7 +39,8 @@ LATENESS_SECONDS = Histogram(
 )
 
 LOOP_TICK = Gauge("timer_loop_last_tick_timestamp_seconds", "Last time each loop made progress", ["loop"])
-OVERDUE = Gauge("timer_overdue", "Unclaimed occurrences past their dueAt (capped count)")
+OVERDUE = Gauge("timer_overdue", "Unclaimed occurrences past their dueAt (counted up to 100,000)")
+SCHEDULED = Gauge("timer_scheduled_estimate", "Scheduled timers, the planner's estimate (fleet-wide)")
 OLDEST_OVERDUE_SECONDS = Gauge(
     "timer_oldest_overdue_seconds", "Age of the oldest unclaimed overdue occurrence"
 )

@@ -8,11 +8,13 @@ import psycopg
 
 from worker.queries import QUERIES
 
+OVERDUE_CAP = 1_000_000
+
 
 def overview(conninfo: str, top: int = 10) -> dict[str, Any]:
     with psycopg.connect(conninfo, autocommit=True) as conn:
         counts = {state: n for state, n in conn.execute(QUERIES["status_counts"])}
-        overdue_row = conn.execute(QUERIES["status_overdue"]).fetchone()
+        overdue_row = conn.execute(QUERIES["status_overdue"], {"cap": OVERDUE_CAP}).fetchone()
         leases = [
             {"owner": owner, "held": n, "soonest_expiry_s": expiry.total_seconds() if expiry else None}
             for owner, n, expiry in conn.execute(QUERIES["status_leases"])

@@ -204,6 +204,15 @@ class Store:
             row: dict[str, Any] | None = await cur.fetchone()
             return row
 
+    async def fleet_gauges(self, cap: int) -> tuple[int, float | None, int]:
+        """(overdue unclaimed, capped at `cap`; age of the oldest in seconds; Scheduled estimate)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(QUERIES["status_overdue"], {"cap": cap})
+            overdue, oldest = await cur.fetchone() or (0, None)
+            cur = await conn.execute(QUERIES["scheduled_estimate"])
+            (scheduled,) = await cur.fetchone() or (0,)
+        return int(overdue), (float(oldest) if oldest is not None else None), int(scheduled)
+
     async def ping(self) -> None:
         async with self.pool.connection(timeout=2) as conn:
             await conn.execute("SELECT 1")
