@@ -159,15 +159,6 @@ WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
   AND t.lease_token = f.lease_token
   AND t.lease_expires_at > now();
 
--- name: release_unpublished
--- On shutdown: give back claims this replica will not publish, so others take them at once.
--- Nothing was published for them, so they are unclaimed again (a cancel may still win).
-UPDATE timers t SET lease_owner = NULL, lease_expires_at = NULL, lease_token = NULL
-FROM unnest(%(tenant_id)s::text[], %(service_call_id)s::text[], %(lease_token)s::bigint[])
-     AS f(tenant_id, service_call_id, lease_token)
-WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
-  AND t.lease_token = f.lease_token;
-
 -- name: get_timer
 SELECT tenant_id, service_call_id, state, due_at, registered_at, updated_at, reached_at,
        correlation_id, attempts, last_error, lease_owner, lease_expires_at,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -105,7 +105,3 @@ def _tenant(tenant_id: str) -> str:
     if not TENANT_RE.match(tenant_id):
         raise ValueError(f"tenantId must match {TENANT_RE.pattern}: {tenant_id!r}")
     return tenant_id
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)

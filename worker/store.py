@@ -180,12 +180,6 @@ class Store:
         params["backoff_ms"] = backoff_ms
         return await self._execute_count("retry_later", params)
 
-    async def release_unpublished(self, claims: Sequence[Claimed]) -> int:
-        if not claims:
-            return 0
-        params = _columns(claims, "tenant_id", "service_call_id", "lease_token")
-        return await self._execute_count("release_unpublished", params)
-
     async def _execute_count(self, name: str, params: dict[str, Any]) -> int:
         try:
             async with self.pool.connection() as conn:
