@@ -9,6 +9,9 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+import nats.errors
+import psycopg
+
 from worker import logs
 from worker.config import load_settings, parse_duration
 from worker.errors import ConfigError
@@ -30,9 +33,12 @@ async def _with_client(settings: Any, action: Any) -> Any:
     from worker.broker import connect_options
     from worker.client import TimerClient
 
+    async def quiet(exc: Exception) -> None:  # the failure is reported once, by main()
+        pass
+
     opts = connect_options(settings)
     servers = opts.pop("servers")
-    opts["max_reconnect_attempts"] = 0
+    opts.update(allow_reconnect=False, max_reconnect_attempts=1, error_cb=quiet)
     async with await TimerClient.connect(servers, settings.subject_prefix, **opts) as client:
         return await action(client)
 
@@ -170,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except OSError as exc:  # a server not reachable, a file not found: say so in one line
-        print(f"timer-service: {exc}", file=sys.stderr)
+    except (OSError, psycopg.Error, nats.errors.Error) as exc:
+        # A server not reachable, a file not found: a user's situation, not a bug. One line.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"timer-service: {first}", file=sys.stderr)
         return 1
 
 

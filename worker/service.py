@@ -94,7 +94,9 @@ class Replica:
                 await asyncio.to_thread(migrate, self.s.database_url.get_secret_value())
                 await self.pool.open(wait=True, timeout=10)
                 if not self.broker.connected:
-                    await self.broker.connect()
+                    # nats-py retries a first connect forever when reconnects are unlimited;
+                    # bound it so a SIGTERM during an outage still gets a look-in.
+                    await asyncio.wait_for(self.broker.connect(), timeout=10)
                 await self.broker.ensure_streams()
         return True
 

@@ -1,0 +1,51 @@
+"""User mistakes get one clear line and a non-zero exit, never a stack trace."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")} | env
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args], env=full_env, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"TIMER_LEASE_MS": "abc"}, "TIMER_LEASE_MS"),
+        ({"TIMER_PUBLISH_TIMEOUT_MS": "5000"}, "TIMER_PUBLISH_TIMEOUT_MS"),
+        ({"TIMER_RETENTION": "1h"}, "TIMER_RETENTION"),
+        ({"TIMER_SUBJECT_PREFIX": "a.b"}, "TIMER_SUBJECT_PREFIX"),
+        ({"TIMER_EVENTS_DUPLICATE_WINDOW": "3s"}, "TIMER_EVENTS_DUPLICATE_WINDOW"),
+        ({"TIMER_MAX_HORIZON": "soon"}, "TIMER_MAX_HORIZON"),
+    ],
+)
+def test_a_bad_setting_stops_start_up_with_one_line_naming_it(env: dict[str, str], named: str) -> None:
+    result = run("run", **env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], result.stderr
+
+
+def test_unreachable_servers_are_one_line_and_the_password_is_not_shown() -> None:
+    result = run("status", TIMER_DATABASE_URL="postgresql://u:hunter2@127.0.0.1:1/x")
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert "hunter2" not in result.stderr
+    result = run(
+        "schedule", "--tenant", "a", "--id", "b", "--due-in", "5s", TIMER_NATS_URL="nats://127.0.0.1:1"
+    )
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_every_command_has_help() -> None:
+    for command in ("migrate", "run", "schedule", "cancel", "status", "dev", "bench"):
+        result = run(command, "--help")
+        assert result.returncode == 0 and "usage: timer-service" in result.stdout
