@@ -64,10 +64,13 @@ RETURNING t.tenant_id, t.service_call_id;
 
 -- name: claimed_among
 -- Of the given keys, those whose current occurrence is claimed: their commands wait.
-SELECT t.tenant_id, t.service_call_id
-FROM timers t
-JOIN unnest(%(tenant_id)s::text[], %(service_call_id)s::text[]) AS k(tenant_id, service_call_id)
-  ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
+-- OFFSET 0 keeps the state and lease tests out of the scan of timers (see mark_fired): the
+-- keys drive, through the primary key.
+SELECT tenant_id, service_call_id
+FROM (SELECT t.tenant_id, t.service_call_id, t.state, t.lease_expires_at
+      FROM unnest(%(tenant_id)s::text[], %(service_call_id)s::text[]) AS k(tenant_id, service_call_id)
+      JOIN timers t ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
+      OFFSET 0) AS t
 WHERE t.state = 'Scheduled' AND t.lease_expires_at IS NOT NULL;
 
 -- name: claim_due
@@ -124,6 +127,16 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
 -- still holds its lease (same token, not expired on the database clock, same dueAt) changes
 -- the row; a replica that lost its lease changes nothing. A recurring timer moves to its next
 -- occurrence in this same statement, so a crash can neither skip nor double one.
+-- The batch is a MATERIALIZED CTE carrying now(), so every fence condition is a join filter:
+-- as a plain restriction, `lease_expires_at > now()` looks to the planner like one row (leases
+-- are rare when ANALYZE samples), and it then chose a sequential scan joined 1000 x 1000
+-- (1.1 s for 1,000 marks on 200,000 rows, against 17 ms through the primary key).
+WITH f AS MATERIALIZED (
+    SELECT *, now() AS db_now
+    FROM unnest(%(tenant_id)s::text[], %(service_call_id)s::text[], %(lease_token)s::bigint[],
+                %(due_at)s::timestamptz[], %(next_due_at)s::timestamptz[], %(next_index)s::int[])
+         AS f(tenant_id, service_call_id, lease_token, due_at, next_due_at, next_index)
+)
 UPDATE timers t SET
     state = CASE WHEN f.next_due_at IS NULL THEN 'Reached' ELSE 'Scheduled' END,
     due_at = coalesce(f.next_due_at, t.due_at),
@@ -135,29 +148,31 @@ UPDATE timers t SET
     lease_expires_at = NULL,
     attempts = 0,
     last_error = NULL
-FROM unnest(%(tenant_id)s::text[], %(service_call_id)s::text[], %(lease_token)s::bigint[],
-            %(due_at)s::timestamptz[], %(next_due_at)s::timestamptz[], %(next_index)s::int[])
-     AS f(tenant_id, service_call_id, lease_token, due_at, next_due_at, next_index)
+FROM f
 WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
   AND t.lease_token = f.lease_token
   AND t.due_at = f.due_at
-  AND t.lease_expires_at > now()
+  AND t.lease_expires_at > f.db_now
 RETURNING t.tenant_id, t.service_call_id;
 
 -- name: retry_later
 -- A publish failed or timed out (it may still have reached the stream): keep the occurrence
 -- claimed, so it still fires, and let any replica retry it after a back-off. Fenced like
--- mark_fired.
+-- mark_fired, and shaped like it for the same planner reason.
+WITH f AS MATERIALIZED (
+    SELECT *, now() AS db_now
+    FROM unnest(%(tenant_id)s::text[], %(service_call_id)s::text[], %(lease_token)s::bigint[],
+                %(error)s::text[])
+         AS f(tenant_id, service_call_id, lease_token, error)
+)
 UPDATE timers t SET
     lease_owner = NULL,
     lease_expires_at = now() + %(backoff_ms)s * interval '1 millisecond',
     last_error = f.error
-FROM unnest(%(tenant_id)s::text[], %(service_call_id)s::text[], %(lease_token)s::bigint[],
-            %(error)s::text[])
-     AS f(tenant_id, service_call_id, lease_token, error)
+FROM f
 WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
   AND t.lease_token = f.lease_token
-  AND t.lease_expires_at > now();
+  AND t.lease_expires_at > f.db_now;
 
 -- name: get_timer
 SELECT tenant_id, service_call_id, state, due_at, registered_at, updated_at, reached_at,

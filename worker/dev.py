@@ -26,7 +26,7 @@ SETTLE_S = MAX_DELAY_S + 5  # after the load stops: time for the last timers to 
 
 
 @contextlib.contextmanager
-def servers(workdir: Path) -> Iterator[tuple[str, str]]:
+def servers(workdir: Path, sync_always: bool = True) -> Iterator[tuple[str, str]]:
     """(database URL, NATS URL): the TIMER_* ones if set, else embedded throwaway servers."""
     db_url, nats_url = os.environ.get("TIMER_DATABASE_URL"), os.environ.get("TIMER_NATS_URL")
     with contextlib.ExitStack() as stack:
@@ -42,7 +42,7 @@ def servers(workdir: Path) -> Iterator[tuple[str, str]]:
                 pg = stack.enter_context(EmbeddedPostgres(workdir / "pg", fsync=True))
                 db_url = pg.url
             if not nats_url:
-                nats = stack.enter_context(EmbeddedNats(workdir / "nats", sync_always=True))
+                nats = stack.enter_context(EmbeddedNats(workdir / "nats", sync_always=sync_always))
                 nats_url = nats.url
         yield db_url, nats_url
 
