@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,11 @@ from nats.js.errors import NotFoundError
 from worker.config import Settings
 
 log = logging.getLogger("worker.broker")
+
+# JetStream's limit on messages in one atomic batch.
+ATOMIC_BATCH_MAX = 1000
+# "atomic publish batch contains duplicate message id": some of it is stored already.
+ERR_BATCH_DUPLICATE_ID = 10201
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,7 @@ class Broker:
         self.subjects = Subjects(settings.subject_prefix)
         self.nc: NATS | None = None
         self._js: JetStreamContext | None = None
+        self._atomic = True  # until the event stream says it does not allow atomic batches
 
     async def connect(self) -> None:
         async def on_error(exc: Exception) -> None:
@@ -211,6 +219,54 @@ class Broker:
                 results.append(f.exception())
         return results
 
+    async def publish_atomic(
+        self, messages: Sequence[Outgoing], timeout: float
+    ) -> list[BaseException | None]:
+        """Publish in JetStream atomic batches (one PubAck per batch of up to 1,000, all or nothing).
+
+        An order of magnitude cheaper than one PubAck per message, above all with fsync on every
+        write. A batch holding a Nats-Msg-Id the stream already has is refused whole, so only
+        first attempts should come here; a refused batch is sent again one by one, which dedupes.
+        A stream made without allow_atomic turns batching off for this connection.
+        """
+        if not self._atomic:
+            return await self.publish_many(messages, timeout)
+        chunks = [messages[i : i + ATOMIC_BATCH_MAX] for i in range(0, len(messages), ATOMIC_BATCH_MAX)]
+        commits = [asyncio.ensure_future(await self._send_batch(chunk)) for chunk in chunks]
+        await asyncio.wait(commits, timeout=timeout)
+        results: list[BaseException | None] = []
+        for chunk, commit in zip(chunks, commits, strict=True):
+            if not commit.done():
+                commit.cancel()
+                results += [TimeoutError("no PubAck for the batch before the publish timeout")] * len(chunk)
+            elif (exc := commit.exception()) is not None:
+                results += [exc] * len(chunk)
+            elif (error := _batch_error(commit.result().data, len(chunk))) is None:
+                results += [None] * len(chunk)
+            else:
+                if error.get("err_code") != ERR_BATCH_DUPLICATE_ID:
+                    self._atomic = False
+                    log.warning(
+                        "atomic publish off", extra={"action": "atomic_publish_off", "error": str(error)}
+                    )
+                results += await self.publish_many(chunk, timeout)
+        return results
+
+    async def _send_batch(self, chunk: Sequence[Outgoing]) -> Awaitable[Msg]:
+        """Send one batch; the commit's reply, to await."""
+        assert self.nc is not None
+        batch_id = uuid.uuid4().hex
+        last = len(chunk)
+        for seq, m in enumerate(chunk, start=1):
+            headers = {**m.headers, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq)}
+            if seq < last:
+                await self.nc.publish(m.subject, m.payload, headers=headers)
+            else:
+                headers["Nats-Batch-Commit"] = "1"
+                timeout = self.settings.publish_timeout_ms / 1000
+                return self.nc.request(m.subject, m.payload, timeout=timeout, headers=headers)
+        raise ValueError("empty batch")
+
     async def publish_one(self, message: Outgoing) -> None:
         await self.js.publish(message.subject, message.payload, headers=message.headers)
 
@@ -228,6 +284,19 @@ class Broker:
                 await asyncio.wait_for(self.nc.drain(), timeout=5)
             except Exception:  # drain on a broken connection: closing is all that is left
                 await self.nc.close()
+
+
+def _batch_error(reply: bytes, size: int) -> dict[str, Any] | None:
+    """None when the commit's PubAck confirms the whole batch; else the error it carries."""
+    try:
+        ack = json.loads(reply)
+    except ValueError:
+        return {"description": f"unreadable batch PubAck: {reply[:100]!r}"}
+    if "error" in ack:
+        return dict(ack["error"])
+    if ack.get("count") != size:
+        return {"description": f"batch PubAck counts {ack.get('count')} of {size}"}
+    return None
 
 
 def _failed(exc: BaseException) -> asyncio.Future[api.PubAck]:

@@ -110,9 +110,18 @@ class Firing:
         metrics.CLAIMED.inc(len(claimed))
         metrics.LEASES_RECLAIMED.inc(sum(1 for c in claimed if c.attempts > 1))
         subjects = self.broker.subjects
+        # First attempts go in atomic batches; an occurrence claimed before may already be in
+        # the stream, which would make its whole batch fail, so those go one by one (deduped).
+        claimed = sorted(claimed, key=lambda c: c.attempts > 1)
+        retries = sum(1 for c in claimed if c.attempts > 1)
         messages = [due_event(c, subjects.due(c.tenant_id), db_now) for c in claimed]
+        first, again = messages[: len(messages) - retries], messages[len(messages) - retries :]
+        timeout = self.s.publish_timeout_ms / 1000
         started = time.perf_counter()
-        results = await self.broker.publish_many(messages, self.s.publish_timeout_ms / 1000)
+        results = [
+            *(await self.broker.publish_atomic(first, timeout) if first else []),
+            *(await self.broker.publish_many(again, timeout) if again else []),
+        ]
         metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
         acked_at = self.wakeup.db_now()
         fired: list[Fired] = []

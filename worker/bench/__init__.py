@@ -113,8 +113,9 @@ def table(report: dict[str, Any]) -> str:
     for name, res in report["results"].items():
         for v in res["targets"]:
             values = [r[v["metric"]] for r in res["runs"]]
+            spread = f"{_fmt(min(values))} .. {_fmt(max(values))}"
             lines.append(
-                f"| {name} | {v['metric']} | {_fmt(v['median'])} | {_fmt(min(values))} .. {_fmt(max(values))} "
+                f"| {name} | {v['metric']} | {_fmt(v['median'])} | {spread} "
                 f"| {v['op']} {_fmt(v['target'])} | {'yes' if v['met'] else 'NO'} |"
             )
     lines.append("")
