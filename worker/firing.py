@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii as _json_str  # C, when available
 from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -38,22 +38,23 @@ def firing_id(tenant_id: str, service_call_id: str, due_at: datetime) -> str:
     return f"{tenant_id}:{service_call_id}:{round(due_at.timestamp() * 1000)}"
 
 
-def due_event(timer: Claimed, subject: str, reached_at: datetime) -> Outgoing:
+def due_event(timer: Claimed, subject: str, reached: str, reached_ms: int) -> Outgoing:
+    """The DueTimeReached event (SPEC §1) for one claimed occurrence.
+
+    Written from a template rather than json.dumps of a dict: the firing path builds one per
+    timer, and this is a sixth of the cost. Every string goes through the C JSON string
+    encoder, so any id or correlation id is escaped exactly as json.dumps would.
+    """
     msg_id = firing_id(timer.tenant_id, timer.service_call_id, timer.due_at)
-    body = {
-        "id": msg_id,
-        "type": "DueTimeReached",
-        "tenantId": timer.tenant_id,
-        "correlationId": timer.correlation_id,
-        "timestampMs": round(reached_at.timestamp() * 1000),
-        "payload": {
-            "tenantId": timer.tenant_id,
-            "serviceCallId": timer.service_call_id,
-            "dueAt": iso(timer.due_at),
-            "reachedAt": iso(reached_at),
-        },
-    }
-    return Outgoing(subject, json.dumps(body, separators=(",", ":")).encode(), {"Nats-Msg-Id": msg_id})
+    tenant = _json_str(timer.tenant_id)
+    correlation = "null" if timer.correlation_id is None else _json_str(timer.correlation_id)
+    body = (
+        f'{{"id":{_json_str(msg_id)},"type":"DueTimeReached","tenantId":{tenant},'
+        f'"correlationId":{correlation},"timestampMs":{reached_ms},"payload":{{"tenantId":{tenant},'
+        f'"serviceCallId":{_json_str(timer.service_call_id)},"dueAt":"{iso(timer.due_at)}",'
+        f'"reachedAt":"{reached}"}}}}'
+    )
+    return Outgoing(subject, body.encode(), {"Nats-Msg-Id": msg_id})
 
 
 def next_of(timer: Claimed, db_now: datetime) -> tuple[datetime | None, int | None]:
@@ -114,7 +115,8 @@ class Firing:
         # the stream, which would make its whole batch fail, so those go one by one (deduped).
         claimed = sorted(claimed, key=lambda c: c.attempts > 1)
         retries = sum(1 for c in claimed if c.attempts > 1)
-        messages = [due_event(c, subjects.due(c.tenant_id), db_now) for c in claimed]
+        reached, reached_ms = iso(db_now), round(db_now.timestamp() * 1000)
+        messages = [due_event(c, subjects.due(c.tenant_id), reached, reached_ms) for c in claimed]
         first, again = messages[: len(messages) - retries], messages[len(messages) - retries :]
         timeout = self.s.publish_timeout_ms / 1000
         started = time.perf_counter()

@@ -160,14 +160,17 @@ class Store:
         """Record acknowledged firings; returns how many the fence let through."""
         if not fired:
             return 0
-        params = {
+        params: dict[str, Any] = {
             "tenant_id": [f.timer.tenant_id for f in fired],
             "service_call_id": [f.timer.service_call_id for f in fired],
             "lease_token": [f.timer.lease_token for f in fired],
             "due_at": [f.timer.due_at for f in fired],
-            "next_due_at": [f.next_due_at for f in fired],
-            "next_index": [f.next_index for f in fired],
         }
+        # A NULL array is padded with NULLs by unnest: one-shot timers need not send two arrays
+        # of NULLs (dumping arrays is most of a mark's cost on this side).
+        recurring = any(f.next_due_at is not None for f in fired)
+        params["next_due_at"] = [f.next_due_at for f in fired] if recurring else None
+        params["next_index"] = [f.next_index for f in fired] if recurring else None
         return await self._execute_count("mark_fired", params)
 
     async def retry_later(self, failed: Sequence[tuple[Claimed, str]], backoff_ms: int) -> int:

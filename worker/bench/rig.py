@@ -210,6 +210,20 @@ class Rig:
                     out[name] = int(line.split()[1]) / 1024
         return out
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the live replicas have used so far: steadier than rates on a busy machine."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for name in self.fleet.alive():
+            try:
+                fields = (
+                    Path(f"/proc/{self.fleet.procs[name].pid}/stat").read_text().rsplit(")", 1)[1].split()
+                )
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick
+        return total
+
     # -- observation ----------------------------------------------------------------------------
     def recorder(self, tenant: str = "*") -> Recorder:
         subject = f"{self.names['subject_prefix']}.{tenant}.timer.due"

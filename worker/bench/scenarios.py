@@ -99,6 +99,7 @@ async def drain(ctx: Context) -> Metrics:
         await _until_fired(rig, n, timeout=60 + n / 1000, progress=ctx.progress, rss=rss)
         left = await _until_marked(rig, "d-")
         wall = time.monotonic() - started
+        cpu = rig.cpu_s()
         state = await rig.events_state()
         return {
             "timers": n,
@@ -106,6 +107,7 @@ async def drain(ctx: Context) -> Metrics:
             "wall_s": wall,
             "stored_duplicates": state.messages - n,
             "left_scheduled": left,
+            "replica_cpu_ms_per_1k": cpu / n * 1e6,
             "rss_max_mb": max(rss, default=0.0),
         }
 
