@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -45,3 +45,18 @@ def test_the_event_is_the_json_the_spec_describes(service_call_id: str, correlat
     }
     assert out.headers == {"Nats-Msg-Id": msg_id}
     assert out.subject == "svc.acme.timer.due"
+
+
+@pytest.mark.parametrize(
+    ("due", "expected"),
+    [
+        (datetime(1, 1, 1, tzinfo=UTC), "0001-01-01T00:00:00.000Z"),
+        (
+            datetime(2026, 3, 1, 0, 30, 0, 999999, tzinfo=timezone(timedelta(hours=1))),
+            "2026-02-28T23:30:00.999Z",
+        ),
+        (datetime(9999, 12, 31, 23, 59, 59, 1000, tzinfo=UTC), "9999-12-31T23:59:59.001Z"),
+    ],
+)
+def test_iso_is_rfc3339_utc_with_milliseconds(due: datetime, expected: str) -> None:
+    assert iso(due) == expected

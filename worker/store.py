@@ -145,7 +145,7 @@ class Store:
         }
         try:
             async with self.pool.connection() as conn:
-                cur = await conn.execute(QUERIES["claim_due"], params)
+                cur = await conn.execute(QUERIES["claim_due"], params, binary=True)
                 rows = await cur.fetchall()
         except psycopg.OperationalError as exc:
             raise TransientError(f"postgres: {exc}") from exc
