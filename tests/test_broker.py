@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 from nats.js import api
 
-from worker.broker import ATOMIC_BATCH_MAX, Broker, Outgoing
+from worker.broker import ATOMIC_BATCH_MAX, ATOMIC_BATCH_MIN, Broker, Outgoing
 from worker.config import Settings
 
 
@@ -42,10 +42,11 @@ async def test_a_batch_with_an_id_already_stored_is_sent_one_by_one(
 ) -> None:
     # The stream refuses the whole batch (duplicate Nats-Msg-Id); one by one, the stored one is
     # dropped by the duplicate window and the rest are stored: each exactly once.
+    n = ATOMIC_BATCH_MIN * 2
     assert await broker.publish_atomic(events(settings, range(5, 6)), timeout=5) == [None]
-    results = await broker.publish_atomic(events(settings, range(10)), timeout=5)
-    assert results == [None] * 10
-    assert await stored(broker, settings) == 10
+    results = await broker.publish_atomic(events(settings, range(n)), timeout=5)
+    assert results == [None] * n
+    assert await stored(broker, settings) == n
     assert broker._atomic, "a duplicate is no reason to stop batching"
 
 
@@ -57,9 +58,10 @@ async def test_a_stream_without_atomic_batches_still_gets_every_event(settings: 
     )
     await b.ensure_streams()  # leaves the existing stream as its owner made it
     try:
-        assert await b.publish_atomic(events(settings, range(3)), timeout=5) == [None] * 3
-        assert await b.publish_atomic(events(settings, range(3, 6)), timeout=5) == [None] * 3
-        assert await stored(b, settings) == 6
+        n = ATOMIC_BATCH_MIN
+        assert await b.publish_atomic(events(settings, range(n)), timeout=5) == [None] * n
+        assert await b.publish_atomic(events(settings, range(n, 2 * n)), timeout=5) == [None] * n
+        assert await stored(b, settings) == 2 * n
         assert not b._atomic
     finally:
         await b.close()

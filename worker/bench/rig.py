@@ -66,6 +66,7 @@ def _tag() -> str:
 class Event:
     key: str  # service_call_id
     due_at: float  # epoch seconds
+    reached_at: float  # when a replica claimed it, on the database clock
     received_at: float  # epoch seconds, this process's clock (the same machine as the database)
 
 
@@ -85,8 +86,10 @@ class Recorder:
     async def _on_msg(self, msg: Msg) -> None:
         now = time.time()
         p = json.loads(msg.data)["payload"]
-        due = datetime.fromisoformat(p["dueAt"].replace("Z", "+00:00")).timestamp()
-        self.events.append(Event(p["serviceCallId"], due, now))
+        due, reached = (
+            datetime.fromisoformat(p[k].replace("Z", "+00:00")).timestamp() for k in ("dueAt", "reachedAt")
+        )
+        self.events.append(Event(p["serviceCallId"], due, reached, now))
 
     async def wait_for(self, n: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
