@@ -77,13 +77,16 @@ WHERE t.state = 'Scheduled' AND t.lease_expires_at IS NOT NULL;
 
 -- name: claim_due
 -- Claim a batch of due occurrences under a lease, and say when the next one comes due.
+-- "Due" includes the next %(ahead_ms)s milliseconds: the replica holds those until their
+-- dueAt on its estimate of this clock (never ahead of it) and publishes them the moment they
+-- come due, so a claim's own duration does not add to their lateness.
 WITH
 -- Oldest first, so an overdue backlog drains in order. Rows whose lease ran out (their replica
 -- died, or its publish failed and the back-off passed) are claimable again right here: no
 -- separate reaper. SKIP LOCKED lets replicas claim side by side without waiting on each other.
 oldest AS MATERIALIZED (
     SELECT tenant_id, service_call_id FROM timers
-    WHERE state = 'Scheduled' AND due_at <= now()
+    WHERE state = 'Scheduled' AND due_at <= now() + %(ahead_ms)s * interval '1 millisecond'
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
     ORDER BY due_at
     LIMIT %(oldest_limit)s
@@ -95,7 +98,7 @@ oldest AS MATERIALIZED (
 -- merge in the UNION below.
 newest AS MATERIALIZED (
     SELECT tenant_id, service_call_id FROM timers
-    WHERE state = 'Scheduled' AND due_at <= now()
+    WHERE state = 'Scheduled' AND due_at <= now() + %(ahead_ms)s * interval '1 millisecond'
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
     ORDER BY due_at DESC
     LIMIT %(fresh_limit)s
@@ -117,14 +120,15 @@ claimed AS (
               t.attempts, t.repeat_every, t.repeat_times, t.repeat_timezone, t.anchor_due_at,
               t.occurrence_index
 )
-SELECT c.*, NULL::float8 AS next_due_in_ms, now() AS db_now FROM claimed c
+SELECT c.*, NULL::float8 AS next_due_in_ms, NULL::timestamptz AS db_now FROM claimed c
 UNION ALL
--- One extra row: milliseconds until the next unclaimed occurrence (NULL when none), so an
--- idle replica needs this single statement per wake-up.
+-- One extra row: milliseconds until the next occurrence beyond this claim's reach (NULL when
+-- none), so an idle replica needs this single statement per wake-up; and the clock as late in
+-- the statement as it can be read, for the replica's estimate of it (worker/wakeup.py).
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       (SELECT extract(epoch FROM min(due_at) - now()) * 1000 FROM timers
-        WHERE state = 'Scheduled' AND due_at > now()),
-       now();
+       (SELECT extract(epoch FROM min(due_at) - clock_timestamp()) * 1000 FROM timers
+        WHERE state = 'Scheduled' AND due_at > now() + %(ahead_ms)s * interval '1 millisecond'),
+       clock_timestamp();
 
 -- name: mark_fired
 -- Record firings whose DueTimeReached JetStream acknowledged. Fenced: only the claim that

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import logging
 import time
@@ -28,6 +29,9 @@ log = logging.getLogger("worker.firing")
 FRESH_SHARE = 0.25
 # A failed publish is retried by any replica after this long.
 RETRY_BACKOFF_MS = 1000
+# Claims reach this far ahead; see claim_due. A cancel or reschedule that arrives later than
+# this before dueAt may find the occurrence already claimed, and it fires (README, guarantees).
+LOOKAHEAD_MS = 100
 
 
 def iso(dt: datetime) -> str:
@@ -105,27 +109,46 @@ class Firing:
         """One claim and its firing; True when the batch was full (more may be due)."""
         started = time.perf_counter()
         result = await self.store.claim(
-            self.s.worker_id, self.s.batch_size, self.fresh_limit, self.s.lease_ms
+            self.s.worker_id, self.s.batch_size, self.fresh_limit, self.s.lease_ms, LOOKAHEAD_MS
         )
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         self.wakeup.observe_db_now(result.db_now)
         poll_s = self.s.poll_interval_ms / 1000
         nxt = result.next_due_in_ms
-        self._idle_s = poll_s if nxt is None else min(poll_s, max(nxt, 0) / 1000)
+        # Wake when the next occurrence comes within reach of a claim, measured from now.
+        wake_at = None if nxt is None else time.monotonic() + (nxt - LOOKAHEAD_MS) / 1000
         if result.claimed:
-            await self.fire(result.claimed, result.db_now)
+            await self.fire(result.claimed)
+        self._idle_s = poll_s if wake_at is None else min(poll_s, max(0.0, wake_at - time.monotonic()))
         return len(result.claimed) >= self.s.batch_size
 
-    async def fire(self, claimed: list[Claimed], db_now: datetime) -> None:
+    async def fire(self, claimed: list[Claimed]) -> None:
+        """Publish each occurrence as soon as it is due on the database clock, then record them all."""
         metrics.CLAIMED.inc(len(claimed))
         metrics.LEASES_RECLAIMED.inc(sum(1 for c in claimed if c.attempts > 1))
-        subjects = self.broker.subjects
+        waiting = sorted(claimed, key=lambda c: c.due_at)
+        fired: list[Fired] = []
+        failed: list[tuple[Claimed, str]] = []
+        while waiting:
+            now = self.wakeup.db_now()  # never ahead of the database clock: never early
+            ready = bisect.bisect_right(waiting, now, key=lambda c: c.due_at.timestamp())
+            if ready == 0:
+                await asyncio.sleep(waiting[0].due_at.timestamp() - now)
+                continue
+            await self._publish(waiting[:ready], datetime.fromtimestamp(now, UTC), fired, failed)
+            waiting = waiting[ready:]
+        await self._record(fired, failed)
+
+    async def _publish(
+        self, due: list[Claimed], now: datetime, fired: list[Fired], failed: list[tuple[Claimed, str]]
+    ) -> None:
         # First attempts go in atomic batches; an occurrence claimed before may already be in
         # the stream, which would make its whole batch fail, so those go one by one (deduped).
-        claimed = sorted(claimed, key=lambda c: c.attempts > 1)
-        retries = sum(1 for c in claimed if c.attempts > 1)
-        reached, reached_ms = iso(db_now), round(db_now.timestamp() * 1000)
-        messages = [due_event(c, subjects.due(c.tenant_id), reached, reached_ms) for c in claimed]
+        due = sorted(due, key=lambda c: c.attempts > 1)
+        retries = sum(1 for c in due if c.attempts > 1)
+        reached, reached_ms = iso(now), round(now.timestamp() * 1000)
+        subjects = self.broker.subjects
+        messages = [due_event(c, subjects.due(c.tenant_id), reached, reached_ms) for c in due]
         first, again = messages[: len(messages) - retries], messages[len(messages) - retries :]
         timeout = self.s.publish_timeout_ms / 1000
         started = time.perf_counter()
@@ -135,22 +158,21 @@ class Firing:
         ]
         metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
         acked_at = self.wakeup.db_now()
-        fired: list[Fired] = []
-        failed: list[tuple[Claimed, str]] = []
-        for timer, err in zip(claimed, results, strict=True):
+        errors = 0
+        for timer, err in zip(due, results, strict=True):
             if err is None:
-                fired.append(Fired(timer, *next_of(timer, db_now)))
+                fired.append(Fired(timer, *next_of(timer, now)))
                 metrics.LATENESS_SECONDS.observe(max(0.0, acked_at - timer.due_at.timestamp()))
             else:
+                errors += 1
                 failed.append((timer, f"publish: {type(err).__name__}: {err}"))
-        metrics.FIRED.inc(len(fired))
-        if failed:
-            metrics.PUBLISH_FAILED.inc(len(failed))
+        metrics.FIRED.inc(len(due) - errors)
+        if errors:
+            metrics.PUBLISH_FAILED.inc(errors)
             log.warning(
                 "publish failed",
-                extra={"action": "publish_failed", "count": len(failed), "error": failed[0][1]},
+                extra={"action": "publish_failed", "count": errors, "error": failed[-1][1]},
             )
-        await self._record(fired, failed)
 
     async def _record(self, fired: list[Fired], failed: list[tuple[Claimed, str]]) -> None:
         """Mark what was acknowledged; a lost lease makes the mark a no-op (the fence)."""

@@ -39,8 +39,8 @@ class Claimed:
 @dataclass(frozen=True, slots=True)
 class ClaimResult:
     claimed: list[Claimed]
-    next_due_in_ms: float | None  # until the next unclaimed occurrence, on the database clock
-    db_now: datetime
+    next_due_in_ms: float | None  # until the next occurrence beyond the claim's reach
+    db_now: datetime  # the database clock at the end of the claim
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +135,13 @@ class Store:
         )
         return {(t, s) for t, s in await cur.fetchall()}
 
-    async def claim(self, owner: str, limit: int, fresh_limit: int, lease_ms: int) -> ClaimResult:
-        """Claim up to `limit` due occurrences, `fresh_limit` of them the most recently due."""
+    async def claim(
+        self, owner: str, limit: int, fresh_limit: int, lease_ms: int, ahead_ms: int = 0
+    ) -> ClaimResult:
+        """Claim up to `limit` occurrences due within `ahead_ms`, `fresh_limit` of them the most recent."""
         params = {
             "owner": owner,
+            "ahead_ms": ahead_ms,
             "oldest_limit": limit - fresh_limit,
             "fresh_limit": fresh_limit,
             "lease_ms": lease_ms,

@@ -214,7 +214,7 @@ class Rig:
         return out
 
     def cpu_s(self) -> float:
-        """CPU seconds (user + system) the live replicas used so far: steadier than rates on a busy machine."""
+        """CPU seconds (user + system) the live replicas used so far: steadier than rates."""
         tick = os.sysconf("SC_CLK_TCK")
         total = 0.0
         for name in self.fleet.alive():

@@ -209,9 +209,12 @@ async def failover(ctx: Context) -> Metrics:
         ctx.progress(f"killed {victim} holding {len(orphans)} leases")
         await recorder.wait_for(n, timeout=duration + 60)
         fired = {e.key for e in recorder.events}
-        of_victim = [e for e in recorder.events if e.key in orphans and e.received_at >= killed_at]
+        # Every orphan counts, also those whose event got out just before the kill: the
+        # question is how late the victim's timers were, whoever fired them.
+        of_victim = [e for e in recorder.events if e.key in orphans]
         return {
             "orphaned": len(orphans),
+            "refired_after_kill": len({e.key for e in of_victim if e.received_at >= killed_at}),
             **{k.replace("lateness", "orphan_lateness"): v for k, v in lateness_ms(of_victim, "o-").items()},
             "lost": n - len(fired),
         }
