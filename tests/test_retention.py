@@ -38,8 +38,9 @@ async def test_a_replica_deletes_expired_finished_timers_and_keeps_the_rest(
     settings: Settings, db_url: str
 ) -> None:
     async with running_replica(settings), jetstream(settings) as js:
-        for sc in ("old-reached", "new-reached"):
-            await publish_raw(js, settings, "acme", "schedule", _schedule(sc, iso_in(-1, db_url)))
+        new_reached = _schedule("new-reached", iso_in(-1, db_url))
+        await publish_raw(js, settings, "acme", "schedule", new_reached)
+        await publish_raw(js, settings, "acme", "schedule", _schedule("old-reached", iso_in(-1, db_url)))
         for sc in ("old-cancelled", "new-cancelled", "old-scheduled"):
             await publish_raw(js, settings, "acme", "schedule", _schedule(sc, iso_in(3600, db_url)))
         # A recurring timer that fired but goes on: Scheduled, so kept however old.
@@ -68,7 +69,7 @@ async def test_a_replica_deletes_expired_finished_timers_and_keeps_the_rest(
     _age(db_url, 8, "old-reached", "old-cancelled", "old-scheduled", "old-recurring")
     _age(db_url, 6, "new-reached", "new-cancelled")
     before = _deleted_so_far()
-    async with running_replica(settings):  # a replica sweeps as it starts
+    async with running_replica(settings), jetstream(settings) as js:  # it sweeps as it starts
         await until(
             lambda: (
                 not query(
@@ -77,8 +78,17 @@ async def test_a_replica_deletes_expired_finished_timers_and_keeps_the_rest(
             ),
             what="expired finished timers deleted",
         )
+        # Inside the retention a late copy of a fired timer's command still finds it, and is ignored.
+        kept = row(db_url, "acme", "new-reached")
+        assert kept is not None
+        await publish_raw(js, settings, "acme", "schedule", new_reached)
+        await publish_raw(js, settings, "acme", "schedule", _schedule("marker", iso_in(3600, db_url)))
+        await until(lambda: row(db_url, "acme", "marker") is not None, what="commands applied")
+        late = row(db_url, "acme", "new-reached")
+        assert late is not None and (late["state"], late["fired_count"]) == ("Reached", 1)
+        assert late["registered_at"] == kept["registered_at"]
     left = {sc for (sc,) in query(db_url, "SELECT service_call_id FROM timers")}
-    assert left == {"new-reached", "new-cancelled", "old-scheduled", "old-recurring"}
+    assert left == {"new-reached", "new-cancelled", "old-scheduled", "old-recurring", "marker"}
     assert _deleted_so_far() - before == 2
 
 
