@@ -222,3 +222,37 @@ WHERE state = 'Scheduled'
 GROUP BY tenant_id
 ORDER BY n DESC, tenant_id
 LIMIT %(top)s;
+
+-- name: delete_finished
+-- Retention: delete up to %(limit)s Reached/Cancelled rows last changed before the cutoff, oldest
+-- first, walking the partial index timers_finished (so Scheduled rows are never read, and the due
+-- index is untouched: finished rows are not in it). SKIP LOCKED: replicas sweeping side by side
+-- take disjoint rows, and a row a command is changing right now is left for the next sweep. Each
+-- statement holds its row locks only for the few milliseconds one small batch takes.
+DELETE FROM timers t
+USING (SELECT tenant_id, service_call_id FROM timers
+       WHERE state <> 'Scheduled' AND updated_at < now() - %(retention)s::interval
+       ORDER BY updated_at
+       LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED) AS d
+WHERE t.tenant_id = d.tenant_id AND t.service_call_id = d.service_call_id
+  AND t.state <> 'Scheduled';
+
+-- name: quota_known_keys
+-- Quota: of the given keys, those a ScheduleTimer would not turn into a new pending timer:
+-- Scheduled (a reschedule) or Reached (ignored). Primary-key lookups.
+SELECT t.tenant_id, t.service_call_id
+FROM timers t
+JOIN unnest(%(tenant_id)s::text[], %(service_call_id)s::text[]) AS k(tenant_id, service_call_id)
+  ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
+WHERE t.state IN ('Scheduled', 'Reached');
+
+-- name: quota_pending_counts
+-- Quota: Scheduled timers of each given tenant, counted up to %(cap)s and no further. Walks the
+-- primary key's range for the tenant (tenant_id leads it): cost grows with the tenant's rows up to
+-- the cap, plus its finished rows kept for TIMER_RETENTION (see README, Tenant quota).
+SELECT k.tenant_id,
+       (SELECT count(*) FROM (SELECT 1 FROM timers t
+                              WHERE t.tenant_id = k.tenant_id AND t.state = 'Scheduled'
+                              LIMIT %(cap)s) AS c) AS pending
+FROM unnest(%(tenant_id)s::text[]) AS k(tenant_id);

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import contextlib
+from datetime import datetime, timedelta
 from itertools import pairwise
 
-from tests.helpers import iso_in, jetstream, publish_raw, recorder, row, running_replica, until
+from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
 from worker.config import Settings
 
 
@@ -54,3 +55,70 @@ async def test_forever_timer_stays_scheduled_and_moves_forward(settings: Setting
         r = row(db_url, "acme", "tick")
         assert r is not None and r["state"] == "Scheduled"
         assert r["fired_count"] >= 1
+
+
+async def test_cancel_stops_the_occurrences_not_yet_claimed(settings: Settings, db_url: str) -> None:
+    async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
+        body = {
+            "tenantId": "acme",
+            "serviceCallId": "rep",
+            "dueAt": iso_in(0.2, db_url),
+            "repeat": {"every": "PT1S"},
+        }
+        await publish_raw(js, settings, "acme", "schedule", body)
+        await until(lambda: rec.keys()[("acme", "rep")] >= 2, what="two occurrences")
+        # The cancel may meet a claimed occurrence: that one fires, and the cancel applies after it.
+        await publish_raw(js, settings, "acme", "cancel", {"tenantId": "acme", "serviceCallId": "rep"})
+        await until(lambda: (row(db_url, "acme", "rep") or {}).get("state") == "Cancelled", what="cancelled")
+        cancelled = row(db_url, "acme", "rep")
+        assert cancelled is not None
+        # Three more periods pass with the replica running; a marker due after them proves it.
+        marker = {"tenantId": "acme", "serviceCallId": "marker", "dueAt": iso_in(3, db_url)}
+        await publish_raw(js, settings, "acme", "schedule", marker)
+        await until(lambda: rec.keys()[("acme", "marker")] == 1, what="marker fired")
+    fired = [f for f in rec.firings if f.service_call_id == "rep"]
+    assert len(fired) == cancelled["fired_count"] >= 2
+    assert len({f.msg_id for f in fired}) == len(fired)
+    # Nothing due after the cancel was applied fired.
+    assert max(f.due_at for f in fired) <= cancelled["updated_at"].timestamp()
+    assert (row(db_url, "acme", "rep") or {}).get("state") == "Cancelled"
+
+
+async def test_after_downtime_a_recurring_timer_fires_once_for_the_missed_window(
+    settings: Settings, db_url: str
+) -> None:
+    """The rule (worker/recurrence.py next_occurrence): the occurrence that was due fires, late;
+    the next is the first one due strictly after that firing's claim; those in between are skipped
+    and still consume their indexes."""
+    async with contextlib.AsyncExitStack() as outer:
+        async with running_replica(settings), jetstream(settings) as js:  # creates the streams
+            rec = await outer.enter_async_context(recorder(settings))  # outlives this replica
+            body = {
+                "tenantId": "acme",
+                "serviceCallId": "rep",
+                "dueAt": iso_in(0.2, db_url),
+                "repeat": {"every": "PT1S"},
+            }
+            await publish_raw(js, settings, "acme", "schedule", body)
+            await until(lambda: rec.keys()[("acme", "rep")] >= 1, what="first occurrence")
+        # No replica runs while at least three occurrences come due.
+        stopped = row(db_url, "acme", "rep")
+        assert stopped is not None and stopped["state"] == "Scheduled"
+        missed_until = stopped["due_at"] + timedelta(seconds=2.5)
+        await until(lambda: query(db_url, "SELECT now() > %s", missed_until) == [(True,)], what="downtime")
+        on_time = len(rec.firings)
+        async with running_replica(settings):
+            await until(lambda: len(rec.firings) >= on_time + 3, timeout=15, what="catch-up and two more")
+    anchor = _epoch(body["dueAt"])
+    after = sorted(rec.firings[on_time:], key=lambda f: f.due_at)
+    index = [round(f.due_at - anchor) for f in after]
+    late = after[0]
+    # Exactly one firing for the missed window: the occurrence the row held when replicas died...
+    assert abs(late.due_at - stopped["due_at"].timestamp()) < 0.002
+    assert late.received_at - late.due_at > 2.4
+    # ...then on schedule again: the next occurrence after the catch-up, one period apart.
+    assert index[1] - index[0] >= 3, f"missed occurrences fired: {index}"
+    assert [b - a for a, b in pairwise(index[1:])] == [1] * (len(index) - 2)
+    # The first occurrence due after the catch-up's claim (made just before it was received).
+    assert late.received_at - 1.0 < after[1].due_at <= late.received_at + 1.0
+    assert len({f.msg_id for f in rec.firings}) == len(rec.firings)

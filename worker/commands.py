@@ -39,7 +39,7 @@ MAX_DETAIL_CHARS = 200
 MAX_TIMESTAMP_MS = 2**63 - 1  # stored in a Postgres bigint
 COMMAND_TYPES = {"schedule": "ScheduleTimer", "cancel": "CancelTimer"}
 
-# Every reason parse_command can give (the DLQ header `Timer-Error` and the metric label).
+# Every reason a command is rejected for (the DLQ header `Timer-Error` and the metric label).
 REASONS = frozenset(
     {
         "body_too_large",
@@ -60,6 +60,7 @@ REASONS = frozenset(
         "beyond_horizon",
         "bad_repeat",
         "unknown_timezone",
+        "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
     }
 )
 

@@ -14,7 +14,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from worker import metrics
+from worker import metrics, quota
 from worker.broker import Broker, Outgoing
 from worker.commands import Command, Rejection, ScheduleTimer, is_valid_tenant, parse_command
 from worker.config import Settings
@@ -72,8 +72,26 @@ class Intake:
                 await self.reject(msg, parsed)
             else:
                 commands.append((msg, parsed))
+        if commands and self.s.tenant_max_pending:  # off by default: then not a single extra read
+            commands = await self._within_quota(commands)
         if commands:
             await self.apply(commands)
+
+    async def _within_quota(self, batch: list[tuple[Msg, Command]]) -> list[tuple[Msg, Command]]:
+        """The batch without the ScheduleTimers over their tenant's limit; those go to the DLQ."""
+        limit = self.s.tenant_max_pending
+        try:
+            over = set(await quota.check(self.store, [c for _, c in batch], limit))
+        except TransientError as exc:
+            log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
+            for msg, _ in batch:  # nothing decided, nothing acknowledged
+                await msg.nak(delay=RETRY_DELAY_S)
+            return []
+        for i in sorted(over):
+            msg, command = batch[i]
+            detail = f"tenant {command.tenant_id} has {limit} pending timers (TIMER_TENANT_MAX_PENDING)"
+            await self.reject(msg, Rejection("quota_exceeded", detail, command.tenant_id))
+        return [b for i, b in enumerate(batch) if i not in over]
 
     def parse(self, msg: Msg, now: datetime) -> Command | Rejection:
         where = split_subject(self.s.subject_prefix, msg.subject)

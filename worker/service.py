@@ -20,6 +20,7 @@ from worker.http import HttpServer
 from worker.intake import Intake
 from worker.migrations import migrate
 from worker.readmodel import ReadModel
+from worker.retention import Retention
 from worker.store import Store
 from worker.wakeup import Wakeup
 
@@ -111,6 +112,7 @@ class Replica:
             asyncio.create_task(self.intake.run(self.stop), name="intake"),
             asyncio.create_task(self.firing.run(self.stop), name="firing"),
             asyncio.create_task(self._gauges(), name="gauges"),
+            asyncio.create_task(Retention(self.store, self.s.retention).run(self.stop), name="retention"),
         }
         stopper = asyncio.create_task(self.stop.wait(), name="stop")
         done, _ = await asyncio.wait(tasks | {stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import psycopg
@@ -220,3 +220,29 @@ class Store:
 
 def _key(c: Command) -> Key:
     return (c.tenant_id, c.service_call_id)
+
+
+async def delete_finished(store: Store, retention: timedelta, limit: int) -> int:
+    """Delete up to `limit` Reached/Cancelled rows older than `retention`; how many went."""
+    return await store._execute_count("delete_finished", {"retention": retention, "limit": limit})
+
+
+async def quota_view(
+    store: Store, keys: Sequence[Key], tenants: Sequence[str], cap: int
+) -> tuple[set[Key], dict[str, int]]:
+    """For the quota: which keys already exist as Scheduled or Reached (a ScheduleTimer for them
+    adds no pending timer), and each tenant's Scheduled count, capped at `cap`."""
+    try:
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(
+                QUERIES["quota_known_keys"],
+                {"tenant_id": [k[0] for k in keys], "service_call_id": [k[1] for k in keys]},
+            )
+            known = {(t, s) for t, s in await cur.fetchall()}
+            cur = await conn.execute(
+                QUERIES["quota_pending_counts"], {"tenant_id": list(tenants), "cap": cap}
+            )
+            pending = {t: int(n) for t, n in await cur.fetchall()}
+    except psycopg.OperationalError as exc:
+        raise TransientError(f"postgres: {exc}") from exc
+    return known, pending

@@ -1,0 +1,128 @@
+"""Retention (SPEC §2, issue 6): finished timers are deleted after TIMER_RETENTION, nothing else.
+
+That a late duplicate ScheduleTimer inside the redelivery horizon does not re-arm a fired timer is
+test_timers.py::test_same_command_three_times_makes_one_timer_that_fires_once; retention keeps the
+row that makes that hold, since settings refuse TIMER_RETENTION < TIMER_COMMAND_MAX_AGE
+(test_cli.py checks the one-line error).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from prometheus_client import REGISTRY
+from psycopg_pool import AsyncConnectionPool
+
+from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
+from worker.config import Settings
+from worker.retention import Retention
+from worker.store import Store, delete_finished
+
+
+def _deleted_so_far() -> float:
+    return REGISTRY.get_sample_value("timer_retention_deleted_total") or 0.0
+
+
+def _age(db_url: str, days: int, *ids: str) -> None:
+    """Pretend these rows were last changed `days` ago (the only way to get old rows in a test)."""
+    query(
+        db_url,
+        "UPDATE timers SET updated_at = now() - %s * interval '1 day' WHERE service_call_id = ANY(%s)",
+        days,
+        list(ids),
+    )
+
+
+async def test_a_replica_deletes_expired_finished_timers_and_keeps_the_rest(
+    settings: Settings, db_url: str
+) -> None:
+    async with running_replica(settings), jetstream(settings) as js:
+        new_reached = _schedule("new-reached", iso_in(-1, db_url))
+        await publish_raw(js, settings, "acme", "schedule", new_reached)
+        await publish_raw(js, settings, "acme", "schedule", _schedule("old-reached", iso_in(-1, db_url)))
+        for sc in ("old-cancelled", "new-cancelled", "old-scheduled"):
+            await publish_raw(js, settings, "acme", "schedule", _schedule(sc, iso_in(3600, db_url)))
+        # A recurring timer that fired but goes on: Scheduled, so kept however old.
+        body = _schedule("old-recurring", iso_in(-1, db_url), repeat={"every": "PT1H"})
+        await publish_raw(js, settings, "acme", "schedule", body)
+        for sc in ("old-cancelled", "new-cancelled"):
+            await publish_raw(js, settings, "acme", "cancel", {"tenantId": "acme", "serviceCallId": sc})
+
+        def settled() -> bool:
+            states = dict(query(db_url, "SELECT service_call_id, state FROM timers"))
+            return (
+                states
+                == {
+                    "old-reached": "Reached",
+                    "new-reached": "Reached",
+                    "old-cancelled": "Cancelled",
+                    "new-cancelled": "Cancelled",
+                    "old-scheduled": "Scheduled",
+                    "old-recurring": "Scheduled",
+                }
+                and (row(db_url, "acme", "old-recurring") or {}).get("fired_count") == 1
+            )
+
+        await until(settled, what="timers in their states")
+    # Eight days against the default seven; "new-*" are one day short of it.
+    _age(db_url, 8, "old-reached", "old-cancelled", "old-scheduled", "old-recurring")
+    _age(db_url, 6, "new-reached", "new-cancelled")
+    before = _deleted_so_far()
+    async with running_replica(settings), jetstream(settings) as js:  # it sweeps as it starts
+        await until(
+            lambda: (
+                not query(
+                    db_url, "SELECT 1 FROM timers WHERE service_call_id IN ('old-reached', 'old-cancelled')"
+                )
+            ),
+            what="expired finished timers deleted",
+        )
+        # Inside the retention a late copy of a fired timer's command still finds it, and is ignored.
+        kept = row(db_url, "acme", "new-reached")
+        assert kept is not None
+        await publish_raw(js, settings, "acme", "schedule", new_reached)
+        await publish_raw(js, settings, "acme", "schedule", _schedule("marker", iso_in(3600, db_url)))
+        await until(lambda: row(db_url, "acme", "marker") is not None, what="commands applied")
+        late = row(db_url, "acme", "new-reached")
+        assert late is not None and (late["state"], late["fired_count"]) == ("Reached", 1)
+        assert late["registered_at"] == kept["registered_at"]
+    left = {sc for (sc,) in query(db_url, "SELECT service_call_id FROM timers")}
+    assert left == {"new-reached", "new-cancelled", "old-scheduled", "old-recurring", "marker"}
+    assert _deleted_so_far() - before == 2
+
+
+async def test_a_sweep_deletes_in_small_batches_until_none_is_left(settings: Settings, db_url: str) -> None:
+    query(
+        db_url,
+        """INSERT INTO timers (tenant_id, service_call_id, state, due_at, updated_at)
+           SELECT 'acme', 'f' || i, CASE WHEN mod(i, 2) = 0 THEN 'Reached' ELSE 'Cancelled' END,
+                  now() - interval '10 days', now() - interval '10 days' + i * interval '1 second'
+           FROM generate_series(1, 2500) AS i""",
+    )
+    query(
+        db_url,
+        """INSERT INTO timers (tenant_id, service_call_id, state, due_at, updated_at)
+           SELECT 'acme', 's' || i, 'Scheduled', now() + interval '1 hour', now() - interval '10 days'
+           FROM generate_series(1, 10) AS i""",
+    )
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False)
+    await pool.open(wait=True)
+    try:
+        store = Store(pool)
+        # One statement deletes one batch, the oldest first.
+        assert await delete_finished(store, timedelta(days=7), 1000) == 1000
+        assert query(
+            db_url, "SELECT min(substr(service_call_id, 2)::int) FROM timers WHERE state <> 'Scheduled'"
+        ) == [(1001,)]
+        # A sweep goes on batch after batch until one comes back short.
+        sweeper = Retention(store, timedelta(days=7), batch=1000)
+        assert await sweeper.sweep() == 1500
+        assert await sweeper.sweep() == 0
+    finally:
+        await pool.close()
+    assert query(db_url, "SELECT state, count(*) FROM timers GROUP BY state") == [("Scheduled", 10)]
+
+
+def _schedule(sc: str, due: str, **extra: object) -> dict[str, object]:
+    return {"tenantId": "acme", "serviceCallId": sc, "dueAt": due, **extra}

@@ -1,0 +1,56 @@
+"""Per-tenant limit on pending timers (TIMER_TENANT_MAX_PENDING; 0 = off, and then never called).
+
+A ScheduleTimer that would create a new pending (Scheduled) timer for a tenant already at the
+limit is rejected to the tenant's DLQ with reason `quota_exceeded`. New means: the key is not
+Scheduled now (absent, or Cancelled). A reschedule of a Scheduled timer adds nothing, nor does a
+ScheduleTimer for a Reached timer (it is ignored), so both always pass.
+
+The check reads Postgres before the batch's transaction, without locks: two replicas taking
+commands for the same tenant at the same moment can each see room for the last slots, so a
+tenant may overshoot the limit by what the other replicas admit in that same instant (at most
+their intake batches). Cancels in the batch are not credited until they are committed (the
+next batch sees the room). Both err on the tenant's side or are bounded; neither blocks intake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from worker.commands import Command, ScheduleTimer
+from worker.store import Key, Store, quota_view
+
+
+def over_quota(
+    commands: Sequence[Command], known: set[Key], pending: dict[str, int], limit: int
+) -> list[int]:
+    """Indexes of the commands to reject, walking the batch in stream order.
+
+    `known`: keys that already hold a Scheduled or Reached timer. `pending`: each tenant's
+    Scheduled count (capped above `limit`, which is all that matters).
+    """
+    known = set(known)
+    pending = dict(pending)
+    rejected: list[int] = []
+    for i, c in enumerate(commands):
+        if not isinstance(c, ScheduleTimer):
+            continue
+        key = (c.tenant_id, c.service_call_id)
+        if key in known:
+            continue
+        if pending.get(c.tenant_id, 0) >= limit:
+            rejected.append(i)
+            continue
+        pending[c.tenant_id] = pending.get(c.tenant_id, 0) + 1
+        known.add(key)  # a later command for the same key in this batch is a reschedule
+    return rejected
+
+
+async def check(store: Store, commands: Sequence[Command], limit: int) -> list[int]:
+    """Indexes of the ScheduleTimers over their tenant's limit: two short reads per batch."""
+    schedules = [c for c in commands if isinstance(c, ScheduleTimer)]
+    if not schedules:
+        return []
+    keys = list({(c.tenant_id, c.service_call_id) for c in schedules})
+    tenants = sorted({c.tenant_id for c in schedules})
+    known, pending = await quota_view(store, keys, tenants, cap=limit)
+    return over_quota(commands, known, pending, limit)

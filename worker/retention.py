@@ -1,0 +1,62 @@
+"""Retention (SPEC §2): delete Reached and Cancelled timers once TIMER_RETENTION has passed.
+
+Every replica sweeps, at start and then about once a minute. A sweep deletes in small batches
+(one short statement each, rows locked with SKIP LOCKED so replicas never wait on each other or on
+intake) until a batch comes back short. Scheduled rows are never touched, and settings refuse a
+retention shorter than the command redelivery horizon (TIMER_COMMAND_MAX_AGE): a Reached row
+outlives every copy of the command that created it, so a late duplicate ScheduleTimer finds it and
+is ignored instead of re-arming the timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from datetime import timedelta
+
+import psycopg
+
+from worker import metrics
+from worker.errors import TransientError
+from worker.store import Store, delete_finished
+
+log = logging.getLogger("worker.retention")
+
+# Rows per DELETE: a few milliseconds of locks and WAL, however large the backlog.
+BATCH = 2000
+# Between sweeps; plus up to JITTER_S, so replicas started together drift apart.
+INTERVAL_S = 60.0
+JITTER_S = 15.0
+
+
+class Retention:
+    def __init__(self, store: Store, retention: timedelta, batch: int = BATCH) -> None:
+        self.store = store
+        self.retention = retention
+        self.batch = batch
+
+    async def sweep(self, stop: asyncio.Event | None = None) -> int:
+        """Delete every expired finished row, batch after batch; how many went."""
+        total = 0
+        while stop is None or not stop.is_set():
+            deleted = await delete_finished(self.store, self.retention, self.batch)
+            total += deleted
+            metrics.RETENTION_DELETED.inc(deleted)
+            if deleted < self.batch:  # a short batch: nothing more is due (or the rest is locked)
+                break
+        return total
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until stop: sweep, then wait about INTERVAL_S. A failed sweep waits for the next one."""
+        while not stop.is_set():
+            try:
+                deleted = await self.sweep(stop)
+            except (TransientError, psycopg.Error) as exc:  # Postgres away: try next time
+                log.warning("retention sweep failed", extra={"action": "retention_failed", "error": str(exc)})
+            else:
+                if deleted:
+                    log.info("retention sweep", extra={"action": "retention_swept", "count": deleted})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=INTERVAL_S + random.uniform(0, JITTER_S))
