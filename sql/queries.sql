@@ -92,13 +92,15 @@ oldest AS MATERIALIZED (
     LIMIT %(oldest_limit)s
     FOR UPDATE SKIP LOCKED
 ),
--- A slice for the most recently due, so timers coming due now are not starved behind a
--- backlog (catch-up after downtime, or one tenant's flood). The two overlap only when fewer
--- rows are due than the batch holds; shared rows are locked by this statement itself and
--- merge in the UNION below.
+-- The most recently due, from the last %(fresh_window_ms)s only: the firing loop's fresh lane
+-- claims these while a backlog drains, so timers coming due now are not starved behind it
+-- (catch-up after downtime, or one tenant's flood), and the backlog itself still drains
+-- oldest first. The two overlap only when fewer rows are due than the batch holds; shared
+-- rows are locked by this statement itself and merge in the UNION below.
 newest AS MATERIALIZED (
     SELECT tenant_id, service_call_id FROM timers
     WHERE state = 'Scheduled' AND due_at <= now() + %(ahead_ms)s * interval '1 millisecond'
+      AND due_at > now() - %(fresh_window_ms)s * interval '1 millisecond'
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
     ORDER BY due_at DESC
     LIMIT %(fresh_limit)s

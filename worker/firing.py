@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import functools
 import logging
 import time
@@ -25,10 +26,12 @@ from worker.wakeup import Wakeup
 
 log = logging.getLogger("worker.firing")
 
-# Share of a claim batch kept for the most recently due occurrences (see claim_due).
-FRESH_SHARE = 0.25
 # A failed publish is retried by any replica after this long.
 RETRY_BACKOFF_MS = 1000
+# While a backlog drains, a second lane claims the newest this many occurrences this often.
+FRESH_LANE_BATCH = 50
+FRESH_LANE_S = 0.1
+FRESH_LANE_WINDOW_MS = 2000  # "newest" means due in the last two seconds, not the backlog's tail
 # Claims reach this far ahead; see claim_due. A cancel or reschedule that arrives later than
 # this before dueAt may find the occurrence already claimed, and it fires (README, guarantees).
 LOOKAHEAD_MS = 100
@@ -85,32 +88,65 @@ class Firing:
         self.store = store
         self.broker = broker
         self.wakeup = wakeup
-        self.fresh_limit = max(1, int(settings.batch_size * FRESH_SHARE))
         self._idle_s = settings.poll_interval_ms / 1000
+        self._backlog = asyncio.Event()  # set while claims come back full
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until stop: claim, fire, sleep until the next occurrence. In-flight work finishes."""
+        lane = asyncio.create_task(self._fresh_lane(stop), name="fresh-lane")
         poll_s = self.s.poll_interval_ms / 1000
         failures = 0
+        try:
+            while not stop.is_set():
+                metrics.tick("firing")  # alive, even while Postgres is down (readiness says that)
+                try:
+                    busy = await self.tick()
+                    failures = 0
+                except TransientError as exc:
+                    failures += 1
+                    log.warning("claim failed", extra={"action": "claim_failed", "error": str(exc)})
+                    await self.wakeup.sleep(min(poll_s * 2**failures, 10.0), stop)
+                    continue
+                if busy:
+                    self._backlog.set()
+                else:
+                    self._backlog.clear()
+                    await self.wakeup.sleep(self._idle_s, stop)
+        finally:
+            self._backlog.set()  # let the lane see stop
+            await lane
+
+    async def _fresh_lane(self, stop: asyncio.Event) -> None:
+        """While a backlog drains in big batches, claim the newest few every FRESH_LANE_S.
+
+        A full batch of a thousand takes a while to claim, publish and mark; timers coming due
+        meanwhile would wait behind it. This lane keeps their lateness to about FRESH_LANE_S.
+        """
         while not stop.is_set():
-            metrics.tick("firing")  # alive, even while Postgres is down (readiness says that)
+            await self._backlog.wait()
+            if stop.is_set():
+                return
             try:
-                busy = await self.tick()
-                failures = 0
-            except TransientError as exc:
-                failures += 1
-                log.warning("claim failed", extra={"action": "claim_failed", "error": str(exc)})
-                await self.wakeup.sleep(min(poll_s * 2**failures, 10.0), stop)
-                continue
-            if not busy:
-                await self.wakeup.sleep(self._idle_s, stop)
+                result = await self.store.claim(
+                    self.s.worker_id,
+                    FRESH_LANE_BATCH,
+                    FRESH_LANE_BATCH,
+                    self.s.lease_ms,
+                    LOOKAHEAD_MS,
+                    FRESH_LANE_WINDOW_MS,
+                )
+                self.wakeup.observe_db_now(result.db_now)
+                if result.claimed:
+                    await self.fire(result.claimed)
+            except TransientError:
+                pass  # the main loop reports and backs off; this lane just tries again later
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=FRESH_LANE_S)
 
     async def tick(self) -> bool:
         """One claim and its firing; True when the batch was full (more may be due)."""
         started = time.perf_counter()
-        result = await self.store.claim(
-            self.s.worker_id, self.s.batch_size, self.fresh_limit, self.s.lease_ms, LOOKAHEAD_MS
-        )
+        result = await self.store.claim(self.s.worker_id, self.s.batch_size, 0, self.s.lease_ms, LOOKAHEAD_MS)
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         self.wakeup.observe_db_now(result.db_now)
         poll_s = self.s.poll_interval_ms / 1000

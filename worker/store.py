@@ -136,12 +136,20 @@ class Store:
         return {(t, s) for t, s in await cur.fetchall()}
 
     async def claim(
-        self, owner: str, limit: int, fresh_limit: int, lease_ms: int, ahead_ms: int = 0
+        self,
+        owner: str,
+        limit: int,
+        fresh_limit: int,
+        lease_ms: int,
+        ahead_ms: int = 0,
+        fresh_window_ms: int = 86_400_000,
     ) -> ClaimResult:
-        """Claim up to `limit` occurrences due within `ahead_ms`, `fresh_limit` of them the most recent."""
+        """Claim up to `limit` occurrences due within `ahead_ms`: the oldest, and `fresh_limit`
+        of the most recent, due no longer than `fresh_window_ms` ago."""
         params = {
             "owner": owner,
             "ahead_ms": ahead_ms,
+            "fresh_window_ms": fresh_window_ms,
             "oldest_limit": limit - fresh_limit,
             "fresh_limit": fresh_limit,
             "lease_ms": lease_ms,
