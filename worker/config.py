@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     worker_id: str = Field(default_factory=_default_worker_id)
     batch_size: int = Field(1000, ge=1, le=20000)
     intake_batch_size: int = Field(1000, ge=1, le=20000)
-    poll_interval_ms: int = Field(1000, ge=10, le=60000)
+    poll_interval_ms: int = Field(2000, ge=10, le=60000)
     lease_ms: int = Field(3000, ge=200, le=3_600_000)
     publish_timeout_ms: int = Field(2000, ge=50, le=60000)
     max_in_flight: int = Field(2000, ge=1, le=100000)
