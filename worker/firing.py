@@ -113,8 +113,10 @@ class Firing:
                     self._backlog.clear()
                     await self.wakeup.sleep(self._idle_s, stop)
         finally:
-            self._backlog.set()  # let the lane see stop
-            await lane
+            if not stop.is_set():
+                lane.cancel()  # this loop failed: the lane goes with it
+            self._backlog.set()  # on a stop, wake the lane so it sees it and finishes its batch
+            await asyncio.gather(lane, return_exceptions=True)
 
     async def _fresh_lane(self, stop: asyncio.Event) -> None:
         """While a backlog drains in big batches, claim the newest few every FRESH_LANE_S.
@@ -138,8 +140,8 @@ class Firing:
                 self.wakeup.observe_db_now(result.db_now)
                 if result.claimed:
                     await self.fire(result.claimed)
-            except TransientError:
-                pass  # the main loop reports and backs off; this lane just tries again later
+            except Exception as exc:  # never fatal: its claims expire and fire elsewhere, or here later
+                log.warning("fresh lane failed", extra={"action": "claim_failed", "error": str(exc)})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=FRESH_LANE_S)
 

@@ -115,10 +115,10 @@ async def drain(ctx: Context) -> Metrics:
         }
 
 
-async def _lateness(ctx: Context, rate: int) -> Metrics:
+async def _lateness(ctx: Context, rate: int, pending: int = 1_000_000, duration: float = 60) -> Metrics:
     """`rate` timers come due per second for a while, with a large number of future timers pending."""
-    pending = ctx.n(1_000_000)
-    duration = ctx.seconds(60, floor=20)
+    pending = ctx.n(pending)
+    duration = ctx.seconds(duration, floor=20)
     n = int(rate * duration)
     async with ctx.rig() as rig:
         ctx.progress(f"seeding {pending:,} future timers")
@@ -148,6 +148,21 @@ async def lateness_1k(ctx: Context) -> Metrics:
 
 async def lateness_5k(ctx: Context) -> Metrics:
     return await _lateness(ctx, 5000)
+
+
+SWEEP_RATES = (250, 500, 1000, 2000, 5000, 10_000)
+
+
+async def sweep(ctx: Context) -> Metrics:
+    """Lateness percentiles against load (docs/lateness.png): 20 s at each rate, 100,000 pending."""
+    out: Metrics = {}
+    for rate in SWEEP_RATES:
+        ctx.progress(f"{rate:,} due/s")
+        m = await _lateness(ctx, rate, pending=100_000, duration=20)
+        out |= {
+            f"{k}@{rate}": m[k] for k in ("lateness_p50_ms", "lateness_p99_ms", "lateness_max_ms", "lost")
+        }
+    return out
 
 
 def _command(prefix: str, tenant: str, key: str, due: datetime) -> tuple[str, bytes]:
@@ -332,5 +347,6 @@ SCENARIOS = {
         Scenario("catchup", catchup, (("fresh_lateness_p99_ms", "<=", 1000),)),
         Scenario("fairness", fairness, (("fresh_lateness_p99_ms", "<=", 1000),)),
         Scenario("idle", idle, (("statements_per_s_per_replica", "<=", 1),)),
+        Scenario("sweep", sweep, ()),
     )
 }

@@ -1,0 +1,32 @@
+"""`timer-service bench` itself works end to end (tiny sizes): speed lives in docs/BENCHMARKS.md, not here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str, nats_url: str) -> None:
+    env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
+    argv = ["drain", "intake", "catchup", "--scale", "0.01", "--runs", "1", "--json"]
+    out = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "bench", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["command"] == "timer-service bench " + " ".join(argv)
+    results = report["results"]
+    drain = results["drain"]["median"]
+    assert drain["timers"] == 10_000 and drain["left_scheduled"] == 0 and drain["fires_per_s"] > 0
+    assert results["intake"]["median"]["missing"] == 0
+    catchup = results["catchup"]["median"]
+    assert catchup["early"] == 0 and catchup["fresh_lateness_max_ms"] >= catchup["fresh_lateness_p50_ms"] >= 0
+    assert {v["metric"] for v in results["catchup"]["targets"]} == {"fresh_lateness_p99_ms"}
+    assert "[drain 1/1]" in out.stderr  # progress goes to stderr, results alone to stdout
