@@ -91,8 +91,9 @@ class Intake:
             "Timer-Error-Detail": why.detail,
             "Timer-Subject": msg.subject[:200],
         }
+        data = self._fit(msg.data, headers)
         try:
-            await self.broker.publish_one(Outgoing(self.broker.subjects.dlq(token), msg.data, headers))
+            await self.broker.publish_one(Outgoing(self.broker.subjects.dlq(token), data, headers))
         except Exception as exc:  # the DLQ is unreachable: keep the command, try again later
             log.warning("dlq publish failed", extra={"action": "dlq_failed", "error": str(exc)})
             await msg.nak(delay=RETRY_DELAY_S)
@@ -103,6 +104,19 @@ class Intake:
             "command rejected",
             extra={"action": "command_rejected", "reason": why.reason, "detail": why.detail, "tenant": token},
         )
+
+    def _fit(self, data: bytes, headers: dict[str, str]) -> bytes:
+        """The command body for its DLQ copy: unchanged, unless the copy's headers would push it past
+        the server's max_payload (a body that alone filled it). The server would refuse such a copy
+        and drop our connection, over and over; so it is cut, and a header says how long it was."""
+        nc = self.broker.nc
+        limit = nc.max_payload if nc is not None else 1024 * 1024
+        # NATS/1.0 line, "Key: Value" lines, blank line; 64 bytes to spare for the truncation header.
+        header_bytes = 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items()) + 2 + 64
+        if len(data) + header_bytes <= limit:
+            return data
+        headers["Timer-Body-Truncated"] = str(len(data))
+        return data[: max(0, limit - header_bytes)]
 
     async def apply(self, batch: list[tuple[Msg, Command]]) -> None:
         started = time.perf_counter()
