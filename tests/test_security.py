@@ -424,3 +424,11 @@ def test_every_secret_setting_is_hidden_from_log_lines(capsys: pytest.CaptureFix
         assert "***" in line
         for secret in ('uote"d', 'uote\\"d', NATS_TOKEN, "url-token", "second-pw", NKEY_SEED):
             assert secret not in line
+
+
+def test_security_doc_lists_every_credential_and_tls_setting() -> None:
+    doc = (ROOT / "docs" / "SECURITY.md").read_text()
+    security = [n for n in Settings.model_fields if n == "database_url" or n.startswith("nats_")]
+    missing = [f"TIMER_{n.upper()}" for n in security if f"TIMER_{n.upper()}" not in doc]
+    assert missing == []
+    assert "docs/SECURITY.md" in (ROOT / "README.md").read_text()
