@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def ssl_postgres_bin() -> Path:
-    """A Postgres build with SSL: the wheel's has none, so Debian's (`.ci/run` installs it)."""
+    """A Postgres build with SSL: the wheel's has none, so Debian's (`make test` installs it)."""
     candidates = [_postgres_bin(), *sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)]
     if found := shutil.which("pg_config"):
         bindir = subprocess.run([found, "--bindir"], capture_output=True, text=True, check=False).stdout
@@ -50,7 +50,7 @@ def ssl_postgres_bin() -> Path:
             linked = subprocess.run(["ldd", str(server)], capture_output=True, text=True, check=False).stdout
             if "libssl" in linked:
                 return bin_dir
-    raise AssertionError("no Postgres server built with SSL: `apt-get install postgresql` (.ci/run does)")
+    raise AssertionError("no Postgres server built with SSL: `apt-get install postgresql` (make test does)")
 
 
 @pytest.fixture(scope="module")
