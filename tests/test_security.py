@@ -198,6 +198,25 @@ def test_nats_that_cannot_be_trusted_is_one_clear_line(
     assert re.search(says, one_line(result))
 
 
+async def test_the_cli_schedules_over_mutual_tls_and_prints_nothing_else(
+    settings: Settings, pki: Pki, tls_nats: EmbeddedNats
+) -> None:
+    over_tls = settings.model_copy(update=tls_nats_settings(tls_nats, pki))
+    broker = Broker(over_tls)
+    await broker.connect()
+    try:
+        await broker.ensure_streams()
+        env = {f"TIMER_{k.upper()}": str(v) for k, v in tls_nats_settings(tls_nats, pki).items()}
+        env["TIMER_SUBJECT_PREFIX"] = over_tls.subject_prefix
+        args = ("schedule", "--tenant", "acme", "--id", "by-cli", "--due-in", "1h")
+        result = await asyncio.to_thread(cli, *args, env=env)
+        assert (result.returncode, result.stderr) == (0, "")
+        stream = await broker.js.stream_info(over_tls.command_stream)
+        assert stream.state.messages == 1
+    finally:
+        await broker.close()
+
+
 def test_postgres_that_cannot_be_trusted_is_one_clear_line(
     pki: Pki, tls_pg: EmbeddedPostgres, pg_server_url: str
 ) -> None:

@@ -168,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logs.quiet_known_noise()
     try:
         code: int = args.func(args)
         return code

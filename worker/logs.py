@@ -26,6 +26,18 @@ def redact(text: str) -> str:
     return text
 
 
+def _not_tls_eof_noise(record: logging.LogRecord) -> bool:
+    # asyncio warns on every TLS connection nats-py closes; it means nothing to an operator, and
+    # on the CLI it would be a second line after a successful command.
+    return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+def quiet_known_noise() -> None:
+    asyncio_log = logging.getLogger("asyncio")
+    if _not_tls_eof_noise not in asyncio_log.filters:
+        asyncio_log.addFilter(_not_tls_eof_noise)
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -56,5 +68,6 @@ def setup(level: str = "INFO", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    quiet_known_noise()
     # nats-py logs every reconnect attempt at ERROR; our callbacks say it once, with context.
     logging.getLogger("nats").setLevel(logging.CRITICAL)
