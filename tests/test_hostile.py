@@ -93,6 +93,7 @@ async def test_a_flood_of_garbage_ends_in_the_dlq_while_valid_timers_fire_on_tim
     } | {("acme" if i % 2 else "globex", f"on-time-{i}") for i in range(40)}
     prefix = settings.subject_prefix
     published: Counter[tuple[str, str]] = Counter()  # (DLQ token, reason) of each piece of garbage
+    mid_flood: set[tuple[str, str]] = set()  # valid commands sent while the garbage kept coming
 
     async def flood(nc: Any, stop: asyncio.Event) -> None:
         """Garbage as fast as the connection takes it (the big bodies one round in ten), until the
@@ -104,6 +105,10 @@ async def test_a_flood_of_garbage_ends_in_the_dlq_while_valid_timers_fire_on_tim
                     continue
                 await nc.publish(f"{prefix}.{tenant}.timer.{kind}", body)
                 published[(dlq_token(tenant), reason)] += 1
+            if i % 20 == 0:  # a valid command in the middle of the garbage, due soon
+                sc = f"mid-flood-{i}"
+                await nc.publish(f"{prefix}.acme.timer.schedule", schedule_body("acme", sc, iso_in(0.5)))
+                mid_flood.add(("acme", sc))
             await nc.flush()
             i += 1
             await asyncio.sleep(0.005)  # let the other coroutines in this loop run
@@ -130,6 +135,7 @@ async def test_a_flood_of_garbage_ends_in_the_dlq_while_valid_timers_fire_on_tim
             stop.set()
             await flooding
         flooded_for = time.monotonic() - started
+        await until(lambda: set(rec.keys()) >= mid_flood, what="every command sent mid-flood fired")
         await until(lambda: command_stream_empty(settings), timeout=120, what="every command acknowledged")
         drained_after = time.monotonic() - started
         # Nothing left to fire; every garbage command is in the DLQ, once.
@@ -148,13 +154,16 @@ async def test_a_flood_of_garbage_ends_in_the_dlq_while_valid_timers_fire_on_tim
     assert headers == published
     assert set(r for _, r in headers) <= REASONS
     # On time, none early, each once (a poison flood must not delay or duplicate anything).
+    valid |= mid_flood
     fired = [f for f in rec.firings if (f.tenant_id, f.service_call_id) in valid]
     assert len(fired) == len(valid) == len({(f.tenant_id, f.service_call_id) for f in fired})
+    assert len(mid_flood) >= 5
     lateness = [f.received_at - f.due_at for f in fired if f.service_call_id != "year-one"]
     assert min(lateness) >= 0, "a timer fired early"
     print(
         f"\nflood: {total} garbage commands over {flooded_for:.1f}s, all in the DLQ after "
-        f"{drained_after:.1f}s; valid timers max lateness {max(lateness) * 1000:.0f} ms"
+        f"{drained_after:.1f}s; {len(valid)} valid timers ({len(mid_flood)} sent mid-flood), "
+        f"max lateness {max(lateness) * 1000:.0f} ms"
     )
     assert max(lateness) < 3.0, f"a timer was {max(lateness):.2f}s late during the flood"
     assert query(db_url, "SELECT count(*) FROM timers") == [(len(valid),)]
