@@ -217,6 +217,20 @@ async def test_the_cli_schedules_over_mutual_tls_and_prints_nothing_else(
         await broker.close()
 
 
+@pytest.mark.parametrize("tls", ["ca", "scheme"])
+def test_with_tls_configured_a_plaintext_nats_is_refused(pki: Pki, nats_url: str, tls: str) -> None:
+    """nats-py on its own would send CONNECT, password included, in clear to a server that does not
+    demand TLS (or to a man in the middle that says so)."""
+    env = {"TIMER_NATS_USER": "timer", "TIMER_NATS_PASSWORD": NATS_PASSWORD}
+    if tls == "ca":
+        env |= {"TIMER_NATS_URL": nats_url, "TIMER_NATS_TLS_CA": str(pki.ca)}
+    else:
+        env |= {"TIMER_NATS_URL": nats_url.replace("nats://", "tls://")}
+    result = cli("schedule", "--tenant", "acme", "--id", "x", "--due-in", "1h", env=env)
+    assert result.returncode == 1
+    assert "TLS is configured but the server does not require it" in one_line(result)
+
+
 def test_postgres_that_cannot_be_trusted_is_one_clear_line(
     pki: Pki, tls_pg: EmbeddedPostgres, pg_server_url: str
 ) -> None:
