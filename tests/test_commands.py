@@ -116,6 +116,7 @@ def test_unknown_keys_are_ignored() -> None:
         ("2026-11-22T09:00:00-00:00", datetime(2026, 11, 22, 9, tzinfo=UTC)),
         ("2001-01-01T00:00:00Z", datetime(2001, 1, 1, tzinfo=UTC)),  # the past fires at once
         ("0001-01-01T00:00:00Z", datetime(1, 1, 1, tzinfo=UTC)),
+        ("0001-01-01T00:00:00-01:00", datetime(1, 1, 1, 1, tzinfo=UTC)),  # west of UTC: still year 1
     ],
 )
 def test_due_at_forms(due_at: str, expected: datetime) -> None:
@@ -244,6 +245,15 @@ BAD: list[tuple[str, bytes | dict[str, Any], str]] = [
     ("dueAt year 1 east of UTC", schedule(dueAt="0001-01-01T00:00:00+01:00"), "bad_due_at"),
     ("dueAt year 9999 west of UTC", schedule(dueAt="9999-12-31T23:30:00-01:00"), "bad_due_at"),
     ("dueAt unicode digits", schedule(dueAt="٢٠٢٦-11-22T09:00:00Z"), "bad_due_at"),
+    ("dueAt year 1 far east", schedule(dueAt="0001-01-01T00:00:00+23:59"), "bad_due_at"),
+    ("dueAt year 9999 far west", schedule(dueAt="9999-12-31T23:59:59.999999-23:59"), "bad_due_at"),
+    ("dueAt with NUL", schedule(dueAt="2026-11-22T09:00:00\x00Z"), "bad_due_at"),
+    ("dueAt a lone surrogate", b'{"tenantId":"acme","serviceCallId":"x","dueAt":"\\ud800"}', "bad_due_at"),
+    ("tenant a lone surrogate", b'{"tenantId":"\\udc00","serviceCallId":"x"}', "bad_tenant"),
+    ("tenant with zero-width space", schedule(tenantId="acme\u200b"), "bad_tenant"),
+    ("tenant non-ASCII", schedule(tenantId="acmé"), "bad_tenant"),
+    ("tenant with NUL", schedule(tenantId="acme\x00"), "bad_tenant"),
+    ("type a lone surrogate", b'{"type":"\\ud800","payload":{}}', "unknown_type"),
     ("dueAt trailing newline", schedule(dueAt="2026-11-22T09:00:00Z\n"), "bad_due_at"),
     ("dueAt beyond horizon", schedule(dueAt="2036-01-01T00:00:01Z"), "beyond_horizon"),
     ("dueAt year 9999", schedule(dueAt="9999-12-31T23:59:59Z"), "beyond_horizon"),
@@ -300,6 +310,17 @@ BAD: list[tuple[str, bytes | dict[str, Any], str]] = [
         "unknown_timezone",
     ),
     ("timezone with NUL", schedule(repeat={"every": "P1D", "timezone": "UTC\x00"}), "unknown_timezone"),
+    (
+        "timezone a lone surrogate",
+        b'{"tenantId":"acme","serviceCallId":"x","dueAt":"2026-11-22T09:00:00Z",'
+        b'"repeat":{"every":"P1D","timezone":"\\ud800"}}',
+        "unknown_timezone",
+    ),
+    (
+        "every a lone surrogate",
+        b'{"tenantId":"acme","serviceCallId":"x","dueAt":"2026-11-22T09:00:00Z","repeat":{"every":"\\ud800"}}',
+        "bad_repeat",
+    ),
 ]
 
 
@@ -344,6 +365,17 @@ def test_body_size_limit() -> None:
     fits = padded.replace(b'"pad": ""', b'"pad": "' + b"x" * (MAX_BODY_BYTES - len(padded)) + b'"')
     assert len(fits) == MAX_BODY_BYTES and isinstance(parse(fits), ScheduleTimer)
     assert reason(parse(fits[:-1] + b" }")) == "body_too_large"
+
+
+def test_year_9999_east_of_utc_is_an_instant_when_the_horizon_allows() -> None:
+    raw = json.dumps(schedule(dueAt="9999-12-31T23:30:00+01:00")).encode()
+    result = parse_command("schedule", "acme", raw, now=NOW, max_horizon=timedelta(days=3_000_000))
+    assert isinstance(result, ScheduleTimer) and result.due_at == datetime(9999, 12, 31, 22, 30, tzinfo=UTC)
+
+
+def test_nul_and_surrogates_in_ignored_keys_do_not_matter() -> None:
+    body = b'{"tenantId":"acme","serviceCallId":"x","dueAt":"2026-11-22T09:00:00Z","\\ud800":"\\u0000"}'
+    assert isinstance(parse(body), ScheduleTimer)
 
 
 def test_ten_megabytes_are_rejected_by_size_before_decoding() -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
@@ -103,6 +104,27 @@ def connect_options(s: Settings) -> dict[str, Any]:
     return opts
 
 
+class _TlsEnforcingClient(NATS):
+    """nats-py upgrades to TLS only when the server's INFO says `tls_required`: with TLS configured,
+    a plaintext server (or one that merely allows TLS, or a man in the middle rewriting INFO) would
+    get our CONNECT, credentials included, in clear. This client refuses instead."""
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        wants_tls = self.options.get("tls") is not None and not self.options.get("tls_handshake_first")
+        if initial_connection and wants_tls and not info.get("tls_required"):
+            raise nats.errors.Error(
+                "nats: TLS is configured but the server does not require it; not connecting in clear"
+            )
+        await super()._process_info(info, initial_connection)
+
+
+async def nats_connect(servers: str | list[str], **options: Any) -> NATS:
+    """nats.connect(), but never in clear when TLS is configured."""
+    nc = _TlsEnforcingClient()
+    await nc.connect(servers, **options)
+    return nc
+
+
 class Broker:
     """One replica's NATS connection and everything it does with JetStream."""
 
@@ -123,8 +145,10 @@ class Broker:
         async def on_reconnect() -> None:
             log.info("nats reconnected", extra={"action": "nats_reconnected"})
 
-        self.nc = await nats.connect(
-            **connect_options(self.settings),
+        opts = connect_options(self.settings)
+        self.nc = await nats_connect(
+            opts.pop("servers"),
+            **opts,
             error_cb=on_error,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,

@@ -168,18 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logs.quiet_known_noise()
     try:
         code: int = args.func(args)
         return code
     except ConfigError as exc:
-        print(f"timer-service: {exc}", file=sys.stderr)
+        print(f"timer-service: {logs.redact(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     except (OSError, psycopg.Error, nats.errors.Error) as exc:
         # A server not reachable, a file not found: a user's situation, not a bug. One line.
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"timer-service: {first}", file=sys.stderr)
+        print(f"timer-service: {logs.redact(first)}", file=sys.stderr)
         return 1
 
 

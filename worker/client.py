@@ -17,10 +17,9 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-import nats
 from nats.aio.client import Client as NATS
 
-from worker.broker import Subjects
+from worker.broker import Subjects, nats_connect
 from worker.commands import TENANT_RE
 from worker.firing import iso
 
@@ -36,7 +35,8 @@ class TimerClient:
     async def connect(
         cls, url: str = "nats://127.0.0.1:4222", prefix: str = "svc", **options: Any
     ) -> TimerClient:
-        return cls(await nats.connect(url, **options), prefix, owns_connection=True)
+        # Never in clear when TLS is configured (see broker.nats_connect).
+        return cls(await nats_connect(url, **options), prefix, owns_connection=True)
 
     async def schedule(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import urllib.parse
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -12,6 +13,7 @@ import isodate
 from pydantic import BeforeValidator, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker import logs
 from worker.errors import ConfigError
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 365 * 86400}
@@ -112,6 +114,11 @@ class Settings(BaseSettings):
             raise ValueError("log_level: must be DEBUG, INFO, WARNING or ERROR")
         if bool(self.nats_tls_cert) != bool(self.nats_tls_key):
             raise ValueError("nats_tls_cert: TIMER_NATS_TLS_CERT and TIMER_NATS_TLS_KEY go together")
+        # Checked here: Python's TLS layer reports a missing file without naming it.
+        for name in ("nats_creds", "nats_tls_ca", "nats_tls_cert", "nats_tls_key"):
+            path = getattr(self, name)
+            if path and not os.access(path, os.R_OK):
+                raise ValueError(f"{name}: cannot read {path}")
         return self
 
     @property
@@ -122,7 +129,7 @@ class Settings(BaseSettings):
 def load_settings(**overrides: Any) -> Settings:
     """Build settings from the environment (and overrides); a bad one raises ConfigError, one line."""
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
@@ -131,8 +138,52 @@ def load_settings(**overrides: Any) -> Settings:
             loc, msg = (s.strip() for s in msg.split(":", 1))
         name = f"TIMER_{loc.upper()}" if loc else "settings"
         raise ConfigError(f"{name}: {msg}") from None
+    logs.hide(secret_values(settings))  # from here on no log line or error line shows them
+    return settings
 
 
-def mask_url(url: str) -> str:
-    """The URL with its password replaced, for logs and `status`."""
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+# A URL's user:password@ (the password may hold '@': the last '@' before the host ends it), a
+# `password=` query parameter or libpq keyword (quoted or not).
+_URL_USERINFO = re.compile(r"(?P<scheme>\w[\w+.-]*://)(?P<userinfo>[^/?#\s]*)@")
+_PASSWORD_PARAM = re.compile(r"(?P<key>\bpassword\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'|[^&\s]+)", re.I)
+# Shorter secrets are not hunted for in free text (masking every "ab" would ruin the logs); they
+# are still never logged on purpose: URLs are masked by their structure.
+MIN_SECRET_CHARS = 4
+
+
+def mask_url(url: str, *, userinfo_is_secret: bool = False) -> str:
+    """The URL (or libpq keyword DSN) with its password replaced, for logs and `status`.
+
+    `userinfo_is_secret`: a user part without ':' is a secret too (NATS takes `nats://TOKEN@host`).
+    """
+
+    def userinfo(m: re.Match[str]) -> str:
+        user, colon, _ = m["userinfo"].partition(":")
+        if colon:
+            return f"{m['scheme']}{user}:***@"
+        return f"{m['scheme']}***@" if userinfo_is_secret else m[0]
+
+    masked = _URL_USERINFO.sub(userinfo, url)
+    return _PASSWORD_PARAM.sub(lambda m: f"{m['key']}***", masked)
+
+
+def secret_values(s: Settings) -> set[str]:
+    """Every secret these settings hold, as written and percent-decoded: what an error message
+    quoting a setting could repeat (libpq quotes a bad DSN token, password included)."""
+    found: set[str] = set()
+    for secret in (s.nats_password, s.nats_token, s.nats_nkey_seed):
+        if secret is not None:
+            found.add(secret.get_secret_value())
+    for url, token_ok in [(s.database_url.get_secret_value(), False)] + [
+        (u, True) for u in s.nats_url.split(",")
+    ]:
+        for m in _URL_USERINFO.finditer(url):
+            user, colon, password = m["userinfo"].partition(":")
+            if colon:
+                found.add(password)
+            elif token_ok:
+                found.add(user)
+        for m in _PASSWORD_PARAM.finditer(url):
+            found.add(m["value"].strip("'"))
+    found |= {urllib.parse.unquote(v) for v in found}
+    return {v for v in found if len(v) >= MIN_SECRET_CHARS}

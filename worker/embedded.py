@@ -225,12 +225,20 @@ class EmbeddedPostgres(_Server):
         fsync: bool = False,
         ssl_cert: Path | None = None,
         ssl_key: Path | None = None,
+        ssl_ca: Path | None = None,
+        bin_dir: Path | None = None,
     ) -> None:
         super().__init__(base_dir, port)
         if bool(ssl_cert) != bool(ssl_key):
             raise ValueError("ssl_cert and ssl_key go together")
+        if ssl_ca and not ssl_cert:
+            raise ValueError("ssl_ca needs ssl_cert and ssl_key")
         self.fsync = fsync
-        self.ssl_cert, self.ssl_key = ssl_cert, ssl_key
+        # ssl_ca: the CA of client certificates; the server then asks clients for one and
+        # verifies it when given (pg_stat_ssl.client_dn shows whose it was).
+        self.ssl_cert, self.ssl_key, self.ssl_ca = ssl_cert, ssl_key, ssl_ca
+        # Another server build (e.g. Debian's, which has SSL; the wheel's has none); None: the wheel's.
+        self.bin_dir = bin_dir
         self.data_dir = self.base_dir / "data"
 
     @property
@@ -285,7 +293,9 @@ class EmbeddedPostgres(_Server):
         }
         if self.ssl_cert:
             settings |= {"ssl": "on", "ssl_cert_file": "server.crt", "ssl_key_file": "server.key"}
-        argv = [str(_postgres_bin() / "postgres"), "-D", str(self.data_dir)]
+        if self.ssl_ca:
+            settings["ssl_ca_file"] = "root.crt"
+        argv = [str((self.bin_dir or _postgres_bin()) / "postgres"), "-D", str(self.data_dir)]
         argv += ["-p", str(self.port), "-h", "127.0.0.1", "-k", ""]
         for key, value in settings.items():
             argv += ["-c", f"{key}={value}"]
@@ -296,7 +306,7 @@ class EmbeddedPostgres(_Server):
         self.data_dir.mkdir(mode=0o700)
         if user:
             shutil.chown(self.data_dir, user, user)
-        argv = [str(_postgres_bin() / "initdb"), "-D", str(self.data_dir), "-U", "postgres"]
+        argv = [str((self.bin_dir or _postgres_bin()) / "initdb"), "-D", str(self.data_dir), "-U", "postgres"]
         argv += ["--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync", "--no-instructions"]
         with self.log_path.open("ab") as log:
             done = subprocess.run(
@@ -315,7 +325,10 @@ class EmbeddedPostgres(_Server):
     def _install_ssl_files(self, user: str | None) -> None:
         if not (self.ssl_cert and self.ssl_key):
             return
-        for source, name in ((self.ssl_cert, "server.crt"), (self.ssl_key, "server.key")):
+        files = [(self.ssl_cert, "server.crt"), (self.ssl_key, "server.key")]
+        if self.ssl_ca:
+            files.append((self.ssl_ca, "root.crt"))
+        for source, name in files:
             target = self.data_dir / name
             shutil.copyfile(source, target)
             target.chmod(0o600)

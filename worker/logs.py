@@ -9,6 +9,33 @@ import time
 from typing import Any
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+_hidden: set[str] = set()
+
+
+def hide(secrets: set[str]) -> None:
+    """Never write these strings: every log line and CLI error line replaces them with ***."""
+    for secret in secrets:
+        _hidden.add(secret)
+        _hidden.add(json.dumps(secret)[1:-1])  # as it appears inside a JSON log line
+
+
+def redact(text: str) -> str:
+    # Longest first: a secret that contains another is replaced whole.
+    for secret in sorted(_hidden, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _not_tls_eof_noise(record: logging.LogRecord) -> bool:
+    # asyncio warns on every TLS connection nats-py closes; it means nothing to an operator, and
+    # on the CLI it would be a second line after a successful command.
+    return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+def quiet_known_noise() -> None:
+    asyncio_log = logging.getLogger("asyncio")
+    if _not_tls_eof_noise not in asyncio_log.filters:
+        asyncio_log.addFilter(_not_tls_eof_noise)
 
 
 class JsonFormatter(logging.Formatter):
@@ -22,7 +49,7 @@ class JsonFormatter(logging.Formatter):
         out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+        return redact(json.dumps(out, default=str))
 
 
 class TextFormatter(logging.Formatter):
@@ -31,7 +58,7 @@ class TextFormatter(logging.Formatter):
         line = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname:<7} {record.getMessage()} {extra}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line.rstrip()
+        return redact(line.rstrip())
 
 
 def setup(level: str = "INFO", fmt: str = "json") -> None:
@@ -41,5 +68,6 @@ def setup(level: str = "INFO", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    quiet_known_noise()
     # nats-py logs every reconnect attempt at ERROR; our callbacks say it once, with context.
     logging.getLogger("nats").setLevel(logging.CRITICAL)

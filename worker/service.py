@@ -70,7 +70,7 @@ class Replica:
                     "action": "replica_started",
                     "worker_id": self.s.worker_id,
                     "database": mask_url(self.s.database_url.get_secret_value()),
-                    "nats": mask_url(self.s.nats_url),
+                    "nats": mask_url(self.s.nats_url, userinfo_is_secret=True),
                 },
             )
             return await self._supervise()

@@ -50,6 +50,16 @@ CASES: dict[str, dict[str, Any]] = {
         "extraEnv": [{"name": "OTEL_SERVICE_NAME", "value": "timer-service"}],
     },
     "chart_secret": {"secrets": SECRET_STRINGS},
+    # Server-only TLS (a CA, no client certificate) and every NATS secret from an existing Secret.
+    "tls_server_only": {
+        "config": {"natsUrl": "tls://nats:4222"},
+        "secrets": {
+            "existingSecret": "timer-secrets",
+            "natsTokenKey": "nats-token",
+            "natsNkeySeedKey": "nats-seed",
+        },
+        "natsTls": {"existingSecret": "nats-ca", "certKey": "", "keyKey": ""},
+    },
     "config_changed": {"config": {"batchSize": 500}},
     "not_config": {"replicaCount": 5, "topologySpread": {"nodes": "", "zones": ""}},
     "pdb_min_available": {"podDisruptionBudget": {"minAvailable": 2}},
@@ -317,6 +327,33 @@ def test_creds_and_tls_files_are_mounted_from_secrets(production: Release) -> No
     # The migration reaches Postgres the same way, TLS files included.
     job_mounts = {m["name"] for m in production.job_container["volumeMounts"]}
     assert job_mounts == {"tmp", "postgres-tls"}  # no NATS credentials: migrating needs none
+
+
+def test_nats_tls_and_user_settings_reach_the_config_map(production: Release) -> None:
+    assert production.config["TIMER_NATS_URL"] == "tls://nats.messaging:4222"
+    assert production.config["TIMER_NATS_USER"] == "timer"
+    assert production.config["TIMER_NATS_TLS_SERVER_NAME"] == "nats.messaging.svc"
+
+
+def test_server_only_tls_and_token_and_seed_from_the_existing_secret(rendered: dict[str, Any]) -> None:
+    release = Release(rendered["tls_server_only"])
+    env = _env(release.container)
+    assert env["TIMER_NATS_TLS_CA"]["value"] == "/etc/timer-service/nats-tls/ca.crt"
+    assert "TIMER_NATS_TLS_CERT" not in env and "TIMER_NATS_TLS_KEY" not in env
+    for name, key in [("TIMER_NATS_TOKEN", "nats-token"), ("TIMER_NATS_NKEY_SEED", "nats-seed")]:
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "timer-secrets", "key": key}
+    assert "TIMER_NATS_PASSWORD" not in env  # no key named for it
+    assert not release.all("Secret")
+
+
+def test_mounted_secret_files_are_readable_by_the_pod_only(production: Release) -> None:
+    """0440 and the pod's fsGroup: the service user (not root) reads them, nobody else; libpq
+    accepts a client key that is root-owned and 0640 or less."""
+    group = production.pod["securityContext"]["fsGroup"]
+    assert group == production.pod["securityContext"]["runAsGroup"]
+    for volume in production.pod["volumes"]:
+        if "secret" in volume:
+            assert volume["secret"]["defaultMode"] == 0o440, volume["name"]
 
 
 # --- pods: probes, shutdown, placement, security ----------------------------------------------
