@@ -60,7 +60,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
                 ctx = Context(db_url, nats_url, Path(tmp), args.replicas, args.scale, progress)
                 started = time.monotonic()
-                runs.append(asyncio.run(_run(scenario, ctx)))
+                try:
+                    runs.append(asyncio.run(_run(scenario, ctx)))
+                except RuntimeError as exc:  # a scenario that could not finish says why, in one line
+                    print(f"bench {scenario.name}: {exc}", file=sys.stderr)
+                    return 1
                 progress(f"done in {time.monotonic() - started:.0f}s: {_brief(runs[-1])}")
             results[scenario.name] = {
                 "runs": runs,
