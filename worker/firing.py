@@ -176,6 +176,9 @@ class Firing:
             await self._publish(waiting[:ready], datetime.fromtimestamp(now, UTC), fired, failed)
             waiting = waiting[ready:]
         await self._record(fired, failed)
+        # A recurring timer's next occurrence was unknown when this claim looked ahead.
+        if nexts := [f.next_due_at for f in fired if f.next_due_at is not None]:
+            self.wakeup.hint(min(nexts).timestamp())
 
     async def _publish(
         self, due: list[Claimed], now: datetime, fired: list[Fired], failed: list[tuple[Claimed, str]]

@@ -15,7 +15,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 from worker import metrics
 from worker.broker import Broker
 from worker.config import Settings, mask_url
-from worker.firing import Firing
+from worker.firing import LOOKAHEAD_MS, Firing
 from worker.http import HttpServer
 from worker.intake import Intake
 from worker.migrations import migrate
@@ -36,7 +36,7 @@ class Replica:
     def __init__(self, settings: Settings) -> None:
         self.s = settings
         self.stop = asyncio.Event()
-        self.wakeup = Wakeup()
+        self.wakeup = Wakeup(lead_s=LOOKAHEAD_MS / 1000)
         self.broker = Broker(settings)
         self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             settings.database_url.get_secret_value(),

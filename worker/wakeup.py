@@ -22,7 +22,8 @@ OFFSET_WINDOW_S = 60.0
 
 
 class Wakeup:
-    def __init__(self) -> None:
+    def __init__(self, lead_s: float = 0.0) -> None:
+        self.lead_s = lead_s  # hints wake this much before the due time (the claims' reach)
         self._event = asyncio.Event()
         self._target: float | None = None  # time.monotonic() to wake at
         # Database clock minus time.monotonic(): the largest of this window and the last.
@@ -45,8 +46,8 @@ class Wakeup:
         return time.monotonic() + self._offset_s
 
     def hint(self, due_epoch_s: float) -> None:
-        """Something comes due at this database-clock time: wake no later than then."""
-        at = time.monotonic() + max(0.0, due_epoch_s - self.db_now())
+        """Something comes due at this database-clock time: wake in time to claim it."""
+        at = time.monotonic() + max(0.0, due_epoch_s - self.lead_s - self.db_now())
         if self._target is None or at < self._target:
             self._target = at
             self._event.set()
