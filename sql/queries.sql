@@ -115,19 +115,21 @@ claimed AS (
         lease_owner = %(owner)s,
         lease_token = (SELECT nextval('timer_lease_token')),
         lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond',
-        attempts = t.attempts + 1
+        attempts = t.attempts + 1,
+        -- Kept through re-claims of the same occurrence (attempts counts them from 0).
+        claimed_at = CASE WHEN t.attempts = 0 OR t.claimed_at IS NULL THEN now() ELSE t.claimed_at END
     FROM (SELECT * FROM oldest UNION SELECT * FROM newest) d
     WHERE t.tenant_id = d.tenant_id AND t.service_call_id = d.service_call_id
     RETURNING t.tenant_id, t.service_call_id, t.due_at, t.correlation_id, t.lease_token,
               t.attempts, t.repeat_every, t.repeat_times, t.repeat_timezone, t.anchor_due_at,
-              t.occurrence_index
+              t.occurrence_index, t.claimed_at
 )
 SELECT c.*, NULL::float8 AS next_due_in_ms, NULL::timestamptz AS db_now FROM claimed c
 UNION ALL
 -- One extra row: milliseconds until the next occurrence beyond this claim's reach (NULL when
 -- none), so an idle replica needs this single statement per wake-up; and the clock as late in
 -- the statement as it can be read, for the replica's estimate of it (worker/wakeup.py).
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        (SELECT extract(epoch FROM min(due_at) - clock_timestamp()) * 1000 FROM timers
         WHERE state = 'Scheduled' AND due_at > now() + %(ahead_ms)s * interval '1 millisecond'),
        clock_timestamp();

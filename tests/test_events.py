@@ -13,7 +13,7 @@ from worker.store import Claimed
 
 def claimed(service_call_id: str, correlation_id: str | None) -> Claimed:
     due = datetime(2026, 11, 23, 9, 0, 0, 123456, tzinfo=UTC)
-    return Claimed("acme", service_call_id, due, correlation_id, 7, 1, None, None, None, due, 0)
+    return Claimed("acme", service_call_id, due, correlation_id, 7, 1, None, None, None, due, 0, due)
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from tests.helpers import iso_in, query, until
 from worker.config import Settings
+from worker.firing import next_of
 from worker.store import Fired, Store
 
 
@@ -67,3 +69,28 @@ async def test_a_live_lease_is_not_claimed_twice(store: Store, db_url: str) -> N
     keys_b = {c.service_call_id for c in second.claimed}
     assert len(keys_a) == 30 and len(keys_b) == 20
     assert sorted(keys_a | keys_b) == sorted(f"k{i}" for i in range(50))
+
+
+async def test_a_recurring_timer_refired_after_a_crash_skips_no_occurrence(store: Store, db_url: str) -> None:
+    # Every second from now. A replica claims occurrence 0 at once and dies; by the time its
+    # lease runs out and another replica fires it, occurrence 1 is due too. That is a crash, not
+    # downtime: occurrence 1 must still fire next, not be skipped for occurrence 2.
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, repeat_every)"
+        " VALUES ('acme', 'tick', 'Scheduled', now(), now(), 'PT1S')",
+    )
+    crashed = await store.claim("crashed", 10, 2, lease_ms=200)
+    (first,) = crashed.claimed
+    await until(lambda: lease_expired(db_url), what="the crashed replica's lease to run out")
+    await until(
+        lambda: query(db_url, "SELECT now() > due_at + interval '1.2 s' FROM timers")[0][0],
+        what="occurrence 1 to come due",
+    )
+    (again,) = (await store.claim("healthy", 10, 2, lease_ms=10_000)).claimed
+    assert again.attempts == 2
+    assert again.claimed_at == first.claimed_at  # the claim that counts is the first one
+    nxt = next_of(again)
+    assert nxt == (first.due_at + timedelta(seconds=1), 1)
+    assert await store.mark_fired([Fired(again, *nxt)]) == 1
+    assert query(db_url, "SELECT due_at, occurrence_index FROM timers") == [nxt]

@@ -20,6 +20,7 @@ from worker.broker import Broker, Outgoing
 from worker.commands import Repeat
 from worker.config import Settings
 from worker.errors import TransientError
+from worker.faults import crash_point
 from worker.recurrence import next_occurrence
 from worker.store import Claimed, Fired, Store
 from worker.wakeup import Wakeup
@@ -73,12 +74,16 @@ def due_event(timer: Claimed, subject: str, reached: str, reached_ms: int) -> Ou
     return Outgoing(subject, body.encode(), {"Nats-Msg-Id": msg_id})
 
 
-def next_of(timer: Claimed, db_now: datetime) -> tuple[datetime | None, int | None]:
-    """The occurrence after this one, for a recurring timer; (None, None) when it was the last."""
+def next_of(timer: Claimed) -> tuple[datetime | None, int | None]:
+    """The occurrence after this one, for a recurring timer; (None, None) when it was the last.
+
+    The first due after this occurrence was first claimed: one that came due during downtime is
+    skipped, one that came due while a crashed replica's lease ran out is not (it fires, late).
+    """
     if timer.repeat_every is None or timer.anchor_due_at is None:
         return None, None
     repeat = Repeat(timer.repeat_every, timer.repeat_times, timer.repeat_timezone)
-    nxt = next_occurrence(repeat, timer.anchor_due_at, timer.occurrence_index, db_now)
+    nxt = next_occurrence(repeat, timer.anchor_due_at, timer.occurrence_index, timer.claimed_at)
     return (nxt[0], nxt[1]) if nxt else (None, None)
 
 
@@ -164,6 +169,7 @@ class Firing:
         """Publish each occurrence as soon as it is due on the database clock, then record them all."""
         metrics.CLAIMED.inc(len(claimed))
         metrics.LEASES_RECLAIMED.inc(sum(1 for c in claimed if c.attempts > 1))
+        crash_point("claimed")
         waiting = sorted(claimed, key=lambda c: c.due_at)
         fired: list[Fired] = []
         failed: list[tuple[Claimed, str]] = []
@@ -175,7 +181,9 @@ class Firing:
                 continue
             await self._publish(waiting[:ready], datetime.fromtimestamp(now, UTC), fired, failed)
             waiting = waiting[ready:]
+        crash_point("published")
         await self._record(fired, failed)
+        crash_point("marked")
         # A recurring timer's next occurrence was unknown when this claim looked ahead.
         if nexts := [f.next_due_at for f in fired if f.next_due_at is not None]:
             self.wakeup.hint(min(nexts).timestamp())
@@ -202,7 +210,7 @@ class Firing:
         errors = 0
         for timer, err in zip(due, results, strict=True):
             if err is None:
-                fired.append(Fired(timer, *next_of(timer, now)))
+                fired.append(Fired(timer, *next_of(timer)))
                 metrics.LATENESS_SECONDS.observe(max(0.0, acked_at - timer.due_at.timestamp()))
             else:
                 errors += 1

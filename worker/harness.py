@@ -109,7 +109,9 @@ class EventRecorder:
     _nc: NATS | None = None
 
     async def start(self) -> None:
-        self._nc = await nats.connect(self.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        self._nc = await nats.connect(
+            self.nats_url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2
+        )
         js = self._nc.jetstream()
         # An ordered consumer: every stored event, in order, re-created on its own after faults.
         await js.subscribe(

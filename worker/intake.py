@@ -19,6 +19,7 @@ from worker.broker import Broker, Outgoing
 from worker.commands import Command, Rejection, ScheduleTimer, is_valid_tenant, parse_command
 from worker.config import Settings
 from worker.errors import TransientError
+from worker.faults import crash_point
 from worker.store import Store
 from worker.wakeup import Wakeup
 
@@ -143,6 +144,9 @@ class Intake:
             "Timer-Error": why.reason,
             "Timer-Error-Detail": why.detail,
             "Timer-Subject": msg.subject[:200],
+            # The command's own stream position: when a PubAck is lost, the command comes back
+            # and is copied again, and the DLQ stream drops that copy, so it holds each one once.
+            "Nats-Msg-Id": f"{self.s.command_stream}:{msg.metadata.sequence.stream}",
         }
         data = self._fit(msg.data, headers)
         return Outgoing(self.broker.subjects.dlq(token), data, headers)
@@ -170,6 +174,7 @@ class Intake:
                 await msg.nak(delay=RETRY_DELAY_S)
             return
         metrics.COMMAND_BATCH_SECONDS.observe(time.perf_counter() - started)
+        crash_point("committed")
         for (msg, command), outcome in zip(batch, outcomes, strict=True):
             kind = "schedule" if isinstance(command, ScheduleTimer) else "cancel"
             metrics.COMMANDS_APPLIED.labels(kind, outcome).inc()

@@ -34,6 +34,7 @@ class Claimed:
     repeat_timezone: str | None
     anchor_due_at: datetime | None
     occurrence_index: int
+    claimed_at: datetime  # first claim of this occurrence: a recurring timer's next comes after it
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +163,9 @@ class Store:
             raise TransientError(f"postgres: {exc}") from exc
         tail = rows[-1]  # the UNION ALL row with the next due time
         return ClaimResult(
-            claimed=[Claimed(*r[:11]) for r in rows[:-1]],
-            next_due_in_ms=tail[11],
-            db_now=tail[12],
+            claimed=[Claimed(*r[:12]) for r in rows[:-1]],
+            next_due_in_ms=tail[12],
+            db_now=tail[13],
         )
 
     async def mark_fired(self, fired: Sequence[Fired]) -> int:
