@@ -58,8 +58,11 @@ class Intake:
                 msgs = await sub.fetch(self.s.intake_batch_size, timeout=FETCH_WAIT_S)
             except (TimeoutError, nats.errors.TimeoutError):
                 continue
-            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError) as exc:
-                log.warning("fetch failed", extra={"action": "fetch_failed", "error": str(exc)})
+            except nats.errors.Error as exc:
+                # Reconnecting, or the consumer's stream has no leader for a moment (a NATS node
+                # went down: 503 until the cluster elects another). Both pass; neither ends intake.
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("fetch failed", extra={"action": "fetch_failed", "error": error})
                 await _pause(stop, 1.0)
                 continue
             await self.handle(msgs)
