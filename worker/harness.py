@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import nats
 from nats.aio.client import Client as NATS
@@ -82,7 +82,7 @@ class ReplicaSet:
     def alive(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() is None]
 
-    def __enter__(self) -> ReplicaSet:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
