@@ -206,7 +206,8 @@ async def test_a_tenant_cannot_reach_another_tenants_timers(settings: Settings, 
         events = await nc.subscribe(f"{prefix}.*.timer.due")
         payroll_due = iso_in(1.5, db_url)
         await js.publish(f"{prefix}.victim.timer.schedule", schedule_body("victim", "payroll", payroll_due))
-        await until(lambda: row(db_url, "victim", "payroll") is not None, what="victim's timer stored")
+        await js.publish(f"{prefix}.victim.timer.schedule", schedule_body("victim", "bonus"))
+        await until(lambda: row(db_url, "victim", "bonus") is not None, what="victim's timers stored")
         attacks = [
             # Schedule or cancel in the victim's name from the attacker's subject.
             ("schedule", schedule_body("victim", "payroll", iso_in(0.1, db_url))),
@@ -231,9 +232,13 @@ async def test_a_tenant_cannot_reach_another_tenants_timers(settings: Settings, 
 
         # Reads are scoped by the subject's tenant; a tenantId in the body changes nothing.
         own = await get("victim", {"serviceCallId": "payroll"})
-        assert (own["tenantId"], own["serviceCallId"]) == ("victim", "payroll")
-        stolen = await get("attacker", {"serviceCallId": "payroll", "tenantId": "victim"})
-        assert stolen == {"error": "not_found", "tenantId": "attacker", "serviceCallId": "payroll"}
+        assert (own["tenantId"], own["serviceCallId"], own["state"]) == ("victim", "payroll", "Scheduled")
+        stolen = await get("attacker", {"serviceCallId": "bonus", "tenantId": "victim"})
+        assert stolen == {"error": "not_found", "tenantId": "attacker", "serviceCallId": "bonus"}
+        # The attacker's own cancel left a tombstone of its own "payroll": that is what it reads.
+        await until(lambda: row(db_url, "attacker", "payroll") is not None, what="attacker's cancel applied")
+        read = await get("attacker", {"serviceCallId": "payroll", "tenantId": "victim"})
+        assert (read["tenantId"], read["state"], read["dueAt"]) == ("attacker", "Cancelled", None)
         for token in ("émile", "a+b", "_" * 65, "victim\u200b"):  # not tenants: refused, not looked up
             assert (await get(token, {"serviceCallId": "payroll"}))["error"] == "bad_request"
 
@@ -257,6 +262,7 @@ async def test_a_tenant_cannot_reach_another_tenants_timers(settings: Settings, 
     assert query(db_url, "SELECT tenant_id, service_call_id, state FROM timers ORDER BY 1, 2") == [
         ("attacker", "mine", "Reached"),
         ("attacker", "payroll", "Cancelled"),
+        ("victim", "bonus", "Scheduled"),
         ("victim", "payroll", "Reached"),
     ]
     # Every event went out on the subject of the tenant it belongs to.

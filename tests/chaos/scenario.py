@@ -214,7 +214,7 @@ class Run:
         rows = self._rows()
         if any(r.state == "Scheduled" or r.leased for r in rows.values()):
             return False
-        fired = {(_event(0, m).key, _event(0, m).due_ms) for _, m in events.messages}
+        fired = {(e.key, e.due_ms) for e in (_event(0, m) for _, m in events.messages)}
         reached = {(k, r.due_ms) for k, r in rows.items() if r.state == "Reached"}
         return reached <= fired and len({m.data for _, m in dlq.messages}) >= len(self.workload.poison)
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import json
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -110,30 +112,30 @@ class Workload:
         js = self._nc.jetstream()
         start = time.monotonic()
         rate = len(self.timers) / self.span_s
-        # (send at, order, subject, body): first commands by rate, follow-ups pushed as they come.
+        # First commands go out at the rate; their follow-ups wait in the queue for their moment.
         queue: list[Queued] = []
-        order = 0
+        order = itertools.count()  # ties in send time keep the order they were made in
         try:
             for i, timer in enumerate(self.timers):
-                await self._send_due(queue, js, prefix, until=start + i / rate)
-                order += 1
+                await self._send_due(queue, js, until=start + i / rate)
                 for at, subject, body in self._commands(timer, prefix):
-                    heapq.heappush(queue, (at, order, subject, body))
-                    order += 1
+                    heapq.heappush(queue, (at, next(order), subject, body))
                 if i % self.poison_every == 0:
                     where, body = poison(timer.tenant, i // self.poison_every)
                     self.poison.add((where.split(".")[0], body))
-                    heapq.heappush(queue, (time.monotonic(), order, f"{prefix}.{where}", body))
-            await self._send_due(queue, js, prefix, until=float("inf"))
+                    heapq.heappush(queue, (time.monotonic(), next(order), f"{prefix}.{where}", body))
+            await self._send_due(queue, js, until=math.inf)
         finally:
             await self._nc.close()
 
-    async def _send_due(self, queue: list[Queued], js: Any, prefix: str, until: float) -> None:
+    async def _send_due(self, queue: list[Queued], js: Any, until: float) -> None:
+        """Send what is due before `until`, each at its moment; then wait for `until`."""
         while queue and queue[0][0] <= until:
             at, _, subject, body = heapq.heappop(queue)
             await asyncio.sleep(max(0.0, at - time.monotonic()))
             await self._publish(js, subject, body)
-        await asyncio.sleep(max(0.0, until - time.monotonic()) if until != float("inf") else 0)
+        if until != math.inf:
+            await asyncio.sleep(max(0.0, until - time.monotonic()))
 
     def _commands(self, t: Timer, prefix: str) -> list[tuple[float, str, bytes]]:
         """The commands of one timer: (monotonic send time, subject, body). Due times are absolute
