@@ -22,6 +22,8 @@ from worker.config import Settings
 
 log = logging.getLogger("worker.broker")
 
+# The command consumer's redelivery delay for an unacknowledged command (see ensure_streams).
+ACK_WAIT_S = 10
 # JetStream's limit on messages in one atomic batch.
 ATOMIC_BATCH_MAX = 1000
 # Fewer messages than this go one by one (see publish_atomic).
@@ -212,7 +214,11 @@ class Broker:
                 api.ConsumerConfig(
                     durable_name=s.consumer,
                     ack_policy=api.AckPolicy.EXPLICIT,
-                    ack_wait=30,
+                    # Commands a replica fetched and then died with (or lost its connection
+                    # before acknowledging) go to another after this: their timers are stored
+                    # that much later. A batch takes at most ~8 s (5 s of retries, a DLQ publish);
+                    # a redelivery of one still in hand changes nothing (commands are idempotent).
+                    ack_wait=ACK_WAIT_S,
                     max_ack_pending=50_000,
                     max_deliver=-1,
                     filter_subjects=self.subjects.commands,

@@ -29,6 +29,11 @@ log = logging.getLogger("worker.firing")
 
 # A failed publish is retried by any replica after this long.
 RETRY_BACKOFF_MS = 1000
+# A failed claim is retried after this, doubling up to the poll interval. A dropped connection
+# leaves every pooled one broken, each failing one claim: starting at seconds, that stalled a
+# replica for 20 s after a blip (chaos scenario latency-drops); now it costs well under a second,
+# and an outage one attempt per poll.
+CLAIM_RETRY_FIRST_S = 0.05
 # While a backlog drains, a second lane claims the newest this many occurrences this often.
 FRESH_LANE_BATCH = 50
 FRESH_LANE_S = 0.1
@@ -110,7 +115,7 @@ class Firing:
                 except TransientError as exc:
                     failures += 1
                     log.warning("claim failed", extra={"action": "claim_failed", "error": str(exc)})
-                    await self.wakeup.sleep(min(poll_s * 2**failures, 10.0), stop)
+                    await self.wakeup.sleep(min(CLAIM_RETRY_FIRST_S * 2 ** (failures - 1), poll_s), stop)
                     continue
                 if busy:
                     self._backlog.set()
