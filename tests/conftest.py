@@ -15,7 +15,14 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tests.fixtures.servers import Servers, create_template, delete_streams, find_servers, fresh_database
+from tests.fixtures.servers import (
+    Servers,
+    create_template,
+    delete_streams,
+    find_servers,
+    fresh_database,
+    own_names,
+)
 from worker.config import Settings, load_settings
 from worker.embedded import EmbeddedNats, EmbeddedPostgres
 
@@ -68,16 +75,6 @@ def db_url(servers: Servers, template_db: str) -> Iterator[str]:
 async def settings(servers: Servers, db_url: str) -> AsyncIterator[Settings]:
     """Settings on this test's database, with a subject prefix, streams and consumer of its own."""
     tag = f"t{uuid.uuid4().hex[:8]}"
-    yield load_settings(
-        database_url=db_url,
-        nats_url=servers.nats_url,
-        subject_prefix=tag,
-        command_stream=f"{tag}_COMMANDS",
-        event_stream=f"{tag}_EVENTS",
-        dlq_stream=f"{tag}_DLQ",
-        consumer=f"{tag}-timer-service",
-        http_port=0,
-        log_format="text",
-    )
+    yield load_settings(database_url=db_url, nats_url=servers.nats_url, log_format="text", **own_names(tag))
     servers.revive()
     await delete_streams(servers.nats_url, tag)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.chaos.scenario import RESULTS, Run, scale
 from tests.chaos.workload import Workload
-from tests.fixtures.servers import create_template, delete_streams, fresh_database
+from tests.fixtures.servers import create_template, delete_streams, fresh_database, own_names
 from worker.embedded import EmbeddedNats, EmbeddedPostgres
 from worker.harness import replica_env_from
 
@@ -61,17 +61,8 @@ async def make_run(chaos_db: str, chaos_nats: EmbeddedNats, tmp_path: Path) -> A
     ) -> Run:
         direct_nats = nats or chaos_nats.url
         used.append(direct_nats)
-        env = replica_env_from(
-            replica_db or chaos_db,
-            replica_nats or direct_nats,
-            subject_prefix=tag,
-            command_stream=f"{tag}_COMMANDS",
-            event_stream=f"{tag}_EVENTS",
-            dlq_stream=f"{tag}_DLQ",
-            consumer=f"{tag}-timer-service",
-            http_port=0,
-            **settings,
-        )
+        names = own_names(tag)
+        env = replica_env_from(replica_db or chaos_db, replica_nats or direct_nats, **names, **settings)
         workload = Workload(int(TIMERS * scale()), SPAN_S * scale())
         return Run(name, chaos_db, direct_nats, env, tmp_path, workload, replicas, variants or [])
 
