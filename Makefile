@@ -38,8 +38,8 @@ chaos-soak: $(STAMP) system-packages
 	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos
 
 lint: $(STAMP)
-	$(BIN)/ruff check worker tests
-	$(BIN)/ruff format --check worker tests
+	$(BIN)/ruff check worker tests docs
+	$(BIN)/ruff format --check worker tests docs
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -1,7 +1,7 @@
 """Draw docs/lateness.png from `timer-service bench sweep --json` output.
 
-    timer-service bench sweep --runs 1 --json > sweep.json
-    pip install matplotlib && python docs/plot_lateness.py sweep.json docs/lateness.png
+timer-service bench sweep --runs 1 --json > sweep.json
+pip install matplotlib && python docs/plot_lateness.py sweep.json docs/lateness.png
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  # after choosing the headless backend
+import matplotlib.pyplot as plt  # after choosing the headless backend
 
-report = json.load(open(sys.argv[1]))
+with open(sys.argv[1]) as f:
+    report = json.load(f)
 median = report["results"]["sweep"]["median"]
 rates = sorted({int(k.split("@")[1]) for k in median})
 fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -24,7 +25,8 @@ ax.set_xscale("log")
 ax.set_yscale("log")
 ax.set_xlabel("timers coming due per second")
 ax.set_ylabel("lateness: consumer receive time - dueAt (ms)")
-ax.set_title(f"timer-service, {report['replicas']} replicas, {report['machine'].get('cpus')} cores, NATS sync {report['nats_sync']}")
+cores = report["machine"].get("cpus")
+ax.set_title(f"timer-service, {report['replicas']} replicas, {cores} cores, NATS sync {report['nats_sync']}")
 ax.grid(True, which="both", alpha=0.3)
 ax.legend()
 fig.tight_layout()
