@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 
 from tests.chaos.checker import Event, Row, Verdict, check
 from tests.chaos.workload import Workload, ms_of
+from tests.helpers import until
 from worker.faults import CRASH_EXIT
 from worker.harness import ReplicaSet
 
@@ -95,7 +96,6 @@ class Chaos:
     """What a fault driver may touch, and what it did."""
 
     fleet: Fleet
-    db_url: str
     over: asyncio.Event  # set once the whole workload is stored
     rng: random.Random = field(default_factory=lambda: random.Random(11))
     faults: int = 0
@@ -135,7 +135,7 @@ class Run:
             await events.start()
             await dlq.start()
             over = asyncio.Event()
-            chaos = Chaos(fleet, self.db_url, over)
+            chaos = Chaos(fleet, over)
             driver = asyncio.create_task(faults(chaos))
             keeper = asyncio.create_task(self._keep(fleet, over))
             started = time.monotonic()
@@ -178,17 +178,17 @@ class Run:
     async def _streams_ready(self) -> None:
         """The shared command consumer exists: a replica connected and set the streams up."""
         stream, consumer = self.replica_env["TIMER_COMMAND_STREAM"], self.replica_env["TIMER_CONSUMER"]
-        deadline = time.monotonic() + 60
         nc = await nats.connect(self.nats_url.split(","))
+
+        async def consumer_exists() -> bool:
+            try:
+                await nc.jetstream().consumer_info(stream, consumer)
+            except (nats.js.errors.NotFoundError, nats.errors.TimeoutError):
+                return False
+            return True
+
         try:
-            while True:
-                try:
-                    await nc.jetstream().consumer_info(stream, consumer)
-                    return
-                except (nats.js.errors.NotFoundError, nats.errors.TimeoutError):
-                    if time.monotonic() > deadline:
-                        raise AssertionError("no replica set the streams up within 60 s") from None
-                    await asyncio.sleep(0.1)
+            await until(consumer_exists, timeout=60, what="a replica to set the streams up")
         finally:
             await nc.close()
 

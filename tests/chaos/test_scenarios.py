@@ -60,36 +60,27 @@ async def test_a_replica_paused_past_its_lease_wakes_up_fenced(make_run: MakeRun
     await passes(run, faults)
 
 
+async def outages(c: Chaos, every_s: float, down: Callable[[], None], up: Callable[[], None]) -> None:
+    """Take a server down every `every_s` seconds for 2 s while the workload runs; up at the end.
+    `up` runs in this thread: an embedded server lives as long as the thread that started it."""
+    try:
+        while await c.pause(every_s):
+            down()
+            c.faults += 1
+            await asyncio.sleep(2)  # the outage
+            up()
+    finally:
+        up()
+
+
 async def test_postgres_stopped_hard_and_restarted(make_run: MakeRun, chaos_pg: EmbeddedPostgres) -> None:
     run = make_run("postgres-down", replicas=3)
-
-    async def faults(c: Chaos) -> None:
-        try:
-            while await c.pause(4):
-                chaos_pg.stop("immediate")
-                c.faults += 1
-                await asyncio.sleep(2)  # the outage
-                chaos_pg.start()  # from this thread: the server lives as long as it (embedded.py)
-        finally:
-            chaos_pg.start()
-
-    await passes(run, faults)
+    await passes(run, lambda c: outages(c, 4, lambda: chaos_pg.stop("immediate"), chaos_pg.start))
 
 
 async def test_nats_killed_and_restarted(make_run: MakeRun, chaos_nats: EmbeddedNats) -> None:
     run = make_run("nats-down", replicas=3)
-
-    async def faults(c: Chaos) -> None:
-        try:
-            while await c.pause(5):
-                chaos_nats.kill()
-                c.faults += 1
-                await asyncio.sleep(2)  # the outage
-                chaos_nats.start()
-        finally:
-            chaos_nats.start()
-
-    await passes(run, faults)
+    await passes(run, lambda c: outages(c, 5, chaos_nats.kill, chaos_nats.start))
 
 
 async def test_replies_lost_after_the_commit_or_the_puback(

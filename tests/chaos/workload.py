@@ -103,9 +103,6 @@ class Workload:
         self._rng = rng
         self._nc: NATS | None = None
 
-    def by_key(self) -> dict[tuple[str, str], Timer]:
-        return {t.key: t for t in self.timers}
-
     async def run(self, nats_url: str, prefix: str) -> None:
         """Send everything, each command at its moment; returns when the last one is stored."""
         self._nc = await nats.connect(nats_url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2)
