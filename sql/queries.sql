@@ -5,14 +5,21 @@
 
 -- name: upsert_schedules
 -- Insert new timers and reschedule existing ones, one row per key (the caller splits a batch
--- into rounds of distinct keys). The WHERE of DO UPDATE is the state machine:
+-- into rounds of distinct keys). The WHERE of DO UPDATE is the state machine, and it makes the
+-- end state of a key the same as applying its commands in timestampMs order, whatever order
+-- they arrive in:
 --   * Reached is final: a late ScheduleTimer is acknowledged and ignored;
 --   * a claimed occurrence (lease_expires_at set) is left alone: the command is retried after
 --     it fired, so "once claimed, it fires" holds and recurring timers still get the change;
 --   * an older command (timestampMs) never overwrites a newer one;
---   * a redelivered copy of the command that defined a Scheduled timer changes nothing, so
---     it cannot rewind a recurring timer to its first occurrence.
+--   * a command restating the current definition (same dueAt and repeat) of a Scheduled timer
+--     keeps its progress, so a redelivered copy cannot rewind a recurring timer to its first
+--     occurrence; if it is newer it still records its timestampMs and correlationId, or an
+--     older command arriving after it could win (Schedule 10, Schedule 30, Cancel 20 would
+--     end Cancelled). A restatement that would change nothing writes nothing.
 -- ON CONFLICT locks the row even when the WHERE is false, so claimed_among below sees it as is.
+-- The restatement test is repeated in due_at and occurrence_index: an ON CONFLICT update sees
+-- the locked row only through t, and reading the row any earlier would race a mark.
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts,
                          repeat_every, repeat_times, repeat_timezone, anchor_due_at)
 SELECT i.tenant_id, i.service_call_id, 'Scheduled', i.due_at, i.correlation_id, i.command_ts,
@@ -24,14 +31,22 @@ FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::time
           repeat_times, repeat_timezone)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = 'Scheduled',
-    due_at = excluded.due_at,
+    due_at = CASE WHEN t.state = 'Scheduled'
+                       AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone)
+                           IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every,
+                                                 excluded.repeat_times, excluded.repeat_timezone)
+                  THEN t.due_at ELSE excluded.due_at END,
+    occurrence_index = CASE WHEN t.state = 'Scheduled'
+                                 AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone)
+                                     IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every,
+                                                           excluded.repeat_times, excluded.repeat_timezone)
+                            THEN t.occurrence_index ELSE 0 END,
     anchor_due_at = excluded.due_at,
     correlation_id = excluded.correlation_id,
     command_ts = coalesce(excluded.command_ts, t.command_ts),
     repeat_every = excluded.repeat_every,
     repeat_times = excluded.repeat_times,
     repeat_timezone = excluded.repeat_timezone,
-    occurrence_index = 0,
     attempts = 0,
     last_error = NULL,
     lease_owner = NULL,
@@ -41,10 +56,11 @@ WHERE t.state <> 'Reached'
   AND t.lease_expires_at IS NULL
   AND (excluded.command_ts IS NULL OR t.command_ts IS NULL OR excluded.command_ts >= t.command_ts)
   AND NOT (t.state = 'Scheduled'
-           AND t.anchor_due_at = excluded.due_at
-           AND t.repeat_every IS NOT DISTINCT FROM excluded.repeat_every
-           AND t.repeat_times IS NOT DISTINCT FROM excluded.repeat_times
-           AND t.repeat_timezone IS NOT DISTINCT FROM excluded.repeat_timezone)
+           AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone, t.correlation_id,
+                t.command_ts)
+               IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every, excluded.repeat_times,
+                                     excluded.repeat_timezone, excluded.correlation_id,
+                                     coalesce(excluded.command_ts, t.command_ts)))
 RETURNING t.tenant_id, t.service_call_id;
 
 -- name: cancel_timers

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from tests.fixtures.servers import (
     Servers,
@@ -25,6 +26,7 @@ from tests.fixtures.servers import (
 )
 from worker.config import Settings, load_settings
 from worker.embedded import EmbeddedNats, EmbeddedPostgres
+from worker.store import Store
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +71,15 @@ def db_url(servers: Servers, template_db: str) -> Iterator[str]:
     with fresh_database(servers.pg_url) as url:
         yield url
         servers.revive()
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    """A Store on this test's database, for tests of single statements."""
+    pool = AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False, kwargs={"autocommit": True})
+    await pool.open()
+    yield Store(pool)
+    await pool.close()
 
 
 @pytest.fixture

@@ -51,6 +51,16 @@ async def jetstream(settings: Settings) -> AsyncIterator[Any]:
         await nc.close()
 
 
+async def consumer_idle(settings: Settings) -> bool:
+    """Every command in the stream handled: none pending, none awaiting an acknowledgement."""
+    nc = await nats.connect(settings.nats_url)
+    try:
+        info = await nc.jetstream().consumer_info(settings.command_stream, settings.consumer)
+        return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+    finally:
+        await nc.close()
+
+
 async def publish_raw(js: Any, settings: Settings, tenant: str, kind: str, body: Any) -> None:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     await js.publish(f"{settings.subject_prefix}.{tenant}.timer.{kind}", data)

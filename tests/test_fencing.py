@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
-
-import pytest
-from psycopg_pool import AsyncConnectionPool
 
 from tests.helpers import iso_in, query, until
 from worker.config import Settings
 from worker.firing import next_of
 from worker.store import Fired, Store
-
-
-@pytest.fixture
-async def store(db_url: str) -> AsyncIterator[Store]:
-    pool = AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False, kwargs={"autocommit": True})
-    await pool.open()
-    yield Store(pool)
-    await pool.close()
 
 
 def insert_due(db_url: str, key: str) -> None:

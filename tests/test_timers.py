@@ -6,7 +6,17 @@ import json
 
 import nats
 
-from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
+from tests.helpers import (
+    consumer_idle,
+    iso_in,
+    jetstream,
+    publish_raw,
+    query,
+    recorder,
+    row,
+    running_replica,
+    until,
+)
 from worker.config import Settings
 
 
@@ -38,7 +48,7 @@ async def test_same_command_three_times_makes_one_timer_that_fires_once(
         )
         # A later copy, after it fired, is acknowledged and ignored.
         await publish_raw(js, settings, "acme", "schedule", body)
-        await until(lambda: _consumer_idle(settings), what="command stream drained")
+        await until(lambda: consumer_idle(settings), what="command stream drained")
     assert query(db_url, "SELECT count(*) FROM timers") == [(1,)]
     assert rec.keys() == {("acme", "sc-1"): 1}
 
@@ -158,15 +168,6 @@ async def test_get_returns_the_read_model_for_the_tenant_only(settings: Settings
             assert (view["state"], view["correlationId"]) == ("Scheduled", "r-1")
             assert await client.get("globex", "sc-9") is None
             assert await client.get("acme", "missing") is None
-
-
-async def _consumer_idle(settings: Settings) -> bool:
-    nc = await nats.connect(settings.nats_url)
-    try:
-        info = await nc.jetstream().consumer_info(settings.command_stream, settings.consumer)
-        return bool(info.num_pending == 0 and info.num_ack_pending == 0)
-    finally:
-        await nc.close()
 
 
 def _epoch(rfc3339: str) -> float:
