@@ -42,6 +42,7 @@ COMMAND_TYPES = {"schedule": "ScheduleTimer", "cancel": "CancelTimer"}
 # Every reason a command is rejected for (the DLQ header `Timer-Error` and the metric label).
 REASONS = frozenset(
     {
+        "bad_subject",  # from intake, not parse_command: a subject outside <prefix>.<tenant>.timer.<kind>
         "body_too_large",
         "invalid_utf8",
         "invalid_json",
