@@ -210,7 +210,8 @@ FROM timers
 WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s;
 
 -- name: status_counts
--- Counts by state. The Scheduled count walks only the partial index.
+-- Counts by state: a scan of the whole table (no index holds every state), for the CLI's
+-- `status`, never for a loop.
 SELECT state, count(*) FROM timers GROUP BY state;
 
 -- name: status_overdue

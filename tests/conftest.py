@@ -1,4 +1,4 @@
-"""Real Postgres and NATS JetStream for the tests (SPEC §6).
+"""Real Postgres and NATS JetStream for the tests.
 
 The servers are found in this order: TIMER_TEST_DATABASE_URL / TIMER_TEST_NATS_URL when set;
 testcontainers when a Docker engine answers; otherwise throwaway embedded servers

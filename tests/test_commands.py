@@ -1,4 +1,5 @@
-"""The validation boundary (SPEC §3): each bad input has its reason, and no input makes it raise."""
+"""The validation boundary (docs/CONTRACT.md, Reason codes): each bad input has its reason, and no
+input makes it raise."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The DueTimeReached event body: valid JSON with exactly the fields SPEC §1 names, whatever the ids."""
+"""The DueTimeReached event body: valid JSON with exactly the fields docs/CONTRACT.md names, whatever
+the ids."""
 
 from __future__ import annotations
 

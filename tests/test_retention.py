@@ -1,4 +1,4 @@
-"""Retention (SPEC §2, issue 6): finished timers are deleted after TIMER_RETENTION, nothing else.
+"""Retention (README, Retention; issue 6): finished timers are deleted after TIMER_RETENTION, nothing else.
 
 That a late duplicate ScheduleTimer inside the redelivery horizon does not re-arm a fired timer is
 test_timers.py::test_same_command_three_times_makes_one_timer_that_fires_once; retention keeps the

@@ -34,7 +34,7 @@ ERR_BATCH_DUPLICATE_ID = 10201
 
 @dataclass(frozen=True)
 class Subjects:
-    """Every subject of the contract (SPEC §1); tenant tokens are validated before they get here."""
+    """Every subject of the contract (docs/CONTRACT.md, Subjects); tenants are validated before here."""
 
     prefix: str
 

@@ -1,4 +1,5 @@
-"""The validation boundary (SPEC §3): command bytes in, a typed command or a Rejection out.
+"""The validation boundary (docs/CONTRACT.md, Reason codes and Limits): command bytes in, a typed
+command or a Rejection out.
 
 `parse_command` is total: for any bytes it returns a command or a Rejection and never raises.
 The checks raise `_Reject` (private, caught only in `parse_command`); everything else that can
@@ -42,6 +43,7 @@ COMMAND_TYPES = {"schedule": "ScheduleTimer", "cancel": "CancelTimer"}
 # Every reason a command is rejected for (the DLQ header `Timer-Error` and the metric label).
 REASONS = frozenset(
     {
+        "bad_subject",  # from intake, not parse_command: a subject outside <prefix>.<tenant>.timer.<kind>
         "body_too_large",
         "invalid_utf8",
         "invalid_json",

@@ -44,7 +44,7 @@ LOOKAHEAD_MS = 100
 
 
 def iso(dt: datetime) -> str:
-    """RFC 3339 in UTC with milliseconds, e.g. 2026-11-23T09:00:00.123Z (the SPEC's form)."""
+    """RFC 3339 in UTC with milliseconds, e.g. 2026-11-23T09:00:00.123Z (docs/CONTRACT.md, DueTimeReached)."""
     return f"{_whole_second(dt.replace(microsecond=0))}.{dt.microsecond // 1000:03d}Z"
 
 
@@ -56,12 +56,12 @@ def _whole_second(dt: datetime) -> str:
 
 
 def firing_id(tenant_id: str, service_call_id: str, due_at: datetime) -> str:
-    """One firing, one id (SPEC §1): JetStream's duplicate window drops re-publishes of it."""
+    """One firing, one id (docs/CONTRACT.md, Duplicates): JetStream drops re-publishes of it."""
     return f"{tenant_id}:{service_call_id}:{round(due_at.timestamp() * 1000)}"
 
 
 def due_event(timer: Claimed, subject: str, reached: str, reached_ms: int) -> Outgoing:
-    """The DueTimeReached event (SPEC §1) for one claimed occurrence.
+    """The DueTimeReached event (docs/CONTRACT.md; its schema: docs/asyncapi.yaml) for one occurrence.
 
     Written from a template rather than json.dumps of a dict: the firing path builds one per
     timer, and this is a sixth of the cost. Every string goes through the C JSON string

@@ -7,7 +7,14 @@ import time
 from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-_LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+# Sub-millisecond at the low end: lateness p50 is about 2 ms (docs/BENCHMARKS.md), which a first
+# bucket of 5 ms could not resolve. 1 s is a boundary: the TimerLatenessObjective alert reads it.
+# fmt: off
+_LATENESS_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,  # on time
+    1, 2.5, 5, 10, 30, 60, 300, 3600,  # late: a crash (one lease), an outage, a backlog draining
+)
+# fmt: on
 
 COMMANDS_RECEIVED = Counter("timer_commands_received_total", "Commands taken from the stream", ["kind"])
 COMMANDS_APPLIED = Counter(
@@ -47,7 +54,10 @@ SCHEDULED = Gauge("timer_scheduled_estimate", "Scheduled timers, the planner's e
 OLDEST_OVERDUE_SECONDS = Gauge(
     "timer_oldest_overdue_seconds", "Age of the oldest unclaimed overdue occurrence"
 )
-DB_POOL = Gauge("timer_db_pool_connections", "Postgres pool connections", ["state"])
+DB_POOL = Gauge(
+    "timer_db_pool_connections", "Postgres pool connections: size (open), available (idle)", ["state"]
+)
+DB_POOL_WAITING = Gauge("timer_db_pool_requests_waiting", "Requests queued for a Postgres pool connection")
 READY = Gauge("timer_ready", "1 when Postgres and NATS are reachable")
 
 _last_tick: dict[str, float] = {}

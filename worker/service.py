@@ -154,7 +154,7 @@ class Replica:
             stats = self.pool.get_stats()
             metrics.DB_POOL.labels("size").set(stats.get("pool_size", 0))
             metrics.DB_POOL.labels("available").set(stats.get("pool_available", 0))
-            metrics.DB_POOL.labels("waiting").set(stats.get("requests_waiting", 0))
+            metrics.DB_POOL_WAITING.set(stats.get("requests_waiting", 0))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), timeout=5)
 

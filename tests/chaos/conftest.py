@@ -1,6 +1,7 @@
 """Servers of the chaos suite's own: these scenarios kill and restart Postgres and NATS, which a
-test can only do to servers it started. So they always run on embedded servers (SPEC §6's
-last resort, and what runs on the team's machines and in CI anyway), never skipped."""
+test can only do to servers it started. So they always run on embedded servers (the last resort
+of tests/conftest.py's order, and what runs on the team's machines and in CI anyway), never
+skipped."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from worker.metrics import LATENESS_SECONDS
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "timer-service"
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yaml"
@@ -115,3 +117,33 @@ def test_runbook_links_follow_the_value(answer: dict[str, Any], groups: list[dic
 def test_schema_rejects_a_typo(answer: dict[str, Any]) -> None:
     error = answer["cases"]["rules_typo"]["error"]
     assert error is not None and "additional properties 'enable' not allowed" in error
+
+
+def _rule(groups: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (rule,) = [r for r in _rules(groups) if r["alert"] == name]
+    return rule
+
+
+def test_no_replica_up_is_an_alert(groups: list[dict[str, Any]]) -> None:
+    """With every replica gone there is no series at all, which no comparison sees: only absent()."""
+    rule = _rule(groups, "TimerNoReplicaReady")
+    expr = " ".join(rule["expr"].split())
+    assert "absent(timer_ready == 1)" in expr
+    # ... and an installation whose replicas are all unready while another one is fine.
+    assert "max by (namespace, job) (timer_ready) < 1" in expr
+    assert rule["labels"]["severity"] == "critical"
+    assert rule["for"] == "2m"
+
+
+def test_lateness_objective_is_an_alert(groups: list[dict[str, Any]]) -> None:
+    rule = _rule(groups, "TimerFiringLate")
+    m = re.fullmatch(
+        r"histogram_quantile\(0\.99, sum by \(namespace, job, le\) "
+        r"\(rate\(timer_lateness_seconds_bucket\[10m\]\)\)\) > ([\d.]+)",
+        " ".join(rule["expr"].split()),
+    )
+    assert m, rule["expr"]
+    # The objective is a bucket boundary, so the quantile is exact there, not interpolated.
+    assert float(m.group(1)) == 1.0
+    assert 1.0 in LATENESS_SECONDS._upper_bounds
+    assert rule["labels"]["severity"] == "warning"
