@@ -368,9 +368,16 @@ class EmbeddedNats(_Server):
     name = "nats"
 
     def __init__(
-        self, base_dir: Path, *, port: int | None = None, sync_always: bool = False, extra_config: str = ""
+        self,
+        base_dir: Path,
+        *,
+        port: int | None = None,
+        sync_always: bool = False,
+        extra_config: str = "",
+        binary: Path | None = None,
     ) -> None:
         super().__init__(base_dir, port)
+        self.binary = binary  # another nats-server build (e.g. the oldest supported); None: the extra's
         self.sync_always = sync_always
         self.extra_config = extra_config
         self.monitor_port = free_port()
@@ -391,7 +398,7 @@ class EmbeddedNats(_Server):
             return
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self._config())
-        argv = [str(_nats_server_bin()), "-c", str(self.config_path)]
+        argv = [str(self.binary or _nats_server_bin()), "-c", str(self.config_path)]
         self._spawn(argv, user=None, death_signal=signal.SIGKILL)
         if not self._wait_ready(self._healthy, time.monotonic() + START_TIMEOUT_S):
             raise RuntimeError(f"nats-server exited during start-up; {self._log_tail()}")
