@@ -13,7 +13,6 @@ Dockerfile's install steps in a fresh venv there instead.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -91,14 +90,8 @@ async def test_image_runs_a_healthy_replica(container: str, settings: Settings, 
     port = free_port()
     env = settings_env(settings) | {"TIMER_HTTP_PORT": str(port)}
     # The image's own ENTRYPOINT and CMD (`timer-service run`), as a container runtime starts it.
-    entry = sh(
-        *BUILDAH,
-        "inspect",
-        "--format",
-        "{{json .OCIv1.Config.Entrypoint}} {{json .OCIv1.Config.Cmd}}",
-        container,
-    )
-    command = [arg for part in entry.split() for arg in json.loads(part)]
+    template = "{{range .OCIv1.Config.Entrypoint}}{{.}} {{end}}{{range .OCIv1.Config.Cmd}}{{.}} {{end}}"
+    command = sh(*BUILDAH, "inspect", "--format", template, container).split()
     assert command == ["timer-service", "run"]
     argv = [
         *BUILDAH,
