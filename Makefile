@@ -38,7 +38,7 @@ chaos-soak: $(STAMP) system-packages
 	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos
 
 # The Dockerfile built into an image with Debian's buildah (no Docker daemon needed) and run:
-# `--version`, and /healthz of `run` on the test servers. About two minutes; not part of `make test`,
+# `--version`, and /healthz of `run` on the test servers. About three minutes; not part of `make test`,
 # which runs the Dockerfile's install steps in a fresh venv instead (tests/test_installed.py).
 image-test: $(STAMP) system-packages
 	@command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || \

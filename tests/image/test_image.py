@@ -6,7 +6,7 @@ as PYTHON_IMAGE, the Dockerfile's one build argument. That base also gets this m
 and pip.conf `cert`, so pip inside the build trusts what the host's pip trusts. The image's
 entrypoint then runs against the test servers: `--version`, and `run` until /healthz answers.
 
-Not in `make test` (about two minutes and the Debian mirror); tests/test_installed.py runs the
+Not in `make test` (about three minutes and the Debian mirror); tests/test_installed.py runs the
 Dockerfile's install steps in a fresh venv there instead.
 """
 
