@@ -9,7 +9,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/timer-service
 WORKDIR /src
 # Only what the wheel is built from (see .dockerignore), so edits to tests or docs keep the cache.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md LICENSE ./
 COPY worker ./worker
 COPY sql ./sql
 RUN /opt/timer-service/bin/pip install . \

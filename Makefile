@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck bench chaos-soak clean system-packages
+.PHONY: dev test lint typecheck bench chaos-soak clean system-packages image-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ system-packages:
 # The fault-injection scenarios at ten times the size: 20,000 timers over 150 s each.
 chaos-soak: $(STAMP) system-packages
 	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos
+
+# The Dockerfile built into an image with Debian's buildah (no Docker daemon needed) and run:
+# `--version`, and /healthz of `run` on the test servers. About three minutes; not part of `make test`,
+# which runs the Dockerfile's install steps in a fresh venv instead (tests/test_installed.py).
+image-test: $(STAMP) system-packages
+	@command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah mmdebstrap >/dev/null; }
+	$(BIN)/pytest -s tests/image
 
 lint: $(STAMP)
 	$(BIN)/ruff check worker tests docs

@@ -8,6 +8,10 @@ import sys
 
 import pytest
 
+from tests.helpers import query, running_replica
+from worker.config import Settings
+from worker.service import Replica, SchemaNotReady
+
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")} | env
@@ -49,3 +53,22 @@ def test_every_command_has_help() -> None:
     for command in ("migrate", "run", "schedule", "cancel", "status", "dev", "bench"):
         result = run(command, "--help")
         assert result.returncode == 0 and "usage: timer-service" in result.stdout
+
+
+def test_migrate_status_lists_applied_and_pending(db_url: str) -> None:
+    result = run("migrate", "--status", TIMER_DATABASE_URL=db_url)
+    assert (result.returncode, result.stdout) == (0, "applied: 1, 2, 3\npending: none\n"), result.stderr
+    query(db_url, "DELETE FROM timer_schema_version WHERE version = 3")
+    result = run("migrate", "--status", TIMER_DATABASE_URL=db_url)
+    assert (result.returncode, result.stdout) == (1, "applied: 1, 2\npending: 3 (first_claim)\n")
+
+
+async def test_a_replica_that_does_not_migrate_waits_for_the_schema(settings: Settings, db_url: str) -> None:
+    query(db_url, "DELETE FROM timer_schema_version WHERE version = 3")
+    replica = Replica(settings.model_copy(update={"migrate": False}))
+    with pytest.raises(SchemaNotReady, match="0003_first_claim"):
+        replica._schema()  # _connect retries this with back-off until the schema is there
+    assert query(db_url, "SELECT max(version) FROM timer_schema_version") == [(2,)], "it migrated"
+    query(db_url, "INSERT INTO timer_schema_version (version, name) VALUES (3, 'first_claim')")
+    async with running_replica(settings, migrate=False) as started:
+        assert started.started.is_set()

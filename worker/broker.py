@@ -9,7 +9,7 @@ import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats
 import nats.errors
@@ -18,7 +18,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from worker.config import Settings
+from worker.contract import Subjects
+
+if TYPE_CHECKING:  # the producer client imports this module without the service's settings
+    from worker.config import Settings
 
 log = logging.getLogger("worker.broker")
 
@@ -30,37 +33,6 @@ ATOMIC_BATCH_MAX = 1000
 ATOMIC_BATCH_MIN = 100
 # "atomic publish batch contains duplicate message id": some of it is stored already.
 ERR_BATCH_DUPLICATE_ID = 10201
-
-
-@dataclass(frozen=True)
-class Subjects:
-    """Every subject of the contract (docs/CONTRACT.md, Subjects); tenants are validated before here."""
-
-    prefix: str
-
-    def schedule(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.schedule"
-
-    def cancel(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.cancel"
-
-    def due(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.due"
-
-    def dlq(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.dlq"
-
-    def get(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.get"
-
-    @property
-    def commands(self) -> list[str]:
-        return [self.schedule("*"), self.cancel("*")]
-
-    @property
-    def wake(self) -> str:
-        """Core-NATS hint that a timer was stored close to now (not part of the contract)."""
-        return f"{self.prefix}._timer.wake"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from typing import Any
 import nats.errors
 import psycopg
 
-from worker import logs
+from worker import __version__, logs
 from worker.config import load_settings, parse_duration
 from worker.errors import ConfigError
 
@@ -44,10 +44,16 @@ async def _with_client(settings: Any, action: Any) -> Any:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from worker.migrations import migrate
+    from worker import migrations
 
     settings = load_settings()
-    applied = migrate(settings.database_url.get_secret_value())
+    url = settings.database_url.get_secret_value()
+    if args.status:
+        applied, pending = migrations.status(url)
+        print(f"applied: {', '.join(map(str, applied)) or 'none'}")
+        print(f"pending: {', '.join(f'{v} ({name})' for v, name in pending) or 'none'}")
+        return 1 if pending else 0
+    applied = migrations.migrate(url)
     print(f"migrations applied: {', '.join(map(str, applied))}" if applied else "schema up to date")
     return 0
 
@@ -55,7 +61,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from worker.service import Replica
 
-    settings = load_settings()
+    settings = load_settings(**({"migrate": False} if args.no_migrate else {}))
     logs.setup(settings.log_level, settings.log_format)
     return asyncio.run(Replica(settings).run())
 
@@ -121,12 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="timer-service",
         description="Durable multi-tenant timers on Postgres and NATS JetStream. Settings: TIMER_* env vars.",
     )
+    p.add_argument("--version", action="version", version=f"timer-service {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("migrate", help="apply database migrations (idempotent, safe in parallel)").set_defaults(
-        func=cmd_migrate
+    m = sub.add_parser("migrate", help="apply database migrations (idempotent, safe in parallel)")
+    m.add_argument(
+        "--status", action="store_true", help="list applied and pending migrations; exit 1 if any is pending"
     )
-    sub.add_parser("run", help="run one replica until SIGTERM").set_defaults(func=cmd_run)
+    m.set_defaults(func=cmd_migrate)
+    r = sub.add_parser("run", help="run one replica until SIGTERM")
+    r.add_argument(
+        "--no-migrate",
+        action="store_true",
+        help="never change the schema; wait until `migrate` has applied it (TIMER_MIGRATE=false)",
+    )
+    r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("schedule", help="schedule (or reschedule) a timer")
     s.add_argument("--tenant", required=True)

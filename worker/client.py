@@ -19,9 +19,8 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
-from worker.broker import Subjects, nats_connect
-from worker.commands import TENANT_RE
-from worker.firing import iso
+from worker.broker import nats_connect
+from worker.contract import TENANT_RE, Subjects, iso
 
 
 class TimerClient:

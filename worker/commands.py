@@ -28,11 +28,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, Literal, TypeVar
 
+from worker.contract import TENANT_RE
 from worker.recurrence import MAX_INDEX, load_zone, parse_period
 
 MAX_BODY_BYTES = 64 * 1024
-# `\Z`, not `$`: `$` also matches before a trailing newline, and "acme\n" is no tenant.
-TENANT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 _TENANT_RULE = "[A-Za-z0-9_-]{1,64}"
 INVALID_TENANT = "_invalid"
 MAX_ID_CHARS = 200

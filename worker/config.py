@@ -53,6 +53,9 @@ class Settings(BaseSettings):
 
     database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/postgres")
     db_pool_size: int = Field(4, ge=2, le=100)
+    # false: this replica never changes the schema (a separate `timer-service migrate`, with its own
+    # role, does); it waits until every migration it ships is applied.
+    migrate: bool = True
 
     nats_url: str = "nats://127.0.0.1:4222"
     nats_user: str | None = None

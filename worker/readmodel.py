@@ -9,8 +9,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from worker.commands import TENANT_RE
-from worker.firing import iso
+from worker.contract import TENANT_RE, iso
 from worker.store import Store
 
 log = logging.getLogger("worker.readmodel")

@@ -12,13 +12,12 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
-from worker import metrics
+from worker import metrics, migrations
 from worker.broker import Broker
 from worker.config import Settings, mask_url
 from worker.firing import LOOKAHEAD_MS, Firing
 from worker.http import HttpServer
 from worker.intake import Intake
-from worker.migrations import migrate
 from worker.readmodel import ReadModel
 from worker.retention import Retention
 from worker.store import Store
@@ -30,6 +29,10 @@ log = logging.getLogger("worker.service")
 OVERDUE_CAP = 100_000
 # A loop that has not ticked for this long makes /healthz fail.
 STALL_S = 30.0
+
+
+class SchemaNotReady(Exception):
+    """TIMER_MIGRATE=false and the database lacks a migration this build ships."""
 
 
 class Replica:
@@ -92,7 +95,7 @@ class Replica:
             with attempt:
                 if self.stop.is_set():
                     return False
-                await asyncio.to_thread(migrate, self.s.database_url.get_secret_value())
+                await asyncio.to_thread(self._schema)
                 await self.pool.open(wait=True, timeout=10)
                 if not self.broker.connected:
                     # nats-py retries a first connect forever when reconnects are unlimited;
@@ -100,6 +103,16 @@ class Replica:
                     await asyncio.wait_for(self.broker.connect(), timeout=10)
                 await self.broker.ensure_streams()
         return True
+
+    def _schema(self) -> None:
+        """Migrate; or, with TIMER_MIGRATE=false, wait (retried by _connect) until someone has."""
+        url = self.s.database_url.get_secret_value()
+        if self.s.migrate:
+            migrations.migrate(url)
+        elif missing := migrations.status(url)[1]:
+            raise SchemaNotReady(
+                f"migrations not applied yet: {', '.join(f'{v:04d}_{n}' for v, n in missing)}"
+            )
 
     async def _supervise(self) -> int:
         readmodel = ReadModel(self.store, self.s.subject_prefix)

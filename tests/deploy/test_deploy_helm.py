@@ -19,7 +19,7 @@ Tool = Callable[[dict[str, Any]], dict[str, Any]]
 # Settings that never go to the ConfigMap: secrets, mounted files, the pod name.
 SECRET_SETTINGS = {"database_url", "nats_password", "nats_token", "nats_nkey_seed"}
 FILE_SETTINGS = {"nats_creds", "nats_tls_ca", "nats_tls_cert", "nats_tls_key"}
-POD_SETTINGS = {"worker_id"}
+POD_SETTINGS = {"worker_id", "migrate"}  # the pod name; migration.enabled
 # values.yaml defaults that differ from the service's on purpose.
 CHART_DEFAULTS = {"nats_url": "nats://nats:4222"}
 
@@ -61,6 +61,7 @@ CASES: dict[str, dict[str, Any]] = {
         "natsTls": {"existingSecret": "nats-ca", "certKey": "", "keyKey": ""},
     },
     "config_changed": {"config": {"batchSize": 500}},
+    "no_migration_job": {"migration": {"enabled": False}},
     "not_config": {"replicaCount": 5, "topologySpread": {"nodes": "", "zones": ""}},
     "pdb_min_available": {"podDisruptionBudget": {"minAvailable": 2}},
     "grace_given": {"terminationGracePeriodSeconds": 60},
@@ -440,6 +441,16 @@ def test_migration_is_a_pre_install_and_pre_upgrade_hook(default: Release) -> No
     assert pod["containers"][0]["image"] == default.container["image"]
     # Hooks run before the release's ServiceAccount exists: the Job must not name it.
     assert "serviceAccountName" not in pod
+
+
+def test_replicas_leave_the_schema_to_the_job(default: Release, rendered: dict[str, Any]) -> None:
+    env = {e["name"]: e.get("value") for e in default.container["env"]}
+    assert env["TIMER_MIGRATE"] == "false"
+    assert "TIMER_MIGRATE" not in {e["name"] for e in default.job_container["env"]}
+    # No Job: each replica migrates at start, as the service does by default.
+    without = Release(rendered["no_migration_job"])
+    assert not without.all("Job")
+    assert "TIMER_MIGRATE" not in {e["name"] for e in without.container["env"]}
 
 
 # --- monitors ---------------------------------------------------------------------------------
