@@ -14,6 +14,11 @@ from worker.harness import EventRecorder
 from worker.store import Store
 
 
+# Downtime is a timer left unclaimed for a lease plus a poll interval (5 s by default): these
+# settings make it 1.3 s, so a test of downtime needs only a few seconds of it.
+QUICK = {"lease_ms": 1000, "poll_interval_ms": 300, "publish_timeout_ms": 500}
+
+
 def _epoch(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
@@ -111,7 +116,7 @@ async def test_after_downtime_a_recurring_timer_fires_once_for_the_missed_window
         missed_until = stopped["due_at"] + timedelta(seconds=2.5)
         await until(lambda: query(db_url, "SELECT now() > %s", missed_until) == [(True,)], what="downtime")
         on_time = len(rec.firings)
-        async with running_replica(settings):
+        async with running_replica(settings, **QUICK):
             await until(lambda: len(rec.firings) >= on_time + 3, timeout=15, what="catch-up and two more")
     anchor = _epoch(body["dueAt"])
     after = sorted(rec.firings[on_time:], key=lambda f: f.due_at)
@@ -174,17 +179,16 @@ async def test_a_crash_followed_by_downtime_fires_once_for_the_missed_window(
 ) -> None:
     """A crashed claim's lease runs out and nobody claims the timer for longer than a lease plus a
     poll interval: that is downtime, and the downtime rule applies (one late firing, then on
-    schedule from the re-claim). Short lease and poll here, so the downtime is short too."""
-    fast = {"lease_ms": 1000, "poll_interval_ms": 300, "publish_timeout_ms": 500}
+    schedule from the re-claim)."""
     async with contextlib.AsyncExitStack() as outer:
         async with running_replica(settings):  # creates the streams
             rec = await outer.enter_async_context(recorder(settings))
-        await _claimed_by_a_replica_that_dies(db_url, fast["lease_ms"])
-        downtime = "lease_expires_at + interval '2.5 s'"  # lease plus poll interval, with a second to spare
+        await _claimed_by_a_replica_that_dies(db_url, QUICK["lease_ms"])
+        downtime = "lease_expires_at + interval '2.5 s'"  # 1.3 s, and more
         await until(
             lambda: query(db_url, f"SELECT now() > {downtime} FROM timers")[0][0], timeout=10, what="downtime"
         )
-        async with running_replica(settings, **fast):
+        async with running_replica(settings, **QUICK):
             await until(lambda: len(rec.firings) >= 4, timeout=15, what="catch-up and three more")
     index = _indexes(rec, db_url)
     assert index[0] == 0
