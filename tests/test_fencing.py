@@ -100,13 +100,14 @@ def insert_tick(db_url: str, due_in_s: float) -> None:
     query(
         db_url,
         "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, repeat_every)"
-        " VALUES ('acme', 'tick', 'Scheduled', now() + %s * interval '1 s', now() + %s * interval '1 s', 'PT1S')",
-        due_in_s,
+        " SELECT 'acme', 'tick', 'Scheduled', d, d, 'PT1S' FROM (SELECT now() + %s * interval '1 s') AS x(d)",
         due_in_s,
     )
 
 
-async def test_an_occurrence_claimed_late_but_before_downtime_skips_nothing(store: Store, db_url: str) -> None:
+async def test_an_occurrence_claimed_late_but_before_downtime_skips_nothing(
+    store: Store, db_url: str
+) -> None:
     # The replica that marked the occurrence before this one died right after: the next claim
     # comes from another replica's poll, a poll interval (2 s) later. Not downtime, so the
     # occurrence due meanwhile is next, not skipped.
@@ -115,12 +116,16 @@ async def test_an_occurrence_claimed_late_but_before_downtime_skips_nothing(stor
     assert next_of(late) == (late.due_at + timedelta(seconds=1), 1)
 
 
-async def test_an_occurrence_claimed_after_downtime_skips_the_missed_window(store: Store, db_url: str) -> None:
+async def test_an_occurrence_claimed_after_downtime_skips_the_missed_window(
+    store: Store, db_url: str
+) -> None:
     insert_tick(db_url, -3.5)
     (late,) = (await store.claim("healthy", 10, 2, lease_ms=3000, downtime_ms=3000)).claimed
     (at,) = query(db_url, "SELECT now()")[0]
     nxt = next_of(late)
-    assert nxt[1] == 4 and nxt[0] is not None and at - timedelta(seconds=1) < nxt[0] <= at + timedelta(seconds=1)
+    assert (
+        nxt[1] == 4 and nxt[0] is not None and at - timedelta(seconds=1) < nxt[0] <= at + timedelta(seconds=1)
+    )
 
 
 async def test_two_crashes_in_a_row_skip_no_occurrence(store: Store, db_url: str) -> None:

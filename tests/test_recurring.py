@@ -13,7 +13,6 @@ from worker.config import Settings
 from worker.harness import EventRecorder
 from worker.store import Store
 
-
 # Downtime is a timer left unclaimed for a lease plus a poll interval (5 s by default): these
 # settings make it 1.3 s, so a test of downtime needs only a few seconds of it.
 QUICK = {"lease_ms": 1000, "poll_interval_ms": 300, "publish_timeout_ms": 500}
