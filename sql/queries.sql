@@ -48,6 +48,7 @@ ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     repeat_times = excluded.repeat_times,
     repeat_timezone = excluded.repeat_timezone,
     attempts = 0,
+    claimed_at = NULL,
     last_error = NULL,
     lease_owner = NULL,
     lease_token = NULL,
@@ -132,8 +133,20 @@ claimed AS (
         lease_token = (SELECT nextval('timer_lease_token')),
         lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond',
         attempts = t.attempts + 1,
-        -- Kept through re-claims of the same occurrence (attempts counts them from 0).
-        claimed_at = CASE WHEN t.attempts = 0 OR t.claimed_at IS NULL THEN now() ELSE t.claimed_at END
+        -- A recurring timer's next occurrence is the first due after this (worker/recurrence.py).
+        -- Downtime is the only reason to skip one: the timer sat claimable and unclaimed for
+        -- %(downtime_ms)s (since it came due, its lease ran out, or mark_fired carried the
+        -- reference to it), and then the reference is now, so the missed window fires once.
+        -- Otherwise the fleet was claiming (a crash, a poll interval's wait): a re-claim or a
+        -- carried reference is kept, and a fresh occurrence counts from its own dueAt, so
+        -- whatever came due meanwhile still fires, late and in order.
+        claimed_at = CASE
+            WHEN t.claimed_at IS NULL AND t.due_at >= now() - %(downtime_ms)s * interval '1 millisecond'
+                THEN least(t.due_at, now())
+            WHEN t.claimed_at IS NOT NULL AND greatest(t.lease_expires_at, t.updated_at)
+                                              >= now() - %(downtime_ms)s * interval '1 millisecond'
+                THEN t.claimed_at
+            ELSE now() END
     FROM (SELECT * FROM oldest UNION SELECT * FROM newest) d
     WHERE t.tenant_id = d.tenant_id AND t.service_call_id = d.service_call_id
     RETURNING t.tenant_id, t.service_call_id, t.due_at, t.correlation_id, t.lease_token,
@@ -175,6 +188,10 @@ UPDATE timers t SET
     lease_owner = NULL,
     lease_expires_at = NULL,
     attempts = 0,
+    -- The next occurrence is due already: it came due while this one was held up (a crashed
+    -- claim's lease, a slow publish). It keeps this occurrence's reference, however overdue it
+    -- is, so claim_due does not take a chain of crashes for downtime.
+    claimed_at = CASE WHEN f.next_due_at <= f.db_now THEN t.claimed_at END,
     last_error = NULL
 FROM f
 WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id

@@ -82,3 +82,54 @@ async def test_a_recurring_timer_refired_after_a_crash_skips_no_occurrence(store
     assert nxt == (first.due_at + timedelta(seconds=1), 1)
     assert await store.mark_fired([Fired(again, *nxt)]) == 1
     assert query(db_url, "SELECT due_at, occurrence_index FROM timers") == [nxt]
+
+
+def insert_tick(db_url: str, due_in_s: float) -> None:
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, repeat_every)"
+        " SELECT 'acme', 'tick', 'Scheduled', d, d, 'PT1S' FROM (SELECT now() + %s * interval '1 s') AS x(d)",
+        due_in_s,
+    )
+
+
+async def test_an_occurrence_claimed_late_but_before_downtime_skips_nothing(
+    store: Store, db_url: str
+) -> None:
+    # The replica that marked the occurrence before this one died right after: the next claim
+    # comes from another replica's poll, a poll interval (2 s) later. Not downtime, so the
+    # occurrence due meanwhile is next, not skipped.
+    insert_tick(db_url, -1.5)
+    (late,) = (await store.claim("healthy", 10, 2, lease_ms=3000, downtime_ms=5000)).claimed
+    assert next_of(late) == (late.due_at + timedelta(seconds=1), 1)
+
+
+async def test_an_occurrence_claimed_after_downtime_skips_the_missed_window(
+    store: Store, db_url: str
+) -> None:
+    insert_tick(db_url, -3.5)
+    (late,) = (await store.claim("healthy", 10, 2, lease_ms=3000, downtime_ms=3000)).claimed
+    (at,) = query(db_url, "SELECT now()")[0]
+    nxt = next_of(late)
+    assert (
+        nxt[1] == 4 and nxt[0] is not None and at - timedelta(seconds=1) < nxt[0] <= at + timedelta(seconds=1)
+    )
+
+
+async def test_two_crashes_in_a_row_skip_no_occurrence(store: Store, db_url: str) -> None:
+    # Each crash hides the timer for a lease (2 s), longer than the period. After the second,
+    # occurrence 2 is overdue by more than the downtime allowance (1.5 s here), yet the fleet was
+    # claiming all along: the reference carried from occurrence 0 keeps it, and 3 comes next.
+    insert_tick(db_url, 0)
+    (dying,) = (await store.claim("crashed-1", 10, 2, lease_ms=2000)).claimed
+    await until(lambda: lease_expired(db_url), what="the first crashed lease to run out")
+    (zero,) = (await store.claim("b", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
+    assert await store.mark_fired([Fired(zero, *next_of(zero))]) == 1
+    (one,) = (await store.claim("crashed-2", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
+    assert one.occurrence_index == 1 and one.claimed_at == dying.claimed_at
+    await until(lambda: lease_expired(db_url), what="the second crashed lease to run out")
+    (again,) = (await store.claim("c", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
+    assert await store.mark_fired([Fired(again, *next_of(again))]) == 1
+    (two,) = (await store.claim("c", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
+    assert query(db_url, "SELECT now() - %s > interval '1.5 s'", two.due_at) == [(True,)]
+    assert next_of(two) == (dying.due_at + timedelta(seconds=3), 3)

@@ -6,8 +6,16 @@ import contextlib
 from datetime import datetime, timedelta
 from itertools import pairwise
 
+from psycopg_pool import AsyncConnectionPool
+
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
 from worker.config import Settings
+from worker.harness import EventRecorder
+from worker.store import Store
+
+# Downtime is a timer left unclaimed for a lease plus a poll interval (5 s by default): these
+# settings make it 1.3 s, so a test of downtime needs only a few seconds of it.
+QUICK = {"lease_ms": 1000, "poll_interval_ms": 300, "publish_timeout_ms": 500}
 
 
 def _epoch(iso: str) -> float:
@@ -107,7 +115,7 @@ async def test_after_downtime_a_recurring_timer_fires_once_for_the_missed_window
         missed_until = stopped["due_at"] + timedelta(seconds=2.5)
         await until(lambda: query(db_url, "SELECT now() > %s", missed_until) == [(True,)], what="downtime")
         on_time = len(rec.firings)
-        async with running_replica(settings):
+        async with running_replica(settings, **QUICK):
             await until(lambda: len(rec.firings) >= on_time + 3, timeout=15, what="catch-up and two more")
     anchor = _epoch(body["dueAt"])
     after = sorted(rec.firings[on_time:], key=lambda f: f.due_at)
@@ -121,4 +129,68 @@ async def test_after_downtime_a_recurring_timer_fires_once_for_the_missed_window
     assert [b - a for a, b in pairwise(index[1:])] == [1] * (len(index) - 2)
     # The first occurrence due after the catch-up's claim (made just before it was received).
     assert late.received_at - 1.0 < after[1].due_at <= late.received_at + 1.0
+    assert len({f.msg_id for f in rec.firings}) == len(rec.firings)
+
+
+async def _claimed_by_a_replica_that_dies(db_url: str, lease_ms: int) -> None:
+    """A PT1S timer due now, claimed under a lease by a replica that never fires it (it crashed)."""
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, repeat_every)"
+        " VALUES ('acme', 'tick', 'Scheduled', now(), now(), 'PT1S')",
+    )
+    pool = AsyncConnectionPool(db_url, min_size=1, max_size=1, open=False, kwargs={"autocommit": True})
+    await pool.open()
+    try:
+        claim = await Store(pool).claim("crashed", 10, 0, lease_ms=lease_ms)
+    finally:
+        await pool.close()
+    assert [c.service_call_id for c in claim.claimed] == ["tick"]
+
+
+def _indexes(rec: EventRecorder, db_url: str) -> list[int]:
+    anchor = query(db_url, "SELECT anchor_due_at FROM timers WHERE service_call_id = 'tick'")[0][0]
+    return sorted(round(f.due_at - anchor.timestamp()) for f in rec.firings)
+
+
+async def test_a_crash_skips_no_occurrence_of_a_period_shorter_than_half_the_lease(
+    settings: Settings, db_url: str
+) -> None:
+    """The crashed claim hides occurrence 0 for a whole lease (3 s): occurrences 1 and 2 come due
+    meanwhile, and 3 before the re-claim (a poll interval later, at worst). A crash is not
+    downtime: every one of them fires, late and in order, then the timer is on time again."""
+    assert settings.lease_ms > 2 * 1000
+    async with contextlib.AsyncExitStack() as outer:
+        async with running_replica(settings):  # creates the streams
+            rec = await outer.enter_async_context(recorder(settings))
+        await _claimed_by_a_replica_that_dies(db_url, settings.lease_ms)
+        async with running_replica(settings):
+            await until(lambda: len(rec.firings) >= 8, timeout=20, what="eight occurrences")
+    indexes = _indexes(rec, db_url)
+    assert indexes == list(range(len(indexes))), f"skipped: {sorted(set(range(indexes[-1])) - set(indexes))}"
+    first = min(rec.firings, key=lambda f: f.due_at)
+    assert first.received_at - first.due_at > settings.lease_ms / 1000 - 0.2  # it did wait out the lease
+    assert len({f.msg_id for f in rec.firings}) == len(rec.firings)
+
+
+async def test_a_crash_followed_by_downtime_fires_once_for_the_missed_window(
+    settings: Settings, db_url: str
+) -> None:
+    """A crashed claim's lease runs out and nobody claims the timer for longer than a lease plus a
+    poll interval: that is downtime, and the downtime rule applies (one late firing, then on
+    schedule from the re-claim)."""
+    async with contextlib.AsyncExitStack() as outer:
+        async with running_replica(settings):  # creates the streams
+            rec = await outer.enter_async_context(recorder(settings))
+        await _claimed_by_a_replica_that_dies(db_url, QUICK["lease_ms"])
+        downtime = "lease_expires_at + interval '2.5 s'"  # 1.3 s, and more
+        await until(
+            lambda: query(db_url, f"SELECT now() > {downtime} FROM timers")[0][0], timeout=10, what="downtime"
+        )
+        async with running_replica(settings, **QUICK):
+            await until(lambda: len(rec.firings) >= 4, timeout=15, what="catch-up and three more")
+    index = _indexes(rec, db_url)
+    assert index[0] == 0
+    assert index[1] >= 4, f"missed occurrences fired: {index}"  # 1 to 3 came due in the downtime
+    assert [b - a for a, b in pairwise(index[1:])] == [1] * (len(index) - 2)
     assert len({f.msg_id for f in rec.firings}) == len(rec.firings)

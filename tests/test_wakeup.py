@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
 import time
 from datetime import UTC, datetime
 
 import pytest
 
+from worker.clock import MAX_DRIFT, DbClock
 from worker.wakeup import Wakeup
 
 
@@ -15,11 +17,19 @@ def reading(offset_s: float) -> datetime:
     return datetime.fromtimestamp(time.time() + offset_s, UTC)
 
 
-def test_the_estimate_keeps_the_freshest_reading_and_ignores_a_delayed_one() -> None:
+def test_the_estimate_follows_the_database_clock_not_ours() -> None:
     w = Wakeup()
     w.observe_db_now(reading(+30.0))  # the database clock is 30 s ahead of ours
-    w.observe_db_now(reading(+29.5))  # the same clock, read half a second before it arrived
     assert 29.9 < w.db_now() - time.time() < 30.1
+
+
+def test_a_lower_reading_replaces_the_estimate() -> None:
+    # Half a second lower: a delayed reading, or the database clock stepped back. Only the
+    # lower estimate is safe in both cases.
+    w = Wakeup()
+    w.observe_db_now(reading(+30.0))
+    w.observe_db_now(reading(+29.5))
+    assert 29.4 < w.db_now() - time.time() < 29.6
 
 
 def test_the_estimate_is_never_ahead_of_any_reading_plus_the_time_since() -> None:
@@ -37,3 +47,46 @@ def test_a_wall_clock_step_does_not_move_the_estimate(monkeypatch: pytest.Monkey
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() + 3600)  # NTP steps our clock an hour
     assert abs(w.db_now() - before) < 0.5
+
+
+MAX_DELAY_S = 0.02  # a reading of clock_timestamp() arrives up to this late
+STEP_BACK_S = 2.0  # a failover to a primary whose clock is behind
+
+
+@pytest.mark.parametrize("drift", [+MAX_DRIFT, -MAX_DRIFT])
+def test_never_ahead_of_the_database_clock_under_drift_and_a_step_back(drift: float) -> None:
+    """Ten simulated minutes: our monotonic clock runs `drift` fast against the database clock,
+    which steps back by two seconds halfway. Claims read the database clock at random intervals
+    (up to a minute apart, as an idle replica's may be), each reading arriving up to 20 ms late.
+    Right after each reading, and between readings while the database clock holds its rate, the
+    estimate is never ahead of the database clock, and behind it by no more than the reading's
+    delay plus the drift allowance since."""
+    rng = random.Random(5)
+    now = [0.0]  # real elapsed seconds
+    step_at = 300.0
+
+    def database(at: float) -> float:
+        return 1.8e9 + at - (STEP_BACK_S if at >= step_at else 0.0)
+
+    def check(at: float, since_reading: float, delay: float) -> None:
+        now[0] = at
+        estimate = clock.now()
+        assert estimate <= database(at), f"{(estimate - database(at)) * 1000:.3f} ms ahead at {at:.2f} s"
+        allowed = delay + 2 * MAX_DRIFT * since_reading + 1e-6
+        assert database(at) - estimate <= allowed, f"{(database(at) - estimate) * 1000:.3f} ms behind"
+
+    clock = DbClock(lambda: 1000.0 + now[0] * (1 + drift))
+    clock.observe(datetime.fromtimestamp(database(0.0), UTC))
+    last, delay = 0.0, 0.0
+    while last < 600.0:
+        gap = rng.choice([rng.uniform(0.05, 3.0), rng.uniform(3.0, 60.0)])
+        if last < step_at < last + gap:
+            gap = step_at - last + MAX_DELAY_S  # the step comes before the next reading is taken
+        for fraction in (0.25, 0.5, 0.75):
+            if (last < step_at) == (last + gap * fraction < step_at):  # no step since the reading
+                check(last + gap * fraction, gap * fraction, delay)
+        last += gap
+        delay = rng.uniform(0.0, MAX_DELAY_S)
+        now[0] = last
+        clock.observe(datetime.fromtimestamp(database(last - delay), UTC))
+        check(last, 0.0, delay)

@@ -65,8 +65,8 @@ def due_event(timer: Claimed, subject: str, reached: str, reached_ms: int) -> Ou
 def next_of(timer: Claimed) -> tuple[datetime | None, int | None]:
     """The occurrence after this one, for a recurring timer; (None, None) when it was the last.
 
-    The first due after this occurrence was first claimed: one that came due during downtime is
-    skipped, one that came due while a crashed replica's lease ran out is not (it fires, late).
+    The first due after the timer's claimed_at: one that came due during downtime is skipped, one
+    that came due while a crashed replica's lease ran out is not (it fires, late; claim_due).
     """
     if timer.repeat_every is None or timer.anchor_due_at is None:
         return None, None
@@ -81,6 +81,9 @@ class Firing:
         self.store = store
         self.broker = broker
         self.wakeup = wakeup
+        # A live replica claims at least once a poll interval, so an expired lease is re-claimed
+        # within one; a timer left claimable a lease longer than that had no replica: downtime.
+        self.downtime_ms = settings.lease_ms + settings.poll_interval_ms
         self._idle_s = settings.poll_interval_ms / 1000
         self._backlog = asyncio.Event()  # set while claims come back full
 
@@ -129,6 +132,7 @@ class Firing:
                     self.s.lease_ms,
                     LOOKAHEAD_MS,
                     FRESH_LANE_WINDOW_MS,
+                    downtime_ms=self.downtime_ms,
                 )
                 self.wakeup.observe_db_now(result.db_now)
                 if result.claimed:
@@ -141,7 +145,14 @@ class Firing:
     async def tick(self) -> bool:
         """One claim and its firing; True when the batch was full (more may be due)."""
         started = time.perf_counter()
-        result = await self.store.claim(self.s.worker_id, self.s.batch_size, 0, self.s.lease_ms, LOOKAHEAD_MS)
+        result = await self.store.claim(
+            self.s.worker_id,
+            self.s.batch_size,
+            0,
+            self.s.lease_ms,
+            LOOKAHEAD_MS,
+            downtime_ms=self.downtime_ms,
+        )
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         self.wakeup.observe_db_now(result.db_now)
         poll_s = self.s.poll_interval_ms / 1000

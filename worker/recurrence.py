@@ -23,9 +23,14 @@ than a daylight-saving gap fold the occurrences inside the gap onto the hour aft
 
 After downtime, a recurring timer fires once for the missed window, not once per missed
 occurrence: the occurrence that was due fires (late), and the next one is the first that is due
-strictly after the firing. The occurrences skipped in between still consume their indexes, so
-`times` counts occurrences of the schedule, not firings: `times=3` with the second one missed
-fires the first and the third, then ends.
+strictly after the firing's claim. The occurrences skipped in between still consume their
+indexes, so `times` counts occurrences of the schedule, not firings: `times=3` with the second one
+missed fires the first and the third, then ends.
+
+Downtime means no replica claimed the timer although it could: it sat claimable for a lease plus
+a poll interval (sql/queries.sql, claim_due). A crash is not downtime, whatever the period: the
+occurrences that come due while a dead replica's lease hides the timer, and until a live one
+re-claims it, all fire (late, in order), because each keeps the reference of the first claim.
 """
 
 from __future__ import annotations

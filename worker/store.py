@@ -34,7 +34,7 @@ class Claimed:
     repeat_timezone: str | None
     anchor_due_at: datetime | None
     occurrence_index: int
-    claimed_at: datetime  # first claim of this occurrence: a recurring timer's next comes after it
+    claimed_at: datetime  # a recurring timer's next occurrence comes after this (claim_due says which)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +144,11 @@ class Store:
         lease_ms: int,
         ahead_ms: int = 0,
         fresh_window_ms: int = 86_400_000,
+        downtime_ms: int | None = None,
     ) -> ClaimResult:
         """Claim up to `limit` occurrences due within `ahead_ms`: the oldest, and `fresh_limit`
-        of the most recent, due no longer than `fresh_window_ms` ago."""
+        of the most recent, due no longer than `fresh_window_ms` ago. A timer left claimable and
+        unclaimed for `downtime_ms` (default: the lease) had no replica to claim it: downtime."""
         params = {
             "owner": owner,
             "ahead_ms": ahead_ms,
@@ -154,6 +156,7 @@ class Store:
             "oldest_limit": limit - fresh_limit,
             "fresh_limit": fresh_limit,
             "lease_ms": lease_ms,
+            "downtime_ms": lease_ms if downtime_ms is None else downtime_ms,
         }
         try:
             async with self.pool.connection() as conn:

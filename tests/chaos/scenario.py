@@ -13,7 +13,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,17 @@ class Chaos:
     over: asyncio.Event  # set once the whole workload is stored
     rng: random.Random = field(default_factory=lambda: random.Random(11))
     faults: int = 0
+    outages: list[tuple[int, int]] = field(default_factory=list)  # epoch ms: Postgres or NATS down
+
+    @contextlib.contextmanager
+    def outage(self) -> Iterator[None]:
+        """Record the time inside as an outage of Postgres or NATS (every replica cut off): the
+        only time the checker lets a recurring timer skip an occurrence. A crash is not one."""
+        start = round(time.time() * 1000)
+        try:
+            yield
+        finally:
+            self.outages.append((start, round(time.time() * 1000)))
 
     def victim(self) -> str:
         return self.rng.choice(self.fleet.alive())
@@ -156,6 +167,7 @@ class Run:
                 self._rows(),
                 [(msg.subject.split(".")[1], msg.data) for _, msg in dlq.messages],
                 self.workload.poison,
+                chaos.outages,
             )
             line = (
                 f"chaos {self.name}: {'PASS' if verdict.ok else 'FAIL'} {verdict.line()} "

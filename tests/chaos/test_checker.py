@@ -54,18 +54,33 @@ def test_every_violation_is_counted() -> None:
     assert not v.ok
 
 
-def test_a_recurring_skip_is_allowed_only_for_an_occurrence_due_before_the_late_firing() -> None:
+def test_a_recurring_skip_is_allowed_only_in_an_outage_for_an_occurrence_due_before_the_late_firing() -> None:
     t = Timer("acme", "rec", "recurring", [T0])
     first, second, third, fourth = t.occurrences()
     row = {t.key: Row("Reached", fourth, False)}
-    # Occurrence 0 fired so late that 1 was already due: skipping 1 is the downtime rule.
+    outage = [(first - 500, first + 500)]  # Postgres or NATS down around occurrence 0
+    # Occurrence 0 fired so late that 1 was already due, in an outage: the downtime rule.
     late = [fired(t, first, late=EVERY + 10), fired(t, third), fired(t, fourth)]
-    assert check([t], late, row, [], set()).skipped_occurrences == 1
+    assert check([t], late, row, [], set(), outage).skipped_occurrences == 1
     # Occurrence 0 fired on time: nothing may be skipped, a missing occurrence 1 is lost.
     on_time = [fired(t, first), fired(t, third), fired(t, fourth)]
-    v = check([t], on_time, row, [], set())
+    v = check([t], on_time, row, [], set(), outage)
     assert (v.lost, v.skipped_occurrences) == (1, 0)
     # A re-fire a lease later does not excuse a skip: the first publish counts.
     refired = [fired(t, first), fired(t, first, late=EVERY + 10), fired(t, third), fired(t, fourth)]
-    assert check([t], refired, row, [], set()).lost == 1
+    assert check([t], refired, row, [], set(), outage).lost == 1
     assert second not in {e.due_ms for e in refired}
+
+
+def test_a_recurring_skip_after_a_replica_crash_is_lost() -> None:
+    # The late firing of occurrence 0 is what a plain replica kill looks like (re-fired after the
+    # lease): with no outage recorded, or one long over, the skipped occurrence 1 is a violation.
+    t = Timer("acme", "rec", "recurring", [T0])
+    first, second, third, fourth = t.occurrences()
+    row = {t.key: Row("Reached", fourth, False)}
+    late = [fired(t, first, late=EVERY + 10), fired(t, third), fired(t, fourth)]
+    for outages in ([], [(first - 60_000, first - 55_000)], [(fourth + 10_000, fourth + 12_000)]):
+        v = check([t], late, row, [], set(), outages)
+        assert (v.lost, v.skipped_occurrences) == (1, 0), outages
+        assert not v.ok
+        assert any(f"occurrence 1 at {second}" in e for e in v.examples)

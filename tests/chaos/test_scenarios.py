@@ -65,10 +65,11 @@ async def outages(c: Chaos, every_s: float, down: Callable[[], None], up: Callab
     `up` runs in this thread: an embedded server lives as long as the thread that started it."""
     try:
         while await c.pause(every_s):
-            down()
-            c.faults += 1
-            await asyncio.sleep(2)  # the outage
-            up()
+            with c.outage():
+                down()
+                c.faults += 1
+                await asyncio.sleep(2)  # the outage
+                up()
     finally:
         up()
 
@@ -117,7 +118,8 @@ async def test_slow_and_dropped_connections(
                 proxy.set_latency(0.02, jitter=0.03)
             try:
                 while await c.pause(3):
-                    c.faults += c.rng.choice([pg, nats]).drop_all()
+                    with c.outage():  # every replica's connection to it, at once
+                        c.faults += c.rng.choice([pg, nats]).drop_all()
             finally:
                 for proxy in (pg, nats):
                     proxy.set_latency(0)
@@ -178,9 +180,10 @@ async def test_nats_cluster_loses_its_stream_leaders(make_run: MakeRun, tmp_path
                     if not await c.pause(run.workload.span_s / 7):
                         break
                     down = await asyncio.to_thread(cluster.stream_leader, stream)
-                    cluster.kill(down)
-                    c.faults += 1
-                    await asyncio.to_thread(cluster.wait_stream_leader_elected, stream, down)
+                    with c.outage():  # the stream has no leader until the election
+                        cluster.kill(down)
+                        c.faults += 1
+                        await asyncio.to_thread(cluster.wait_stream_leader_elected, stream, down)
                     cluster.restart(down)  # from this thread: the node lives as long as it
                     down = None
             finally:
