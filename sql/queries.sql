@@ -18,8 +18,7 @@
 --     older command arriving after it could win (Schedule 10, Schedule 30, Cancel 20 would
 --     end Cancelled). A restatement that would change nothing writes nothing.
 -- ON CONFLICT locks the row even when the WHERE is false, so claimed_among below sees it as is.
--- The restatement test is repeated in due_at and occurrence_index: an ON CONFLICT update sees
--- the locked row only through t, and reading the row any earlier would race a mark.
+-- The restatement test reads the locked row (t): reading the row any earlier would race a mark.
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts,
                          repeat_every, repeat_times, repeat_timezone, anchor_due_at)
 SELECT i.tenant_id, i.service_call_id, 'Scheduled', i.due_at, i.correlation_id, i.command_ts,
@@ -31,16 +30,16 @@ FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::time
           repeat_times, repeat_timezone)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = 'Scheduled',
-    due_at = CASE WHEN t.state = 'Scheduled'
-                       AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone)
-                           IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every,
-                                                 excluded.repeat_times, excluded.repeat_timezone)
-                  THEN t.due_at ELSE excluded.due_at END,
-    occurrence_index = CASE WHEN t.state = 'Scheduled'
-                                 AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone)
-                                     IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every,
-                                                           excluded.repeat_times, excluded.repeat_timezone)
-                            THEN t.occurrence_index ELSE 0 END,
+    -- A restatement keeps the timer's progress; anything else starts it afresh.
+    (due_at, occurrence_index, claimed_at) = (
+        SELECT CASE WHEN r.same THEN t.due_at ELSE excluded.due_at END,
+               CASE WHEN r.same THEN t.occurrence_index ELSE 0 END,
+               CASE WHEN r.same THEN t.claimed_at END
+        FROM (SELECT t.state = 'Scheduled'
+                     AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone)
+                         IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every,
+                                               excluded.repeat_times, excluded.repeat_timezone)
+                     AS same) AS r),
     anchor_due_at = excluded.due_at,
     correlation_id = excluded.correlation_id,
     command_ts = coalesce(excluded.command_ts, t.command_ts),
@@ -48,7 +47,6 @@ ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     repeat_times = excluded.repeat_times,
     repeat_timezone = excluded.repeat_timezone,
     attempts = 0,
-    claimed_at = NULL,
     last_error = NULL,
     lease_owner = NULL,
     lease_token = NULL,
