@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, Literal, TypeVar
 
-from worker.recurrence import MAX_INDEX, load_zone, parse_period
+from worker.recurrence import EARLIEST_DUE_AT, LATEST_DUE_AT, MAX_INDEX, load_zone, parse_period
 
 MAX_BODY_BYTES = 64 * 1024
 # `\Z`, not `$`: `$` also matches before a trailing newline, and "acme\n" is no tenant.
@@ -56,11 +56,12 @@ REASONS = frozenset(
         "bad_service_call_id",
         "bad_correlation_id",
         "bad_timestamp",
-        "bad_due_at",
+        "bad_due_at",  # also a dueAt outside EARLIEST_DUE_AT..LATEST_DUE_AT
         "beyond_horizon",
         "bad_repeat",
         "unknown_timezone",
         "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
+        "timer_stuck",  # from intake: the timer's occurrence stayed claimed past TIMER_STUCK_AFTER
     }
 )
 
@@ -284,9 +285,15 @@ def _due_at(text: str) -> datetime:
     try:
         # Out-of-range fields, an offset of 24h or more, or an instant before year 1 or after
         # year 9999 once moved to UTC (0001-01-01T00:00+01:00) all land here.
-        return datetime(year, month, day, hour, minute, second, micros, timezone(offset)).astimezone(UTC)
+        due = datetime(year, month, day, hour, minute, second, micros, timezone(offset)).astimezone(UTC)
     except (ValueError, OverflowError) as exc:
         raise _Reject("bad_due_at", f"dueAt {_show(text)} is not a valid instant: {exc}") from None
+    if not EARLIEST_DUE_AT <= due <= LATEST_DUE_AT:
+        raise _Reject("bad_due_at", f"dueAt {_show(text)} is outside {_DUE_AT_RANGE}")
+    return due
+
+
+_DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
 
 
 _REPEAT_KEYS = frozenset({"every", "times", "timezone"})

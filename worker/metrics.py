@@ -28,6 +28,11 @@ FIRED = Counter("timer_fired_total", "DueTimeReached events acknowledged by JetS
 MARKED = Counter("timer_marked_total", "Firings recorded in Postgres")
 FENCE_REJECTED = Counter("timer_fence_rejected_total", "Marks refused because the lease was lost")
 PUBLISH_FAILED = Counter("timer_publish_failures_total", "Publishes that failed or timed out")
+FIRE_ERRORS = Counter(
+    "timer_fire_errors_total",
+    "Claimed occurrences whose row could not be made into an event; retried with back-off",
+    ["reason"],
+)
 RETENTION_DELETED = Counter(
     "timer_retention_deleted_total", "Reached and Cancelled timers deleted after TIMER_RETENTION"
 )
