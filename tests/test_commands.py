@@ -491,7 +491,9 @@ offsets = st.integers(-23 * 60 - 59, 23 * 60 + 59)
 @st.composite
 def valid_schedules(draw: st.DrawFn) -> tuple[ScheduleTimer, bytes]:
     tenant = draw(tenants)
-    due = draw(st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2035, 12, 1))).replace(tzinfo=UTC)
+    due = draw(st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2035, 12, 1))).replace(
+        tzinfo=UTC
+    )
     offset = draw(offsets)
     local = (due + timedelta(minutes=offset)).replace(tzinfo=None)
     sign = "-" if offset < 0 else "+"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, Literal, TypeVar
 
-from worker.recurrence import EARLIEST_DUE_AT, LATEST_DUE_AT, MAX_INDEX, load_zone, parse_period
+from worker.recurrence import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, MAX_INDEX, load_zone, parse_period
 
 MAX_BODY_BYTES = 64 * 1024
 # `\Z`, not `$`: `$` also matches before a trailing newline, and "acme\n" is no tenant.
@@ -268,8 +268,9 @@ _RFC3339 = re.compile(
 
 
 def _due_at(text: str) -> datetime:
-    """An RFC 3339 date-time with an explicit offset, in UTC. Fractions beyond microseconds are
-    truncated (producers in other languages send nanoseconds); a leap second (:60) is refused."""
+    """An RFC 3339 date-time with an explicit offset, in UTC, within DUE_AT_RANGE. Fractions beyond
+    microseconds are truncated (producers in other languages send nanoseconds); a leap second (:60)
+    is refused."""
     m = _RFC3339.match(text)
     if m is None:
         raise _Reject(
@@ -289,11 +290,8 @@ def _due_at(text: str) -> datetime:
     except (ValueError, OverflowError) as exc:
         raise _Reject("bad_due_at", f"dueAt {_show(text)} is not a valid instant: {exc}") from None
     if not EARLIEST_DUE_AT <= due <= LATEST_DUE_AT:
-        raise _Reject("bad_due_at", f"dueAt {_show(text)} is outside {_DUE_AT_RANGE}")
+        raise _Reject("bad_due_at", f"dueAt {_show(text)} is outside {DUE_AT_RANGE}")
     return due
-
-
-_DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
 
 
 _REPEAT_KEYS = frozenset({"every", "times", "timezone"})

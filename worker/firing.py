@@ -21,7 +21,7 @@ from worker.commands import Repeat
 from worker.config import Settings
 from worker.errors import TransientError
 from worker.faults import crash_point
-from worker.recurrence import EARLIEST_DUE_AT, LATEST_DUE_AT, next_occurrence
+from worker.recurrence import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, next_occurrence
 from worker.store import Claimed, Fired, Key, Leased, Store, Unreadable
 from worker.wakeup import Wakeup
 
@@ -188,7 +188,9 @@ class Firing:
         nexts: dict[Key, tuple[datetime | None, int | None]] = {}
         for c in claimed:
             if not EARLIEST_DUE_AT <= c.due_at <= LATEST_DUE_AT:
-                self._cannot_fire(c, "due_at_out_of_range", f"dueAt {iso(c.due_at)} is out of range", failed)
+                self._cannot_fire(
+                    c, "due_at_out_of_range", f"dueAt {iso(c.due_at)} is outside {DUE_AT_RANGE}", failed
+                )
                 continue
             try:  # computed before the publish: an event goes out only when its row can be recorded
                 nexts[c.tenant_id, c.service_call_id] = next_of(c)

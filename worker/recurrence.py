@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # commands.py imports this module to validate repeats
 # (bad_due_at); a recurring timer's occurrences end at its last one inside it.
 EARLIEST_DUE_AT = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_DUE_AT = datetime(9999, 12, 31, tzinfo=UTC)
+DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
 # Occurrence indexes are stored in a Postgres `integer` column.
 MAX_INDEX = 2**31 - 1
 # Firing ids carry dueAt in milliseconds, and a sub-second period would be a firehose from one
