@@ -80,11 +80,13 @@ WHERE t.state <> 'Reached'
 RETURNING t.tenant_id, t.service_call_id;
 
 -- name: claimed_among
--- Of the given keys, those whose current occurrence is claimed: their commands wait.
+-- Of the given keys, those whose current occurrence is claimed: their commands wait. `stuck`:
+-- first claimed longer than %(stuck_after)s ago and still not recorded (a row that cannot be
+-- read or published, retried with back-off): its commands are given up (README, guarantees).
 -- OFFSET 0 keeps the state and lease tests out of the scan of timers (see mark_fired): the
 -- keys drive, through the primary key.
-SELECT tenant_id, service_call_id
-FROM (SELECT t.tenant_id, t.service_call_id, t.state, t.lease_expires_at
+SELECT tenant_id, service_call_id, coalesce(claimed_at < now() - %(stuck_after)s::interval, false)
+FROM (SELECT t.tenant_id, t.service_call_id, t.state, t.lease_expires_at, t.claimed_at
       FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[]) AS k(tenant_id, service_call_id)
       JOIN timers t ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
       OFFSET 0) AS t
@@ -199,18 +201,18 @@ WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
 RETURNING t.tenant_id, t.service_call_id;
 
 -- name: retry_later
--- A publish failed or timed out (it may still have reached the stream): keep the occurrence
--- claimed, so it still fires, and let any replica retry it after a back-off. Fenced like
--- mark_fired, and shaped like it for the same planner reason.
+-- A publish failed or timed out (it may still have reached the stream), or the row could not be
+-- made into an event: keep the occurrence claimed, so it still fires, and let any replica retry
+-- it after its own back-off. Fenced like mark_fired, and shaped like it for the same planner reason.
 WITH f AS MATERIALIZED (
     SELECT *, now() AS db_now
     FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(lease_token)b::bigint[],
-                %(error)b::text[])
-         AS f(tenant_id, service_call_id, lease_token, error)
+                %(error)b::text[], %(backoff_ms)b::bigint[])
+         AS f(tenant_id, service_call_id, lease_token, error, backoff_ms)
 )
 UPDATE timers t SET
     lease_owner = NULL,
-    lease_expires_at = now() + %(backoff_ms)s * interval '1 millisecond',
+    lease_expires_at = now() + f.backoff_ms * interval '1 millisecond',
     last_error = f.error
 FROM f
 WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id

@@ -116,8 +116,9 @@ def test_unknown_keys_are_ignored() -> None:
         ("2026-11-22T09:00:00.123456789Z", datetime(2026, 11, 22, 9, 0, 0, 123456, tzinfo=UTC)),
         ("2026-11-22T09:00:00-00:00", datetime(2026, 11, 22, 9, tzinfo=UTC)),
         ("2001-01-01T00:00:00Z", datetime(2001, 1, 1, tzinfo=UTC)),  # the past fires at once
-        ("0001-01-01T00:00:00Z", datetime(1, 1, 1, tzinfo=UTC)),
-        ("0001-01-01T00:00:00-01:00", datetime(1, 1, 1, 1, tzinfo=UTC)),  # west of UTC: still year 1
+        # The start of the range every layer holds (README, dueAt), whatever the offset.
+        ("1970-01-01T00:00:00Z", datetime(1970, 1, 1, tzinfo=UTC)),
+        ("1969-12-31T19:00:00-05:00", datetime(1970, 1, 1, tzinfo=UTC)),
     ],
 )
 def test_due_at_forms(due_at: str, expected: datetime) -> None:
@@ -257,7 +258,13 @@ BAD: list[tuple[str, bytes | dict[str, Any], str]] = [
     ("type a lone surrogate", b'{"type":"\\ud800","payload":{}}', "unknown_type"),
     ("dueAt trailing newline", schedule(dueAt="2026-11-22T09:00:00Z\n"), "bad_due_at"),
     ("dueAt beyond horizon", schedule(dueAt="2036-01-01T00:00:01Z"), "beyond_horizon"),
-    ("dueAt year 9999", schedule(dueAt="9999-12-31T23:59:59Z"), "beyond_horizon"),
+    ("dueAt year 9999", schedule(dueAt="9999-12-31T23:59:59Z"), "bad_due_at"),
+    # Outside the range: west of UTC, year 1 was no Python datetime (it stopped every replica).
+    ("dueAt year 1", schedule(dueAt="0001-01-01T00:00:00Z"), "bad_due_at"),
+    ("dueAt year 1 west of UTC", schedule(dueAt="0001-01-01T00:00:00-01:00"), "bad_due_at"),
+    ("dueAt before 1970", schedule(dueAt="1969-12-31T23:59:59.999Z"), "bad_due_at"),
+    ("dueAt after the range", schedule(dueAt="9999-12-31T00:00:00.000001Z"), "bad_due_at"),
+    ("dueAt beyond horizon, in range", schedule(dueAt="9999-12-30T00:00:00Z"), "beyond_horizon"),
     ("unknown type", envelope(FLAT, "DueTimeReached"), "unknown_type"),
     ("type not a string", envelope(FLAT, 5), "wrong_type"),  # type: ignore[arg-type]
     ("cancel type on schedule", envelope(FLAT, "CancelTimer"), "type_mismatch"),
@@ -368,10 +375,14 @@ def test_body_size_limit() -> None:
     assert reason(parse(fits[:-1] + b" }")) == "body_too_large"
 
 
-def test_year_9999_east_of_utc_is_an_instant_when_the_horizon_allows() -> None:
-    raw = json.dumps(schedule(dueAt="9999-12-31T23:30:00+01:00")).encode()
+def test_the_last_instant_of_the_range_is_accepted_when_the_horizon_allows() -> None:
+    raw = json.dumps(schedule(dueAt="9999-12-31T01:00:00+01:00")).encode()
     result = parse_command("schedule", "acme", raw, now=NOW, max_horizon=timedelta(days=3_000_000))
-    assert isinstance(result, ScheduleTimer) and result.due_at == datetime(9999, 12, 31, 22, 30, tzinfo=UTC)
+    assert isinstance(result, ScheduleTimer) and result.due_at == datetime(9999, 12, 31, tzinfo=UTC)
+    later = json.dumps(schedule(dueAt="9999-12-31T23:30:00+01:00")).encode()
+    rejected = parse_command("schedule", "acme", later, now=NOW, max_horizon=timedelta(days=3_000_000))
+    assert isinstance(rejected, Rejection) and rejected.reason == "bad_due_at"
+    assert "1970-01-01T00:00:00Z..9999-12-31T00:00:00Z" in rejected.detail
 
 
 def test_nul_and_surrogates_in_ignored_keys_do_not_matter() -> None:
@@ -481,7 +492,9 @@ offsets = st.integers(-23 * 60 - 59, 23 * 60 + 59)
 @st.composite
 def valid_schedules(draw: st.DrawFn) -> tuple[ScheduleTimer, bytes]:
     tenant = draw(tenants)
-    due = draw(st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(2035, 12, 1))).replace(tzinfo=UTC)
+    due = draw(st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2035, 12, 1))).replace(
+        tzinfo=UTC
+    )
     offset = draw(offsets)
     local = (due + timedelta(minutes=offset)).replace(tzinfo=None)
     sign = "-" if offset < 0 else "+"

@@ -27,9 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CONTRACT = ROOT / "docs" / "CONTRACT.md"
 ASYNCAPI = ROOT / "docs" / "asyncapi.yaml"
 URI = "urn:timer-service:asyncapi"
-# Documented as "(new)": the fix that makes the service emit it lands separately. Once it has,
-# REASONS holds it and the checks below hold either way.
-NOT_YET_IN_CODE = {"timer_stuck"}
 # Before every dueAt in the docs, so the examples are in the future and within the horizon.
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 HORIZON = timedelta(days=3650)
@@ -104,8 +101,7 @@ def test_every_example_in_asyncapi_is_valid() -> None:
 
 def test_the_reason_codes_are_the_codes() -> None:
     enum = set(spec()["components"]["schemas"]["Reason"]["enum"])
-    assert enum >= REASONS
-    assert enum - NOT_YET_IN_CODE == REASONS - NOT_YET_IN_CODE
+    assert enum == REASONS
     section = CONTRACT.read_text().split("\n## Reason codes\n")[1].split("\n## ")[0]
     assert set(re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE)) == enum
 

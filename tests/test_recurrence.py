@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.commands import Repeat
-from worker.recurrence import MAX_INDEX, Period, next_occurrence, occurrence, parse_period
+from worker.recurrence import LATEST_DUE_AT, MAX_INDEX, Period, next_occurrence, occurrence, parse_period
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
@@ -247,3 +247,12 @@ def test_next_is_the_first_unfired_occurrence_after(
     # None skipped that was still ahead: the one before it had fired, or was due by `after`.
     before = occurrence(repeat, anchor, k - 1)
     assert k == fired + 1 or (before is not None and before <= after)
+
+
+def test_a_series_ends_at_the_last_due_time_every_layer_holds() -> None:
+    # 9999-12-31T01:00Z is a datetime here, but not in a zone east of UTC+23h on any consumer,
+    # and past LATEST_DUE_AT: the series ends on the range's last instant instead.
+    hourly = Repeat("PT1H", None, None)
+    anchor = utc(9999, 12, 30, 22)
+    assert next_occurrence(hourly, anchor, 1, after=anchor) == (LATEST_DUE_AT, 2)
+    assert next_occurrence(hourly, anchor, 2, after=anchor) is None

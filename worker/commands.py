@@ -29,7 +29,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, Literal, TypeVar
 
 from worker.contract import TENANT_RE
-from worker.recurrence import MAX_INDEX, load_zone, parse_period
+from worker.recurrence import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, MAX_INDEX, load_zone, parse_period
 
 MAX_BODY_BYTES = 64 * 1024
 _TENANT_RULE = "[A-Za-z0-9_-]{1,64}"
@@ -57,11 +57,12 @@ REASONS = frozenset(
         "bad_service_call_id",
         "bad_correlation_id",
         "bad_timestamp",
-        "bad_due_at",
+        "bad_due_at",  # also a dueAt outside EARLIEST_DUE_AT..LATEST_DUE_AT
         "beyond_horizon",
         "bad_repeat",
         "unknown_timezone",
         "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
+        "timer_stuck",  # from intake: the timer's occurrence stayed claimed past TIMER_STUCK_AFTER
     }
 )
 
@@ -268,8 +269,9 @@ _RFC3339 = re.compile(
 
 
 def _due_at(text: str) -> datetime:
-    """An RFC 3339 date-time with an explicit offset, in UTC. Fractions beyond microseconds are
-    truncated (producers in other languages send nanoseconds); a leap second (:60) is refused."""
+    """An RFC 3339 date-time with an explicit offset, in UTC, within DUE_AT_RANGE. Fractions beyond
+    microseconds are truncated (producers in other languages send nanoseconds); a leap second (:60)
+    is refused."""
     m = _RFC3339.match(text)
     if m is None:
         raise _Reject(
@@ -285,9 +287,12 @@ def _due_at(text: str) -> datetime:
     try:
         # Out-of-range fields, an offset of 24h or more, or an instant before year 1 or after
         # year 9999 once moved to UTC (0001-01-01T00:00+01:00) all land here.
-        return datetime(year, month, day, hour, minute, second, micros, timezone(offset)).astimezone(UTC)
+        due = datetime(year, month, day, hour, minute, second, micros, timezone(offset)).astimezone(UTC)
     except (ValueError, OverflowError) as exc:
         raise _Reject("bad_due_at", f"dueAt {_show(text)} is not a valid instant: {exc}") from None
+    if not EARLIEST_DUE_AT <= due <= LATEST_DUE_AT:
+        raise _Reject("bad_due_at", f"dueAt {_show(text)} is outside {DUE_AT_RANGE}")
+    return due
 
 
 _REPEAT_KEYS = frozenset({"every", "times", "timezone"})

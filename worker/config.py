@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     events_duplicate_window: Duration = timedelta(minutes=2)
     # How long an unacknowledged command may stay in the command stream (its redelivery horizon).
     command_max_age: Duration = timedelta(days=1)
+    # A command waiting behind an occurrence first claimed longer ago than this, and still not
+    # recorded, is given up: copied to the DLQ as timer_stuck (README, guarantees).
+    stuck_after: Duration = timedelta(hours=1)
 
     worker_id: str = Field(default_factory=_default_worker_id)
     batch_size: int = Field(1000, ge=1, le=20000)
@@ -108,6 +111,10 @@ class Settings(BaseSettings):
         if self.events_duplicate_window <= horizon:
             raise ValueError(
                 f"events_duplicate_window: must exceed the lease plus the publish retry horizon ({horizon})"
+            )
+        if not self.lease < self.stuck_after < self.command_max_age:
+            raise ValueError(
+                "stuck_after: must be longer than TIMER_LEASE_MS and shorter than TIMER_COMMAND_MAX_AGE"
             )
         if self.retention < self.command_max_age:
             raise ValueError("retention: must not be shorter than TIMER_COMMAND_MAX_AGE")

@@ -11,3 +11,8 @@ class ConfigError(TimerServiceError):
 
 class TransientError(TimerServiceError):
     """A dependency (Postgres, NATS) failed in a way worth retrying."""
+
+
+class DatabaseError(TimerServiceError):
+    """Postgres refused in a way retrying will not fix (schema missing, permission denied): the
+    replica stops with this one line, which names the problem."""

@@ -7,7 +7,7 @@ import bisect
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from json.encoder import encode_basestring_ascii as _json_str  # C, when available
 from typing import Any
@@ -21,14 +21,18 @@ from worker.config import Settings
 from worker.contract import firing_id, iso
 from worker.errors import TransientError
 from worker.faults import crash_point
-from worker.recurrence import next_occurrence
-from worker.store import Claimed, Fired, Store
+from worker.recurrence import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, next_occurrence
+from worker.store import Claimed, Fired, Key, Leased, Store, Unreadable
 from worker.wakeup import Wakeup
 
 log = logging.getLogger("worker.firing")
 
 # A failed publish is retried by any replica after this long.
 RETRY_BACKOFF_MS = 1000
+# A row that cannot be made into an event (its dueAt unreadable or out of range, its repeat
+# broken) is retried after RETRY_BACKOFF_MS, doubling with each attempt up to this: it stays
+# visible (attempts, lastError) and never spins the loop.
+ROW_RETRY_MAX_MS = 300_000
 # A failed claim is retried after this, doubling up to the poll interval. A dropped connection
 # leaves every pooled one broken, each failing one claim: starting at seconds, that stalled a
 # replica for 20 s after a blip (chaos scenario latency-drops); now it costs well under a second,
@@ -135,8 +139,8 @@ class Firing:
                     downtime_ms=self.downtime_ms,
                 )
                 self.wakeup.observe_db_now(result.db_now)
-                if result.claimed:
-                    await self.fire(result.claimed)
+                if result.claimed or result.unreadable:
+                    await self.fire(result.claimed, result.unreadable)
             except Exception as exc:  # never fatal: its claims expire and fire elsewhere, or here later
                 log.warning("fresh lane failed", extra={"action": "claim_failed", "error": str(exc)})
             with contextlib.suppress(TimeoutError):
@@ -159,36 +163,79 @@ class Firing:
         nxt = result.next_due_in_ms
         # Wake when the next occurrence comes within reach of a claim, measured from now.
         wake_at = None if nxt is None else time.monotonic() + (nxt - LOOKAHEAD_MS) / 1000
-        if result.claimed:
-            await self.fire(result.claimed)
+        if result.claimed or result.unreadable:
+            await self.fire(result.claimed, result.unreadable)
         self._idle_s = poll_s if wake_at is None else min(poll_s, max(0.0, wake_at - time.monotonic()))
         return len(result.claimed) >= self.s.batch_size
 
-    async def fire(self, claimed: list[Claimed]) -> None:
+    async def fire(self, claimed: list[Claimed], unreadable: Sequence[Unreadable] = ()) -> None:
         """Publish each occurrence as soon as it is due on the database clock, then record them all."""
-        metrics.CLAIMED.inc(len(claimed))
-        metrics.LEASES_RECLAIMED.inc(sum(1 for c in claimed if c.attempts > 1))
+        metrics.CLAIMED.inc(len(claimed) + len(unreadable))
+        reclaimed = [c.attempts for c in claimed] + [u.attempts for u in unreadable]
+        metrics.LEASES_RECLAIMED.inc(sum(1 for n in reclaimed if n > 1))
         crash_point("claimed")
-        waiting = sorted(claimed, key=lambda c: c.due_at)
+        failed: list[tuple[Leased, str, int]] = []
+        for u in unreadable:
+            self._cannot_fire(
+                u, "unreadable_due_at", "dueAt cannot be read (infinite, or not in years 1-9999)", failed
+            )
+        nexts: dict[Key, tuple[datetime | None, int | None]] = {}
+        for c in claimed:
+            if not EARLIEST_DUE_AT <= c.due_at <= LATEST_DUE_AT:
+                self._cannot_fire(
+                    c, "due_at_out_of_range", f"dueAt {iso(c.due_at)} is outside {DUE_AT_RANGE}", failed
+                )
+                continue
+            try:  # computed before the publish: an event goes out only when its row can be recorded
+                nexts[c.tenant_id, c.service_call_id] = next_of(c)
+            except (ValueError, OverflowError) as exc:
+                self._cannot_fire(c, "bad_repeat", f"next occurrence: {exc}", failed)
+        waiting = sorted(
+            (c for c in claimed if (c.tenant_id, c.service_call_id) in nexts), key=lambda c: c.due_at
+        )
         fired: list[Fired] = []
-        failed: list[tuple[Claimed, str]] = []
         while waiting:
             now = self.wakeup.db_now()  # never ahead of the database clock: never early
             ready = bisect.bisect_right(waiting, now, key=lambda c: c.due_at.timestamp())
             if ready == 0:
                 await asyncio.sleep(waiting[0].due_at.timestamp() - now)
                 continue
-            await self._publish(waiting[:ready], datetime.fromtimestamp(now, UTC), fired, failed)
+            await self._publish(waiting[:ready], datetime.fromtimestamp(now, UTC), nexts, fired, failed)
             waiting = waiting[ready:]
         crash_point("published")
         await self._record(fired, failed)
         crash_point("marked")
         # A recurring timer's next occurrence was unknown when this claim looked ahead.
-        if nexts := [f.next_due_at for f in fired if f.next_due_at is not None]:
-            self.wakeup.hint(min(nexts).timestamp())
+        if upcoming := [f.next_due_at for f in fired if f.next_due_at is not None]:
+            self.wakeup.hint(min(upcoming).timestamp())
+
+    def _cannot_fire(
+        self, timer: Leased, reason: str, error: str, failed: list[tuple[Leased, str, int]]
+    ) -> None:
+        """One row's failure: recorded on the row and retried with back-off; the batch goes on."""
+        backoff_ms = min(ROW_RETRY_MAX_MS, RETRY_BACKOFF_MS * 2 ** min(max(timer.attempts - 1, 0), 20))
+        failed.append((timer, error, backoff_ms))
+        metrics.FIRE_ERRORS.labels(reason).inc()
+        log.warning(
+            "timer cannot fire",
+            extra={
+                "action": "fire_error",
+                "reason": reason,
+                "error": error,
+                "tenant": timer.tenant_id,
+                "service_call_id": timer.service_call_id,
+                "attempts": timer.attempts,
+                "retry_in_ms": backoff_ms,
+            },
+        )
 
     async def _publish(
-        self, due: list[Claimed], now: datetime, fired: list[Fired], failed: list[tuple[Claimed, str]]
+        self,
+        due: list[Claimed],
+        now: datetime,
+        nexts: dict[Key, tuple[datetime | None, int | None]],
+        fired: list[Fired],
+        failed: list[tuple[Leased, str, int]],
     ) -> None:
         # First attempts go in atomic batches; an occurrence claimed before may already be in
         # the stream, which would make its whole batch fail, so those go one by one (deduped).
@@ -209,11 +256,11 @@ class Firing:
         errors = 0
         for timer, err in zip(due, results, strict=True):
             if err is None:
-                fired.append(Fired(timer, *next_of(timer)))
+                fired.append(Fired(timer, *nexts[timer.tenant_id, timer.service_call_id]))
                 metrics.LATENESS_SECONDS.observe(max(0.0, acked_at - timer.due_at.timestamp()))
             else:
                 errors += 1
-                failed.append((timer, f"publish: {type(err).__name__}: {err}"))
+                failed.append((timer, f"publish: {type(err).__name__}: {err}", RETRY_BACKOFF_MS))
         metrics.FIRED.inc(len(due) - errors)
         if errors:
             metrics.PUBLISH_FAILED.inc(errors)
@@ -222,7 +269,7 @@ class Firing:
                 extra={"action": "publish_failed", "count": errors, "error": failed[-1][1]},
             )
 
-    async def _record(self, fired: list[Fired], failed: list[tuple[Claimed, str]]) -> None:
+    async def _record(self, fired: list[Fired], failed: list[tuple[Leased, str, int]]) -> None:
         """Mark what was acknowledged; a lost lease makes the mark a no-op (the fence)."""
         marked = await self._retrying(self.store.mark_fired, fired)
         metrics.MARKED.inc(marked)
@@ -233,7 +280,7 @@ class Firing:
                 extra={"action": "fence_rejected", "count": len(fired) - marked},
             )
         if failed:
-            await self._retrying(self.store.retry_later, failed, RETRY_BACKOFF_MS)
+            await self._retrying(self.store.retry_later, failed)
 
     async def _retrying(self, write: Callable[..., Awaitable[int]], *args: Any) -> int:
         # Retried only while the lease can still be valid; after that the write would be fenced

@@ -178,13 +178,23 @@ class Intake:
             return
         metrics.COMMAND_BATCH_SECONDS.observe(time.perf_counter() - started)
         crash_point("committed")
+        stuck: list[tuple[Msg, Rejection]] = []
         for (msg, command), outcome in zip(batch, outcomes, strict=True):
             kind = "schedule" if isinstance(command, ScheduleTimer) else "cancel"
+            if outcome == "stuck":  # waited past TIMER_STUCK_AFTER: give up, visibly
+                stuck.append((msg, Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id)))
+                continue
             metrics.COMMANDS_APPLIED.labels(kind, outcome).inc()
             if outcome == "deferred":  # its occurrence is being fired: apply after that
                 await msg.nak(delay=self.s.lease_ms / 1000)
             else:
                 await msg.ack()
+        if stuck:
+            log.warning(
+                "commands given up",
+                extra={"action": "commands_stuck", "count": len(stuck), "detail": stuck[0][1].detail},
+            )
+            await self.reject(stuck)
         await self._hint([c for (_, c), o in zip(batch, outcomes, strict=True) if o == "applied"])
 
     async def _apply_retrying(self, commands: list[Command]) -> list[str]:
@@ -208,6 +218,13 @@ class Intake:
             return  # the regular poll will see it in time
         self.wakeup.hint(soonest)
         await self.broker.hint(self.broker.subjects.wake, f"{soonest:.3f}".encode())
+
+
+def _stuck_detail(s: Settings) -> str:
+    return (
+        f"the timer's occurrence has been claimed for over {s.stuck_after} without being recorded "
+        "(TIMER_STUCK_AFTER); see its lastError"
+    )
 
 
 def _quota_detail(tenant_id: str, limit: int) -> str:

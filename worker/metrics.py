@@ -38,6 +38,13 @@ FIRED = Counter("timer_fired_total", "DueTimeReached events acknowledged by JetS
 MARKED = Counter("timer_marked_total", "Firings recorded in Postgres")
 FENCE_REJECTED = Counter("timer_fence_rejected_total", "Marks refused because the lease was lost")
 PUBLISH_FAILED = Counter("timer_publish_failures_total", "Publishes that failed or timed out")
+FIRE_ERRORS = Counter(
+    "timer_fire_errors_total",
+    "Claimed occurrences whose row could not be made into an event; retried with back-off",
+    ["reason"],
+)
+for _reason in ("unreadable_due_at", "due_at_out_of_range", "bad_repeat"):
+    FIRE_ERRORS.labels(_reason)  # every series exists from the start, at 0, for rate() and alerts
 RETENTION_DELETED = Counter(
     "timer_retention_deleted_total", "Reached and Cancelled timers deleted after TIMER_RETENTION"
 )

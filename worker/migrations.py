@@ -8,6 +8,8 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
+from worker.store import session_conninfo
+
 # Any constant works; it only has to be the same for every replica.
 _MIGRATION_LOCK = 0x7115_E4
 
@@ -34,7 +36,7 @@ def status(conninfo: str) -> tuple[list[int], list[tuple[int, str]]]:
 
 def migrate(conninfo: str) -> list[int]:
     """Apply the missing migrations in one transaction under an advisory lock; return their versions."""
-    with psycopg.connect(conninfo, autocommit=False) as conn:
+    with psycopg.connect(session_conninfo(conninfo), autocommit=False) as conn:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
         conn.execute(
             "CREATE TABLE IF NOT EXISTS timer_schema_version ("

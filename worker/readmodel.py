@@ -10,6 +10,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from worker.contract import TENANT_RE, iso
+from worker.errors import DatabaseError, TransientError
 from worker.store import Store
 
 log = logging.getLogger("worker.readmodel")
@@ -69,7 +70,7 @@ class ReadModel:
             return {"error": "bad_request", "detail": 'body must be {"serviceCallId": "<id>"}'}
         try:
             row = await self.store.get(parts[1], service_call_id)
-        except Exception as exc:
+        except (TransientError, DatabaseError) as exc:
             log.warning("get failed", extra={"action": "get_failed", "error": str(exc)})
             return {"error": "unavailable", "detail": "the timer store is not reachable"}
         if row is None:

@@ -49,6 +49,12 @@ import isodate
 if TYPE_CHECKING:  # commands.py imports this module to validate repeats
     from worker.commands import Repeat
 
+# The dueAt range every layer holds: epoch-millisecond firing ids, JavaScript dates, Postgres,
+# and a Python datetime in any local zone (UTC-12..+14). A ScheduleTimer outside it is rejected
+# (bad_due_at); a recurring timer's occurrences end at its last one inside it.
+EARLIEST_DUE_AT = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_DUE_AT = datetime(9999, 12, 31, tzinfo=UTC)
+DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
 # Occurrence indexes are stored in a Postgres `integer` column.
 MAX_INDEX = 2**31 - 1
 # Firing ids carry dueAt in milliseconds, and a sub-second period would be a firehose from one
@@ -124,7 +130,7 @@ def _step(start: datetime, period: Period, k: int) -> datetime:
 
 
 def occurrence(repeat: Repeat, anchor: datetime, k: int) -> datetime | None:
-    """Occurrence k (0 = the anchor) in UTC, or None when it lies beyond year 9999."""
+    """Occurrence k (0 = the anchor) in UTC, or None when it lies beyond LATEST_DUE_AT."""
     period = parse_period(repeat.every)
     zone = _zone_of(repeat)
     return _occurrence(period, zone, anchor, k)
@@ -133,12 +139,14 @@ def occurrence(repeat: Repeat, anchor: datetime, k: int) -> datetime | None:
 def _occurrence(period: Period, zone: zoneinfo.ZoneInfo | None, anchor: datetime, k: int) -> datetime | None:
     try:
         if zone is None:
-            return _step(anchor.astimezone(UTC), period, k)
-        local = anchor.astimezone(zone).replace(tzinfo=None)
-        # replace(tzinfo=zone) leaves fold=0: the module docstring says what that means.
-        return _step(local, period, k).replace(tzinfo=zone).astimezone(UTC)
+            at = _step(anchor.astimezone(UTC), period, k)
+        else:
+            local = anchor.astimezone(zone).replace(tzinfo=None)
+            # replace(tzinfo=zone) leaves fold=0: the module docstring says what that means.
+            at = _step(local, period, k).replace(tzinfo=zone).astimezone(UTC)
     except OverflowError:  # beyond the calendar (timedelta * k too, for huge k)
         return None
+    return at if at <= LATEST_DUE_AT else None
 
 
 def _zone_of(repeat: Repeat) -> zoneinfo.ZoneInfo | None:
@@ -155,7 +163,7 @@ def next_occurrence(
 ) -> tuple[datetime, int] | None:
     """The next occurrence strictly after `after`, given that occurrence number `fired_index`
     (0-based, counted from `anchor`, the first dueAt) has just fired. Returns (due_at_utc, its
-    index) or None when `times` is used up (or the schedule runs past year 9999, or past
+    index) or None when `times` is used up (or the schedule runs past LATEST_DUE_AT, or past
     MAX_INDEX). Occurrences due at or before `after` are skipped and consume their indexes."""
     period = parse_period(repeat.every)
     zone = _zone_of(repeat)

@@ -16,8 +16,6 @@ import logging
 import random
 from datetime import timedelta
 
-import psycopg
-
 from worker import metrics
 from worker.errors import TransientError
 from worker.store import Store, delete_finished
@@ -53,7 +51,7 @@ class Retention:
         while not stop.is_set():
             try:
                 deleted = await self.sweep(stop)
-            except (TransientError, psycopg.Error) as exc:  # Postgres away: try next time
+            except TransientError as exc:  # Postgres away or read-only: try next time
                 log.warning("retention sweep failed", extra={"action": "retention_failed", "error": str(exc)})
             else:
                 if deleted:

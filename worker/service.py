@@ -15,12 +15,13 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 from worker import metrics, migrations
 from worker.broker import Broker
 from worker.config import Settings, mask_url
+from worker.errors import DatabaseError, TransientError
 from worker.firing import LOOKAHEAD_MS, Firing
 from worker.http import HttpServer
 from worker.intake import Intake
 from worker.readmodel import ReadModel
 from worker.retention import Retention
-from worker.store import Store
+from worker.store import ADAPTERS, Store, session_conninfo
 from worker.wakeup import Wakeup
 
 log = logging.getLogger("worker.service")
@@ -42,14 +43,18 @@ class Replica:
         self.wakeup = Wakeup(lead_s=LOOKAHEAD_MS / 1000)
         self.broker = Broker(settings)
         self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            settings.database_url.get_secret_value(),
+            session_conninfo(settings.database_url.get_secret_value()),
             min_size=2,
             max_size=settings.db_pool_size,
             open=False,
-            kwargs={"autocommit": True, "application_name": settings.worker_id[:63]},
+            kwargs={
+                "autocommit": True,
+                "application_name": settings.worker_id[:63],
+                "context": ADAPTERS,
+            },
             name=settings.worker_id,
         )
-        self.store = Store(self.pool)
+        self.store = Store(self.pool, settings.stuck_after)
         self.firing = Firing(settings, self.store, self.broker, self.wakeup)
         self.intake = Intake(settings, self.store, self.broker, self.wakeup)
         self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
@@ -131,6 +136,12 @@ class Replica:
         done, _ = await asyncio.wait(tasks | {stopper}, return_when=asyncio.FIRST_COMPLETED)
         crashed = [t for t in done if t is not stopper and t.exception() is not None]
         for t in crashed:
+            if isinstance(t.exception(), DatabaseError):  # not a bug: one line saying what to fix
+                log.error(
+                    str(t.exception()),
+                    extra={"action": "database_refused", "loop": t.get_name(), "error": str(t.exception())},
+                )
+                continue
             log.error(
                 "loop died", extra={"action": "loop_died", "loop": t.get_name()}, exc_info=t.exception()
             )
@@ -156,7 +167,7 @@ class Replica:
             # Every 15 s: two index-only statements and a ping, so an idle replica stays under
             # one statement a second in all (its claim every TIMER_POLL_INTERVAL_MS included).
             if rounds % 3 == 0:
-                with contextlib.suppress(Exception):  # readiness reports an unreachable database
+                with contextlib.suppress(TransientError):  # readiness reports it
                     overdue, oldest, scheduled = await self.store.fleet_gauges(OVERDUE_CAP)
                     metrics.OVERDUE.set(overdue)
                     metrics.OLDEST_OVERDUE_SECONDS.set(oldest or 0.0)
@@ -186,6 +197,8 @@ class Replica:
             return False, "nats not connected"
         try:
             await asyncio.wait_for(self.store.ping(), timeout=2)
-        except Exception as exc:
-            return False, f"postgres not reachable: {type(exc).__name__}"
+        except (TransientError, DatabaseError, TimeoutError) as exc:
+            return False, f"postgres not reachable: {type(exc.__cause__ or exc).__name__}"
+        if self.store.write_failure:  # reachable, but refusing writes (read-only, disk full)
+            return False, f"postgres writes failing: {self.store.write_failure}"
         return True, "ok"

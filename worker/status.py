@@ -7,12 +7,13 @@ from typing import Any
 import psycopg
 
 from worker.queries import QUERIES
+from worker.store import ADAPTERS, session_conninfo
 
 OVERDUE_CAP = 1_000_000
 
 
 def overview(conninfo: str, top: int = 10) -> dict[str, Any]:
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with psycopg.connect(session_conninfo(conninfo), autocommit=True, context=ADAPTERS) as conn:
         counts = {state: n for state, n in conn.execute(QUERIES["status_counts"])}
         overdue_row = conn.execute(QUERIES["status_overdue"], {"cap": OVERDUE_CAP}).fetchone()
         leases = [

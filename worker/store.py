@@ -2,21 +2,106 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import psycopg
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import AdaptersMap, Loader
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import Format
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from worker.commands import CancelTimer, Command, ScheduleTimer
-from worker.errors import TransientError
+from worker.errors import DatabaseError, TransientError
 from worker.queries import QUERIES
 
-Outcome = Literal["applied", "ignored", "deferred"]
+# deferred: the key's occurrence is claimed, the command waits for it; stuck: it has been claimed
+# for longer than TIMER_STUCK_AFTER without being recorded, and the command is given up.
+Outcome = Literal["applied", "ignored", "deferred", "stuck"]
 Key = tuple[str, str]
+
+# SQLSTATEs worth retrying: by class (08 connection, 40 serialization failure or deadlock,
+# 53 insufficient resources such as a full disk, 57 operator intervention: shutdown, cancel,
+# cannot connect now, 58 I/O error) and one by one. 25006: the database is read-only (a failover
+# in progress, a managed database that went read-only on a full disk); 25P03 and 25P04: a session
+# or transaction timeout ended the session; 55P03 and 55006: a lock or object is busy.
+_TRANSIENT_CLASSES = frozenset({"08", "40", "53", "57", "58"})
+_TRANSIENT_STATES = frozenset({"25006", "25P03", "25P04", "55P03", "55006"})
+_PERMANENT_STATES = frozenset({"57P04"})  # database_dropped: no retry brings it back
+
+
+def classify(exc: psycopg.Error) -> TransientError | DatabaseError:
+    """The one place a database error is judged: worth retrying (TransientError: the replica
+    backs off and reports not ready), or not (DatabaseError: the replica stops, saying why).
+
+    Without a SQLSTATE an OperationalError is the connection's (lost, refused, pool timeout)."""
+    state = exc.sqlstate
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if state is None:
+        if isinstance(exc, psycopg.OperationalError):
+            return TransientError(f"postgres: {first}")
+        return DatabaseError(f"postgres: {type(exc).__name__}: {first}")
+    if state not in _PERMANENT_STATES and (state[:2] in _TRANSIENT_CLASSES or state in _TRANSIENT_STATES):
+        return TransientError(f"postgres: {state} {first}")
+    return DatabaseError(f"postgres refused ({state} {type(exc).__name__}): {first}")
+
+
+class _SafeTimestamptz(Loader):
+    """timestamptz as psycopg loads it, or None for a value no datetime holds ('infinity', a year
+    outside 1..9999): one such row must not make a whole claim unreadable (README, dueAt)."""
+
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        builtin = psycopg.adapters.get_loader(oid, self.format)
+        assert builtin is not None
+        self._load = builtin(oid, context).load  # the C loader: the claim path stays fast
+
+    def load(self, data: Buffer) -> datetime | None:
+        try:
+            value: datetime = self._load(data)
+        except psycopg.DataError:
+            return None
+        return value
+
+
+class _SafeTimestamptzText(_SafeTimestamptz):
+    format = Format.TEXT
+
+
+class _SafeTimestamptzBinary(_SafeTimestamptz):
+    format = Format.BINARY
+
+
+# Every connection of the service adapts through this: psycopg's defaults but _SafeTimestamptz.
+ADAPTERS = AdaptersMap(psycopg.adapters)
+ADAPTERS.register_loader("timestamptz", _SafeTimestamptzText)
+ADAPTERS.register_loader("timestamptz", _SafeTimestamptzBinary)
+
+
+def session_conninfo(conninfo: str) -> str:
+    """The conninfo with the session's TimeZone pinned to UTC. psycopg returns times in the
+    session's zone, and west of UTC the instant 0001-01-01T00:00Z is no Python datetime: one such
+    row then made every claim that met it fail."""
+    options = conninfo_to_dict(conninfo).get("options") or ""
+    return make_conninfo(conninfo, options=f"{options} -c TimeZone=UTC".strip())
+
+
+class Leased(Protocol):
+    """What the fence of a claimed occurrence needs."""
+
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def service_call_id(self) -> str: ...
+    @property
+    def lease_token(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +123,19 @@ class Claimed:
 
 
 @dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A claimed occurrence whose dueAt no datetime holds: it fails alone (Firing.fire)."""
+
+    tenant_id: str
+    service_call_id: str
+    lease_token: int
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimResult:
     claimed: list[Claimed]
+    unreadable: list[Unreadable]
     next_due_in_ms: float | None  # until the next occurrence beyond the claim's reach
     db_now: datetime  # the database clock at the end of the claim
 
@@ -76,31 +172,46 @@ def _columns(rows: Sequence[Any], *names: str) -> dict[str, list[Any]]:
 
 
 class Store:
-    """The Postgres adapter. Every statement is named in sql/queries.sql."""
+    """The Postgres adapter. Every statement is named in sql/queries.sql; every error it raises
+    is a TransientError or a DatabaseError (see classify)."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], stuck_after: timedelta = timedelta(hours=1)) -> None:
         self.pool = pool
+        self.stuck_after = stuck_after
+        # The error of the last write, until one succeeds: `SELECT 1` still answers on a read-only
+        # database, so readiness asks this too.
+        self.write_failure: str | None = None
+
+    @contextlib.contextmanager
+    def _db(self, write: bool = False) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.Error as exc:
+            error = classify(exc)
+            if write and isinstance(error, TransientError):  # named, not quoted: /readyz shows it
+                self.write_failure = type(exc).__name__ + (f" ({exc.sqlstate})" if exc.sqlstate else "")
+            raise error from exc
+        if write:
+            self.write_failure = None
 
     async def apply(self, commands: Sequence[Command]) -> list[Outcome]:
         """Apply a batch of commands in one transaction; the outcome of each, in order."""
         outcomes: list[Outcome] = ["ignored"] * len(commands)
-        deferred: set[Key] = set()
-        try:
+        waiting: dict[Key, bool] = {}  # keys whose occurrence is claimed: stuck or not
+        with self._db(write=True):
             async with self.pool.connection() as conn, conn.transaction():
                 for indexes in _rounds(commands):
-                    todo = [i for i in indexes if _key(commands[i]) not in deferred]
+                    todo = [i for i in indexes if _key(commands[i]) not in waiting]
                     changed = await self._apply_round(conn, [commands[i] for i in todo])
                     untouched = [_key(commands[i]) for i in todo if _key(commands[i]) not in changed]
                     if untouched:
-                        deferred |= await self._claimed_among(conn, untouched)
+                        waiting |= await self._claimed_among(conn, untouched)
                     for i in todo:
                         if _key(commands[i]) in changed:
                             outcomes[i] = "applied"
                     for i in indexes:
-                        if _key(commands[i]) in deferred:
-                            outcomes[i] = "deferred"
-        except psycopg.OperationalError as exc:
-            raise TransientError(f"postgres: {exc}") from exc
+                        if _key(commands[i]) in waiting:
+                            outcomes[i] = "stuck" if waiting[_key(commands[i])] else "deferred"
         return outcomes
 
     async def _apply_round(self, conn: psycopg.AsyncConnection[Any], batch: list[Command]) -> set[Key]:
@@ -129,12 +240,16 @@ class Store:
             changed |= {(t, s) for t, s in await cur.fetchall()}
         return changed
 
-    async def _claimed_among(self, conn: psycopg.AsyncConnection[Any], keys: list[Key]) -> set[Key]:
+    async def _claimed_among(self, conn: psycopg.AsyncConnection[Any], keys: list[Key]) -> dict[Key, bool]:
         cur = await conn.execute(
             QUERIES["claimed_among"],
-            {"tenant_id": [k[0] for k in keys], "service_call_id": [k[1] for k in keys]},
+            {
+                "tenant_id": [k[0] for k in keys],
+                "service_call_id": [k[1] for k in keys],
+                "stuck_after": self.stuck_after,
+            },
         )
-        return {(t, s) for t, s in await cur.fetchall()}
+        return {(t, s): stuck for t, s, stuck in await cur.fetchall()}
 
     async def claim(
         self,
@@ -158,15 +273,14 @@ class Store:
             "lease_ms": lease_ms,
             "downtime_ms": lease_ms if downtime_ms is None else downtime_ms,
         }
-        try:
+        with self._db(write=True):
             async with self.pool.connection() as conn:
                 cur = await conn.execute(QUERIES["claim_due"], params, binary=True)
                 rows = await cur.fetchall()
-        except psycopg.OperationalError as exc:
-            raise TransientError(f"postgres: {exc}") from exc
         tail = rows[-1]  # the UNION ALL row with the next due time
         return ClaimResult(
-            claimed=[Claimed(*r[:12]) for r in rows[:-1]],
+            claimed=[Claimed(*r[:12]) for r in rows[:-1] if r[2] is not None],
+            unreadable=[Unreadable(r[0], r[1], r[4], r[5]) for r in rows[:-1] if r[2] is None],
             next_due_in_ms=tail[12],
             db_now=tail[13],
         )
@@ -188,46 +302,48 @@ class Store:
         params["next_index"] = [f.next_index for f in fired] if recurring else None
         return await self._execute_count("mark_fired", params)
 
-    async def retry_later(self, failed: Sequence[tuple[Claimed, str]], backoff_ms: int) -> int:
+    async def retry_later(self, failed: Sequence[tuple[Leased, str, int]]) -> int:
+        """Release failed occurrences for a retry by any replica: (occurrence, error, back-off ms)."""
         if not failed:
             return 0
         params: dict[str, Any] = _columns(
-            [c for c, _ in failed], "tenant_id", "service_call_id", "lease_token"
+            [c for c, _, _ in failed], "tenant_id", "service_call_id", "lease_token"
         )
-        params["error"] = [e[:500] for _, e in failed]
-        params["backoff_ms"] = backoff_ms
+        params["error"] = [e[:500] for _, e, _ in failed]
+        params["backoff_ms"] = [b for _, _, b in failed]
         return await self._execute_count("retry_later", params)
 
     async def _execute_count(self, name: str, params: dict[str, Any]) -> int:
-        try:
+        with self._db(write=True):
             async with self.pool.connection() as conn:
                 cur = await conn.execute(QUERIES[name], params)
                 count: int = cur.rowcount
                 return count
-        except psycopg.OperationalError as exc:
-            raise TransientError(f"postgres: {exc}") from exc
 
     async def get(self, tenant_id: str, service_call_id: str) -> dict[str, Any] | None:
-        async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                QUERIES["get_timer"], {"tenant_id": tenant_id, "service_call_id": service_call_id}
-            )
-            row: dict[str, Any] | None = await cur.fetchone()
-            return row
+        with self._db():
+            async with self.pool.connection() as conn:
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(
+                    QUERIES["get_timer"], {"tenant_id": tenant_id, "service_call_id": service_call_id}
+                )
+                row: dict[str, Any] | None = await cur.fetchone()
+                return row
 
     async def fleet_gauges(self, cap: int) -> tuple[int, float | None, int]:
         """(overdue unclaimed, capped at `cap`; age of the oldest in seconds; Scheduled estimate)."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(QUERIES["status_overdue"], {"cap": cap})
-            overdue, oldest = await cur.fetchone() or (0, None)
-            cur = await conn.execute(QUERIES["scheduled_estimate"])
-            (scheduled,) = await cur.fetchone() or (0,)
+        with self._db():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(QUERIES["status_overdue"], {"cap": cap})
+                overdue, oldest = await cur.fetchone() or (0, None)
+                cur = await conn.execute(QUERIES["scheduled_estimate"])
+                (scheduled,) = await cur.fetchone() or (0,)
         return int(overdue), (float(oldest) if oldest is not None else None), int(scheduled)
 
     async def ping(self) -> None:
-        async with self.pool.connection(timeout=2) as conn:
-            await conn.execute("SELECT 1")
+        with self._db():
+            async with self.pool.connection(timeout=2) as conn:
+                await conn.execute("SELECT 1")
 
 
 def _key(c: Command) -> Key:
@@ -244,7 +360,7 @@ async def quota_view(
 ) -> tuple[set[Key], dict[str, int]]:
     """For the quota: which keys already exist as Scheduled or Reached (a ScheduleTimer for them
     adds no pending timer), and each tenant's Scheduled count, capped at `cap`."""
-    try:
+    with store._db():
         async with store.pool.connection() as conn:
             cur = await conn.execute(
                 QUERIES["quota_known_keys"],
@@ -255,6 +371,4 @@ async def quota_view(
                 QUERIES["quota_pending_counts"], {"tenant_id": list(tenants), "cap": cap}
             )
             pending = {t: int(n) for t, n in await cur.fetchall()}
-    except psycopg.OperationalError as exc:
-        raise TransientError(f"postgres: {exc}") from exc
     return known, pending
