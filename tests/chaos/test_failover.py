@@ -126,7 +126,8 @@ async def run_failover(make_run: MakeRun, base: Path, synchronous: bool) -> tupl
             f"kill_to_ready_ms={fault.ready_ms - fault.killed_ms} "
             f"kill_to_first_mark_ms={firing_again - fault.killed_ms} "
             f"token_replicated={fault.token_replicated} token_after={fault.token_after} "
-            f"lost={verdict.lost} replica_deaths={deaths}"
+            f"replica_deaths={deaths} lost={verdict.lost}"
+            + ("" if synchronous else " (asynchronous: acknowledged while the standby was behind)")
         )
         RESULTS.append(line)
         print(line)
