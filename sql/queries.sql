@@ -123,14 +123,19 @@ newest AS MATERIALIZED (
     LIMIT %(fresh_limit)s
     FOR UPDATE SKIP LOCKED
 ),
--- The lease: a fencing token from a fleet-wide sequence and an expiry on the database clock.
--- One token per claim (an InitPlan, evaluated once): it names this claim, which is all a fence
--- needs, and a sequence call per row cost a quarter of the claim. Only lease columns change,
--- none indexed, so on a page with room this is a HOT update.
+-- One fencing token per claim from a fleet-wide sequence: it names this claim, which is all a
+-- fence needs (a sequence call per row cost a quarter of the claim). Taken here, not in the
+-- UPDATE, so the UPDATE calls no volatile function: a distributed engine (Citus) refuses those
+-- in an UPDATE, and runs a CTE like this one first (docs/OPERATIONS.md, Past one Postgres primary).
+token AS MATERIALIZED (
+    SELECT nextval('timer_lease_token') AS lease_token
+),
+-- The lease: the token and an expiry on the database clock. Only lease columns change, none
+-- indexed, so on a page with room this is a HOT update.
 claimed AS (
     UPDATE timers t SET
         lease_owner = %(owner)s,
-        lease_token = (SELECT nextval('timer_lease_token')),
+        lease_token = token.lease_token,
         lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond',
         attempts = t.attempts + 1,
         -- A recurring timer's next occurrence is the first due after this (worker/recurrence.py).
@@ -147,7 +152,7 @@ claimed AS (
                                               >= now() - %(downtime_ms)s * interval '1 millisecond'
                 THEN t.claimed_at
             ELSE now() END
-    FROM (SELECT * FROM oldest UNION SELECT * FROM newest) d
+    FROM (SELECT * FROM oldest UNION SELECT * FROM newest) d, token
     WHERE t.tenant_id = d.tenant_id AND t.service_call_id = d.service_call_id
     RETURNING t.tenant_id, t.service_call_id, t.due_at, t.correlation_id, t.lease_token,
               t.attempts, t.repeat_every, t.repeat_times, t.repeat_timezone, t.anchor_due_at,

@@ -106,3 +106,14 @@ def iso_in(seconds: float, db_url: str | None = None) -> str:
     else:
         now = datetime.now(UTC)
     return (now + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+async def http_get(port: int, path: str, host: str = "127.0.0.1") -> tuple[int, str]:
+    """(status, body) of one GET to a replica's HTTP port."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+    await writer.drain()
+    raw = await asyncio.wait_for(reader.read(), timeout=10)
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()

@@ -3,7 +3,6 @@ rules and the dashboard name the same metrics, so none of them can drift from th
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import iso_in, jetstream, publish_raw, row, running_replica, until
+from tests.helpers import http_get, iso_in, jetstream, publish_raw, row, running_replica, until
 from worker import metrics
 from worker.config import Settings
 
@@ -197,16 +196,6 @@ def test_dashboard_uses_only_defined_metrics() -> None:
 
 
 # --- a running replica ------------------------------------------------------------------------
-
-
-async def http_get(port: int, path: str) -> tuple[int, str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
-    await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), timeout=10)
-    writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body.decode()
 
 
 def scrape(text: str) -> dict[str, list[dict[str, str]]]:

@@ -68,11 +68,17 @@ class Verdict:
     p99_publish_late_ms: int = 0  # reachedAt - dueAt: the service's own lateness
     max_publish_late_ms: int = 0
     examples: list[str] = field(default_factory=list)
+    lost_keys: set[Key] = field(default_factory=set)
 
     @property
     def ok(self) -> bool:
         bad = (self.lost, self.early, self.superseded, self.after_cancel, self.unexpected, self.leased)
         return not any(bad) and not self.dlq_missing and not self.dlq_extra and not self.dup_after_id
+
+    def lose(self, key: Key, what: str) -> None:
+        self.lost += 1
+        self.lost_keys.add(key)
+        self.note(f"lost: {what}")
 
     def note(self, what: str) -> None:
         if len(self.examples) < 10:
@@ -143,14 +149,12 @@ def _check_single(v: Verdict, t: Timer, firings: set[int], row: Row | None) -> N
         return
     allowed = t.dues if t.kind == "reschedule" else t.dues[:1]
     if row is None or row.state != "Reached" or row.due_ms not in allowed:
-        v.lost += 1
-        v.note(f"lost: {t.kind} {t.key} ends as {row}, sent {t.dues}")
+        v.lose(t.key, f"{t.kind} {t.key} ends as {row}, sent {t.dues}")
         return
     if t.kind == "reschedule" and row.due_ms == t.dues[-1]:
         v.reschedules_effective += 1
     if row.due_ms not in firings:
-        v.lost += 1
-        v.note(f"lost: {t.kind} {t.key} Reached at {row.due_ms}, fired {sorted(firings)}")
+        v.lose(t.key, f"{t.kind} {t.key} Reached at {row.due_ms}, fired {sorted(firings)}")
     if wrong := firings - {row.due_ms}:
         v.superseded += len(wrong)
         v.note(f"superseded: {t.kind} {t.key} fired {sorted(wrong)}, final dueAt {row.due_ms}")
@@ -177,11 +181,9 @@ def _check_recurring(
         elif previous is not None and due <= previous + 1 and _in_outage(due, outages):  # ms cut
             v.skipped_occurrences += 1
         else:
-            v.lost += 1
-            v.note(f"lost: recurring {t.key} occurrence {k} at {due}, fired {sorted(reached)}")
+            v.lose(t.key, f"recurring {t.key} occurrence {k} at {due}, fired {sorted(reached)}")
     if row is None or row.state != "Reached":
-        v.lost += 1
-        v.note(f"lost: recurring {t.key} ends as {row}")
+        v.lose(t.key, f"recurring {t.key} ends as {row}")
 
 
 def _in_outage(at_ms: int, outages: Sequence[Window]) -> bool:

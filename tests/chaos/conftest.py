@@ -45,14 +45,15 @@ def chaos_db(chaos_pg: EmbeddedPostgres) -> Iterator[str]:
 
 @pytest.fixture
 async def make_run(chaos_db: str, chaos_nats: EmbeddedNats, tmp_path: Path) -> Any:
-    """make_run(name, replica_db=..., replica_nats=..., nats=..., **settings): a Run on this
-    test's database, with a subject prefix and streams of its own."""
+    """make_run(name, db=..., replica_db=..., replica_nats=..., nats=..., **settings): a Run on
+    this test's database (or `db`), with a subject prefix and streams of its own."""
     tag = f"c{uuid.uuid4().hex[:8]}"
     used: list[str] = []
 
     def make(
         name: str,
         *,
+        db: str | None = None,
         replica_db: str | None = None,
         replica_nats: str | None = None,
         nats: str | None = None,
@@ -63,9 +64,9 @@ async def make_run(chaos_db: str, chaos_nats: EmbeddedNats, tmp_path: Path) -> A
         direct_nats = nats or chaos_nats.url
         used.append(direct_nats)
         names = own_names(tag)
-        env = replica_env_from(replica_db or chaos_db, replica_nats or direct_nats, **names, **settings)
+        env = replica_env_from(replica_db or db or chaos_db, replica_nats or direct_nats, **names, **settings)
         workload = Workload(int(TIMERS * scale()), SPAN_S * scale())
-        return Run(name, chaos_db, direct_nats, env, tmp_path, workload, replicas, variants or [])
+        return Run(name, db or chaos_db, direct_nats, env, tmp_path, workload, replicas, variants or [])
 
     maker: Callable[..., Run] = make
     yield maker

@@ -50,6 +50,7 @@ class Timer:
     id: str
     kind: Kind
     dues: list[int] = field(default_factory=list)  # each dueAt sent, in order (epoch milliseconds)
+    sent: list[int] = field(default_factory=list)  # when each of its commands is sent (epoch ms)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -139,11 +140,18 @@ class Workload:
         epoch seconds, fixed now; follow-ups keep a lead of a few seconds over their own send."""
         now_m, now = time.monotonic(), time.time()
         due = now + self._rng.uniform(*LEAD_S)
-        follow = now_m + self._rng.uniform(*FOLLOW_UP_S)
         schedule, cancel = f"{prefix}.{t.tenant}.timer.schedule", f"{prefix}.{t.tenant}.timer.cancel"
         t.dues.append(ms_of(iso_at(due)))
         ts = int(now * 1000)
         first = self._envelope(t, "ScheduleTimer", ts, {"dueAt": iso_at(due)})
+        commands = self._kind_commands(t, due, now_m, ts, first, schedule, cancel)
+        t.sent = [round((now + at - now_m) * 1000) for at, _, _ in commands]
+        return commands
+
+    def _kind_commands(
+        self, t: Timer, due: float, now_m: float, ts: int, first: bytes, schedule: str, cancel: str
+    ) -> list[tuple[float, str, bytes]]:
+        follow = now_m + self._rng.uniform(*FOLLOW_UP_S)
         if t.kind == "plain":
             return [(now_m, schedule, self._flat(t, due))]
         if t.kind == "duplicate":

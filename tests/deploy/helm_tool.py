@@ -4,7 +4,8 @@ Runs in the deploy-tools venv (`.venv-helm`, see deploy/requirements-helm.txt), 
 helm-python-sdk binds Helm v4's own Go library (the engine `helm lint` and `helm template` use),
 so the chart is checked by Helm itself with no helm binary and no cluster.
 
-stdin:  {"chart": dir, "release": name, "namespace": ns, "cases": {case: values}, "yaml": [paths]}
+stdin:  {"chart": dir, "release": name, "namespace": ns, "cases": {case: values}, "yaml": [paths],
+         "upgrades": [cases rendered as an upgrade (.Release.IsUpgrade) rather than an install]}
 stdout: {"cases": {case: {"lint": [messages], "objects": [{"template", "object"}], "notes": str,
                          "error": str|null}},
          "yaml": {path: [documents]}}
@@ -22,12 +23,21 @@ import yaml
 SEVERITY = {0: "unknown", 1: "info", 2: "warning", 3: "error"}
 
 
-def render_case(chart: Any, path: str, values: dict[str, Any], release: str, ns: str) -> dict[str, Any]:
+def render_case(
+    chart: Any, path: str, values: dict[str, Any], release: str, ns: str, upgrade: bool = False
+) -> dict[str, Any]:
     report = helm.lint(path, values, strict=True, namespace=ns)
     lint = [{**m, "severity": SEVERITY.get(m["severity"], "unknown")} for m in report["messages"]]
     out: dict[str, Any] = {"lint": lint, "objects": [], "notes": "", "error": None}
     try:
-        manifests = chart.render(values, name=release, namespace=ns, is_install=True)
+        manifests = chart.render(
+            values,
+            name=release,
+            namespace=ns,
+            is_install=not upgrade,
+            is_upgrade=upgrade,
+            revision=2 if upgrade else 1,
+        )
     except helm.HelmError as exc:  # schema violations and `fail` in templates land here
         out["error"] = str(exc)
         return out
@@ -48,7 +58,12 @@ def main() -> None:
         chart = helm.Chart.load(req["chart"])
         for case, values in req.get("cases", {}).items():
             result["cases"][case] = render_case(
-                chart, req["chart"], values, req.get("release", "demo"), req.get("namespace", "timers")
+                chart,
+                req["chart"],
+                values,
+                req.get("release", "demo"),
+                req.get("namespace", "timers"),
+                case in req.get("upgrades", []),
             )
     for path in req.get("yaml", []):
         with open(path, encoding="utf-8") as f:

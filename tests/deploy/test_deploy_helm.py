@@ -30,6 +30,8 @@ SECRET_STRINGS = {
     "natsNkeySeed": "SUACS3CRETNKEYSEED",
 }
 
+HA: dict[str, Any] = {"postgresCluster": {"enabled": True}, "config": {"streamReplicas": 3}}
+
 CASES: dict[str, dict[str, Any]] = {
     "default": {},
     # Everything switched on, as a production install would be.
@@ -66,6 +68,13 @@ CASES: dict[str, dict[str, Any]] = {
     "pdb_min_available": {"podDisruptionBudget": {"minAvailable": 2}},
     "grace_given": {"terminationGracePeriodSeconds": 60},
     "grace_too_short": {"terminationGracePeriodSeconds": 10},
+    # The recommended HA setup: a CloudNativePG cluster with a synchronous standby, R3 streams.
+    "ha": HA,
+    "ha_upgrade": HA,  # the same, rendered as an upgrade
+    "ha_external_db": {**HA, "secrets": {"existingSecret": "timer-secrets"}},
+    "ha_no_standby_to_spare": {
+        "postgresCluster": {"enabled": True, "instances": 2, "synchronousStandbys": 2}
+    },
     "typo_top": {"replicaCout": 2},
     "typo_config": {"config": {"batchSzie": 10}},
     "typo_security": {"securityContext": {"readOnlyRootFileSystem": True}},
@@ -77,7 +86,8 @@ CASES: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def rendered(deploy_tool: Tool) -> dict[str, Any]:
-    answer = deploy_tool({"chart": str(CHART), "release": "demo", "namespace": "timers", "cases": CASES})
+    request = {"chart": str(CHART), "release": "demo", "namespace": "timers", "cases": CASES}
+    answer = deploy_tool({**request, "upgrades": ["ha_upgrade"]})
     cases: dict[str, Any] = answer["cases"]
     return cases
 
@@ -154,7 +164,7 @@ def production(rendered: dict[str, Any]) -> Release:
 # --- lint and shape ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["default", "production", "chart_secret"])
+@pytest.mark.parametrize("case", ["default", "production", "chart_secret", "ha"])
 def test_helm_lint_is_clean(rendered: dict[str, Any], case: str) -> None:
     serious = [m for m in rendered[case]["lint"] if m["severity"] in ("warning", "error")]
     assert serious == []
@@ -451,6 +461,55 @@ def test_replicas_leave_the_schema_to_the_job(default: Release, rendered: dict[s
     without = Release(rendered["no_migration_job"])
     assert not without.all("Job")
     assert "TIMER_MIGRATE" not in {e["name"] for e in without.container["env"]}
+
+
+# --- high availability ------------------------------------------------------------------------
+
+
+def test_ha_database_is_a_cloudnativepg_cluster_with_a_synchronous_standby(rendered: dict[str, Any]) -> None:
+    ha = Release(rendered["ha"])
+    cluster = ha.one("Cluster", component="database")
+    assert cluster["apiVersion"] == "postgresql.cnpg.io/v1"
+    spec = cluster["spec"]
+    assert spec["instances"] == 3
+    assert spec["postgresql"]["synchronous"] == {"method": "any", "number": 1, "dataDurability": "required"}
+    assert spec["enablePDB"] is True  # the operator's PDBs: primary and standbys
+    assert spec["affinity"]["podAntiAffinityType"] == "required"
+    assert ha.one("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1  # the replicas' own
+    assert ha.config["TIMER_STREAM_REPLICAS"] == "3"
+    assert not Release(rendered["default"]).all("Cluster")
+
+
+def test_ha_replicas_reach_the_primary_through_the_rw_service(rendered: dict[str, Any]) -> None:
+    """The operator's -app Secret: its `uri` names the -rw Service, which follows the primary."""
+    for case in ("ha", "ha_upgrade"):
+        release = Release(rendered[case])
+        containers = [release.container] + ([release.job_container] if release.all("Job") else [])
+        for container in containers:
+            ref = _env(container)["TIMER_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "demo-timer-service-pg-app", "key": "uri"}
+        assert "WARNING" not in release.notes
+    external = Release(rendered["ha_external_db"])
+    ref = _env(external.container)["TIMER_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "timer-secrets", "key": "database-url"}
+
+
+def test_ha_first_install_migrates_in_the_replicas_then_the_job_each_upgrade(
+    rendered: dict[str, Any],
+) -> None:
+    """The cluster is born with the release, after pre-install hooks: the replicas migrate it on the
+    first install (advisory lock), the hook Job before every upgrade."""
+    install, upgrade = Release(rendered["ha"]), Release(rendered["ha_upgrade"])
+    assert install.job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    assert "TIMER_MIGRATE" not in _env(install.container)
+    assert _env(upgrade.container)["TIMER_MIGRATE"]["value"] == "false"
+    external = Release(rendered["ha_external_db"])  # a database that exists before the release
+    assert external.job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert _env(external.container)["TIMER_MIGRATE"]["value"] == "false"
+
+
+def test_ha_needs_a_standby_to_spare(rendered: dict[str, Any]) -> None:
+    assert "must be fewer than postgresCluster.instances" in rendered["ha_no_standby_to_spare"]["error"]
 
 
 # --- monitors ---------------------------------------------------------------------------------

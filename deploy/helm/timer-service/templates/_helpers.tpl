@@ -88,7 +88,7 @@ app.kubernetes.io/component: server
 
 {{/*
 env entries that read the secret settings through secretKeyRef: from existingSecret the keys named
-in values, from the chart-made Secret the ones given.
+in values, from the chart-made Secret the ones given; with neither, the DSN of postgresCluster.
 Arg: (dict "ctx" $ "secret" <Secret name> "postgresOnly" <bool: just the DSN, for the migration>).
 */}}
 {{- define "timer-service.secretEnv" -}}
@@ -104,8 +104,26 @@ Arg: (dict "ctx" $ "secret" <Secret name> "postgresOnly" <bool: just the DSN, fo
     secretKeyRef:
       name: {{ $.secret }}
       key: {{ $key }}
+{{- else if and (eq .env "TIMER_DATABASE_URL") (include "timer-service.dsnFromCluster" $.ctx) }}
+- name: {{ .env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "timer-service.postgresCluster" $.ctx }}-app
+      key: uri
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The CloudNativePG Cluster's name: its Services and Secrets are named after it (-rw, -app). */}}
+{{- define "timer-service.postgresCluster" -}}
+{{- printf "%s-pg" (include "timer-service.fullname" .) | trunc 50 | trimSuffix "-" }}
+{{- end }}
+
+{{/* "true" when the DSN is postgresCluster's: enabled, and no other database named in secrets. */}}
+{{- define "timer-service.dsnFromCluster" -}}
+{{- with .Values }}
+{{- if and .postgresCluster.enabled (not .secrets.existingSecret) (not .secrets.databaseUrl) }}true{{ end }}
 {{- end }}
 {{- end }}
 
