@@ -103,3 +103,5 @@ def test_the_console_refuses_to_start_without_credentials(db_url: str) -> None:
     ]
     short = run("console", TIMER_CONSOLE_TOKEN="short")
     assert short.returncode == 2 and "TIMER_CONSOLE_TOKEN" in short.stderr
+    unreachable = run("console", TIMER_CONSOLE_TOKEN=TOKEN, TIMER_DATABASE_URL="postgresql://u@127.0.0.1:1/x")
+    assert unreachable.returncode == 1 and len(unreachable.stderr.splitlines()) == 1, unreachable.stderr

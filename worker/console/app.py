@@ -7,6 +7,7 @@ searches are posted, so access logs hold nothing else.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import urllib.parse
@@ -217,7 +218,8 @@ def create_app(settings: ConsoleSettings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with dlq.open_dlq(settings) as queue:
+        # Give up on a NATS that is not there (the replicas' default is to wait forever).
+        async with dlq.open_dlq(settings, max_reconnect_attempts=60) as queue:
             console.queue = queue
             yield
 
@@ -236,8 +238,21 @@ def create_app(settings: ConsoleSettings) -> Starlette:
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
 
 
+async def _reachable(settings: ConsoleSettings) -> None:
+    """Postgres and NATS answer: checked before serving, so a wrong URL is one line, not a traceback."""
+
+    def database() -> None:
+        with inspect.connect(settings.database_url.get_secret_value()) as conn:
+            conn.execute("SELECT 1")
+
+    await run_in_threadpool(database)
+    async with dlq.open_dlq(settings, allow_reconnect=False, max_reconnect_attempts=1):
+        pass
+
+
 def serve(settings: ConsoleSettings) -> None:
     """Run until interrupted. Plain HTTP: put TLS in front of it (or an SSH tunnel) off localhost."""
+    asyncio.run(_reachable(settings))
     uvicorn.run(
         create_app(settings),
         host=settings.console_host,
