@@ -64,6 +64,8 @@ class Settings(BaseSettings):
     nats_tls_cert: str | None = None
     nats_tls_key: str | None = None
     nats_tls_server_name: str | None = None
+    # Publishes nats-py holds while reconnecting (its pending_size); 0: none, they fail at once.
+    nats_pending_bytes: int = Field(2 * 1024 * 1024, ge=0)
 
     subject_prefix: str = "svc"
     command_stream: str = "TIMER_COMMANDS"
