@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
@@ -439,7 +440,8 @@ class Broker:
             try:
                 await asyncio.wait_for(self.nc.drain(), timeout=5)
             except Exception:  # drain on a broken connection: closing is all that is left
-                await self.nc.close()
+                with contextlib.suppress(Exception):  # and it may fail the same way
+                    await self.nc.close()
 
 
 def _reply(reply: asyncio.Future[Msg]) -> Msg | BaseException:

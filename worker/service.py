@@ -150,8 +150,6 @@ class Replica:
                     metrics.OVERDUE.set(overdue)
                     metrics.OLDEST_OVERDUE_SECONDS.set(oldest or 0.0)
                     metrics.SCHEDULED.set(scheduled)
-                if self.broker.problem:  # until it is gone (a stream created by hand, say)
-                    self.broker.check_streams_soon()
                 ok, _ = await self.ready()
                 metrics.READY.set(1 if ok else 0)
             rounds += 1
@@ -176,6 +174,7 @@ class Replica:
         if not self.broker.connected:
             return False, "nats not connected"
         if self.broker.problem:
+            self.broker.check_streams_soon()  # until it is gone: a stream created by hand, say
             return False, self.broker.problem
         try:
             await asyncio.wait_for(self.store.ping(), timeout=2)
