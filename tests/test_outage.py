@@ -26,7 +26,7 @@ async def test_firing_resumes_with_every_permit_free_after_an_outage_filled_the_
 
     caplog.set_level(logging.WARNING, logger="worker")
     async with (
-        running_replica(settings, max_in_flight=permits, nats_pending_bytes=16_384) as replica,
+        running_replica(settings, max_in_flight=permits, publish_buffer_bytes=16_384) as replica,
         recorder(settings) as rec,
     ):
         async with jetstream(settings) as js:

@@ -97,7 +97,7 @@ def connect_options(s: Settings) -> dict[str, Any]:
         "connect_timeout": 5,
         "allow_reconnect": True,
         # What nats-py holds while reconnecting; past it a publish fails at once (it is retried).
-        "pending_size": s.nats_pending_bytes,
+        "pending_size": s.publish_buffer_bytes,
     }
     if s.nats_user:
         opts["user"] = s.nats_user
