@@ -298,7 +298,9 @@ class Broker:
             await self.ensure_streams()
         except ConfigError as exc:
             self._set_problem(str(exc))
-        except Exception as exc:  # missing (problem says so), or NATS cannot answer now: next time
+        except TransientError:  # missing and not ours to create: `problem` says so
+            pass
+        except Exception as exc:  # NATS cannot answer now (a leader election, a lost connection)
             log.warning("stream check failed", extra={"action": "stream_check_failed", "error": str(exc)})
 
     async def command_subscription(self) -> JetStreamContext.PullSubscription:
@@ -386,7 +388,9 @@ class Broker:
     ) -> asyncio.Future[Msg]:
         """Publish with a reply subject; the reply's future. With `permit_by`, first take a permit
         (failing the publish if none is free by then); done, failed or cancelled, it comes back."""
-        if permit_by is not None:
+        if permit_by is not None and not self.permits.locked():
+            await self.permits.acquire()  # free: taken at once, without arming a timer
+        elif permit_by is not None:
             try:
                 async with asyncio.timeout_at(permit_by):
                     await self.permits.acquire()
