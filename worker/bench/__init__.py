@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from worker.bench.calibrate import calibrate, describe
 from worker.bench.rig import machine
 from worker.bench.scenarios import SCENARIOS, Context, Metrics, Scenario
 
@@ -50,6 +51,8 @@ def run_bench(args: argparse.Namespace) -> int:
         tempfile.TemporaryDirectory(prefix="timer-bench-") as tmp,
         servers(Path(tmp), sync_always=args.sync_always) as (db_url, nats_url),
     ):
+        # Before and after: the machine's speed beside the figures, and whether it moved meanwhile.
+        calibration = [calibrate(Path(tmp))]
         results: dict[str, Any] = {}
         for scenario in chosen:
             runs: list[Metrics] = []
@@ -71,9 +74,11 @@ def run_bench(args: argparse.Namespace) -> int:
                 "median": _median(runs),
                 "targets": _verdicts(scenario, runs),
             }
+        calibration.append(calibrate(Path(tmp)))
     report = {
         "command": "timer-service bench " + shlex.join(sys.argv[2:]),
         "machine": machine(),
+        "calibration": calibration,
         "nats_sync": "always" if args.sync_always else "default",
         "replicas": args.replicas,
         "results": results,
@@ -111,6 +116,7 @@ def table(report: dict[str, Any]) -> str:
     """A Markdown table: one row per target, with the median and the range over the runs."""
     lines = [
         f"{report['command']}  (nats sync: {report['nats_sync']}, {report['replicas']} replicas)",
+        *(describe(c) for c in report.get("calibration", [])),
         "",
         "| scenario | metric | median | min .. max | target | met |",
         "|---|---|---|---|---|---|",

@@ -1,0 +1,81 @@
+"""How fast this machine was when the figures beside it were measured.
+
+Benchmark figures move between hosts and between moments on one host (a shared or throttled
+machine); without a yardstick measured at the same time a reader cannot tell a slower service
+from a slower machine. Two probes, each a few seconds at most: a fixed CPU-bound loop (the
+replicas, Postgres and NATS are CPU-bound in a drain) and fsyncs of a small write (what every
+commit and every synced JetStream write waits for).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CPU_LOOP_N = 2_000_000  # about 100-200 ms of one core for CPython 3.11 on a current server core
+CPU_LOOP_RUNS = 5
+FSYNC_WRITES = 50
+FSYNC_BYTES = 4096
+
+
+def _cpu_loop(n: int) -> int:
+    acc = 0
+    for i in range(n):
+        acc = (acc + i * i) % 1_000_003
+    return acc
+
+
+def cpu_loop_ms(n: int = CPU_LOOP_N, runs: int = CPU_LOOP_RUNS) -> float:
+    """Median wall time of a fixed pure-Python loop: single-core speed, and how much of it we get."""
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        _cpu_loop(n)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def fsync_ms(directory: Path, writes: int = FSYNC_WRITES) -> tuple[float, float]:
+    """Median and 90th percentile of (write 4 KiB at the file's end + fsync) in `directory`, in ms."""
+    block = os.urandom(FSYNC_BYTES)
+    times = []
+    fd, path = tempfile.mkstemp(prefix="fsync-probe-", dir=directory)
+    try:
+        for _ in range(writes):
+            started = time.perf_counter()
+            os.write(fd, block)
+            os.fsync(fd)
+            times.append((time.perf_counter() - started) * 1000)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    times.sort()
+    return statistics.median(times), times[int(0.9 * (len(times) - 1))]
+
+
+def calibrate(directory: Path) -> dict[str, Any]:
+    """The machine's yardstick now: record it beside every figure measured on it.
+
+    `directory` should be on the disk the servers write to (the fsync probe measures that disk).
+    """
+    median, p90 = fsync_ms(directory)
+    return {
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cpu_loop_ms": round(cpu_loop_ms(), 1),
+        "fsync_4k_ms_p50": round(median, 3),
+        "fsync_4k_ms_p90": round(p90, 3),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def describe(cal: dict[str, Any]) -> str:
+    """One line for a report."""
+    return (
+        f"calibration {cal['at']}: cpu loop {cal['cpu_loop_ms']:.0f} ms, "
+        f"fsync 4 KiB p50 {cal['fsync_4k_ms_p50']:.2f} ms / p90 {cal['fsync_4k_ms_p90']:.2f} ms, "
+        f"load {cal['load_avg_1m']:.2f}"
+    )
