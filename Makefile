@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck bench chaos-soak clean system-packages image-test
+.PHONY: dev test lint typecheck bench bench-peers chaos-soak clean system-packages image-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,13 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/timer-service bench
+
+# This service beside graphile-worker (npm), pgqueuer (PyPI) and NATS message schedules, on one
+# Postgres and NATS: drain and lateness, 3 runs each, about 10 minutes (docs/BENCHMARKS.md, "Side
+# by side"). The peers go into a throwaway directory; needs Node.js and npm. ARGS for more, e.g.
+# `make bench-peers ARGS="--runs 5 --drain 100000"`.
+bench-peers: $(STAMP)
+	$(BIN)/python -m worker.bench.peers $(ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-helm .pytest_cache .mypy_cache .ruff_cache

@@ -475,7 +475,7 @@ async def insert(n, start_s, rate):
 
 async def work(out):
     conn = await asyncpg.connect(DSN)
-    qm = QueueManager(AsyncpgDriver(conn))
+    qm = QueueManager(Queries(AsyncpgDriver(conn)))
     buf = []
 
     @qm.entrypoint("noop")
@@ -643,7 +643,7 @@ def _one(system: System, args: argparse.Namespace, progress: Progress) -> dict[s
     d = asyncio.run(system.drain(args.drain))
     progress(f"{system.name}: lateness at {args.rate:,}/s for {args.seconds:.0f} s")
     lat = asyncio.run(system.lateness(args.rate, args.seconds))
-    result = {
+    result: dict[str, dict[str, Any]] = {
         "drain": {"fires_per_s": drain_rate(d.receipts), "cpu_ms_per_1k": cpu_ms_per_1k(d)},
         "lateness": {**lateness_ms(lat.receipts), "cpu_ms_per_1k": cpu_ms_per_1k(lat)},
     }
