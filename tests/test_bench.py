@@ -22,6 +22,8 @@ def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert report["command"] == "timer-service bench " + " ".join(argv)
+    # the machine's yardstick before and after, beside the figures
+    assert [set(c) >= {"cpu_loop_ms", "fsync_4k_ms_p50"} for c in report["calibration"]] == [True, True]
     results = report["results"]
     drain = results["drain"]["median"]
     assert drain["timers"] == 10_000 and drain["left_scheduled"] == 0 and drain["fires_per_s"] > 0

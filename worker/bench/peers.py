@@ -699,7 +699,8 @@ def run_peers(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m worker.bench.peers", description=(__doc__ or "").split("\n\n")[0])
+    about = (__doc__ or "").split("\n\n")[0]
+    p = argparse.ArgumentParser(prog="python -m worker.bench.peers", description=about)
     p.add_argument("--runs", type=int, default=3, help="runs of each workload per system (default 3)")
     p.add_argument("--drain", type=int, default=50_000, help="overdue jobs in the drain (default 50,000)")
     p.add_argument("--rate", type=int, default=500, help="jobs due per second in lateness (default 500)")

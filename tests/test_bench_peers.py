@@ -1,0 +1,100 @@
+"""The pure parts of `make bench-peers` and of the machine calibration; the run itself is in BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from worker.bench.calibrate import calibrate, describe
+from worker.bench.peers import Measured, cpu_ms_per_1k, drain_rate, lateness_ms, summarize, table, tree_cpu_s
+
+
+def test_drain_rate_counts_from_the_first_receive_to_the_last() -> None:
+    # 1,001 receives over 2 s: 1,000 intervals, 500/s, whatever came before the first receive
+    receipts = [(0.0, 100.0 + i * 0.002) for i in range(1001)]
+    assert math.isclose(drain_rate(receipts), 500.0)
+    assert math.isnan(drain_rate([(0.0, 1.0)]))  # one receive has no span
+
+
+def test_lateness_is_receive_minus_due_in_ms() -> None:
+    receipts = [(10.0, 10.0 + i / 1000) for i in range(1, 101)]  # 1 .. 100 ms late
+    late = lateness_ms(receipts)
+    assert math.isclose(late["max_ms"], 100.0, abs_tol=1e-6)
+    assert 49 <= late["p50_ms"] <= 52 and 98 <= late["p99_ms"] <= 100
+
+
+def test_cpu_per_thousand_fires_by_component_and_in_total() -> None:
+    m = Measured([], {"postgres": 1.0, "nats": 0.5, "workers": 2.0, "consumer": 0.5}, fires_in_window=10_000)
+    assert cpu_ms_per_1k(m) == {
+        "postgres": 100.0,
+        "nats": 50.0,
+        "workers": 200.0,
+        "consumer": 50.0,
+        "total": 400.0,
+    }
+
+
+def _run(rate: float, cpu_total: float, p99: float) -> dict[str, Any]:
+    return {
+        "drain": {"fires_per_s": rate, "cpu_ms_per_1k": {"postgres": cpu_total, "total": cpu_total}},
+        "lateness": {"p50_ms": 1.0, "p99_ms": p99, "max_ms": 2 * p99},
+    }
+
+
+def test_summary_takes_medians_and_divides_our_rate_by_each_peers() -> None:
+    runs = {
+        "timer-service": [_run(10_000, 60, 5), _run(12_000, 50, 6), _run(9_000, 70, 4)],
+        "graphile-worker": [_run(20_000, 40, 1990), _run(24_000, 30, 2000), _run(22_000, 35, 1980)],
+    }
+    s = summarize(runs)
+    ours, gw = s["timer-service"], s["graphile-worker"]
+    assert (ours["drain_fires_per_s"], ours["drain_min"], ours["drain_max"]) == (10_000, 9_000, 12_000)
+    assert ours["ours_over_this"] == 1.0
+    assert math.isclose(gw["ours_over_this"], 10_000 / 22_000)
+    assert gw["cpu_ms_per_1k"]["total"] == 35 and gw["lateness"]["p99_ms"] == 1990
+
+    report = {
+        "command": "make bench-peers",
+        "config": {"runs": 3, "drain_n": 50_000, "rate": 500, "seconds": 20.0, "replicas": 2},
+        "calibration": [
+            {
+                "at": "2026-11-23T12:00:00+0000",
+                "cpu_loop_ms": 150.0,
+                "fsync_4k_ms_p50": 0.3,
+                "fsync_4k_ms_p90": 0.5,
+                "load_avg_1m": 1.0,
+            }
+        ],
+        "summary": s,
+    }
+    lines = table(report).splitlines()
+    assert lines[1] == (
+        "calibration 2026-11-23T12:00:00+0000: cpu loop 150 ms, "
+        "fsync 4 KiB p50 0.30 ms / p90 0.50 ms, load 1.00"
+    )
+    ours_row = (
+        "| timer-service | 10,000 | 9,000 .. 12,000 | 1.00 | 60.0: 60.0 / 0.0 / 0.0 / 0.0 "
+        "| 1.0 / 5.0 / 10.0 |"
+    )
+    assert ours_row in lines
+    assert "| graphile-worker | 22,000 | 20,000 .. 24,000 | 0.45 |" in "\n".join(lines)
+
+
+def test_calibration_measures_a_cpu_loop_and_fsyncs_on_the_given_disk(tmp_path: Path) -> None:
+    cal = calibrate(tmp_path)
+    assert set(cal) == {"at", "cpu_loop_ms", "fsync_4k_ms_p50", "fsync_4k_ms_p90", "load_avg_1m"}
+    assert cal["cpu_loop_ms"] > 1 and 0 < cal["fsync_4k_ms_p50"] <= cal["fsync_4k_ms_p90"]
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone
+    assert describe(cal).startswith(f"calibration {cal['at']}: cpu loop ")
+
+
+def test_tree_cpu_counts_this_process() -> None:
+    before = tree_cpu_s([os.getpid()])
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # burn 0.3 s of CPU
+        pass
+    assert tree_cpu_s([os.getpid()]) - before >= 0.25
+    assert tree_cpu_s([]) == 0.0
