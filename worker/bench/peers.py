@@ -181,7 +181,7 @@ class Shared:
     progress: Progress
 
     def pids(self) -> dict[str, list[int]]:
-        return {"postgres": [self.pg_pid], "nats": [self.nats_pid], "consumer": [os.getpid()]}
+        return {"postgres": [self.pg_pid], "nats": [self.nats_pid]}
 
     def fresh_db(self) -> tuple[str, str]:
         name = f"peer_{uuid.uuid4().hex[:8]}"
@@ -199,14 +199,17 @@ class Meter:
 
     def __init__(self, shared: Shared, workers: Callable[[], list[int]], consumer: bool) -> None:
         self.pids = shared.pids()
-        if not consumer:  # the peer's handler runs in its workers: nothing consumes in this process
-            del self.pids["consumer"]
+        self.consumer = consumer  # False: the peer's handler runs in its workers, not in this process
         self.workers = workers
         self.first: dict[str, float] | None = None
         self.first_count = 0
 
     def read(self) -> dict[str, float]:
-        return {**{k: tree_cpu_s(v) for k, v in self.pids.items()}, "workers": tree_cpu_s(self.workers())}
+        cpu = {k: tree_cpu_s(v) for k, v in self.pids.items()} | {"workers": tree_cpu_s(self.workers())}
+        if self.consumer:
+            # This process alone: the servers and the workers are its children, counted above.
+            cpu["consumer"] = time.process_time()
+        return cpu
 
     def observe(self, count: int) -> None:
         """Called while polling; takes the first reading at the first receive seen."""
