@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from worker.commands import Command, ScheduleTimer
-from worker.store import Key, Store, quota_view
+from worker.store import Key, Store
 
 
 def over_quota(
@@ -52,5 +52,5 @@ async def check(store: Store, commands: Sequence[Command], limit: int) -> list[i
         return []
     keys = list({(c.tenant_id, c.service_call_id) for c in schedules})
     tenants = sorted({c.tenant_id for c in schedules})
-    known, pending = await quota_view(store, keys, tenants, cap=limit)
+    known, pending = await store.quota_view(keys, tenants, cap=limit)
     return over_quota(commands, known, pending, limit)

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from worker import metrics
 from worker.errors import TransientError
-from worker.store import Store, delete_finished
+from worker.store import Store
 
 log = logging.getLogger("worker.retention")
 
@@ -39,7 +39,7 @@ class Retention:
         """Delete every expired finished row, batch after batch; how many went."""
         total = 0
         while stop is None or not stop.is_set():
-            deleted = await delete_finished(self.store, self.retention, self.batch)
+            deleted = await self.store.delete_finished(self.retention, self.batch)
             total += deleted
             metrics.RETENTION_DELETED.inc(deleted)
             if deleted < self.batch:  # a short batch: nothing more is due (or the rest is locked)
