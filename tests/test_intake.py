@@ -42,6 +42,6 @@ async def test_intake_survives_a_stream_without_leader_and_a_reconnect() -> None
         nats.errors.TimeoutError(),
     ]
     sub = FlakySubscription(errors, stop)
-    intake = Intake(load_settings(), store=None, broker=Broker(sub), wakeup=None)  # type: ignore[arg-type]
+    intake = Intake(load_settings(), store=None, broker=Broker(sub), wakeup=None, clock=None)  # type: ignore[arg-type]
     await asyncio.wait_for(intake.run(stop), timeout=10)
     assert sub.fetches == 4

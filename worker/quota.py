@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from worker.commands import Command, ScheduleTimer
-from worker.store import Key, Store
+from worker.ports import IntakeStore
+from worker.store import Key
 
 
 def over_quota(
@@ -45,7 +46,7 @@ def over_quota(
     return rejected
 
 
-async def check(store: Store, commands: Sequence[Command], limit: int) -> list[int]:
+async def check(store: IntakeStore, commands: Sequence[Command], limit: int) -> list[int]:
     """Indexes of the ScheduleTimers over their tenant's limit: two short reads per batch."""
     schedules = [c for c in commands if isinstance(c, ScheduleTimer)]
     if not schedules:

@@ -11,7 +11,6 @@ is ignored instead of re-arming the timer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from datetime import timedelta
@@ -19,6 +18,7 @@ from datetime import timedelta
 from worker import metrics
 from worker.errors import TransientError
 from worker.store import Store
+from worker.waiting import wait_any
 
 log = logging.getLogger("worker.retention")
 
@@ -56,5 +56,4 @@ class Retention:
             else:
                 if deleted:
                     log.info("retention sweep", extra={"action": "retention_swept", "count": deleted})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=INTERVAL_S + random.uniform(0, JITTER_S))
+            await wait_any(INTERVAL_S + random.uniform(0, JITTER_S), stop)
