@@ -323,6 +323,12 @@ class TwinCommands:
         self.queue.append(msg)
         return msg
 
+    def redeliver(self, msg: Msg) -> Msg:
+        """The same command again, as JetStream sends one that was not acknowledged."""
+        again = Msg(_client=self.acks, subject=msg.subject, reply=msg.reply, data=msg.data)  # type: ignore[arg-type]
+        self.queue.append(again)
+        return again
+
     async def command_subscription(self) -> TwinCommands:
         return self
 
