@@ -25,13 +25,20 @@ class FlakySubscription:
         self.stop.set()
         return []
 
+    async def unsubscribe(self) -> None:
+        pass
+
 
 class Broker:
     def __init__(self, sub: FlakySubscription) -> None:
         self.sub = sub
+        self.checks = 0
 
     async def command_subscription(self) -> FlakySubscription:
         return self.sub
+
+    def check_streams_soon(self) -> None:
+        self.checks += 1
 
 
 async def test_intake_survives_a_stream_without_leader_and_a_reconnect() -> None:
@@ -42,6 +49,8 @@ async def test_intake_survives_a_stream_without_leader_and_a_reconnect() -> None
         nats.errors.TimeoutError(),
     ]
     sub = FlakySubscription(errors, stop)
-    intake = Intake(load_settings(), store=None, broker=Broker(sub), wakeup=None, clock=None)  # type: ignore[arg-type]
+    broker = Broker(sub)
+    intake = Intake(load_settings(), store=None, broker=broker, wakeup=None, clock=None)  # type: ignore[arg-type]
     await asyncio.wait_for(intake.run(stop), timeout=10)
     assert sub.fetches == 4
+    assert broker.checks == 2, "a 503 may be a deleted consumer: each failure has the streams checked"

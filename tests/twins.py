@@ -313,6 +313,7 @@ class TwinCommands:
         self.stream = stream
         self.queue: list[Msg] = []
         self.acks = Acks()
+        self.checks = 0  # check_streams_soon calls
         self._seq = itertools.count(1)
 
     def add(self, subject: str, body: dict[str, Any] | bytes) -> Msg:
@@ -331,6 +332,12 @@ class TwinCommands:
 
     async def command_subscription(self) -> TwinCommands:
         return self
+
+    def check_streams_soon(self) -> None:
+        self.checks += 1
+
+    async def unsubscribe(self) -> None:
+        pass
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
         if not self.queue:

@@ -90,6 +90,8 @@ class Settings(BaseSettings):
     lease_ms: int = Field(3000, ge=200, le=3_600_000)
     publish_timeout_ms: int = Field(2000, ge=50, le=60000)
     max_in_flight: int = Field(2000, ge=1, le=100000)
+    # Publishes nats-py holds while reconnecting (its pending_size); 0: none, they fail at once.
+    publish_buffer_bytes: int = Field(2 * 1024 * 1024, ge=0)
     drain_timeout_ms: int = Field(10000, ge=0, le=600000)
     max_horizon: Duration = timedelta(days=3650)
     retention: Duration = timedelta(days=7)

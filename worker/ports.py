@@ -74,9 +74,14 @@ class CommandBatches(Protocol):
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]: ...
 
+    async def unsubscribe(self) -> None: ...
+
 
 class CommandSource(Protocol):
     async def command_subscription(self) -> CommandBatches: ...
+
+    def check_streams_soon(self) -> None:
+        """A fetch failed in a way a missing stream or consumer would explain: look, in the background."""
 
 
 class IntakeBroker(CommandSource, EventPublisher, Protocol):

@@ -29,8 +29,8 @@ def seeded(db_url: str) -> str:
         )
         conn.execute("ANALYZE timers")
         conn.execute(
-            "UPDATE timers SET lease_owner = 'r', lease_token = 7, lease_expires_at = now() + interval '1 minute'"
-            " WHERE service_call_id = ANY(%(keys)s)",
+            "UPDATE timers SET lease_owner = 'r', lease_token = 7,"
+            " lease_expires_at = now() + interval '1 minute' WHERE service_call_id = ANY(%(keys)s)",
             {"keys": [f"k{i}" for i in range(1, LEASED + 1)]},
         )
     return db_url
