@@ -135,9 +135,12 @@ class Rig:
         await asyncio.to_thread(migrate, self.db_url)
         self.db = await psycopg.AsyncConnection.connect(self.db_url, autocommit=True)
         self.nc = await nats.connect(self.nats_url, max_reconnect_attempts=-1)
-        broker = Broker(self.settings)
-        broker.nc, broker._js = self.nc, self.nc.jetstream()
-        await broker.ensure_streams()  # so load can be published before any replica runs
+        broker = Broker(self.settings)  # the streams, so load can be published before any replica runs
+        await broker.connect()
+        try:
+            await broker.ensure_streams()
+        finally:
+            await broker.close()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
