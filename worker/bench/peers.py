@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -658,6 +659,13 @@ def _one(system: System, args: argparse.Namespace, progress: Progress) -> dict[s
     return result
 
 
+def _command() -> str:
+    given = shlex.join(sys.argv[1:])
+    if os.environ.get("MAKELEVEL"):  # run by `make bench-peers`: say it the way it was typed
+        return "make bench-peers" + (f" ARGS={shlex.quote(given)}" if given else "")
+    return f"python -m worker.bench.peers {given}".rstrip()
+
+
 def run_peers(args: argparse.Namespace) -> dict[str, Any]:
     def progress(msg: str) -> None:
         print(f"[peers] {msg}", file=sys.stderr, flush=True)
@@ -682,9 +690,7 @@ def run_peers(args: argparse.Namespace) -> dict[str, Any]:
                     runs[name].append(_one(make[name](), args, progress))
         calibration.append(calibrate(workdir))
     return {
-        "command": "make bench-peers"
-        if os.environ.get("MAKELEVEL")
-        else "python -m worker.bench.peers " + " ".join(sys.argv[1:]),
+        "command": _command(),
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine(),
         "calibration": calibration,
