@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 import pytest
 from nats.js import api
 
-from worker.broker import ATOMIC_BATCH_MAX, ATOMIC_BATCH_MIN, Broker, Outgoing
+from worker.broker import ATOMIC_BATCH_MAX, ATOMIC_BATCH_MIN, Broker
 from worker.config import Settings
+from worker.contract import Outgoing
 
 
 @pytest.fixture

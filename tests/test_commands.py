@@ -12,17 +12,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.commands import (
+from worker.commands import parse_command
+from worker.contract import (
+    INVALID_TENANT,
     MAX_BODY_BYTES,
     REASONS,
     CancelTimer,
     Command,
     Rejection,
-    Repeat,
     ScheduleTimer,
     is_valid_tenant,
-    parse_command,
 )
+from worker.recurrence import Repeat
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 HORIZON = timedelta(days=3650)
@@ -359,7 +360,7 @@ def test_cancel_checks_its_fields() -> None:
 def test_invalid_subject_tenant_goes_to_the_invalid_token(subject_tenant: str) -> None:
     result = parse(schedule(tenantId=subject_tenant), tenant=subject_tenant)
     assert reason(result) == "bad_tenant"
-    assert isinstance(result, Rejection) and result.tenant_token == "_invalid"
+    assert isinstance(result, Rejection) and result.tenant_token == INVALID_TENANT
 
 
 def test_tenant_in_body_is_not_the_subject_tenant() -> None:
@@ -424,7 +425,7 @@ def check_total(kind: str, tenant: str, body: bytes) -> Command | Rejection:
     assert isinstance(result, ScheduleTimer | CancelTimer | Rejection)
     if isinstance(result, Rejection):
         assert_detail_is_safe(result)
-        assert result.tenant_token == (tenant if is_valid_tenant(tenant) else "_invalid")
+        assert result.tenant_token == (tenant if is_valid_tenant(tenant) else INVALID_TENANT)
     else:
         assert result.tenant_id == tenant
         assert isinstance(result, ScheduleTimer) == (kind == "schedule")

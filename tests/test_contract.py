@@ -20,8 +20,9 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
 from tests.helpers import iso_in, jetstream, publish_raw, recorder, row, running_replica, until
-from worker.commands import REASONS, Rejection, parse_command
+from worker.commands import parse_command
 from worker.config import Settings
+from worker.contract import REASONS, Rejection
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACT = ROOT / "docs" / "CONTRACT.md"

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from worker.firing import due_event, firing_id, iso
+from worker.contract import due_event, firing_id, iso
 from worker.store import Claimed
 
 

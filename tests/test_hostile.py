@@ -15,8 +15,8 @@ import pytest
 from nats.aio.msg import Msg
 
 from tests.helpers import iso_in, jetstream, query, recorder, row, running_replica, until
-from worker.commands import INVALID_TENANT, REASONS, is_valid_tenant
 from worker.config import Settings
+from worker.contract import INVALID_TENANT, REASONS, is_valid_tenant
 
 
 def schedule_body(tenant: str, sc: str, due: str = "2030-01-01T00:00:00Z", **extra: Any) -> bytes:

@@ -13,8 +13,9 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from tests.helpers import consumer_idle, jetstream, publish_raw, query, running_replica, until
-from worker.commands import CancelTimer, Repeat, ScheduleTimer
 from worker.config import Settings
+from worker.contract import CancelTimer, ScheduleTimer
+from worker.recurrence import Repeat
 from worker.store import Store
 
 # Nothing fires during these tests (and it is well inside TIMER_MAX_HORIZON).

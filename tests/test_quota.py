@@ -6,8 +6,8 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
-from worker.commands import CancelTimer, Command, ScheduleTimer
 from worker.config import Settings
+from worker.contract import CancelTimer, Command, ScheduleTimer
 from worker.quota import over_quota
 
 

@@ -8,7 +8,6 @@ import logging
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import nats
@@ -18,7 +17,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from worker.contract import Subjects
+from worker.contract import Outgoing, Subjects
 
 if TYPE_CHECKING:  # the producer client imports this module without the service's settings
     from worker.config import Settings
@@ -33,13 +32,6 @@ ATOMIC_BATCH_MAX = 1000
 ATOMIC_BATCH_MIN = 100
 # "atomic publish batch contains duplicate message id": some of it is stored already.
 ERR_BATCH_DUPLICATE_ID = 10201
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    subject: str
-    payload: bytes
-    headers: dict[str, str]
 
 
 def _tls_context(s: Settings) -> ssl.SSLContext | None:

@@ -9,19 +9,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from json.encoder import encode_basestring_ascii as _json_str  # C, when available
 from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from worker import metrics
-from worker.broker import Broker, Outgoing
-from worker.commands import Repeat
+from worker.broker import Broker
 from worker.config import Settings
-from worker.contract import firing_id, iso
+from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, due_event, iso
 from worker.errors import TransientError
 from worker.faults import crash_point
-from worker.recurrence import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, next_occurrence
+from worker.recurrence import Repeat, next_occurrence
 from worker.store import Claimed, Fired, Key, Leased, Store, Unreadable
 from worker.wakeup import Wakeup
 
@@ -45,25 +43,6 @@ FRESH_LANE_WINDOW_MS = 2000  # "newest" means due in the last two seconds, not t
 # Claims reach this far ahead; see claim_due. A cancel or reschedule that arrives later than
 # this before dueAt may find the occurrence already claimed, and it fires (README, guarantees).
 LOOKAHEAD_MS = 100
-
-
-def due_event(timer: Claimed, subject: str, reached: str, reached_ms: int) -> Outgoing:
-    """The DueTimeReached event (docs/CONTRACT.md; its schema: docs/asyncapi.yaml) for one occurrence.
-
-    Written from a template rather than json.dumps of a dict: the firing path builds one per
-    timer, and this is a sixth of the cost. Every string goes through the C JSON string
-    encoder, so any id or correlation id is escaped exactly as json.dumps would.
-    """
-    msg_id = firing_id(timer.tenant_id, timer.service_call_id, timer.due_at)
-    tenant = _json_str(timer.tenant_id)
-    correlation = "null" if timer.correlation_id is None else _json_str(timer.correlation_id)
-    body = (
-        f'{{"id":{_json_str(msg_id)},"type":"DueTimeReached","tenantId":{tenant},'
-        f'"correlationId":{correlation},"timestampMs":{reached_ms},"payload":{{"tenantId":{tenant},'
-        f'"serviceCallId":{_json_str(timer.service_call_id)},"dueAt":"{iso(timer.due_at)}",'
-        f'"reachedAt":"{reached}"}}}}'
-    )
-    return Outgoing(subject, body.encode(), {"Nats-Msg-Id": msg_id})
 
 
 def next_of(timer: Claimed) -> tuple[datetime | None, int | None]:

@@ -42,19 +42,11 @@ import re
 import zoneinfo
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
 import isodate
 
-if TYPE_CHECKING:  # commands.py imports this module to validate repeats
-    from worker.commands import Repeat
+from worker.contract import LATEST_DUE_AT
 
-# The dueAt range every layer holds: epoch-millisecond firing ids, JavaScript dates, Postgres,
-# and a Python datetime in any local zone (UTC-12..+14). A ScheduleTimer outside it is rejected
-# (bad_due_at); a recurring timer's occurrences end at its last one inside it.
-EARLIEST_DUE_AT = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST_DUE_AT = datetime(9999, 12, 31, tzinfo=UTC)
-DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
 # Occurrence indexes are stored in a Postgres `integer` column.
 MAX_INDEX = 2**31 - 1
 # Firing ids carry dueAt in milliseconds, and a sub-second period would be a firehose from one
@@ -68,6 +60,15 @@ _PERIOD_CHARS = re.compile(r"P[0-9A-Za-z.,:-]*\Z", re.ASCII)
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+-]{1,40}(?:/[A-Za-z0-9_+-]{1,40}){0,3}\Z", re.ASCII)
 # In the zone database directory, but the machine's own zone, not an IANA name.
 _NOT_ZONES = frozenset({"localtime", "posixrules"})
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """A ScheduleTimer's `repeat` (docs/CONTRACT.md), as validated by worker.commands."""
+
+    every: str  # the ISO 8601 duration as given (e.g. "PT1H", "P1D", "P1M", "P1Y")
+    times: int | None  # total number of occurrences including the first; None = forever
+    timezone: str | None  # IANA zone name, checked with load_zone
 
 
 @dataclass(frozen=True, slots=True)
