@@ -27,6 +27,7 @@ def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         ({"TIMER_PUBLISH_TIMEOUT_MS": "5000"}, "TIMER_PUBLISH_TIMEOUT_MS"),
         ({"TIMER_RETENTION": "1h"}, "TIMER_RETENTION"),
         ({"TIMER_SUBJECT_PREFIX": "a.b"}, "TIMER_SUBJECT_PREFIX"),
+        ({"TIMER_SUBJECT_PREFIX": "svc\n"}, "TIMER_SUBJECT_PREFIX"),  # `$` let this through
         ({"TIMER_EVENTS_DUPLICATE_WINDOW": "3s"}, "TIMER_EVENTS_DUPLICATE_WINDOW"),
         ({"TIMER_MAX_HORIZON": "soon"}, "TIMER_MAX_HORIZON"),
     ],

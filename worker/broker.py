@@ -225,9 +225,9 @@ class Broker:
         first attempts should come here; a refused batch is sent again one by one, which dedupes.
         A stream made without allow_atomic turns batching off for this connection.
 
-        A batch's PubAck comes after the server made it durable (about 15 ms here, where a single
-        PubAck takes 1 ms), so a few messages go one by one: batches are for throughput, small
-        sends for latency.
+        A batch's PubAck comes after the server made it durable (many times one message's PubAck:
+        docs/BENCHMARKS.md, "Where the time went", step 5), so a few messages go one by one:
+        batches are for throughput, small sends for latency.
         """
         if not self._atomic or len(messages) < ATOMIC_BATCH_MIN:
             return await self.publish_many(messages, timeout)

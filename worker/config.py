@@ -14,11 +14,11 @@ from pydantic import BeforeValidator, Field, SecretStr, ValidationError, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import logs
+from worker.contract import TENANT_RE, TENANT_RULE
 from worker.errors import ConfigError
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 365 * 86400}
 _SHORT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w|y)\s*$")
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def parse_duration(value: Any) -> timedelta:
@@ -103,8 +103,9 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _relations(self) -> Settings:
         for name in ("subject_prefix", "command_stream", "event_stream", "dlq_stream", "consumer"):
-            if not _TOKEN.match(getattr(self, name)):
-                raise ValueError(f"{name}: must match [A-Za-z0-9_-]{{1,64}}")
+            # Subject and stream name tokens: the tenant rule, so a trailing newline fails too.
+            if not TENANT_RE.match(getattr(self, name)):
+                raise ValueError(f"{name}: must match {TENANT_RULE}")
         if self.publish_timeout_ms >= self.lease_ms:
             raise ValueError("publish_timeout_ms: must be shorter than TIMER_LEASE_MS")
         horizon = timedelta(milliseconds=self.lease_ms + 3 * self.publish_timeout_ms)
@@ -112,7 +113,7 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"events_duplicate_window: must exceed the lease plus the publish retry horizon ({horizon})"
             )
-        if not self.lease < self.stuck_after < self.command_max_age:
+        if not timedelta(milliseconds=self.lease_ms) < self.stuck_after < self.command_max_age:
             raise ValueError(
                 "stuck_after: must be longer than TIMER_LEASE_MS and shorter than TIMER_COMMAND_MAX_AGE"
             )
@@ -130,10 +131,6 @@ class Settings(BaseSettings):
             if path and not os.access(path, os.R_OK):
                 raise ValueError(f"{name}: cannot read {path}")
         return self
-
-    @property
-    def lease(self) -> timedelta:
-        return timedelta(milliseconds=self.lease_ms)
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -33,8 +33,8 @@ RETRY_BACKOFF_MS = 1000
 ROW_RETRY_MAX_MS = 300_000
 # A failed claim is retried after this, doubling up to the poll interval. A dropped connection
 # leaves every pooled one broken, each failing one claim: starting at seconds, that stalled a
-# replica for 20 s after a blip (chaos scenario latency-drops); now it costs well under a second,
-# and an outage one attempt per poll.
+# replica long after a blip (chaos scenario latency-drops, docs/RELIABILITY.md); starting small,
+# a blip costs a few fast retries, and an outage one attempt per poll.
 CLAIM_RETRY_FIRST_S = 0.05
 # While a backlog drains, a second lane claims the newest this many occurrences this often.
 FRESH_LANE_BATCH = 50

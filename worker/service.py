@@ -26,8 +26,6 @@ from worker.wakeup import Wakeup
 
 log = logging.getLogger("worker.service")
 
-# The overdue gauge counts this far and no further, so a huge backlog stays cheap to measure.
-OVERDUE_CAP = 100_000
 # A loop that has not ticked for this long makes /healthz fail.
 STALL_S = 30.0
 
@@ -60,7 +58,6 @@ class Replica:
         self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
         self.http_port: int | None = None
         self.started = asyncio.Event()  # dependencies up, streams exist, loops starting
-        self._ticks: dict[str, float] = {}
 
     async def run(self, handle_signals: bool = True) -> int:
         """Run until SIGTERM/SIGINT (or stop set); 0 after a clean drain."""
@@ -168,7 +165,7 @@ class Replica:
             # one statement a second in all (its claim every TIMER_POLL_INTERVAL_MS included).
             if rounds % 3 == 0:
                 with contextlib.suppress(TransientError):  # readiness reports it
-                    overdue, oldest, scheduled = await self.store.fleet_gauges(OVERDUE_CAP)
+                    overdue, oldest, scheduled = await self.store.fleet_gauges(metrics.OVERDUE_CAP)
                     metrics.OVERDUE.set(overdue)
                     metrics.OLDEST_OVERDUE_SECONDS.set(oldest or 0.0)
                     metrics.SCHEDULED.set(scheduled)
