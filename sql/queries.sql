@@ -299,3 +299,73 @@ SELECT k.tenant_id,
                               WHERE t.tenant_id = k.tenant_id AND t.state = 'Scheduled'
                               LIMIT %(cap)s) AS c) AS pending
 FROM unnest(%(tenant_id)s::text[]) AS k(tenant_id);
+
+-- Inspection (worker/inspect.py: `timer-service list`, `describe`, `status --tenant` and the
+-- console). Operator reads, one at a time: never in a loop of the service.
+
+-- name: inspect_tenant_timers
+-- One tenant's timers in key order, a page after %(after)s: a range of the primary key (tenant_id
+-- leads it), so a page costs the rows it reads. State and due window filter that range; a filter
+-- that matches little on a tenant with many rows reads more of it to fill the page.
+SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+       last_error, fired_count, repeat_every,
+       state = 'Scheduled' AND due_at <= now() AS overdue
+FROM timers
+WHERE tenant_id = %(tenant_id)s AND service_call_id > %(after)s
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(due_from)s::timestamptz IS NULL OR due_at >= %(due_from)s::timestamptz)
+  AND (%(due_to)s::timestamptz IS NULL OR due_at < %(due_to)s::timestamptz)
+ORDER BY service_call_id
+LIMIT %(limit)s;
+
+-- name: inspect_due_timers
+-- Scheduled timers of every tenant (or one) in due order, a page after the key (%(after_due)s,
+-- %(after_tenant)s, %(after_id)s): a range of the due index, ties broken by the primary key.
+SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+       last_error, fired_count, repeat_every,
+       due_at <= now() AS overdue
+FROM timers
+WHERE state = 'Scheduled'
+  AND due_at >= %(after_due)s::timestamptz
+  AND (due_at, tenant_id, service_call_id) > (%(after_due)s::timestamptz, %(after_tenant)s, %(after_id)s)
+  AND due_at < coalesce(%(due_to)s::timestamptz, 'infinity')
+  AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
+ORDER BY due_at, tenant_id, service_call_id
+LIMIT %(limit)s;
+
+-- name: inspect_timer
+-- One timer with everything an operator asks about it, judged on the database clock.
+SELECT t.*, now() AS db_now,
+       t.state = 'Scheduled' AND t.due_at <= now() AS overdue,
+       extract(epoch FROM now() - t.due_at) AS behind_s,
+       t.lease_expires_at > now() AS lease_active
+FROM timers t
+WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s;
+
+-- name: inspect_tenant_counts
+-- One tenant's timers by state: a range of the primary key.
+SELECT state, count(*) FROM timers WHERE tenant_id = %(tenant_id)s GROUP BY state;
+
+-- name: inspect_tenant_due
+-- One tenant's overdue unclaimed occurrences (counted up to %(cap)s), the oldest of them, and the
+-- next one to come due.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM timers
+                              WHERE tenant_id = %(tenant_id)s AND state = 'Scheduled'
+                                AND due_at <= now()
+                                AND (lease_expires_at IS NULL OR lease_expires_at < now())
+                              LIMIT %(cap)s) AS o) AS overdue,
+       extract(epoch FROM now() - min(due_at) FILTER (WHERE due_at <= now())) AS oldest_overdue_s,
+       min(due_at) FILTER (WHERE due_at > now()) AS next_due_at
+FROM timers
+WHERE tenant_id = %(tenant_id)s AND state = 'Scheduled';
+
+-- name: inspect_lateness
+-- How late one-shot timers fired in the last %(window)s (recorded minus due): the newest finished
+-- rows of the finished index. Recurring timers stay Scheduled and are not counted.
+SELECT count(*) AS fired,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM reached_at - due_at)) AS p50_s,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM reached_at - due_at)) AS p99_s,
+       max(extract(epoch FROM reached_at - due_at)) AS max_s
+FROM timers
+WHERE state <> 'Scheduled' AND updated_at > now() - %(window)s::interval
+  AND state = 'Reached' AND reached_at IS NOT NULL;

@@ -13,10 +13,15 @@ from worker.config import Settings
 from worker.service import Replica, SchemaNotReady
 
 
-def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")} | env
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args], env=full_env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "worker.cli", *args],
+        env=full_env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -51,7 +56,8 @@ def test_unreachable_servers_are_one_line_and_the_password_is_not_shown() -> Non
 
 
 def test_every_command_has_help() -> None:
-    for command in ("migrate", "run", "schedule", "cancel", "status", "dev", "bench"):
+    commands = ("migrate", "run", "schedule", "cancel", "status", "list", "describe", "dlq", "console")
+    for command in (*commands, "dev", "bench"):
         result = run(command, "--help")
         assert result.returncode == 0 and "usage: timer-service" in result.stdout
 

@@ -29,9 +29,13 @@ class FlakySubscription:
 class Broker:
     def __init__(self, sub: FlakySubscription) -> None:
         self.sub = sub
+        self.checks = 0
 
     async def command_subscription(self) -> FlakySubscription:
         return self.sub
+
+    def check_streams_soon(self) -> None:
+        self.checks += 1
 
 
 async def test_intake_survives_a_stream_without_leader_and_a_reconnect() -> None:
@@ -42,6 +46,8 @@ async def test_intake_survives_a_stream_without_leader_and_a_reconnect() -> None
         nats.errors.TimeoutError(),
     ]
     sub = FlakySubscription(errors, stop)
-    intake = Intake(load_settings(), store=None, broker=Broker(sub), wakeup=None)  # type: ignore[arg-type]
+    broker = Broker(sub)
+    intake = Intake(load_settings(), store=None, broker=broker, wakeup=None)  # type: ignore[arg-type]
     await asyncio.wait_for(intake.run(stop), timeout=10)
     assert sub.fetches == 4
+    assert broker.checks == 2, "a 503 may be a deleted consumer: each failure has the streams checked"

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import itertools
 import json
 import logging
 import ssl
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import nats
@@ -15,9 +20,10 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from worker.contract import Outgoing, Subjects
+from worker.errors import ConfigError, TransientError
 
 if TYPE_CHECKING:  # the producer client imports this module without the service's settings
     from worker.config import Settings
@@ -32,6 +38,8 @@ ATOMIC_BATCH_MAX = 1000
 ATOMIC_BATCH_MIN = 100
 # "atomic publish batch contains duplicate message id": some of it is stored already.
 ERR_BATCH_DUPLICATE_ID = 10201
+# After a failure a missing stream would explain, the streams are looked at no more often than this.
+CHECK_INTERVAL_S = 1.0
 
 
 def _tls_context(s: Settings) -> ssl.SSLContext | None:
@@ -52,6 +60,8 @@ def connect_options(s: Settings) -> dict[str, Any]:
         "reconnect_time_wait": 0.5,
         "connect_timeout": 5,
         "allow_reconnect": True,
+        # What nats-py holds while reconnecting; past it a publish fails at once (it is retried).
+        "pending_size": s.publish_buffer_bytes,
     }
     if s.nats_user:
         opts["user"] = s.nats_user
@@ -100,6 +110,17 @@ class Broker:
         self.nc: NATS | None = None
         self._js: JetStreamContext | None = None
         self._atomic = True  # until the event stream says it does not allow atomic batches
+        # Publishes awaiting their PubAck. Ours, not nats-py's publish_async: that one keeps a
+        # permit for good when the publish itself raises (its outbound buffer full in an outage),
+        # and after TIMER_MAX_IN_FLIGHT of those every publish waited forever.
+        self.permits = asyncio.Semaphore(settings.max_in_flight)
+        self._replies: dict[str, asyncio.Future[Msg]] = {}
+        self._reply_prefix = ""
+        self._tokens = itertools.count()
+        # Why the streams cannot be used (missing and not ours to create, or refused); None when fine.
+        self.problem: str | None = None
+        self._check: asyncio.Task[None] | None = None
+        self._checked_at = float("-inf")
 
     async def connect(self) -> None:
         async def on_error(exc: Exception) -> None:
@@ -119,10 +140,9 @@ class Broker:
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
         )
-        self._js = self.nc.jetstream(
-            timeout=self.settings.publish_timeout_ms / 1000,
-            publish_async_max_pending=self.settings.max_in_flight,
-        )
+        self._js = self.nc.jetstream(timeout=self.settings.publish_timeout_ms / 1000)
+        self._reply_prefix = f"{self.nc.new_inbox()}."
+        await self.nc.subscribe(f"{self._reply_prefix}*", cb=self._on_reply)
 
     @property
     def js(self) -> JetStreamContext:
@@ -133,10 +153,10 @@ class Broker:
     def connected(self) -> bool:
         return self.nc is not None and self.nc.is_connected
 
-    async def ensure_streams(self) -> None:
-        """Create the streams and the shared consumer when missing; never rewrite existing ones."""
+    def stream_configs(self) -> list[api.StreamConfig]:
+        """The streams as this service creates them."""
         s = self.settings
-        streams = [
+        return [
             api.StreamConfig(
                 name=s.command_stream,
                 subjects=self.subjects.commands,
@@ -160,16 +180,27 @@ class Broker:
                 num_replicas=s.stream_replicas,
             ),
         ]
+
+    async def ensure_streams(self) -> None:
+        """Create the streams and the shared consumer when missing; never rewrite existing ones.
+
+        Raises TransientError naming a stream that is missing with TIMER_CREATE_STREAMS=false, and
+        ConfigError when an existing stream's limits break a guarantee (see _check_limits).
+        """
+        s = self.settings
         jsm = self.js._jsm
-        for config in streams:
+        found: dict[str, api.StreamConfig] = {}
+        for config in self.stream_configs():
             assert config.name is not None
             try:
-                await jsm.stream_info(config.name)
+                found[config.name] = (await jsm.stream_info(config.name)).config
             except NotFoundError:
                 if not s.create_streams:
-                    raise
-                await jsm.add_stream(config)
+                    self._set_problem(f"stream {config.name} does not exist (TIMER_CREATE_STREAMS=false)")
+                    raise TransientError(self.problem) from None
+                found[config.name] = (await jsm.add_stream(config)).config
                 log.info("stream created", extra={"action": "stream_created", "stream": config.name})
+        self._check_limits(found)
         try:
             await jsm.consumer_info(s.command_stream, s.consumer)
         except NotFoundError:
@@ -188,6 +219,53 @@ class Broker:
                     filter_subjects=self.subjects.commands,
                 ),
             )
+            log.info("consumer created", extra={"action": "consumer_created", "consumer": s.consumer})
+        self._set_problem(None)
+
+    def _check_limits(self, streams: dict[str, api.StreamConfig]) -> None:
+        """The guarantees that rest on the streams' own limits, which may not be what settings say
+        (a stream made by hand, or before a setting changed): refuse, naming the stream, if one fails."""
+        s = self.settings
+        events = streams[s.event_stream]
+        horizon = timedelta(milliseconds=s.lease_ms + 3 * s.publish_timeout_ms)
+        window = timedelta(seconds=events.duplicate_window or 0)
+        if window <= horizon:
+            raise ConfigError(
+                f"stream {s.event_stream}: duplicate window {_age(window)} must exceed TIMER_LEASE_MS"
+                f" + 3 x TIMER_PUBLISH_TIMEOUT_MS ({_age(horizon)}), or a re-fired timer is published twice"
+            )
+        # A finished timer's row must outlive every copy of the command that made it (retention.py).
+        command_age = timedelta(seconds=streams[s.command_stream].max_age or 0)
+        if not command_age or command_age > s.retention:
+            raise ConfigError(
+                f"stream {s.command_stream}: max age {_age(command_age)} must not exceed TIMER_RETENTION"
+                f" ({_age(s.retention)}), or a late duplicate ScheduleTimer re-arms a deleted timer"
+            )
+
+    def _set_problem(self, problem: str | None) -> None:
+        if problem != self.problem and problem is not None:
+            log.warning("streams not usable", extra={"action": "streams_not_ready", "error": problem})
+        self.problem = problem
+
+    def check_streams_soon(self) -> None:
+        """After a failure a missing stream or consumer would explain: in the background, recreate
+        what is missing (as at start-up), or record in `problem` why the streams cannot be used."""
+        if not self.connected or (self._check is not None and not self._check.done()):
+            return
+        if time.monotonic() - self._checked_at < CHECK_INTERVAL_S:
+            return
+        self._checked_at = time.monotonic()
+        self._check = asyncio.create_task(self._check_streams(), name="check-streams")
+
+    async def _check_streams(self) -> None:
+        try:
+            await self.ensure_streams()
+        except ConfigError as exc:
+            self._set_problem(str(exc))
+        except TransientError:  # missing and not ours to create: `problem` says so
+            pass
+        except Exception as exc:  # NATS cannot answer now (a leader election, a lost connection)
+            log.warning("stream check failed", extra={"action": "stream_check_failed", "error": str(exc)})
 
     async def command_subscription(self) -> JetStreamContext.PullSubscription:
         return await self.js.pull_subscribe_bind(self.settings.consumer, self.settings.command_stream)
@@ -195,24 +273,22 @@ class Broker:
     async def publish_many(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
         """Publish with bounded pipelining; for each message, None once JetStream acknowledged it.
 
-        nats-py's publish_async futures can wait forever when a reply is lost, so every future
-        gets the same deadline; whatever has not been acknowledged by then counts as failed.
+        Everything, waiting for a permit (TIMER_MAX_IN_FLIGHT) included, ends by the deadline;
+        whatever has not been acknowledged by then counts as failed, and every permit comes back.
         """
-        futures: list[asyncio.Future[api.PubAck]] = []
-        results: list[BaseException | None] = []
-        for m in messages:
-            try:
-                futures.append(await self.js.publish_async(m.subject, m.payload, headers=m.headers))
-            except Exception as exc:  # not connected, or too many stalled: fail the rest of them
-                futures.append(_failed(exc))
-        if futures:
-            await asyncio.wait(futures, timeout=timeout)
-        for f in futures:
-            if not f.done():
-                f.cancel()
-                results.append(TimeoutError("no PubAck before the publish timeout"))
-            else:
-                results.append(f.exception())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        replies: list[asyncio.Future[Msg]] = []
+        try:
+            for m in messages:
+                replies.append(await self._send(m.subject, m.payload, m.headers, permit_by=deadline))
+            if replies:
+                await asyncio.wait(replies, timeout=max(0.0, deadline - loop.time()))
+            results = [_pub_ack_error(_reply(r)) for r in replies]
+        finally:
+            for r in replies:
+                r.cancel()  # no-op once done; else its permit comes back
+        self._after(results)
         return results
 
     async def publish_atomic(
@@ -232,16 +308,20 @@ class Broker:
         if not self._atomic or len(messages) < ATOMIC_BATCH_MIN:
             return await self.publish_many(messages, timeout)
         chunks = [messages[i : i + ATOMIC_BATCH_MAX] for i in range(0, len(messages), ATOMIC_BATCH_MAX)]
-        commits = [asyncio.ensure_future(await self._send_batch(chunk)) for chunk in chunks]
-        await asyncio.wait(commits, timeout=timeout)
+        commits: list[asyncio.Future[Msg]] = []
+        try:
+            for chunk in chunks:
+                commits.append(await self._send_batch(chunk))
+            await asyncio.wait(commits, timeout=timeout)
+            replies = [_reply(c) for c in commits]
+        finally:
+            for c in commits:
+                c.cancel()
         results: list[BaseException | None] = []
-        for chunk, commit in zip(chunks, commits, strict=True):
-            if not commit.done():
-                commit.cancel()
-                results += [TimeoutError("no PubAck for the batch before the publish timeout")] * len(chunk)
-            elif (exc := commit.exception()) is not None:
-                results += [exc] * len(chunk)
-            elif (error := _batch_error(commit.result().data, len(chunk))) is None:
+        for chunk, reply in zip(chunks, replies, strict=True):
+            if isinstance(reply, BaseException):
+                results += [reply] * len(chunk)
+            elif (error := _batch_error(reply.data, len(chunk))) is None:
                 results += [None] * len(chunk)
             else:
                 if error.get("err_code") != ERR_BATCH_DUPLICATE_ID:
@@ -250,22 +330,65 @@ class Broker:
                         "atomic publish off", extra={"action": "atomic_publish_off", "error": str(error)}
                     )
                 results += await self.publish_many(chunk, timeout)
+        self._after(results)
         return results
 
-    async def _send_batch(self, chunk: Sequence[Outgoing]) -> Awaitable[Msg]:
-        """Send one batch; the commit's reply, to await."""
+    async def _send_batch(self, chunk: Sequence[Outgoing]) -> asyncio.Future[Msg]:
+        """Send one batch; its commit's reply (failed at once if the batch could not be sent)."""
         assert self.nc is not None
         batch_id = uuid.uuid4().hex
-        last = len(chunk)
-        for seq, m in enumerate(chunk, start=1):
-            headers = {**m.headers, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq)}
-            if seq < last:
+        try:
+            for seq, m in enumerate(chunk[:-1], start=1):
+                headers = {**m.headers, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq)}
                 await self.nc.publish(m.subject, m.payload, headers=headers)
-            else:
-                headers["Nats-Batch-Commit"] = "1"
-                timeout = self.settings.publish_timeout_ms / 1000
-                return self.nc.request(m.subject, m.payload, timeout=timeout, headers=headers)
-        raise ValueError("empty batch")
+        except Exception as exc:  # the server drops a batch never committed
+            return _failed(exc)
+        last = chunk[-1]
+        headers = {**last.headers, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(len(chunk))}
+        return await self._send(last.subject, last.payload, {**headers, "Nats-Batch-Commit": "1"})
+
+    async def _send(
+        self, subject: str, payload: bytes, headers: dict[str, str], permit_by: float | None = None
+    ) -> asyncio.Future[Msg]:
+        """Publish with a reply subject; the reply's future. With `permit_by`, first take a permit
+        (failing the publish if none is free by then); done, failed or cancelled, it comes back."""
+        if permit_by is not None and not self.permits.locked():
+            await self.permits.acquire()  # free: taken at once, without arming a timer
+        elif permit_by is not None:
+            try:
+                async with asyncio.timeout_at(permit_by):
+                    await self.permits.acquire()
+            except TimeoutError:
+                return _failed(
+                    TimeoutError("TIMER_MAX_IN_FLIGHT publishes awaiting a PubAck until the timeout")
+                )
+        assert self.nc is not None
+        token = str(next(self._tokens))
+        reply: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._replies[token] = reply
+        reply.add_done_callback(functools.partial(self._forget, token, permit_by is not None))
+        try:
+            await self.nc.publish(subject, payload, reply=self._reply_prefix + token, headers=headers)
+        except Exception as exc:  # not connected and the outbound buffer full, connection closed...
+            reply.set_exception(exc)
+        except BaseException:
+            reply.cancel()
+            raise
+        return reply
+
+    def _forget(self, token: str, permit: bool, _: asyncio.Future[Msg]) -> None:
+        del self._replies[token]
+        if permit:
+            self.permits.release()
+
+    async def _on_reply(self, msg: Msg) -> None:
+        reply = self._replies.get(msg.subject[len(self._reply_prefix) :])
+        if reply is not None and not reply.done():
+            reply.set_result(msg)
+
+    def _after(self, results: list[BaseException | None]) -> None:
+        if any(r is not None for r in results):  # a deleted stream looks like this too
+            self.check_streams_soon()
 
     async def publish_one(self, message: Outgoing) -> None:
         await self.js.publish(message.subject, message.payload, headers=message.headers)
@@ -279,11 +402,36 @@ class Broker:
             await self.nc.publish(subject, payload)
 
     async def close(self) -> None:
+        if self._check is not None:
+            self._check.cancel()
         if self.nc is not None and not self.nc.is_closed:
             try:
                 await asyncio.wait_for(self.nc.drain(), timeout=5)
             except Exception:  # drain on a broken connection: closing is all that is left
-                await self.nc.close()
+                with contextlib.suppress(Exception):  # and it may fail the same way
+                    await self.nc.close()
+
+
+def _reply(reply: asyncio.Future[Msg]) -> Msg | BaseException:
+    """The reply to a publish, or why there is none."""
+    if not reply.done():
+        return TimeoutError("no PubAck before the publish timeout")
+    if (exc := reply.exception()) is not None:
+        return exc
+    msg = reply.result()
+    if msg.headers and msg.headers.get(api.Header.STATUS) == "503":
+        return NoStreamResponseError()  # no stream takes the subject
+    return msg
+
+
+def _pub_ack_error(msg: Msg | BaseException) -> BaseException | None:
+    if isinstance(msg, BaseException):
+        return msg
+    try:
+        ack = json.loads(msg.data)
+    except ValueError:
+        return APIError(description=f"unreadable PubAck: {msg.data[:100]!r}")
+    return APIError.from_error(ack["error"]) if "error" in ack else None
 
 
 def _batch_error(reply: bytes, size: int) -> dict[str, Any] | None:
@@ -299,7 +447,11 @@ def _batch_error(reply: bytes, size: int) -> dict[str, Any] | None:
     return None
 
 
-def _failed(exc: BaseException) -> asyncio.Future[api.PubAck]:
-    f: asyncio.Future[api.PubAck] = asyncio.get_running_loop().create_future()
+def _failed(exc: BaseException) -> asyncio.Future[Msg]:
+    f: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
     f.set_exception(exc)
     return f
+
+
+def _age(d: timedelta) -> str:
+    return f"{d.total_seconds():g}s" if d else "unlimited"

@@ -86,9 +86,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    from worker.inspect import cancel_outcome
+
     settings = load_settings()
     asyncio.run(_with_client(settings, lambda c: c.cancel(args.tenant, args.id)))
-    print(f"cancel sent for {args.tenant}/{args.id}")
+    print(cancel_outcome(settings.database_url.get_secret_value(), args.tenant, args.id, args.wait))
     return 0
 
 
@@ -105,8 +107,141 @@ def cmd_status(args: argparse.Namespace) -> int:
             return 1
         print(json.dumps(view, indent=2) if args.json else one_timer(view))
         return 0
+    if args.tenant:  # a tenant without --id: that tenant's summary
+        from worker.inspect import connect, render_summary, tenant_summary
+
+        with connect(settings.database_url.get_secret_value()) as conn:
+            summary = tenant_summary(conn, args.tenant)
+        print(json.dumps(summary, indent=2) if args.json else render_summary(summary))
+        return 0
     report = overview(settings.database_url.get_secret_value(), top=args.top)
     print(json.dumps(report, indent=2, default=str) if args.json else render(report))
+    return 0
+
+
+def _when(value: str | None, flag: str) -> datetime | None:
+    """RFC 3339 with an offset, or a duration before (-1h) or after (+5m) now."""
+    if value is None:
+        return None
+    if value[:1] in "+-":
+        sign = -1 if value[0] == "-" else 1
+        try:
+            return datetime.now(UTC) + sign * parse_duration(value[1:])
+        except ValueError as exc:
+            raise ConfigError(f"{flag}: {exc}") from None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(f"{flag}: not an RFC 3339 time or a -/+ duration: {value!r}") from None
+    if when.tzinfo is None:
+        raise ConfigError(f"{flag}: needs a UTC offset, e.g. 2026-11-22T09:00:00Z")
+    return when
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from worker.inspect import TimerFilter, connect, list_timers, render_page, row_json
+
+    try:
+        f = TimerFilter(
+            tenant_id=args.tenant,
+            state=args.state,
+            due_from=_when(args.due_from, "--due-from"),
+            due_to=_when(args.due_to, "--due-to"),
+            overdue=args.overdue,
+        )
+        with connect(load_settings().database_url.get_secret_value()) as conn:
+            page = list_timers(conn, f, args.after, args.limit)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if args.json:
+        print(json.dumps({"timers": [row_json(r) for r in page.rows], "next": page.next_cursor}, indent=2))
+    else:
+        print(render_page(page))
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    from worker.inspect import connect, describe
+    from worker.status import one_timer
+
+    with connect(load_settings().database_url.get_secret_value()) as conn:
+        view = describe(conn, args.tenant, args.id)
+    if view is None:
+        print(
+            f"not found: {args.tenant}/{args.id}; if it was sent, it may have been rejected: "
+            f"timer-service dlq list --tenant {args.tenant}",
+            file=sys.stderr,
+        )
+        return 1
+    print(json.dumps(view, indent=2) if args.json else one_timer(view))
+    return 0
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    from worker import dlq
+
+    settings = load_settings()
+    f = dlq.DlqFilter(
+        tenant=getattr(args, "tenant", None),
+        reason=getattr(args, "reason", None),
+        since=_when(getattr(args, "since", None), "--since"),
+        before=_when(getattr(args, "before", None), "--before"),
+    )
+    body = None
+    if getattr(args, "body", None):
+        body = sys.stdin.buffer.read() if args.body == "-" else open(args.body, "rb").read()  # noqa: SIM115
+
+    async def act() -> int:
+        async with dlq.open_dlq(settings, allow_reconnect=False, max_reconnect_attempts=1) as q:
+            if args.dlq_command == "list":
+                page = await q.page(f, args.after, args.limit)
+                out = {"entries": [e.as_dict(with_body=False) for e in page.entries], "next": page.next_seq}
+                print(json.dumps(out, indent=2) if args.json else dlq.render_entries(page))
+                return 0
+            if args.dlq_command == "show":
+                entry = await q.get(args.seq)
+                if entry is None:
+                    print(f"no DLQ entry {args.seq} (replayed, purged or aged out)", file=sys.stderr)
+                    return 1
+                print(json.dumps(entry.as_dict(), indent=2) if args.json else dlq.render_entry(entry))
+                return 0
+            if args.dlq_command == "replay":
+                try:
+                    done = await q.replay(args.seq, body)
+                except dlq.ReplayRefused as exc:
+                    raise ConfigError(f"not replayed: {exc}") from None
+                if done is None:
+                    print(f"no DLQ entry {args.seq}: replayed or purged; nothing sent", file=sys.stderr)
+                    return 1
+                again = " (the command stream had it already: replayed before)" if done.duplicate else ""
+                print(
+                    f"replayed DLQ entry {done.seq} to {done.subject} as command {done.command_seq}"
+                    f"{again}; removed from the DLQ"
+                )
+                return 0
+            if not any((f.tenant, f.reason, f.since, f.before)):
+                raise ConfigError("dlq purge: give at least one of --tenant, --reason, --since, --before")
+            seqs = await q.purge(f, confirmed=args.yes)
+            if args.yes:
+                print(f"purged {len(seqs)} DLQ entries")
+            else:
+                print(f"{len(seqs)} DLQ entries match; run again with --yes to delete them")
+            return 0
+
+    code: int = asyncio.run(act())
+    return code
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    from worker.config import load_console_settings
+
+    settings = load_console_settings()
+    try:
+        from worker.console.app import serve
+    except ImportError as exc:
+        raise ConfigError(f"the console needs: pip install 'timer-service[console]' ({exc})") from None
+    logs.setup(settings.log_level, settings.log_format)
+    serve(settings)
     return 0
 
 
@@ -158,14 +293,61 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("cancel", help="cancel a timer not yet claimed")
     c.add_argument("--tenant", required=True)
     c.add_argument("--id", required=True)
+    c.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the outcome (default 5)")
     c.set_defaults(func=cmd_cancel)
 
-    st = sub.add_parser("status", help="counts by state, overdue, leases; or one timer with --tenant/--id")
+    st = sub.add_parser(
+        "status", help="counts by state, overdue, leases; a tenant's with --tenant; one timer with --id"
+    )
     st.add_argument("--tenant")
     st.add_argument("--id")
     st.add_argument("--top", type=int, default=10, help="tenants to list (default 10)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
+
+    ls = sub.add_parser("list", help="timers of a tenant (key order) or Scheduled ones by due time")
+    ls.add_argument("--tenant", help="without it: Scheduled timers of every tenant, soonest due first")
+    ls.add_argument("--state", choices=("Scheduled", "Reached", "Cancelled"))
+    ls.add_argument("--due-from", help="RFC 3339, or -/+ a duration from now (-1h)")
+    ls.add_argument("--due-to", help="RFC 3339, or -/+ a duration from now (+5m); exclusive")
+    ls.add_argument("--overdue", action="store_true", help="Scheduled and due by now, oldest first")
+    ls.add_argument("--limit", type=int, default=50, help="rows per page (default 50, at most 1000)")
+    ls.add_argument("--after", help="the cursor a previous page printed")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+
+    de = sub.add_parser("describe", help="one timer: every field, lease, attempts, why it has not fired")
+    de.add_argument("--tenant", required=True)
+    de.add_argument("--id", required=True)
+    de.add_argument("--json", action="store_true")
+    de.set_defaults(func=cmd_describe)
+
+    q = sub.add_parser("dlq", help="rejected commands: list, show, replay, purge")
+    qs = q.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    for name, text in (("list", "entries, oldest first"), ("purge", "delete matching entries")):
+        a = qs.add_parser(name, help=text)
+        a.add_argument("--tenant")
+        a.add_argument("--reason", help="a reason code (Timer-Error), e.g. bad_due_at")
+        a.add_argument("--since", help="stored at or after: RFC 3339 or -duration (-1h)")
+        a.add_argument("--before", help="stored before: RFC 3339 or -duration (-7d)")
+        if name == "list":
+            a.add_argument("--after", type=int, default=0, help="the stream sequence a previous page printed")
+            a.add_argument("--limit", type=int, default=50)
+            a.add_argument("--json", action="store_true")
+        else:
+            a.add_argument("--yes", action="store_true", help="delete; without it, only count")
+        a.set_defaults(func=cmd_dlq)
+    a = qs.add_parser("show", help="one entry: headers and body")
+    a.add_argument("seq", type=int)
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=cmd_dlq)
+    a = qs.add_parser("replay", help="re-submit an entry to its subject, then remove it from the DLQ")
+    a.add_argument("seq", type=int)
+    a.add_argument("--body", help="a file with the fixed command (- for stdin) instead of the stored one")
+    a.set_defaults(func=cmd_dlq)
+
+    co = sub.add_parser("console", help="the web console (TIMER_CONSOLE_*), on its own port")
+    co.set_defaults(func=cmd_console)
 
     d = sub.add_parser("dev", help="embedded Postgres + NATS, 3 replicas, a demo load, live view")
     d.add_argument("--duration", type=float, help="stop after S seconds and print a summary line")

@@ -7,7 +7,7 @@ import re
 import socket
 import urllib.parse
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import isodate
 from pydantic import BeforeValidator, Field, SecretStr, ValidationError, model_validator
@@ -90,6 +90,8 @@ class Settings(BaseSettings):
     lease_ms: int = Field(3000, ge=200, le=3_600_000)
     publish_timeout_ms: int = Field(2000, ge=50, le=60000)
     max_in_flight: int = Field(2000, ge=1, le=100000)
+    # Publishes nats-py holds while reconnecting (its pending_size); 0: none, they fail at once.
+    publish_buffer_bytes: int = Field(2 * 1024 * 1024, ge=0)
     drain_timeout_ms: int = Field(10000, ge=0, le=600000)
     max_horizon: Duration = timedelta(days=3650)
     retention: Duration = timedelta(days=7)
@@ -133,10 +135,50 @@ class Settings(BaseSettings):
         return self
 
 
+class ConsoleSettings(Settings):
+    """The operator console's settings besides the service's (`timer-service console`): its own
+    process and port, never the replicas', so the chart does not carry them."""
+
+    console_host: str = "127.0.0.1"
+    console_port: int = Field(8081, ge=0, le=65535)
+    console_token: SecretStr | None = None
+    console_user: str | None = None
+    console_password: SecretStr | None = None
+    # false: the console only reads; true: it can also replay DLQ entries.
+    console_actions: bool = False
+
+    @model_validator(mode="after")
+    def _credentials(self) -> ConsoleSettings:
+        if bool(self.console_user) != bool(self.console_password):
+            raise ValueError("console_user: TIMER_CONSOLE_USER and TIMER_CONSOLE_PASSWORD go together")
+        if not (self.console_token or self.console_user):
+            raise ValueError(
+                "console_token: the console needs TIMER_CONSOLE_TOKEN, or TIMER_CONSOLE_USER and "
+                "TIMER_CONSOLE_PASSWORD"
+            )
+        for name in ("console_token", "console_password"):
+            secret = getattr(self, name)
+            if secret is not None and len(secret.get_secret_value()) < 12:
+                raise ValueError(f"{name}: must be at least 12 characters")
+        return self
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Build settings from the environment (and overrides); a bad one raises ConfigError, one line."""
+    return _build(Settings, overrides)
+
+
+def load_console_settings(**overrides: Any) -> ConsoleSettings:
+    """The console's settings, checked the same way (no credentials: it does not start)."""
+    return _build(ConsoleSettings, overrides)
+
+
+S = TypeVar("S", bound=Settings)
+
+
+def _build(cls: type[S], overrides: dict[str, Any]) -> S:
     try:
-        settings = Settings(**overrides)
+        settings = cls(**overrides)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
@@ -178,7 +220,8 @@ def secret_values(s: Settings) -> set[str]:
     """Every secret these settings hold, as written and percent-decoded: what an error message
     quoting a setting could repeat (libpq quotes a bad DSN token, password included)."""
     found: set[str] = set()
-    for secret in (s.nats_password, s.nats_token, s.nats_nkey_seed):
+    console = (s.console_token, s.console_password) if isinstance(s, ConsoleSettings) else ()
+    for secret in (s.nats_password, s.nats_token, s.nats_nkey_seed, *console):
         if secret is not None:
             found.add(secret.get_secret_value())
     for url, token_ok in [(s.database_url.get_secret_value(), False)] + [

@@ -49,8 +49,10 @@ class Intake:
             except nats.errors.Error as exc:
                 # Reconnecting, or the consumer's stream has no leader for a moment (a NATS node
                 # went down: 503 until the cluster elects another). Both pass; neither ends intake.
+                # A deleted consumer or stream answers 503 too: that one the broker puts back.
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning("fetch failed", extra={"action": "fetch_failed", "error": error})
+                self.broker.check_streams_soon()
                 await _pause(stop, 1.0)
                 continue
             await self.handle(msgs)

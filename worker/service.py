@@ -10,15 +10,16 @@ import time
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, retry_if_not_exception_type, wait_exponential
 
 from worker import metrics, migrations
 from worker.broker import Broker
 from worker.config import Settings, mask_url
-from worker.errors import DatabaseError, TransientError
+from worker.errors import ConfigError, DatabaseError, TransientError
 from worker.firing import LOOKAHEAD_MS, Firing
 from worker.http import HttpServer
 from worker.intake import Intake
+from worker.queries import OVERDUE_CAP
 from worker.readmodel import ReadModel
 from worker.retention import Retention
 from worker.store import ADAPTERS, Store, session_conninfo
@@ -85,9 +86,10 @@ class Replica:
             await self.http.close()
 
     async def _connect(self) -> bool:
-        """Wait for Postgres and NATS (with back-off), migrate, ensure streams."""
+        """Wait for Postgres and NATS (with back-off), migrate, ensure streams. A stream whose
+        limits break a guarantee is a ConfigError: no retry, the replica does not start."""
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(Exception),
+            retry=retry_if_not_exception_type(ConfigError),
             wait=wait_exponential(multiplier=0.2, max=5),
             before_sleep=lambda rs: log.warning(
                 "dependencies not ready",
@@ -165,7 +167,7 @@ class Replica:
             # one statement a second in all (its claim every TIMER_POLL_INTERVAL_MS included).
             if rounds % 3 == 0:
                 with contextlib.suppress(TransientError):  # readiness reports it
-                    overdue, oldest, scheduled = await self.store.fleet_gauges(metrics.OVERDUE_CAP)
+                    overdue, oldest, scheduled = await self.store.fleet_gauges(OVERDUE_CAP)
                     metrics.OVERDUE.set(overdue)
                     metrics.OLDEST_OVERDUE_SECONDS.set(oldest or 0.0)
                     metrics.SCHEDULED.set(scheduled)
@@ -192,10 +194,15 @@ class Replica:
             return False, "stopping"
         if not self.broker.connected:
             return False, "nats not connected"
+        if self.broker.problem:
+            self.broker.check_streams_soon()  # until it is gone: a stream created by hand, say
+            return False, self.broker.problem
         try:
             await asyncio.wait_for(self.store.ping(), timeout=2)
         except (TransientError, DatabaseError, TimeoutError) as exc:
             return False, f"postgres not reachable: {type(exc.__cause__ or exc).__name__}"
         if self.store.write_failure:  # reachable, but refusing writes (read-only, disk full)
             return False, f"postgres writes failing: {self.store.write_failure}"
+        if not self.started.is_set():
+            return False, "starting"
         return True, "ok"

@@ -6,8 +6,7 @@ from typing import Any
 
 import psycopg
 
-from worker.metrics import OVERDUE_CAP
-from worker.queries import QUERIES
+from worker.queries import OVERDUE_CAP, QUERIES
 from worker.store import ADAPTERS, session_conninfo
 
 

@@ -75,6 +75,9 @@ CASES: dict[str, dict[str, Any]] = {
     "ha_no_standby_to_spare": {
         "postgresCluster": {"enabled": True, "instances": 2, "synchronousStandbys": 2}
     },
+    "keda": {"keda": {"enabled": True}},
+    "keda_backlog_only": {"keda": {"enabled": True, "cpuUtilization": None, "query": "sum(timer_overdue)"}},
+    "keda_and_hpa": {"keda": {"enabled": True}, "autoscaling": {"enabled": True}},
     "typo_top": {"replicaCout": 2},
     "typo_config": {"config": {"batchSzie": 10}},
     "typo_security": {"securityContext": {"readOnlyRootFileSystem": True}},
@@ -191,6 +194,30 @@ def test_hpa_owns_the_replica_count(production: Release) -> None:
 
 
 # --- settings and secrets ---------------------------------------------------------------------
+
+
+def test_keda_scales_on_the_overdue_backlog(rendered: dict[str, Any]) -> None:
+    keda = Release(rendered["keda"])
+    scaled = keda.one("ScaledObject")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    assert scaled["spec"]["scaleTargetRef"]["name"] == keda.deployment["metadata"]["name"]
+    assert "replicas" not in keda.deployment["spec"], "KEDA owns the replica count"
+    assert keda.all("HorizontalPodAutoscaler") == []
+    backlog, cpu = scaled["spec"]["triggers"]
+    assert backlog["type"] == "prometheus" and cpu == {
+        "type": "cpu",
+        "metricType": "Utilization",
+        "metadata": {"value": "70"},
+    }
+    assert backlog["metadata"]["query"] == 'max(timer_oldest_overdue_seconds{namespace="timers"})'
+    assert backlog["metadata"]["threshold"] == "5"
+    only = Release(rendered["keda_backlog_only"]).one("ScaledObject")["spec"]["triggers"]
+    assert [t["metadata"]["query"] for t in only] == ["sum(timer_overdue)"]
+
+
+def test_keda_and_the_hpa_are_mutually_exclusive(rendered: dict[str, Any]) -> None:
+    error = rendered["keda_and_hpa"]["error"]
+    assert error is not None and "keda.enabled and autoscaling.enabled: choose one" in error
 
 
 def test_every_setting_reaches_the_pod(rendered: dict[str, Any], production: Release) -> None:

@@ -1,0 +1,118 @@
+"""The console's door: every request is authenticated, every form post carries its CSRF token.
+
+A browser logs in once (the token, or user and password, compared in constant time) and gets a
+random session id in an HttpOnly, SameSite=Strict cookie; the session holds a CSRF token that
+each form posts back. A program may send `Authorization: Bearer <token>` instead (no browser sends
+that on its own, so it needs no CSRF token). Sessions live in this process: restarting the console
+logs everyone out, which for an operator tool is a feature.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from worker.config import ConsoleSettings
+
+COOKIE = "timer_console"
+SESSION_TTL_S = 8 * 3600
+# Reachable without a session: the login form and its post. Nothing else.
+OPEN_PATHS = frozenset({"/login"})
+
+
+def _same(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+@dataclass(slots=True)
+class Session:
+    csrf: str
+    expires: float
+
+
+class Sessions:
+    def __init__(self, ttl_s: float = SESSION_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._by_id: dict[str, Session] = {}
+
+    def create(self) -> str:
+        now = time.monotonic()
+        self._by_id = {k: v for k, v in self._by_id.items() if v.expires > now}  # forget stale ones
+        sid = secrets.token_urlsafe(32)
+        self._by_id[sid] = Session(secrets.token_urlsafe(32), now + self.ttl_s)
+        return sid
+
+    def get(self, sid: str | None) -> Session | None:
+        session = self._by_id.get(sid) if sid else None
+        if session is None or session.expires <= time.monotonic():
+            return None
+        return session
+
+    def drop(self, sid: str | None) -> None:
+        if sid:
+            self._by_id.pop(sid, None)
+
+
+class Credentials:
+    def __init__(self, settings: ConsoleSettings) -> None:
+        self.token = settings.console_token.get_secret_value() if settings.console_token else None
+        self.user = settings.console_user
+        self.password = settings.console_password.get_secret_value() if settings.console_password else None
+
+    def check(self, token: str = "", user: str = "", password: str = "") -> bool:
+        """Whether the token, or the user and password, are the configured ones. Every configured
+        secret is compared, whichever was given, so the time taken says nothing about which failed."""
+        ok = False
+        if self.token is not None:
+            ok |= _same(token, self.token) and bool(token)
+        if self.user is not None and self.password is not None:
+            ok |= _same(user, self.user) & _same(password, self.password) and bool(user)
+        return ok
+
+    def bearer(self, header: str | None) -> bool:
+        scheme, _, value = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and self.check(token=value.strip())
+
+
+class RequireLogin:
+    """ASGI middleware: no route answers without a session or a bearer token. A page asked for by
+    GET is redirected to the login form; anything else gets an empty 401."""
+
+    def __init__(self, app: ASGIApp, sessions: Sessions, credentials: Credentials) -> None:
+        self.app = app
+        self.sessions = sessions
+        self.credentials = credentials
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        session = self.sessions.get(request.cookies.get(COOKIE))
+        if session is not None:
+            scope.setdefault("state", {})["session"] = session
+        elif self.credentials.bearer(request.headers.get("authorization")):
+            scope.setdefault("state", {})["session"] = None  # a program: no forms, no CSRF
+        else:
+            response: Response = (
+                RedirectResponse("/login", status_code=303)
+                if request.method in ("GET", "HEAD")
+                else Response(status_code=401)
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def csrf_ok(request: Request, posted: object) -> bool:
+    """A form post from a session carries that session's CSRF token; a bearer request needs none."""
+    session: Session | None = request.state.session
+    if session is None:
+        return True
+    return isinstance(posted, str) and _same(posted, session.csrf)

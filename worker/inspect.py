@@ -1,0 +1,276 @@
+"""Where is my timer? The operator's reads, as functions the CLI and the console share.
+
+Each takes an open psycopg connection (one-off for the CLI, from a pool for the console) and
+returns plain data; every statement is named in sql/queries.sql and reads on the database clock.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from worker.contract import timer_view
+from worker.queries import OVERDUE_CAP, QUERIES
+from worker.store import ADAPTERS, session_conninfo
+
+STATES = ("Scheduled", "Reached", "Cancelled")
+MAX_PAGE = 1000
+_EARLIEST = datetime.fromisoformat("0001-01-01T00:00:00+00:00")
+
+
+@contextmanager
+def connect(conninfo: str) -> Iterator[psycopg.Connection[Any]]:
+    """A read-only, autocommit session in UTC with the service's adapters."""
+    with psycopg.connect(session_conninfo(conninfo), autocommit=True, context=ADAPTERS) as conn:
+        conn.read_only = True
+        yield conn
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFilter:
+    tenant_id: str | None = None
+    state: str | None = None
+    due_from: datetime | None = None
+    due_to: datetime | None = None
+    overdue: bool = False  # Scheduled and due by now (the database's now)
+
+    def __post_init__(self) -> None:
+        if self.state is not None and self.state not in STATES:
+            raise ValueError(f"state: one of {', '.join(STATES)}, not {self.state!r}")
+        if self.tenant_id is None and self.state not in (None, "Scheduled"):
+            raise ValueError("listing every tenant shows Scheduled timers only: give a tenant")
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    rows: list[dict[str, Any]]
+    next_cursor: str | None = None  # opaque: pass it back as `after` for the next page
+    filter: TimerFilter = field(default_factory=TimerFilter)
+
+
+def _encode(key: list[Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+
+def _decode(cursor: str) -> list[Any]:
+    try:
+        key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except ValueError:
+        raise ValueError("not a cursor this command printed") from None
+    if not isinstance(key, list):
+        raise ValueError("not a cursor this command printed")
+    return key
+
+
+def list_timers(
+    conn: psycopg.Connection[Any], f: TimerFilter, after: str | None = None, limit: int = 50
+) -> Page:
+    """A page of timers: one tenant's in key order, or Scheduled ones in due order (every tenant,
+    or one tenant's with a due window or --overdue). Keyset paging: a page costs what it reads,
+    however deep it is."""
+    limit = max(1, min(limit, MAX_PAGE))
+    by_due = f.tenant_id is None or f.overdue
+    cur = conn.cursor(row_factory=dict_row)
+    if by_due:
+        due, tenant, sid = _decode(after) if after else [None, "", ""]
+        due_to = f.due_to
+        if f.overdue:
+            (now,) = conn.execute("SELECT now()").fetchone() or (None,)
+            due_to = min(due_to, now) if due_to and now else now
+        start = datetime.fromisoformat(due) if due else (f.due_from or _EARLIEST)
+        if f.due_from and start < f.due_from:
+            start = f.due_from
+        cur.execute(
+            QUERIES["inspect_due_timers"],
+            {
+                "after_due": start,
+                "after_tenant": tenant if due else "",
+                "after_id": sid if due else "",
+                "due_to": due_to,
+                "tenant_id": f.tenant_id,
+                "limit": limit,
+            },
+        )
+    else:
+        (last,) = _decode(after) if after else [""]
+        cur.execute(
+            QUERIES["inspect_tenant_timers"],
+            {
+                "tenant_id": f.tenant_id,
+                "after": last,
+                "state": f.state,
+                "due_from": f.due_from,
+                "due_to": f.due_to,
+                "limit": limit,
+            },
+        )
+    rows = cur.fetchall()
+    cursor = None
+    if len(rows) == limit:
+        last_row = rows[-1]
+        key = (
+            [last_row["due_at"].isoformat(), last_row["tenant_id"], last_row["service_call_id"]]
+            if by_due
+            else [last_row["service_call_id"]]
+        )
+        cursor = _encode(key)
+    return Page(rows, cursor, f)
+
+
+def describe(conn: psycopg.Connection[Any], tenant_id: str, service_call_id: str) -> dict[str, Any] | None:
+    """Every field of one timer, the contract's view of it, and why it has (not) fired."""
+    cur = conn.cursor(row_factory=dict_row)
+    cur.execute(QUERIES["inspect_timer"], {"tenant_id": tenant_id, "service_call_id": service_call_id})
+    row = cur.fetchone()
+    if row is None:
+        return None
+    view = timer_view(row)
+    view.update(
+        leaseOwner=row["lease_owner"],
+        leaseExpiresAt=row["lease_expires_at"].isoformat() if row["lease_expires_at"] else None,
+        leaseActive=bool(row["lease_active"]),
+        overdue=bool(row["overdue"]),
+        updatedAt=row["updated_at"].isoformat(),
+        commandTimestampMs=row["command_ts"],
+        occurrenceIndex=row["occurrence_index"],
+        why=diagnose(row),
+    )
+    return view
+
+
+def diagnose(row: dict[str, Any]) -> str:
+    """One line: where the timer stands and, when it has not fired, the likeliest reason."""
+    state, now = row["state"], row["db_now"]
+    if state == "Reached":
+        return f"fired: the last occurrence was recorded at {_at(row['reached_at'])}"
+    if state == "Cancelled":
+        if row["due_at"] is None:
+            return "cancelled before any ScheduleTimer arrived (a tombstone keeping the order)"
+        return f"cancelled at {_at(row['updated_at'])}; it will not fire"
+    due: datetime | None = row["due_at"]
+    if due is None:
+        return "its dueAt cannot be read (outside 0001..9999): it fails alone, see lastError"
+    expires: datetime | None = row["lease_expires_at"]
+    if expires is not None and expires > now and row["lease_owner"]:
+        return (
+            f"claimed by {row['lease_owner']} (attempt {row['attempts']}), lease until "
+            f"{_at(expires)}: firing now"
+        )
+    if expires is not None and expires > now:
+        return (
+            f"publishing failed ({row['last_error'] or 'no error recorded'}); retried by any replica "
+            f"after {_at(expires)} (attempt {row['attempts']})"
+        )
+    if due > now:
+        return f"waiting: due in {_span(due - now)}"
+    if row["attempts"]:
+        return (
+            f"overdue by {_span(now - due)} after {row['attempts']} attempt(s); last error: "
+            f"{row['last_error'] or 'none (a replica died holding it)'}"
+        )
+    return f"overdue by {_span(now - due)} and unclaimed: are replicas running and ready? (`status`)"
+
+
+def _at(value: datetime | None) -> str:
+    return value.isoformat() if value is not None else "?"
+
+
+def _span(d: timedelta) -> str:
+    s = d.total_seconds()
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}m"
+    if s < 172800:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def tenant_summary(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, Any]:
+    """One tenant: its timers by state, overdue ones, the oldest of them, the next due."""
+    counts = {s: n for s, n in conn.execute(QUERIES["inspect_tenant_counts"], {"tenant_id": tenant_id})}
+    row = conn.execute(QUERIES["inspect_tenant_due"], {"tenant_id": tenant_id, "cap": OVERDUE_CAP}).fetchone()
+    overdue, oldest, next_due = row if row else (0, None, None)
+    return {
+        "tenant": tenant_id,
+        "counts": {s: counts.get(s, 0) for s in STATES},
+        "overdue": overdue or 0,
+        "oldest_overdue_s": float(oldest) if oldest is not None else None,
+        "next_due_at": next_due.isoformat() if next_due else None,
+    }
+
+
+def lateness(conn: psycopg.Connection[Any], window: timedelta = timedelta(minutes=5)) -> dict[str, Any]:
+    """How late one-shot timers fired lately: count, p50, p99 and max seconds."""
+    row = conn.execute(QUERIES["inspect_lateness"], {"window": window}).fetchone()
+    fired, p50, p99, most = row if row else (0, None, None, None)
+    return {
+        "window_s": window.total_seconds(),
+        "fired": fired,
+        **{k: None if v is None else float(v) for k, v in (("p50_s", p50), ("p99_s", p99), ("max_s", most))},
+    }
+
+
+def render_summary(s: dict[str, Any]) -> str:
+    c = s["counts"]
+    lines = [
+        f"tenant     {s['tenant']}",
+        f"timers     scheduled={c['Scheduled']} reached={c['Reached']} cancelled={c['Cancelled']}",
+        f"overdue    {s['overdue']} unclaimed"
+        + (f", oldest {s['oldest_overdue_s']:.1f}s behind" if s["oldest_overdue_s"] is not None else ""),
+        f"next due   {s['next_due_at'] or 'none'}",
+    ]
+    return "\n".join(lines)
+
+
+def render_page(page: Page) -> str:
+    lines = [f"{'TENANT':<16} {'SERVICE CALL ID':<28} {'STATE':<10} {'DUE AT':<33} NOTE"]
+    for r in page.rows:
+        note = []
+        if r["overdue"]:
+            note.append("overdue")
+        if r["lease_owner"]:
+            note.append(f"claimed by {r['lease_owner']}")
+        if r["last_error"]:
+            note.append(f"error: {r['last_error'][:60]}")
+        due = r["due_at"].isoformat() if r["due_at"] else "-"
+        key = f"{r['tenant_id']:<16} {r['service_call_id']:<28}"
+        lines.append(f"{key} {r['state']:<10} {due:<33} {', '.join(note)}")
+    if page.next_cursor:
+        lines.append(f"more: --after {page.next_cursor}")
+    return "\n".join(lines)
+
+
+def row_json(r: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items()}
+
+
+def cancel_outcome(conninfo: str, tenant_id: str, service_call_id: str, wait_s: float) -> str:
+    """What a CancelTimer just sent did, as the database shows it within `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    with connect(conninfo) as conn:
+        while True:
+            view = describe(conn, tenant_id, service_call_id)
+            state = view["state"] if view else None
+            if state == "Cancelled":
+                return f"cancelled {tenant_id}/{service_call_id}"
+            if state == "Reached":
+                return f"not cancelled: {tenant_id}/{service_call_id} has fired ({view and view['why']})"
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)  # polling a replica's intake, which has no other signal to give
+    key = f"{tenant_id}/{service_call_id}"
+    if view is None:
+        return f"cancel sent for {key}; no replica has applied it yet (are replicas running?)"
+    if view["leaseActive"]:
+        return f"cancel sent for {key}; it waits: the current occurrence is firing ({view['why']})"
+    return f"cancel sent for {key}; not applied yet, the timer is {state}: {view['why']}"
