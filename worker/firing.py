@@ -17,8 +17,8 @@ from worker import metrics
 from worker.broker import Broker
 from worker.config import Settings
 from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, due_event, iso
+from worker.crashpoints import crash_point
 from worker.errors import TransientError
-from worker.faults import crash_point
 from worker.recurrence import Repeat, next_occurrence
 from worker.store import Claimed, Fired, Key, Leased, Store, Unreadable
 from worker.wakeup import Wakeup

@@ -18,8 +18,8 @@ from worker.broker import Broker
 from worker.commands import parse_command
 from worker.config import Settings
 from worker.contract import INVALID_TENANT, Command, Outgoing, Rejection, ScheduleTimer
+from worker.crashpoints import crash_point
 from worker.errors import TransientError
-from worker.faults import crash_point
 from worker.store import Store
 from worker.wakeup import Wakeup
 

@@ -28,7 +28,7 @@ from nats.aio.msg import Msg
 from tests.chaos.checker import Event, Row, Verdict, check
 from tests.chaos.workload import Workload, ms_of
 from tests.helpers import until
-from worker.faults import CRASH_EXIT
+from worker.crashpoints import CRASH_EXIT
 from worker.harness import ReplicaSet
 
 SETTLE_TIMEOUT_S = 180.0
@@ -68,7 +68,7 @@ class Fleet(ReplicaSet):
         super().__init__(env, log_dir)
         self.size = size
         self.variants = variants or [{}]  # extra settings, replica after replica in turn
-        self.crash_points = 0  # replicas that ended at a crash point (worker/faults.py)
+        self.crash_points = 0  # replicas that ended at a crash point (worker/crashpoints.py)
         self.deaths = 0  # every replica that died before the end, crash points included
         self.dead: set[str] = set()  # replicas that died before the end
 
