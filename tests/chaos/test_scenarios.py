@@ -16,7 +16,7 @@ import pytest
 from tests.chaos.cluster import NatsCluster
 from tests.chaos.proxy import Proxy
 from tests.chaos.scenario import Chaos, FaultDriver, Run
-from worker.embedded import EmbeddedNats, EmbeddedPostgres
+from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
 
 pytestmark = pytest.mark.chaos
 

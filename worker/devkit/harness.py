@@ -1,25 +1,18 @@
-"""Running replicas as real processes and watching what they fire: for `dev`, `bench` and tests."""
+"""Running replicas as real processes, and what they fired in sum: for `dev`, `bench` and tests."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
-import nats
-from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
+from worker.devkit.recorder import EventRecorder
 
 
 def replica_env(settings_env: Mapping[str, str], worker_id: str) -> dict[str, str]:
@@ -89,58 +82,6 @@ class ReplicaSet:
         self.terminate_all()
 
 
-@dataclass
-class Firing:
-    msg_id: str
-    tenant_id: str
-    service_call_id: str
-    due_at: float  # epoch seconds
-    received_at: float  # epoch seconds, this process's clock
-
-
-@dataclass
-class EventRecorder:
-    """Records every DueTimeReached on `<prefix>.*.timer.due`, with its receive time."""
-
-    nats_url: str
-    prefix: str
-    stream: str
-    firings: list[Firing] = field(default_factory=list)
-    _nc: NATS | None = None
-
-    async def start(self) -> None:
-        self._nc = await nats.connect(
-            self.nats_url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2
-        )
-        js = self._nc.jetstream()
-        # An ordered consumer: every stored event, in order, re-created on its own after faults.
-        await js.subscribe(
-            f"{self.prefix}.*.timer.due", cb=self._on_msg, ordered_consumer=True, stream=self.stream
-        )
-
-    async def _on_msg(self, msg: Msg) -> None:
-        now = time.time()
-        body = json.loads(msg.data)
-        p = body["payload"]
-        due = datetime.fromisoformat(p["dueAt"].replace("Z", "+00:00")).timestamp()
-        self.firings.append(Firing(body["id"], p["tenantId"], p["serviceCallId"], due, now))
-
-    async def stop(self) -> None:
-        if self._nc is not None:
-            await self._nc.close()
-
-    def keys(self) -> Counter[tuple[str, str]]:
-        return Counter((f.tenant_id, f.service_call_id) for f in self.firings)
-
-    async def wait_for(self, expected: set[tuple[str, str]], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if expected <= set(self.keys()):
-                return True
-            await asyncio.sleep(0.05)
-        return expected <= set(self.keys())
-
-
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -167,21 +108,4 @@ def summary(scheduled: set[tuple[str, str]], recorder: EventRecorder) -> dict[st
 def replica_env_from(database_url: str, nats_url: str, **extra: Any) -> dict[str, str]:
     env = {"TIMER_DATABASE_URL": database_url, "TIMER_NATS_URL": nats_url}
     env.update({f"TIMER_{k.upper()}": str(v) for k, v in extra.items()})
-    return env
-
-
-def settings_env(settings: Any) -> dict[str, str]:
-    """TIMER_* variables that reproduce these settings in a child process (secrets included)."""
-    env: dict[str, str] = {}
-    for name, value in settings.model_dump().items():
-        if value is None:
-            continue
-        if hasattr(value, "get_secret_value"):
-            value = value.get_secret_value()
-        if hasattr(value, "total_seconds"):
-            value = f"{value.total_seconds()}s"
-        if isinstance(value, bool):
-            value = "true" if value else "false"
-        env[f"TIMER_{name.upper()}"] = str(value)
-    env.pop("TIMER_WORKER_ID", None)
     return env

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import iso_in, jetstream, publish_raw, row, running_replica, until
-from tests.test_cli import run
+from tests.integration.test_cli import run
 from worker import dlq
 from worker.config import Settings
 

@@ -26,21 +26,20 @@ import pytest
 from pydantic import SecretStr
 
 from tests.certs import SERVER_NAME, Pki, make_pki
-from tests.fixtures.servers import admin
-from tests.helpers import running_replica, until
+from tests.helpers import running_replica, settings_env, until
+from tests.servers import admin
 from worker import logs
 from worker.broker import Broker, connect_options
 from worker.client import TimerClient
 from worker.config import Settings, load_settings, mask_url, secret_values
-from worker.embedded import EmbeddedNats, EmbeddedPostgres, _postgres_bin
-from worker.harness import settings_env
+from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, postgres_bin
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def ssl_postgres_bin() -> Path:
     """A Postgres build with SSL: the wheel's has none, so Debian's (`make test` installs it)."""
-    candidates = [_postgres_bin(), *sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)]
+    candidates = [postgres_bin(), *sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)]
     if found := shutil.which("pg_config"):
         bindir = subprocess.run([found, "--bindir"], capture_output=True, text=True, check=False).stdout
         candidates.append(Path(bindir.strip()))

@@ -13,11 +13,11 @@ import nats.js.errors
 import pytest
 from nats.js import api
 
-from tests.helpers import iso_in, jetstream, publish_raw, recorder, row, running_replica, until
+from tests.helpers import iso_in, jetstream, publish_raw, recorder, row, running_replica, settings_env, until
 from worker.broker import Broker
 from worker.config import Settings
+from worker.devkit.harness import replica_env
 from worker.errors import ConfigError
-from worker.harness import replica_env, settings_env
 from worker.service import Replica
 
 

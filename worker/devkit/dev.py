@@ -16,8 +16,9 @@ from pathlib import Path
 
 from worker.client import TimerClient
 from worker.config import load_settings, mask_url
+from worker.devkit.harness import ReplicaSet, replica_env_from, summary
+from worker.devkit.recorder import EventRecorder
 from worker.errors import ConfigError
-from worker.harness import EventRecorder, ReplicaSet, replica_env_from, summary
 from worker.migrations import migrate
 
 TENANTS = ["acme", "globex", "initech", "umbrella", "hooli"]
@@ -31,7 +32,7 @@ def servers(workdir: Path, sync_always: bool = True) -> Iterator[tuple[str, str]
     db_url, nats_url = os.environ.get("TIMER_DATABASE_URL"), os.environ.get("TIMER_NATS_URL")
     with contextlib.ExitStack() as stack:
         if not (db_url and nats_url):
-            from worker.embedded import EmbeddedNats, EmbeddedPostgres, extra_installed
+            from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, extra_installed
 
             if not extra_installed():
                 raise ConfigError(

@@ -17,8 +17,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from worker.bench.rig import COUNT_SCHEDULED_SQL, Event, Rig
-from worker.harness import percentile
+from worker.devkit.bench.rig import COUNT_SCHEDULED_SQL, Rig
+from worker.devkit.harness import percentile
+from worker.devkit.recorder import Firing
 
 Progress = Callable[[str], None]
 Metrics = dict[str, float]
@@ -43,12 +44,12 @@ class Context:
         return Rig(self.admin_url, self.nats_url, self.workdir, **settings)
 
 
-def lateness_ms(events: list[Event], prefix: str) -> Metrics:
+def lateness_ms(events: list[Firing], prefix: str) -> Metrics:
     """Percentiles of receive time minus dueAt for the first receipt of each timer with this key prefix."""
-    first: dict[str, Event] = {}
+    first: dict[str, Firing] = {}
     for e in events:
-        if e.key.startswith(prefix) and e.key not in first:
-            first[e.key] = e
+        if e.service_call_id.startswith(prefix) and e.service_call_id not in first:
+            first[e.service_call_id] = e
     late = [(e.received_at - e.due_at) * 1000 for e in first.values()]
     # reachedAt is the replica's database-clock time at publish: how much of the lateness is
     # the replica's (waking, claiming), the rest being the publish and the delivery.
@@ -134,11 +135,11 @@ async def _lateness(ctx: Context, rate: int, pending: int = 1_000_000, duration:
         rss: list[float] = []
         await _until_fired(rig, n, timeout=duration + 120, progress=ctx.progress, rss=rss)
         await recorder.wait_for(n, timeout=30)
-        fired = len({e.key for e in recorder.events})
+        fired = len({e.service_call_id for e in recorder.firings})
         return {
             "due_per_s": rate,
             "timers": n,
-            **lateness_ms(recorder.events, "l-"),
+            **lateness_ms(recorder.firings, "l-"),
             "lost": n - fired,
             "rss_max_mb": max(rss, default=0.0),
         }
@@ -167,7 +168,7 @@ async def sweep(ctx: Context) -> Metrics:
     return out
 
 
-def _command(prefix: str, tenant: str, key: str, due: datetime) -> tuple[str, bytes]:
+def schedule_command(prefix: str, tenant: str, key: str, due: datetime) -> tuple[str, bytes]:
     payload = {"tenantId": tenant, "serviceCallId": key, "dueAt": due.isoformat().replace("+00:00", "Z")}
     body = {
         "id": str(uuid.uuid4()),
@@ -185,7 +186,7 @@ async def intake(ctx: Context) -> Metrics:
     async with ctx.rig() as rig:
         prefix = rig.names["subject_prefix"]
         due = datetime.now(UTC) + timedelta(days=1)
-        bodies = [_command(prefix, f"t{i % 10}", f"i-{i}", due) for i in range(unique)]
+        bodies = [schedule_command(prefix, f"t{i % 10}", f"i-{i}", due) for i in range(unique)]
         bodies += bodies[::10]  # redelivered or re-sent commands: no-ops
         ctx.progress(f"publishing {len(bodies):,} commands")
         total = await rig.publish_commands(bodies)
@@ -225,13 +226,13 @@ async def failover(ctx: Context) -> Metrics:
         victim, orphans, killed_at = await _kill_a_lease_holder(rig)
         ctx.progress(f"killed {victim} holding {len(orphans)} leases")
         await recorder.wait_for(n, timeout=duration + 60)
-        fired = {e.key for e in recorder.events}
+        fired = {e.service_call_id for e in recorder.firings}
         # Every orphan counts, also those whose event got out just before the kill: the
         # question is how late the victim's timers were, whoever fired them.
-        of_victim = [e for e in recorder.events if e.key in orphans]
+        of_victim = [e for e in recorder.firings if e.service_call_id in orphans]
         return {
             "orphaned": len(orphans),
-            "refired_after_kill": len({e.key for e in of_victim if e.received_at >= killed_at}),
+            "refired_after_kill": len({e.service_call_id for e in of_victim if e.received_at >= killed_at}),
             **{k.replace("lateness", "orphan_lateness"): v for k, v in lateness_ms(of_victim, "o-").items()},
             "lost": n - len(fired),
         }
@@ -290,7 +291,7 @@ async def _catchup(ctx: Context, backlog: int, one_tenant: bool) -> Metrics:
             "fresh": fresh,
             **{
                 k.replace("lateness", "fresh_lateness"): v
-                for k, v in lateness_ms(recorder.events, "n-").items()
+                for k, v in lateness_ms(recorder.firings, "n-").items()
             },
             "backlog_order_corr": float(order or 0.0),
             "backlog_fires_per_s": backlog / float(span),

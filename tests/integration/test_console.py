@@ -9,7 +9,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.helpers import query
-from tests.test_cli import run
+from tests.integration.test_cli import run
 from worker.config import ConsoleSettings, Settings, load_console_settings
 from worker.console.app import create_app
 

@@ -24,7 +24,7 @@ from worker.commands import parse_command
 from worker.config import Settings
 from worker.contract import REASONS, Rejection
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "docs" / "CONTRACT.md"
 ASYNCAPI = ROOT / "docs" / "asyncapi.yaml"
 URI = "urn:timer-service:asyncapi"

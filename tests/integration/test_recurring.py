@@ -10,7 +10,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
 from worker.config import Settings
-from worker.harness import EventRecorder
+from worker.devkit.recorder import EventRecorder
 from worker.store import Store
 
 # Downtime is a timer left unclaimed for a lease plus a poll interval (5 s by default): these

@@ -30,14 +30,13 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tests.fixtures.servers import own_names
-from tests.helpers import recorder, until
+from tests.helpers import recorder, settings_env, until
+from tests.servers import own_names
 from worker.cli import build_parser
 from worker.config import load_settings
-from worker.embedded import EmbeddedNats, EmbeddedPostgres, free_port
-from worker.harness import settings_env
+from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 VERSION = PYPROJECT["project"]["version"]
 MIN_POSTGRES = 15  # the README's table; Debian bookworm's server, which `make test` installs

@@ -16,9 +16,9 @@ import nats
 import psycopg
 import pytest
 
-from tests.fixtures.servers import delete_streams, fresh_database
+from tests.servers import delete_streams, fresh_database
 from worker.config import Settings
-from worker.embedded import EmbeddedNats, EmbeddedPostgres
+from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
 
 
 def poll(check: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
@@ -123,7 +123,7 @@ _ORPHAN = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from worker.embedded import EmbeddedNats, EmbeddedPostgres
+    from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
     pg = EmbeddedPostgres(Path(sys.argv[1]) / "pg"); pg.start()
     ns = EmbeddedNats(Path(sys.argv[1]) / "nats"); ns.start()
     print(pg.pid, ns.pid, flush=True)
@@ -146,8 +146,8 @@ def test_servers_die_with_the_process_that_started_them(tmp_path: Path) -> None:
         [sys.executable, "-c", _ORPHAN, str(tmp_path)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        cwd=Path(__file__).parent.parent,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        cwd=Path(__file__).parents[2],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
     )
     assert owner.stdout is not None
     pids = [int(p) for p in owner.stdout.readline().split()]

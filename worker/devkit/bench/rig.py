@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,11 +21,11 @@ from typing import Any
 import nats
 import psycopg
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 
 from worker.broker import Broker
 from worker.config import Settings, load_settings
-from worker.harness import ReplicaSet, replica_env_from
+from worker.devkit.harness import ReplicaSet, replica_env_from
+from worker.devkit.recorder import EventRecorder
 from worker.migrations import migrate
 
 # Bench-only SQL: loading rows fast and reading results. The service's own statements live in
@@ -60,44 +60,6 @@ def _rfc3339(ts: str) -> float:
 
 def _tag() -> str:
     return uuid.uuid4().hex[:8]
-
-
-@dataclass
-class Event:
-    key: str  # service_call_id
-    due_at: float  # epoch seconds
-    reached_at: float  # when a replica claimed it, on the database clock
-    received_at: float  # epoch seconds, this process's clock (the same machine as the database)
-
-
-@dataclass
-class Recorder:
-    """A consumer outside the service: every DueTimeReached on the given subjects, with its receive time."""
-
-    nc: NATS
-    stream: str
-    subject: str
-    events: list[Event] = field(default_factory=list)
-
-    async def start(self) -> None:
-        js = self.nc.jetstream()
-        await js.subscribe(self.subject, cb=self._on_msg, ordered_consumer=True, stream=self.stream)
-
-    async def _on_msg(self, msg: Msg) -> None:
-        now = time.time()
-        p = json.loads(msg.data)["payload"]
-        due, reached = (
-            datetime.fromisoformat(p[k].replace("Z", "+00:00")).timestamp() for k in ("dueAt", "reachedAt")
-        )
-        self.events.append(Event(p["serviceCallId"], due, reached, now))
-
-    async def wait_for(self, n: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len({e.key for e in self.events}) >= n:
-                return True
-            await asyncio.sleep(0.1)
-        return False
 
 
 class Rig:
@@ -135,9 +97,12 @@ class Rig:
         await asyncio.to_thread(migrate, self.db_url)
         self.db = await psycopg.AsyncConnection.connect(self.db_url, autocommit=True)
         self.nc = await nats.connect(self.nats_url, max_reconnect_attempts=-1)
-        broker = Broker(self.settings)
-        broker.nc, broker._js = self.nc, self.nc.jetstream()
-        await broker.ensure_streams()  # so load can be published before any replica runs
+        broker = Broker(self.settings)  # its own connection: the streams as a replica makes them
+        await broker.connect()
+        try:
+            await broker.ensure_streams()  # so load can be published before any replica runs
+        finally:
+            await broker.close()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -228,9 +193,8 @@ class Rig:
         return total
 
     # -- observation ----------------------------------------------------------------------------
-    def recorder(self, tenant: str = "*") -> Recorder:
-        subject = f"{self.names['subject_prefix']}.{tenant}.timer.due"
-        return Recorder(self.nc_, self.names["event_stream"], subject)
+    def recorder(self, tenant: str = "*") -> EventRecorder:
+        return EventRecorder(self.nc_, self.names["subject_prefix"], self.names["event_stream"], tenant)
 
     async def events_state(self) -> StreamState:
         """Messages in the event stream and the times of the first and last (nats-py drops those)."""

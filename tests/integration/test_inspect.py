@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import query, running_replica
-from tests.test_cli import run
+from tests.integration.test_cli import run
 from worker import inspect
 from worker.config import Settings
 

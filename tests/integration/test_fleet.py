@@ -14,9 +14,9 @@ import nats
 import nats.js.errors
 import pytest
 
-from tests.helpers import query, recorder, until
+from tests.helpers import query, recorder, settings_env, until
 from worker.config import Settings
-from worker.harness import ReplicaSet, settings_env
+from worker.devkit.harness import ReplicaSet
 
 TENANTS = [f"tenant-{i}" for i in range(10)]
 

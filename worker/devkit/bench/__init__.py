@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from worker.bench.rig import machine
-from worker.bench.scenarios import SCENARIOS, Context, Metrics, Scenario
+from worker.devkit.bench.rig import machine
+from worker.devkit.bench.scenarios import SCENARIOS, Context, Metrics, Scenario
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from worker.dev import servers  # the same embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
+    from worker.devkit.dev import servers  # the same embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
 
     unknown = [s for s in args.scenarios if s not in SCENARIOS]
     if unknown:
