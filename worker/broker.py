@@ -15,8 +15,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import nats
-import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
@@ -24,8 +22,9 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from worker.contract import Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
+from worker.natsconn import nats_connect
 
-if TYPE_CHECKING:  # the producer client imports this module without the service's settings
+if TYPE_CHECKING:
     from worker.config import Settings
 
 log = logging.getLogger("worker.broker")
@@ -78,27 +77,6 @@ def connect_options(s: Settings) -> dict[str, Any]:
         if s.nats_tls_server_name:
             opts["tls_hostname"] = s.nats_tls_server_name
     return opts
-
-
-class _TlsEnforcingClient(NATS):
-    """nats-py upgrades to TLS only when the server's INFO says `tls_required`: with TLS configured,
-    a plaintext server (or one that merely allows TLS, or a man in the middle rewriting INFO) would
-    get our CONNECT, credentials included, in clear. This client refuses instead."""
-
-    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
-        wants_tls = self.options.get("tls") is not None and not self.options.get("tls_handshake_first")
-        if initial_connection and wants_tls and not info.get("tls_required"):
-            raise nats.errors.Error(
-                "nats: TLS is configured but the server does not require it; not connecting in clear"
-            )
-        await super()._process_info(info, initial_connection)
-
-
-async def nats_connect(servers: str | list[str], **options: Any) -> NATS:
-    """nats.connect(), but never in clear when TLS is configured."""
-    nc = _TlsEnforcingClient()
-    await nc.connect(servers, **options)
-    return nc
 
 
 class Broker:
