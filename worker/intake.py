@@ -40,22 +40,29 @@ class Intake:
     async def run(self, stop: asyncio.Event) -> None:
         """Until stop: fetch a batch and handle it. A batch in hand is finished, never dropped."""
         sub = await self.broker.command_subscription()
-        while not stop.is_set():
-            metrics.tick("intake")
-            try:
-                msgs = await sub.fetch(self.s.intake_batch_size, timeout=FETCH_WAIT_S)
-            except (TimeoutError, nats.errors.TimeoutError):
-                continue
-            except nats.errors.Error as exc:
-                # Reconnecting, or the consumer's stream has no leader for a moment (a NATS node
-                # went down: 503 until the cluster elects another). Both pass; neither ends intake.
-                # A deleted consumer or stream answers 503 too: that one the broker puts back.
-                error = f"{type(exc).__name__}: {exc}"
-                log.warning("fetch failed", extra={"action": "fetch_failed", "error": error})
-                self.broker.check_streams_soon()
-                await _pause(stop, 1.0)
-                continue
-            await self.handle(msgs)
+        try:
+            while not stop.is_set():
+                metrics.tick("intake")
+                try:
+                    msgs = await sub.fetch(self.s.intake_batch_size, timeout=FETCH_WAIT_S)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except nats.errors.Error as exc:
+                    # Reconnecting, or the consumer's stream has no leader for a moment (a NATS
+                    # node went down: 503 until the cluster elects another). Both pass; neither
+                    # ends intake. A deleted consumer or stream answers 503 too: the broker puts
+                    # that one back.
+                    error = f"{type(exc).__name__}: {exc}"
+                    log.warning("fetch failed", extra={"action": "fetch_failed", "error": error})
+                    self.broker.check_streams_soon()
+                    await _pause(stop, 1.0)
+                    continue
+                await self.handle(msgs)
+        finally:
+            # Fetched messages are never marked done in the pull subscription's queue, so
+            # draining the connection would wait on it until its timeout: unsubscribe first.
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
     async def handle(self, msgs: Sequence[Msg]) -> None:
         now = datetime.now(UTC)
