@@ -17,6 +17,7 @@ class FlakySubscription:
 
     def __init__(self, errors: list[Exception], stop: asyncio.Event) -> None:
         self.errors, self.stop, self.fetches = errors, stop, 0
+        self.unsubscribed = False
 
     async def fetch(self, batch: int, timeout: float) -> list[Any]:
         self.fetches += 1
@@ -24,6 +25,9 @@ class FlakySubscription:
             raise self.errors.pop(0)
         self.stop.set()
         return []
+
+    async def unsubscribe(self) -> None:  # intake lets go of its subscription when it stops
+        self.unsubscribed = True
 
 
 class Broker:
@@ -51,3 +55,4 @@ async def test_intake_survives_a_stream_without_leader_and_a_reconnect() -> None
     await asyncio.wait_for(intake.run(stop), timeout=10)
     assert sub.fetches == 4
     assert broker.checks == 2, "a 503 may be a deleted consumer: each failure has the streams checked"
+    assert sub.unsubscribed, "a stopped intake lets go of its subscription, so the drain is quick"
