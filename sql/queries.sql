@@ -158,15 +158,16 @@ claimed AS (
               t.attempts, t.repeat_every, t.repeat_times, t.repeat_timezone, t.anchor_due_at,
               t.occurrence_index, t.claimed_at
 )
-SELECT c.*, NULL::float8 AS next_due_in_ms, NULL::timestamptz AS db_now FROM claimed c
-UNION ALL
--- One extra row: milliseconds until the next occurrence beyond this claim's reach (NULL when
--- none), so an idle replica needs this single statement per wake-up; and the clock as late in
--- the statement as it can be read, for the replica's estimate of it (worker/wakeup.py).
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       (SELECT extract(epoch FROM min(due_at) - clock_timestamp()) * 1000 FROM timers
-        WHERE state = 'Scheduled' AND due_at > now() + %(ahead_ms)s * interval '1 millisecond'),
-       clock_timestamp();
+-- Every row is a claimed occurrence with two named columns: the next occurrence beyond this
+-- claim's reach (NULL when none), and the clock read as the row is returned (the latest of those
+-- is as late in the statement as it can be read, after the whole UPDATE; the replica keeps that
+-- one for its estimate of this clock, worker/clock.py). A claim that took nothing still returns
+-- one row, its timer columns NULL (the LEFT JOIN), so an idle replica needs this single statement
+-- per wake-up; nothing depends on the order of the rows.
+SELECT c.*, n.next_due_at, clock_timestamp() AS db_now
+FROM (SELECT min(due_at) AS next_due_at FROM timers
+      WHERE state = 'Scheduled' AND due_at > now() + %(ahead_ms)s * interval '1 millisecond') n
+LEFT JOIN claimed c ON true;
 
 -- name: mark_fired
 -- Record firings whose DueTimeReached JetStream acknowledged. Fenced: only the claim that
@@ -248,7 +249,7 @@ FROM (SELECT due_at FROM timers
 
 -- name: scheduled_estimate
 -- Scheduled timers, as the planner last counted them in the due index: free to read.
-SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'timers_due'::regclass;
+SELECT greatest(reltuples, 0)::bigint AS scheduled FROM pg_class WHERE oid = 'timers_due'::regclass;
 
 -- name: status_leases
 SELECT lease_owner, count(*), min(lease_expires_at - now())

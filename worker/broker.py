@@ -375,6 +375,11 @@ class Broker:
         assert self.nc is not None
         await self.nc.subscribe(subject, queue=queue, cb=cb)
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server takes (NATS's default until connected)."""
+        return self.nc.max_payload if self.nc is not None else 1024 * 1024
+
     async def hint(self, subject: str, payload: bytes) -> None:
         if self.nc is not None and self.nc.is_connected:
             await self.nc.publish(subject, payload)

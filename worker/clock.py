@@ -13,12 +13,22 @@ claimed-ahead occurrences early by up to drift times the window, or by a whole s
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import Protocol
 
 # The fastest the two clocks may drift apart: NTP slews at most 500 ppm.
 MAX_DRIFT = 500e-6
+
+
+class Clock(Protocol):
+    """The database clock as a replica knows it (the fake in tests/twins.py runs on no real time)."""
+
+    def observe(self, reading: datetime) -> None: ...
+    def now(self) -> float: ...
+    async def sleep(self, seconds: float) -> None: ...
 
 
 class DbClock:
@@ -35,3 +45,7 @@ class DbClock:
         """The database clock in epoch seconds: never ahead of it, at most a reading's delay behind
         (plus MAX_DRIFT of the time since that reading)."""
         return self._reading + (self._monotonic() - self._at) * (1 - MAX_DRIFT)
+
+    async def sleep(self, seconds: float) -> None:
+        """Let about `seconds` pass (maybe a little less: read now() again after)."""
+        await asyncio.sleep(seconds)

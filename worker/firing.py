@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -14,13 +13,15 @@ from typing import Any
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from worker import metrics
-from worker.broker import Broker
+from worker.clock import Clock
 from worker.config import Settings
 from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, due_event, iso
 from worker.crashpoints import crash_point
 from worker.errors import TransientError
+from worker.ports import EventPublisher, FiringStore
 from worker.recurrence import Repeat, next_occurrence
-from worker.store import Claimed, Fired, Key, Leased, Store, Unreadable
+from worker.store import Claimed, Fired, Key, Leased, Unreadable
+from worker.waiting import wait_any
 from worker.wakeup import Wakeup
 
 log = logging.getLogger("worker.firing")
@@ -59,11 +60,14 @@ def next_of(timer: Claimed) -> tuple[datetime | None, int | None]:
 
 
 class Firing:
-    def __init__(self, settings: Settings, store: Store, broker: Broker, wakeup: Wakeup) -> None:
+    def __init__(
+        self, settings: Settings, store: FiringStore, broker: EventPublisher, wakeup: Wakeup, clock: Clock
+    ) -> None:
         self.s = settings
         self.store = store
         self.broker = broker
         self.wakeup = wakeup
+        self.clock = clock  # the database clock: an occurrence is published once due on it
         # A live replica claims at least once a poll interval, so an expired lease is re-claimed
         # within one; a timer left claimable a lease longer than that had no replica: downtime.
         self.downtime_ms = settings.lease_ms + settings.poll_interval_ms
@@ -117,13 +121,12 @@ class Firing:
                     FRESH_LANE_WINDOW_MS,
                     downtime_ms=self.downtime_ms,
                 )
-                self.wakeup.observe_db_now(result.db_now)
+                self.clock.observe(result.db_now)
                 if result.claimed or result.unreadable:
                     await self.fire(result.claimed, result.unreadable)
             except Exception as exc:  # never fatal: its claims expire and fire elsewhere, or here later
                 log.warning("fresh lane failed", extra={"action": "claim_failed", "error": str(exc)})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=FRESH_LANE_S)
+            await wait_any(FRESH_LANE_S, stop)
 
     async def tick(self) -> bool:
         """One claim and its firing; True when the batch was full (more may be due)."""
@@ -137,7 +140,7 @@ class Firing:
             downtime_ms=self.downtime_ms,
         )
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
-        self.wakeup.observe_db_now(result.db_now)
+        self.clock.observe(result.db_now)
         poll_s = self.s.poll_interval_ms / 1000
         nxt = result.next_due_in_ms
         # Wake when the next occurrence comes within reach of a claim, measured from now.
@@ -174,10 +177,10 @@ class Firing:
         )
         fired: list[Fired] = []
         while waiting:
-            now = self.wakeup.db_now()  # never ahead of the database clock: never early
+            now = self.clock.now()  # never ahead of the database clock: never early
             ready = bisect.bisect_right(waiting, now, key=lambda c: c.due_at.timestamp())
             if ready == 0:
-                await asyncio.sleep(waiting[0].due_at.timestamp() - now)
+                await self.clock.sleep(waiting[0].due_at.timestamp() - now)
                 continue
             await self._publish(waiting[:ready], datetime.fromtimestamp(now, UTC), nexts, fired, failed)
             waiting = waiting[ready:]
@@ -231,7 +234,7 @@ class Firing:
             *(await self.broker.publish_many(again, timeout) if again else []),
         ]
         metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
-        acked_at = self.wakeup.db_now()
+        acked_at = self.clock.now()
         errors = 0
         for timer, err in zip(due, results, strict=True):
             if err is None:

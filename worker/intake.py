@@ -14,13 +14,14 @@ from nats.aio.msg import Msg
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from worker import metrics, quota
-from worker.broker import Broker
+from worker.clock import Clock
 from worker.commands import parse_command
 from worker.config import Settings
 from worker.contract import INVALID_TENANT, Command, Outgoing, Rejection, ScheduleTimer
 from worker.crashpoints import crash_point
 from worker.errors import TransientError
-from worker.store import Store
+from worker.ports import IntakeBroker, IntakeStore
+from worker.waiting import wait_any
 from worker.wakeup import Wakeup
 
 log = logging.getLogger("worker.intake")
@@ -31,11 +32,14 @@ RETRY_DELAY_S = 2.0
 
 
 class Intake:
-    def __init__(self, settings: Settings, store: Store, broker: Broker, wakeup: Wakeup) -> None:
+    def __init__(
+        self, settings: Settings, store: IntakeStore, broker: IntakeBroker, wakeup: Wakeup, clock: Clock
+    ) -> None:
         self.s = settings
         self.store = store
         self.broker = broker
         self.wakeup = wakeup
+        self.clock = clock
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until stop: fetch a batch and handle it. A batch in hand is finished, never dropped."""
@@ -55,7 +59,7 @@ class Intake:
                     error = f"{type(exc).__name__}: {exc}"
                     log.warning("fetch failed", extra={"action": "fetch_failed", "error": error})
                     self.broker.check_streams_soon()
-                    await _pause(stop, 1.0)
+                    await wait_any(1.0, stop)
                     continue
                 await self.handle(msgs)
         finally:
@@ -155,8 +159,7 @@ class Intake:
         """The command body for its DLQ copy: unchanged, unless the copy's headers would push it past
         the server's max_payload (a body that alone filled it). The server would refuse such a copy
         and drop our connection, over and over; so it is cut, and a header says how long it was."""
-        nc = self.broker.nc
-        limit = nc.max_payload if nc is not None else 1024 * 1024
+        limit = self.broker.max_payload
         # NATS/1.0 line, "Key: Value" lines, blank line; 64 bytes to spare for the truncation header.
         header_bytes = 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items()) + 2 + 64
         if len(data) + header_bytes <= limit:
@@ -211,7 +214,7 @@ class Intake:
         if not dues:
             return
         soonest = min(dues)
-        if soonest - self.wakeup.db_now() > self.s.poll_interval_ms / 1000:
+        if soonest - self.clock.now() > self.s.poll_interval_ms / 1000:
             return  # the regular poll will see it in time
         self.wakeup.hint(soonest)
         await self.broker.hint(self.broker.subjects.wake, f"{soonest:.3f}".encode())
@@ -226,8 +229,3 @@ def _stuck_detail(s: Settings) -> str:
 
 def _quota_detail(tenant_id: str, limit: int) -> str:
     return f"tenant {tenant_id} has {limit} pending timers (TIMER_TENANT_MAX_PENDING)"
-
-
-async def _pause(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from worker.contract import Command, ScheduleTimer
-from worker.store import Key, Store, quota_view
+from worker.ports import IntakeStore
+from worker.store import Key
 
 
 def over_quota(
@@ -45,12 +46,12 @@ def over_quota(
     return rejected
 
 
-async def check(store: Store, commands: Sequence[Command], limit: int) -> list[int]:
+async def check(store: IntakeStore, commands: Sequence[Command], limit: int) -> list[int]:
     """Indexes of the ScheduleTimers over their tenant's limit: two short reads per batch."""
     schedules = [c for c in commands if isinstance(c, ScheduleTimer)]
     if not schedules:
         return []
     keys = list({(c.tenant_id, c.service_call_id) for c in schedules})
     tenants = sorted({c.tenant_id for c in schedules})
-    known, pending = await quota_view(store, keys, tenants, cap=limit)
+    known, pending = await store.quota_view(keys, tenants, cap=limit)
     return over_quota(commands, known, pending, limit)

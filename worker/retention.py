@@ -11,14 +11,14 @@ is ignored instead of re-arming the timer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from datetime import timedelta
 
 from worker import metrics
 from worker.errors import TransientError
-from worker.store import Store, delete_finished
+from worker.store import Store
+from worker.waiting import wait_any
 
 log = logging.getLogger("worker.retention")
 
@@ -39,7 +39,7 @@ class Retention:
         """Delete every expired finished row, batch after batch; how many went."""
         total = 0
         while stop is None or not stop.is_set():
-            deleted = await delete_finished(self.store, self.retention, self.batch)
+            deleted = await self.store.delete_finished(self.retention, self.batch)
             total += deleted
             metrics.RETENTION_DELETED.inc(deleted)
             if deleted < self.batch:  # a short batch: nothing more is due (or the rest is locked)
@@ -56,5 +56,4 @@ class Retention:
             else:
                 if deleted:
                     log.info("retention sweep", extra={"action": "retention_swept", "count": deleted})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=INTERVAL_S + random.uniform(0, JITTER_S))
+            await wait_any(INTERVAL_S + random.uniform(0, JITTER_S), stop)

@@ -14,6 +14,7 @@ from tenacity import AsyncRetrying, retry_if_not_exception_type, wait_exponentia
 
 from worker import metrics, migrations
 from worker.broker import Broker
+from worker.clock import DbClock
 from worker.config import Settings, mask_url
 from worker.errors import ConfigError, DatabaseError, TransientError
 from worker.firing import LOOKAHEAD_MS, Firing
@@ -23,6 +24,7 @@ from worker.queries import OVERDUE_CAP
 from worker.readmodel import ReadModel
 from worker.retention import Retention
 from worker.store import ADAPTERS, Store, session_conninfo
+from worker.waiting import wait_any
 from worker.wakeup import Wakeup
 
 log = logging.getLogger("worker.service")
@@ -39,7 +41,8 @@ class Replica:
     def __init__(self, settings: Settings) -> None:
         self.s = settings
         self.stop = asyncio.Event()
-        self.wakeup = Wakeup(lead_s=LOOKAHEAD_MS / 1000)
+        self.clock = DbClock()
+        self.wakeup = Wakeup(self.clock, lead_s=LOOKAHEAD_MS / 1000)
         self.broker = Broker(settings)
         self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             session_conninfo(settings.database_url.get_secret_value()),
@@ -54,8 +57,8 @@ class Replica:
             name=settings.worker_id,
         )
         self.store = Store(self.pool, settings.stuck_after)
-        self.firing = Firing(settings, self.store, self.broker, self.wakeup)
-        self.intake = Intake(settings, self.store, self.broker, self.wakeup)
+        self.firing = Firing(settings, self.store, self.broker, self.wakeup, self.clock)
+        self.intake = Intake(settings, self.store, self.broker, self.wakeup, self.clock)
         self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
         self.http_port: int | None = None
         self.started = asyncio.Event()  # dependencies up, streams exist, loops starting
@@ -178,8 +181,7 @@ class Replica:
             metrics.DB_POOL.labels("size").set(stats.get("pool_size", 0))
             metrics.DB_POOL.labels("available").set(stats.get("pool_available", 0))
             metrics.DB_POOL_WAITING.set(stats.get("requests_waiting", 0))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), timeout=5)
+            await wait_any(5, self.stop)
 
     async def healthy(self) -> tuple[bool, str]:
         now, stall = time.time(), max(STALL_S, 3 * self.s.poll_interval_ms / 1000)

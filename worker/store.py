@@ -13,7 +13,7 @@ from psycopg.abc import AdaptContext, Buffer
 from psycopg.adapt import AdaptersMap, Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import Format
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from worker.contract import CancelTimer, Command, ScheduleTimer
@@ -120,6 +120,15 @@ class Claimed:
     anchor_due_at: datetime | None
     occurrence_index: int
     claimed_at: datetime  # a recurring timer's next occurrence comes after this (claim_due says which)
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimRow(Claimed):
+    """A row of claim_due, read by name: an occurrence and the claim's two named columns. In the one
+    row of a claim that took nothing, the occurrence's columns are all NULL."""
+
+    next_due_at: datetime | None  # the next occurrence beyond the claim's reach
+    db_now: datetime  # the database clock as the row was returned
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,14 +284,21 @@ class Store:
         }
         with self._db(write=True):
             async with self.pool.connection() as conn:
-                cur = await conn.execute(QUERIES["claim_due"], params, binary=True)
+                cur = conn.cursor(row_factory=class_row(_ClaimRow), binary=True)
+                await cur.execute(QUERIES["claim_due"], params)
                 rows = await cur.fetchall()
-        tail = rows[-1]  # the UNION ALL row with the next due time
+        taken = [r for r in rows if r.tenant_id is not None]  # not the one row of an empty claim
+        db_now = max(r.db_now for r in rows)  # the latest reading of the clock
+        next_due_at = rows[0].next_due_at  # the same on every row
         return ClaimResult(
-            claimed=[Claimed(*r[:12]) for r in rows[:-1] if r[2] is not None],
-            unreadable=[Unreadable(r[0], r[1], r[4], r[5]) for r in rows[:-1] if r[2] is None],
-            next_due_in_ms=tail[12],
-            db_now=tail[13],
+            claimed=[r for r in taken if r.due_at is not None],
+            unreadable=[
+                Unreadable(r.tenant_id, r.service_call_id, r.lease_token, r.attempts)
+                for r in taken
+                if r.due_at is None
+            ],
+            next_due_in_ms=None if next_due_at is None else (next_due_at - db_now).total_seconds() * 1000,
+            db_now=db_now,
         )
 
     async def mark_fired(self, fired: Sequence[Fired]) -> int:
@@ -334,11 +350,35 @@ class Store:
         """(overdue unclaimed, capped at `cap`; age of the oldest in seconds; Scheduled estimate)."""
         with self._db():
             async with self.pool.connection() as conn:
-                cur = await conn.execute(QUERIES["status_overdue"], {"cap": cap})
-                overdue, oldest = await cur.fetchone() or (0, None)
-                cur = await conn.execute(QUERIES["scheduled_estimate"])
-                (scheduled,) = await cur.fetchone() or (0,)
-        return int(overdue), (float(oldest) if oldest is not None else None), int(scheduled)
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(QUERIES["status_overdue"], {"cap": cap})
+                overdue = await cur.fetchone() or {"overdue": 0, "oldest_overdue_s": None}
+                await cur.execute(QUERIES["scheduled_estimate"])
+                estimate = await cur.fetchone() or {"scheduled": 0}
+        oldest = overdue["oldest_overdue_s"]
+        age = float(oldest) if oldest is not None else None
+        return int(overdue["overdue"]), age, int(estimate["scheduled"])
+
+    async def delete_finished(self, retention: timedelta, limit: int) -> int:
+        """Delete up to `limit` Reached/Cancelled rows older than `retention`; how many went."""
+        return await self._execute_count("delete_finished", {"retention": retention, "limit": limit})
+
+    async def quota_view(
+        self, keys: Sequence[Key], tenants: Sequence[str], cap: int
+    ) -> tuple[set[Key], dict[str, int]]:
+        """For the quota: which keys already exist as Scheduled or Reached (a ScheduleTimer for them
+        adds no pending timer), and each tenant's Scheduled count, capped at `cap`."""
+        with self._db():
+            async with self.pool.connection() as conn:
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(
+                    QUERIES["quota_known_keys"],
+                    {"tenant_id": [k[0] for k in keys], "service_call_id": [k[1] for k in keys]},
+                )
+                known = {(r["tenant_id"], r["service_call_id"]) for r in await cur.fetchall()}
+                await cur.execute(QUERIES["quota_pending_counts"], {"tenant_id": list(tenants), "cap": cap})
+                pending = {r["tenant_id"]: int(r["pending"]) for r in await cur.fetchall()}
+        return known, pending
 
     async def ping(self) -> None:
         with self._db():
@@ -348,27 +388,3 @@ class Store:
 
 def _key(c: Command) -> Key:
     return (c.tenant_id, c.service_call_id)
-
-
-async def delete_finished(store: Store, retention: timedelta, limit: int) -> int:
-    """Delete up to `limit` Reached/Cancelled rows older than `retention`; how many went."""
-    return await store._execute_count("delete_finished", {"retention": retention, "limit": limit})
-
-
-async def quota_view(
-    store: Store, keys: Sequence[Key], tenants: Sequence[str], cap: int
-) -> tuple[set[Key], dict[str, int]]:
-    """For the quota: which keys already exist as Scheduled or Reached (a ScheduleTimer for them
-    adds no pending timer), and each tenant's Scheduled count, capped at `cap`."""
-    with store._db():
-        async with store.pool.connection() as conn:
-            cur = await conn.execute(
-                QUERIES["quota_known_keys"],
-                {"tenant_id": [k[0] for k in keys], "service_call_id": [k[1] for k in keys]},
-            )
-            known = {(t, s) for t, s in await cur.fetchall()}
-            cur = await conn.execute(
-                QUERIES["quota_pending_counts"], {"tenant_id": list(tenants), "cap": cap}
-            )
-            pending = {t: int(n) for t, n in await cur.fetchall()}
-    return known, pending

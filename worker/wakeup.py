@@ -5,37 +5,29 @@ ask again: the claim statement tells it how far away the next occurrence is, and
 or on another replica, through a core-NATS hint) tells it when a sooner one was just stored.
 A replica's own wall clock is never used. Its monotonic clock measures intervals, and the
 database clock is estimated from every claim's reading of clock_timestamp() (worker/clock.py),
-never ahead of it. That is what lets firing wait for a claimed-ahead occurrence without firing
-it early.
+never ahead of it. Wakeup only schedules: what time it is on the database clock, and whether an
+occurrence may be published yet, is the clock's business.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime
 
-from worker.clock import DbClock
+from worker.clock import Clock
+from worker.waiting import wait_any
 
 
 class Wakeup:
-    def __init__(self, lead_s: float = 0.0, clock: DbClock | None = None) -> None:
+    def __init__(self, clock: Clock, lead_s: float = 0.0) -> None:
+        self.clock = clock  # converts a hint's database-clock time to a wake-up on ours
         self.lead_s = lead_s  # hints wake this much before the due time (the claims' reach)
         self._event = asyncio.Event()
         self._target: float | None = None  # time.monotonic() to wake at
-        self.clock = clock or DbClock()
-
-    def observe_db_now(self, db_now: datetime) -> None:
-        """A reading of the database clock, just received."""
-        self.clock.observe(db_now)
-
-    def db_now(self) -> float:
-        """The database clock, in epoch seconds: never ahead of it, at most a reading's delay behind."""
-        return self.clock.now()
 
     def hint(self, due_epoch_s: float) -> None:
         """Something comes due at this database-clock time: wake in time to claim it."""
-        at = time.monotonic() + max(0.0, due_epoch_s - self.lead_s - self.db_now())
+        at = time.monotonic() + max(0.0, due_epoch_s - self.lead_s - self.clock.now())
         if self._target is None or at < self._target:
             self._target = at
             self._event.set()
@@ -51,8 +43,5 @@ class Wakeup:
             if remaining <= 0:
                 break
             self._event.clear()
-            waiters = [asyncio.ensure_future(self._event.wait()), asyncio.ensure_future(stop.wait())]
-            _, pending = await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            for w in pending:
-                w.cancel()
+            await wait_any(remaining, self._event, stop)
         self._target = None

@@ -17,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
 from worker.config import Settings
 from worker.retention import Retention
-from worker.store import Store, delete_finished
+from worker.store import Store
 
 
 def _deleted_so_far() -> float:
@@ -111,7 +111,7 @@ async def test_a_sweep_deletes_in_small_batches_until_none_is_left(settings: Set
     try:
         store = Store(pool)
         # One statement deletes one batch, the oldest first.
-        assert await delete_finished(store, timedelta(days=7), 1000) == 1000
+        assert await store.delete_finished(timedelta(days=7), 1000) == 1000
         assert query(
             db_url, "SELECT min(substr(service_call_id, 2)::int) FROM timers WHERE state <> 'Scheduled'"
         ) == [(1001,)]

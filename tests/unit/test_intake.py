@@ -51,7 +51,7 @@ async def test_intake_survives_a_stream_without_leader_and_a_reconnect() -> None
     ]
     sub = FlakySubscription(errors, stop)
     broker = Broker(sub)
-    intake = Intake(load_settings(), store=None, broker=broker, wakeup=None)  # type: ignore[arg-type]
+    intake = Intake(load_settings(), store=None, broker=broker, wakeup=None, clock=None)  # type: ignore[arg-type]
     await asyncio.wait_for(intake.run(stop), timeout=10)
     assert sub.fetches == 4
     assert broker.checks == 2, "a 503 may be a deleted consumer: each failure has the streams checked"

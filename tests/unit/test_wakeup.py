@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 import pytest
 
 from worker.clock import MAX_DRIFT, DbClock
-from worker.wakeup import Wakeup
 
 
 def reading(offset_s: float) -> datetime:
@@ -18,35 +17,35 @@ def reading(offset_s: float) -> datetime:
 
 
 def test_the_estimate_follows_the_database_clock_not_ours() -> None:
-    w = Wakeup()
-    w.observe_db_now(reading(+30.0))  # the database clock is 30 s ahead of ours
-    assert 29.9 < w.db_now() - time.time() < 30.1
+    w = DbClock()
+    w.observe(reading(+30.0))  # the database clock is 30 s ahead of ours
+    assert 29.9 < w.now() - time.time() < 30.1
 
 
 def test_a_lower_reading_replaces_the_estimate() -> None:
     # Half a second lower: a delayed reading, or the database clock stepped back. Only the
     # lower estimate is safe in both cases.
-    w = Wakeup()
-    w.observe_db_now(reading(+30.0))
-    w.observe_db_now(reading(+29.5))
-    assert 29.4 < w.db_now() - time.time() < 29.6
+    w = DbClock()
+    w.observe(reading(+30.0))
+    w.observe(reading(+29.5))
+    assert 29.4 < w.now() - time.time() < 29.6
 
 
 def test_the_estimate_is_never_ahead_of_any_reading_plus_the_time_since() -> None:
-    w = Wakeup()
+    w = DbClock()
     started = time.monotonic()
-    w.observe_db_now(reading(-5.0))  # our wall clock is 5 s ahead: the estimate must not follow it
-    estimate = w.db_now()
+    w.observe(reading(-5.0))  # our wall clock is 5 s ahead: the estimate must not follow it
+    estimate = w.now()
     assert estimate <= time.time() - 5.0 + (time.monotonic() - started) + 1e-3
 
 
 def test_a_wall_clock_step_does_not_move_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
-    w = Wakeup()
-    w.observe_db_now(reading(0.0))
-    before = w.db_now()
+    w = DbClock()
+    w.observe(reading(0.0))
+    before = w.now()
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() + 3600)  # NTP steps our clock an hour
-    assert abs(w.db_now() - before) < 0.5
+    assert abs(w.now() - before) < 0.5
 
 
 MAX_DELAY_S = 0.02  # a reading of clock_timestamp() arrives up to this late

@@ -97,10 +97,10 @@ class Rig:
         await asyncio.to_thread(migrate, self.db_url)
         self.db = await psycopg.AsyncConnection.connect(self.db_url, autocommit=True)
         self.nc = await nats.connect(self.nats_url, max_reconnect_attempts=-1)
-        broker = Broker(self.settings)  # its own connection: the streams as a replica makes them
+        broker = Broker(self.settings)  # the streams, so load can be published before any replica runs
         await broker.connect()
         try:
-            await broker.ensure_streams()  # so load can be published before any replica runs
+            await broker.ensure_streams()
         finally:
             await broker.close()
         return self

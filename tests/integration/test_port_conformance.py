@@ -1,0 +1,145 @@
+"""One set of checks, run against each in-memory twin (tests/twins.py) and its real adapter: what the
+loops' unit tests assume of a twin is what Postgres and JetStream do."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from tests.helpers import until
+from tests.twins import TwinPublisher, TwinStore
+from worker.broker import Broker, Outgoing
+from worker.config import Settings
+from worker.contract import CancelTimer, ScheduleTimer
+from worker.ports import EventPublisher, FiringStore, IntakeStore
+from worker.store import Claimed, Fired, Store
+
+
+class Ports(FiringStore, IntakeStore, Protocol):
+    """Both halves of the store's ports."""
+
+
+@pytest.fixture(params=["twin", "postgres"])
+async def ports(request: pytest.FixtureRequest, db_url: str) -> AsyncIterator[Ports]:
+    if request.param == "twin":
+        yield TwinStore(time.time)  # on the wall clock, as the database is
+        return
+    pool = AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False, kwargs={"autocommit": True})
+    await pool.open()
+    yield Store(pool)
+    await pool.close()
+
+
+@pytest.fixture(params=["twin", "jetstream"])
+async def publisher(request: pytest.FixtureRequest, settings: Settings) -> AsyncIterator[EventPublisher]:
+    if request.param == "twin":
+        yield TwinPublisher(time.time, settings.subject_prefix)
+        return
+    broker = Broker(settings)
+    await broker.connect()
+    await broker.ensure_streams()
+    yield broker
+    await broker.close()
+
+
+def at(seconds: float) -> datetime:
+    return datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+def schedule(key: str, seconds: float, ts: int = 1) -> ScheduleTimer:
+    return ScheduleTimer("acme", key, at(seconds).replace(microsecond=0), None, ts, None)
+
+
+async def claim_one(store: Ports, owner: str, lease_ms: int = 10_000) -> list[Claimed]:
+    return (await store.claim(owner, 10, 0, lease_ms=lease_ms, ahead_ms=100)).claimed
+
+
+async def test_a_claim_takes_what_is_due_once_and_says_when_the_next_comes(ports: Ports) -> None:
+    assert await ports.apply([schedule("due", -1), schedule("later", 60)]) == ["applied", "applied"]
+    result = await ports.claim("a", 10, 0, lease_ms=10_000, ahead_ms=100)
+    assert [(c.service_call_id, c.attempts) for c in result.claimed] == [("due", 1)]
+    assert not result.unreadable
+    assert result.next_due_in_ms is not None and 58_000 < result.next_due_in_ms < 60_000
+    assert abs(result.db_now.timestamp() - time.time()) < 5
+    again = await ports.claim("b", 10, 0, lease_ms=10_000, ahead_ms=100)
+    assert again.claimed == [] and again.next_due_in_ms is not None
+    assert (await ports.claim("c", 10, 0, lease_ms=10_000, ahead_ms=100_000)).next_due_in_ms is None
+
+
+async def test_a_mark_is_fenced_by_the_lease(ports: Ports) -> None:
+    await ports.apply([schedule("k", -1)])
+    (old,) = await claim_one(ports, "zombie", lease_ms=300)
+    new: list[Claimed] = []
+
+    async def reclaimed() -> bool:
+        new.extend(await claim_one(ports, "healthy"))
+        return bool(new)
+
+    await until(reclaimed, what="the lease to run out and the timer to be claimed again")
+    assert new[0].attempts == 2 and new[0].lease_token != old.lease_token
+    assert await ports.mark_fired([Fired(old, None, None)]) == 0
+    assert await ports.mark_fired([Fired(new[0], None, None)]) == 1
+    assert await claim_one(ports, "late") == []
+
+
+async def test_a_released_occurrence_is_claimable_after_its_back_off(ports: Ports) -> None:
+    await ports.apply([schedule("k", -1)])
+    (first,) = await claim_one(ports, "a")
+    assert await ports.retry_later([(first, "publish: TimeoutError", 200)]) == 1
+    assert await claim_one(ports, "b") == []  # not before its back-off
+    again: list[Claimed] = []
+
+    async def reclaimed() -> bool:
+        again.extend(await claim_one(ports, "b"))
+        return bool(again)
+
+    await until(reclaimed, what="the back-off to pass")
+    assert again[0].attempts == 2
+
+
+async def test_commands_for_a_claimed_occurrence_wait_and_a_reached_timer_ignores_them(ports: Ports) -> None:
+    await ports.apply([schedule("k", -1)])
+    (claimed,) = await claim_one(ports, "a")
+    assert await ports.apply([CancelTimer("acme", "k", None, 2)]) == ["deferred"]
+    assert await ports.mark_fired([Fired(claimed, None, None)]) == 1
+    assert await ports.apply([schedule("k", 60, ts=3)]) == ["ignored"]  # Reached is final
+    assert await ports.apply([CancelTimer("other", "x", None, 2), schedule("y", 60, ts=1)]) == [
+        "applied",
+        "applied",
+    ]
+
+
+async def test_the_quota_view_counts_pending_timers_up_to_the_cap(ports: Ports) -> None:
+    await ports.apply(
+        [schedule("a", 60), schedule("b", 60), schedule("c", 60), CancelTimer("acme", "d", None, 1)]
+    )
+    known, pending = await ports.quota_view(
+        [("acme", "a"), ("acme", "d"), ("acme", "z")], ["acme", "none"], 2
+    )
+    assert known == {("acme", "a")} and pending == {"acme": 2, "none": 0}
+
+
+async def test_each_message_id_is_stored_once_and_every_publish_has_an_answer(
+    publisher: EventPublisher,
+) -> None:
+    subjects = publisher.subjects
+    events = [Outgoing(subjects.due("acme"), b"{}", {"Nats-Msg-Id": f"acme:k{i}:1"}) for i in range(3)]
+    assert await publisher.publish_atomic(events, 5.0) == [None, None, None]
+    assert await publisher.publish_many(events, 5.0) == [None, None, None]  # duplicates: acknowledged
+    assert await stored(publisher) == 3
+    nowhere = Outgoing("no-stream-takes-this", b"{}", {"Nats-Msg-Id": "x"})
+    (error,) = await publisher.publish_many([nowhere], 5.0)
+    assert error is not None
+    assert publisher.max_payload >= 1024 * 1024
+
+
+async def stored(publisher: EventPublisher) -> int:
+    if isinstance(publisher, TwinPublisher):
+        return len(publisher.stored)
+    assert isinstance(publisher, Broker)
+    return int((await publisher.js.stream_info(publisher.settings.event_stream)).state.messages)

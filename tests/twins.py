@@ -1,0 +1,352 @@
+"""In-memory twins of the loops' ports (worker/ports.py) and a fake database clock, for unit tests.
+
+Each twin does what its adapter does, as far as a loop can tell: tests/integration/
+test_port_conformance.py runs the same checks against twin and adapter. A twin's database clock
+is a plain number (FakeTime) that only moves when a test or a sleep moves it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from worker.contract import CancelTimer, Command, Outgoing, ScheduleTimer, Subjects
+from worker.store import Claimed, ClaimResult, Fired, Key, Leased, Outcome
+
+
+@dataclass
+class FakeTime:
+    """The database clock, in epoch seconds: it moves only when told to (or a FakeClock sleeps)."""
+
+    t: float = 1.8e9
+
+    def __call__(self) -> float:
+        return self.t
+
+    def dt(self) -> datetime:
+        return datetime.fromtimestamp(self.t, UTC)
+
+
+class FakeClock:
+    """The replica's estimate of the database clock (worker.clock.Clock) on FakeTime: `behind_s`
+    behind it, as a real estimate may be. A sleep moves the time, waking up to `early_s` early,
+    as an event loop's timer may: whoever sleeps must look at the clock again."""
+
+    def __init__(self, time: FakeTime, behind_s: float = 0.0, early_s: float = 0.0) -> None:
+        self.time, self.behind_s, self.early_s = time, behind_s, early_s
+        self.readings: list[datetime] = []
+
+    def observe(self, reading: datetime) -> None:
+        self.readings.append(reading)
+
+    def now(self) -> float:
+        return self.time.t - self.behind_s
+
+    async def sleep(self, seconds: float) -> None:
+        self.time.t += max(seconds - self.early_s, min(seconds, 0.001))
+
+
+@dataclass
+class Row:
+    tenant_id: str
+    service_call_id: str
+    state: str
+    due_at: datetime | None
+    correlation_id: str | None = None
+    command_ts: int | None = None
+    anchor_due_at: datetime | None = None
+    repeat: Any = None
+    occurrence_index: int = 0
+    attempts: int = 0
+    lease_owner: str | None = None
+    lease_token: int | None = None
+    lease_expires_at: float | None = None  # epoch seconds on the database clock
+    claimed_at: datetime | None = None
+    first_claimed_at: float | None = None
+    last_error: str | None = None
+
+
+class TwinStore:
+    """worker.store.Store in memory (FiringStore and IntakeStore), on a database clock `now`."""
+
+    def __init__(self, now: Callable[[], float], stuck_after: timedelta = timedelta(hours=1)) -> None:
+        self.now = now
+        self.stuck_after = stuck_after
+        self.rows: dict[Key, Row] = {}
+        self._tokens = itertools.count(1)
+        self.log: list[tuple[str, Any]] = []  # ("apply", commands) and the like, in order
+
+    def _dt(self) -> datetime:
+        return datetime.fromtimestamp(self.now(), UTC)
+
+    def _claimed(self, row: Row) -> bool:
+        return row.state == "Scheduled" and row.lease_expires_at is not None
+
+    async def apply(self, commands: Sequence[Command]) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        for c in commands:
+            row = self.rows.get((c.tenant_id, c.service_call_id))
+            if row is not None and self._claimed(row):
+                stuck = row.first_claimed_at is not None and (
+                    self.now() - row.first_claimed_at > self.stuck_after.total_seconds()
+                )
+                outcomes.append("stuck" if stuck else "deferred")
+                continue
+            older = (
+                row is not None
+                and c.timestamp_ms is not None
+                and row.command_ts is not None
+                and c.timestamp_ms < row.command_ts
+            )
+            if (row is not None and row.state == "Reached") or older:
+                outcomes.append("ignored")
+            elif isinstance(c, ScheduleTimer):
+                same = row is not None and row.state == "Scheduled" and row.anchor_due_at == c.due_at
+                same = (
+                    same
+                    and row is not None
+                    and (row.repeat, row.correlation_id) == (c.repeat, c.correlation_id)
+                )
+                if same:
+                    outcomes.append("ignored")
+                    continue
+                self.rows[c.tenant_id, c.service_call_id] = Row(
+                    c.tenant_id, c.service_call_id, "Scheduled", c.due_at, c.correlation_id,
+                    c.timestamp_ms, c.due_at, c.repeat,
+                )  # fmt: skip
+                outcomes.append("applied")
+            else:
+                assert isinstance(c, CancelTimer)
+                self.rows[c.tenant_id, c.service_call_id] = Row(
+                    c.tenant_id, c.service_call_id, "Cancelled", None, c.correlation_id, c.timestamp_ms
+                )
+                outcomes.append("applied")
+        self.log.append(("apply", list(commands)))
+        return outcomes
+
+    async def quota_view(
+        self, keys: Sequence[Key], tenants: Sequence[str], cap: int
+    ) -> tuple[set[Key], dict[str, int]]:
+        known = {k for k in keys if k in self.rows and self.rows[k].state in ("Scheduled", "Reached")}
+        pending = {
+            t: min(cap, sum(1 for r in self.rows.values() if r.tenant_id == t and r.state == "Scheduled"))
+            for t in tenants
+        }
+        return known, pending
+
+    async def claim(
+        self,
+        owner: str,
+        limit: int,
+        fresh_limit: int,
+        lease_ms: int,
+        ahead_ms: int = 0,
+        fresh_window_ms: int = 86_400_000,
+        downtime_ms: int | None = None,
+    ) -> ClaimResult:
+        now = self.now()
+        reach = now + ahead_ms / 1000
+        free = [
+            r
+            for r in self.rows.values()
+            if r.state == "Scheduled"
+            and r.due_at is not None
+            and r.due_at.timestamp() <= reach
+            and (r.lease_expires_at is None or r.lease_expires_at < now)
+        ]
+        free.sort(key=lambda r: r.due_at or datetime.min)
+        oldest = free[: limit - fresh_limit]
+        fresh = [
+            r for r in reversed(free) if r.due_at and r.due_at.timestamp() > now - fresh_window_ms / 1000
+        ]
+        taken = {(r.tenant_id, r.service_call_id): r for r in [*oldest, *fresh[:fresh_limit]]}
+        token = next(self._tokens)
+        claimed = []
+        for r in taken.values():
+            assert r.due_at is not None
+            r.lease_owner, r.lease_token, r.lease_expires_at = owner, token, now + lease_ms / 1000
+            r.attempts += 1
+            r.claimed_at = r.claimed_at or min(r.due_at, self._dt())
+            r.first_claimed_at = r.first_claimed_at or now
+            claimed.append(
+                Claimed(
+                    r.tenant_id,
+                    r.service_call_id,
+                    r.due_at,
+                    r.correlation_id,
+                    token,
+                    r.attempts,
+                    r.repeat.every if r.repeat else None,
+                    r.repeat.times if r.repeat else None,
+                    r.repeat.timezone if r.repeat else None,
+                    r.anchor_due_at,
+                    r.occurrence_index,
+                    r.claimed_at,
+                )
+            )
+        later = [
+            r.due_at.timestamp()
+            for r in self.rows.values()
+            if r.state == "Scheduled" and r.due_at is not None and r.due_at.timestamp() > reach
+        ]
+        next_due_in_ms = (min(later) - now) * 1000 if later else None
+        self.log.append(("claim", claimed))
+        return ClaimResult(claimed, [], next_due_in_ms, self._dt())
+
+    def _fenced(self, timer: Leased) -> Row | None:
+        """The row this claim still holds, or None: the lease ran out or a newer claim took it."""
+        row = self.rows.get((timer.tenant_id, timer.service_call_id))
+        if row is None or row.lease_token != timer.lease_token:
+            return None
+        if row.lease_expires_at is None or row.lease_expires_at <= self.now():
+            return None
+        return row
+
+    async def mark_fired(self, fired: Sequence[Fired]) -> int:
+        marked = 0
+        for f in fired:
+            row = self._fenced(f.timer)
+            if row is None or row.due_at != f.timer.due_at:
+                continue
+            marked += 1
+            row.lease_owner = row.lease_token = row.lease_expires_at = row.first_claimed_at = None
+            row.attempts, row.last_error = 0, None
+            if f.next_due_at is None:
+                row.state = "Reached"
+            else:
+                row.due_at, row.occurrence_index = f.next_due_at, f.next_index or 0
+        self.log.append(("mark_fired", list(fired)))
+        return marked
+
+    async def retry_later(self, failed: Sequence[tuple[Leased, str, int]]) -> int:
+        released = 0
+        for timer, error, backoff_ms in failed:
+            row = self._fenced(timer)
+            if row is None:
+                continue
+            released += 1
+            row.lease_owner, row.lease_expires_at = None, self.now() + backoff_ms / 1000
+            row.last_error = error
+        self.log.append(("retry_later", list(failed)))
+        return released
+
+
+@dataclass
+class Publish:
+    """One call of a publish method: which, with what, at what time on the database clock."""
+
+    method: str
+    messages: list[Outgoing]
+    at: float
+
+
+class TwinPublisher:
+    """worker.broker.Broker's publishing (EventPublisher), into a stream kept in memory that, like
+    JetStream's, stores each Nats-Msg-Id once. `fail(message)` says why a message is refused."""
+
+    def __init__(self, time: Callable[[], float], prefix: str = "timer") -> None:
+        self.time = time
+        self.subjects = Subjects(prefix)
+        self.max_payload = 1024 * 1024
+        self.stored: dict[str, Outgoing] = {}
+        self.calls: list[Publish] = []
+        self.hints: list[tuple[str, bytes]] = []
+        self.fail: Callable[[Outgoing], BaseException | None] = lambda m: None
+        self.on_publish: Callable[[], None] = lambda: None  # runs while a publish is on the wire
+
+    async def _publish(self, method: str, messages: Sequence[Outgoing]) -> list[BaseException | None]:
+        self.calls.append(Publish(method, list(messages), self.time()))
+        self.on_publish()
+        results: list[BaseException | None] = []
+        for m in messages:
+            error = self.fail(m)
+            if error is None and not m.subject.startswith(f"{self.subjects.prefix}."):
+                error = nats.errors.NoRespondersError()  # no stream takes the subject
+            if error is None:
+                self.stored.setdefault(m.headers.get("Nats-Msg-Id", str(len(self.stored))), m)
+            results.append(error)
+        return results
+
+    async def publish_atomic(
+        self, messages: Sequence[Outgoing], timeout: float
+    ) -> list[BaseException | None]:
+        return await self._publish("atomic", messages)
+
+    async def publish_many(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
+        return await self._publish("many", messages)
+
+    async def hint(self, subject: str, payload: bytes) -> None:
+        self.hints.append((subject, payload))
+
+
+@dataclass
+class Acks:
+    """What intake answered to each command, by stream sequence, in order: "+ACK", "-NAK ..."."""
+
+    log: list[tuple[int, bytes]] = field(default_factory=list)
+    shared: list[tuple[str, Any]] | None = None  # a log to interleave with (TwinStore.log)
+
+    async def publish(self, subject: str, payload: bytes = b"", **_: Any) -> None:
+        seq = int(subject.split(".")[5])
+        self.log.append((seq, payload))
+        if self.shared is not None:
+            self.shared.append(("ack" if payload in (b"", b"+ACK") else "nak", (seq, payload)))
+
+    def of(self, seq: int) -> list[str]:
+        return ["+ACK" if p in (b"", b"+ACK") else p.decode() for s, p in self.log if s == seq]
+
+
+class TwinCommands:
+    """The command stream's pull subscription (CommandSource): commands as JetStream would
+    deliver them, real nats Msg objects whose acknowledgements land in `acks`."""
+
+    def __init__(self, stream: str = "TIMER_COMMANDS") -> None:
+        self.stream = stream
+        self.queue: list[Msg] = []
+        self.acks = Acks()
+        self.checks = 0  # check_streams_soon calls
+        self._seq = itertools.count(1)
+
+    def add(self, subject: str, body: dict[str, Any] | bytes) -> Msg:
+        seq = next(self._seq)
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        reply = f"$JS.ACK.{self.stream}.timer-service.1.{seq}.{seq}.0.0"
+        msg = Msg(_client=self.acks, subject=subject, reply=reply, data=data)  # type: ignore[arg-type]
+        self.queue.append(msg)
+        return msg
+
+    def redeliver(self, msg: Msg) -> Msg:
+        """The same command again, as JetStream sends one that was not acknowledged."""
+        again = Msg(_client=self.acks, subject=msg.subject, reply=msg.reply, data=msg.data)  # type: ignore[arg-type]
+        self.queue.append(again)
+        return again
+
+    async def command_subscription(self) -> TwinCommands:
+        return self
+
+    def check_streams_soon(self) -> None:
+        self.checks += 1
+
+    async def unsubscribe(self) -> None:
+        pass
+
+    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+        if not self.queue:
+            raise nats.errors.TimeoutError
+        taken, self.queue = self.queue[:batch], self.queue[batch:]
+        return taken
+
+
+class TwinBroker(TwinPublisher, TwinCommands):
+    """Intake's broker: commands in, DLQ copies and wake hints out."""
+
+    def __init__(self, time: Callable[[], float], prefix: str = "timer") -> None:
+        TwinPublisher.__init__(self, time, prefix)
+        TwinCommands.__init__(self)

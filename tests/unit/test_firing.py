@@ -1,0 +1,119 @@
+"""The firing loop on twins (tests/twins.py): what only the chaos suite used to reach."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from prometheus_client import REGISTRY
+
+from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore
+from worker.config import Settings, load_settings
+from worker.contract import ScheduleTimer
+from worker.firing import LOOKAHEAD_MS, RETRY_BACKOFF_MS, Firing
+from worker.wakeup import Wakeup
+
+
+@pytest.fixture
+def time() -> FakeTime:
+    return FakeTime()
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return load_settings(worker_id="unit", batch_size=100, lease_ms=3000, publish_timeout_ms=500)
+
+
+def firing(settings: Settings, store: TwinStore, publisher: TwinPublisher, clock: FakeClock) -> Firing:
+    return Firing(settings, store, publisher, Wakeup(clock, LOOKAHEAD_MS / 1000), clock)
+
+
+async def schedule(store: TwinStore, time: FakeTime, *offsets_s: float, tenant: str = "acme") -> None:
+    await store.apply(
+        [
+            ScheduleTimer(tenant, f"t{i}", time.dt() + timedelta(seconds=s), None, None, None)
+            for i, s in enumerate(offsets_s)
+        ]
+    )
+
+
+def counter(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_nothing_is_published_before_its_due_time_on_the_database_clock(
+    settings: Settings, time: FakeTime
+) -> None:
+    """Claims reach LOOKAHEAD_MS ahead; what they take early waits for its dueAt on the database
+    clock, however early the loop's sleeps wake up and however far behind the estimate is."""
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    clock = FakeClock(time, behind_s=0.002, early_s=0.005)
+    await schedule(store, time, -1.0, 0.0, 0.01, 0.03, 0.05, 0.0999)
+    await firing(settings, store, publisher, clock).tick()
+    sent = [(m.headers["Nats-Msg-Id"], call.at) for call in publisher.calls for m in call.messages]
+    assert len(sent) == 6  # every one claimed in this tick was published in it
+    due = {
+        f"acme:{r.service_call_id}:{round(r.anchor_due_at.timestamp() * 1000)}": r.anchor_due_at.timestamp()
+        for r in store.rows.values()
+        if r.anchor_due_at is not None
+    }
+    for msg_id, at in sent:
+        assert at >= due[msg_id], f"{msg_id} published {(due[msg_id] - at) * 1000:.1f} ms early"
+    assert all(r.state == "Reached" for r in store.rows.values())
+
+
+async def test_first_attempts_go_in_one_atomic_batch_and_retries_one_by_one(
+    settings: Settings, time: FakeTime
+) -> None:
+    """A retry may be in the stream already, which would fail a whole atomic batch: so retries go
+    through publish_many (deduplicated per message), first attempts in one publish_atomic."""
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    clock = FakeClock(time)
+    await schedule(store, time, -3.0, -2.0, -1.0)
+    await store.claim("crashed", 2, 0, lease_ms=1000)  # t0 and t1: a replica claimed them and died
+    time.t += 1.5  # its lease ran out
+    await firing(settings, store, publisher, clock).tick()
+    by_method = {
+        c.method: sorted(m.headers["Nats-Msg-Id"].split(":")[1] for m in c.messages) for c in publisher.calls
+    }
+    assert by_method == {"atomic": ["t2"], "many": ["t0", "t1"]}
+    assert len(publisher.calls) == 2
+
+
+async def test_a_short_mark_is_counted_as_fenced_and_changes_nothing(
+    settings: Settings, time: FakeTime
+) -> None:
+    """The lease runs out while the publish is on the wire: the mark is refused for those rows, and
+    the loop counts them as fenced (another replica re-fires them, deduplicated)."""
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    clock = FakeClock(time)
+    await schedule(store, time, -2.0, -1.0)
+
+    def stall() -> None:
+        time.t += settings.lease_ms / 1000 + 0.1  # the PubAck took longer than the lease
+
+    publisher.on_publish = stall
+    fenced, marked = counter("timer_fence_rejected_total"), counter("timer_marked_total")
+    await firing(settings, store, publisher, clock).tick()
+    assert counter("timer_fence_rejected_total") - fenced == 2
+    assert counter("timer_marked_total") - marked == 0
+    assert [r.state for r in store.rows.values()] == ["Scheduled", "Scheduled"]
+    assert len(publisher.stored) == 2  # published: the next claim's re-publish is a duplicate
+
+
+async def test_a_failed_publish_is_released_for_a_retry_not_marked(
+    settings: Settings, time: FakeTime
+) -> None:
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    clock = FakeClock(time)
+    await schedule(store, time, -2.0, -1.0)
+    publisher.fail = lambda m: TimeoutError("no PubAck") if ":t0:" in m.headers["Nats-Msg-Id"] else None
+    await firing(settings, store, publisher, clock).tick()
+    t0, t1 = store.rows["acme", "t0"], store.rows["acme", "t1"]
+    assert (t1.state, t0.state) == ("Reached", "Scheduled")
+    assert t0.lease_owner is None and t0.last_error == "publish: TimeoutError: no PubAck"
+    assert t0.lease_expires_at == pytest.approx(time.t + RETRY_BACKOFF_MS / 1000)
+    assert not (await store.claim("other", 10, 0, lease_ms=1000)).claimed  # not before the back-off
+    time.t += RETRY_BACKOFF_MS / 1000 + 0.001
+    (again,) = (await store.claim("other", 10, 0, lease_ms=1000)).claimed
+    assert (again.service_call_id, again.attempts) == ("t0", 2)

@@ -1,0 +1,80 @@
+"""The intake loop on twins (tests/twins.py): when a command is acknowledged, and what happens to it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.twins import FakeClock, FakeTime, TwinBroker, TwinStore
+from worker.config import Settings, load_settings
+from worker.intake import RETRY_DELAY_S, Intake
+from worker.wakeup import Wakeup
+
+
+def command(kind: str, tenant: str, key: str, due: datetime | None = None, ts: int = 1) -> dict[str, Any]:
+    payload: dict[str, Any] = {"tenantId": tenant, "serviceCallId": key}
+    if due is not None:
+        payload["dueAt"] = due.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return {"id": f"{key}-{ts}", "type": kind, "tenantId": tenant, "timestampMs": ts, "payload": payload}
+
+
+def setup(settings: Settings | None = None) -> tuple[FakeTime, TwinStore, TwinBroker, Intake]:
+    time = FakeTime(datetime.now(UTC).timestamp())  # intake validates dueAt against its own clock
+    s = settings or load_settings(worker_id="unit", lease_ms=3000)
+    store, broker = TwinStore(time), TwinBroker(time, s.subject_prefix)
+    broker.acks.shared = store.log
+    clock = FakeClock(time)
+    return time, store, broker, Intake(s, store, broker, Wakeup(clock), clock)
+
+
+async def fetch_and_handle(broker: TwinBroker, intake: Intake) -> None:
+    await intake.handle(await (await broker.command_subscription()).fetch(100, 1.0))
+
+
+async def test_commands_are_acknowledged_only_after_their_batch_is_committed() -> None:
+    time, store, broker, intake = setup()
+    due = datetime.fromtimestamp(time.t + 60, UTC)
+    for key in ("a", "b", "c"):
+        broker.add(broker.subjects.schedule("acme"), command("ScheduleTimer", "acme", key, due))
+    await fetch_and_handle(broker, intake)
+    events = [kind for kind, _ in store.log]
+    assert events == ["apply", "ack", "ack", "ack"]
+    assert [c.service_call_id for c in store.log[0][1]] == ["a", "b", "c"]
+    assert all(r.state == "Scheduled" for r in store.rows.values())
+
+
+async def test_a_command_for_a_claimed_occurrence_waits_a_lease_and_is_not_acknowledged() -> None:
+    time, store, broker, intake = setup()
+    now = datetime.fromtimestamp(time.t, UTC)
+    broker.add(broker.subjects.schedule("acme"), command("ScheduleTimer", "acme", "k", now))
+    await fetch_and_handle(broker, intake)
+    await store.claim("firing", 10, 0, lease_ms=3000)  # its occurrence is being fired
+    cancel = broker.add(broker.subjects.cancel("acme"), command("CancelTimer", "acme", "k", ts=2))
+    await fetch_and_handle(broker, intake)
+    assert broker.acks.of(cancel.metadata.sequence.stream) == ['-NAK {"delay": 3000000000}']
+    assert store.rows["acme", "k"].state == "Scheduled"
+
+
+async def test_garbage_goes_to_the_dlq_before_it_is_acknowledged_and_stays_when_the_dlq_fails() -> None:
+    _, _, broker, intake = setup()
+    bad = broker.add(broker.subjects.schedule("acme"), b"{not json")
+    broker.fail = lambda m: ConnectionError("dlq down")
+    await fetch_and_handle(broker, intake)
+    assert broker.acks.of(bad.metadata.sequence.stream) == [f'-NAK {{"delay": {int(RETRY_DELAY_S * 1e9)}}}']
+    assert not broker.stored  # nothing copied, nothing lost: the command comes back
+    broker.fail = lambda m: None
+    broker.redeliver(bad)
+    await fetch_and_handle(broker, intake)
+    (copy,) = broker.stored.values()
+    assert copy.subject == broker.subjects.dlq("acme") and copy.payload == b"{not json"
+    assert copy.headers["Timer-Error"] == "invalid_json"
+    assert broker.acks.of(bad.metadata.sequence.stream)[-1] == "+ACK"
+
+
+async def test_a_near_timer_wakes_the_local_loop_and_the_fleet() -> None:
+    time, _, broker, intake = setup()
+    due = datetime.fromtimestamp(time.t + 0.5, UTC)
+    broker.add(broker.subjects.schedule("acme"), command("ScheduleTimer", "acme", "soon", due))
+    await fetch_and_handle(broker, intake)
+    ((subject, payload),) = broker.hints
+    assert subject == broker.subjects.wake and float(payload) == round(due.timestamp(), 3)

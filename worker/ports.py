@@ -1,0 +1,86 @@
+"""What the loops need from the outside world, as small protocols.
+
+Firing and Intake take these rather than the concrete Store and Broker: the real adapters satisfy
+them (mypy checks it where the replica wires them up, worker/service.py), and tests/twins.py holds
+in-memory twins for unit tests of the loops' logic. tests/integration/test_port_conformance.py runs
+one set of checks against both, so a twin cannot drift from what its adapter does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from nats.aio.msg import Msg
+
+from worker.contract import Command, Outgoing, Subjects
+from worker.store import ClaimResult, Fired, Key, Leased, Outcome
+
+
+class FiringStore(Protocol):
+    """The firing loop's database: claim under a lease, then record each claimed occurrence,
+    fenced by that lease (a write whose lease is gone changes nothing and is not counted)."""
+
+    async def claim(
+        self,
+        owner: str,
+        limit: int,
+        fresh_limit: int,
+        lease_ms: int,
+        ahead_ms: int = 0,
+        fresh_window_ms: int = 86_400_000,
+        downtime_ms: int | None = None,
+    ) -> ClaimResult: ...
+
+    async def mark_fired(self, fired: Sequence[Fired]) -> int: ...
+
+    async def retry_later(self, failed: Sequence[tuple[Leased, str, int]]) -> int: ...
+
+
+class IntakeStore(Protocol):
+    """Intake's database: apply a batch of commands in one transaction; what the quota reads."""
+
+    async def apply(self, commands: Sequence[Command]) -> list[Outcome]: ...
+
+    async def quota_view(
+        self, keys: Sequence[Key], tenants: Sequence[str], cap: int
+    ) -> tuple[set[Key], dict[str, int]]: ...
+
+
+class EventPublisher(Protocol):
+    """Publishing to JetStream. For each message, None once the stream acknowledged it, else why
+    not; no call raises for a message that failed (worker/broker.py)."""
+
+    subjects: Subjects
+
+    @property
+    def max_payload(self) -> int: ...
+
+    async def publish_atomic(
+        self, messages: Sequence[Outgoing], timeout: float
+    ) -> list[BaseException | None]: ...
+
+    async def publish_many(
+        self, messages: Sequence[Outgoing], timeout: float
+    ) -> list[BaseException | None]: ...
+
+    async def hint(self, subject: str, payload: bytes) -> None: ...
+
+
+class CommandBatches(Protocol):
+    """A pull subscription: up to `batch` commands, or TimeoutError when none came in `timeout`."""
+
+    async def fetch(self, batch: int, timeout: float) -> list[Msg]: ...
+
+    async def unsubscribe(self) -> None: ...
+
+
+class CommandSource(Protocol):
+    async def command_subscription(self) -> CommandBatches: ...
+
+    def check_streams_soon(self) -> None:
+        """A fetch failed in a way a missing stream or consumer would explain: look, in the background."""
+
+
+class IntakeBroker(CommandSource, EventPublisher, Protocol):
+    """Intake reads commands and publishes rejected ones to the DLQ, on one connection."""
