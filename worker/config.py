@@ -10,6 +10,8 @@ from datetime import timedelta
 from typing import Annotated, Any, TypeVar
 
 import isodate
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import BeforeValidator, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -108,6 +110,13 @@ class Settings(BaseSettings):
             # Subject and stream name tokens: the tenant rule, so a trailing newline fails too.
             if not TENANT_RE.match(getattr(self, name)):
                 raise ValueError(f"{name}: must match {TENANT_RULE}")
+        try:
+            conninfo_to_dict(self.database_url.get_secret_value())
+        except psycopg.ProgrammingError as exc:
+            # Only the kind of fault: libpq quotes the offending part, which may be the password.
+            raise ValueError(
+                f"database_url: not a PostgreSQL URL or conninfo ({str(exc).split(':')[0]})"
+            ) from None
         if self.publish_timeout_ms >= self.lease_ms:
             raise ValueError("publish_timeout_ms: must be shorter than TIMER_LEASE_MS")
         horizon = timedelta(milliseconds=self.lease_ms + 3 * self.publish_timeout_ms)

@@ -359,8 +359,14 @@ async def test_secrets_never_reach_the_logs(settings: Settings, db_url: str, tmp
         }
         # It works: the secrets are used, and a timer fires.
         good = ReplicaProcess(base | {"TIMER_NATS_PASSWORD": NATS_PASSWORD}, tmp_path / "good.log")
-        # It fails, and says why, in a loop: a wrong NATS password and token, a seed; a DSN that libpq
-        # quotes back in its error (a bad %-escape in the password); a Postgres that is not there.
+        # A DSN that libpq would quote back in its error (a bad %-escape in the password) is a bad
+        # setting: it stops start-up with one line naming it, without the password.
+        bad_dsn = ReplicaProcess(
+            base | {"TIMER_DATABASE_URL": with_password(db_url, f"%zz{DB_PASSWORD}")},
+            tmp_path / "bad-dsn.log",
+        )
+        # It fails, and says why, in a loop: a wrong NATS password and token, a seed; a Postgres
+        # that is not there.
         failing = [
             ReplicaProcess(
                 base
@@ -370,10 +376,6 @@ async def test_secrets_never_reach_the_logs(settings: Settings, db_url: str, tmp
                     "TIMER_NATS_NKEY_SEED": NKEY_SEED,
                 },
                 tmp_path / "bad-nats.log",
-            ),
-            ReplicaProcess(
-                base | {"TIMER_DATABASE_URL": with_password(db_url, f"%zz{DB_PASSWORD}")},
-                tmp_path / "bad-dsn.log",
             ),
             ReplicaProcess(
                 base | {"TIMER_DATABASE_URL": f"postgresql://postgres:{DB_PASSWORD}@127.0.0.1:1/x"},
@@ -388,15 +390,19 @@ async def test_secrets_never_reach_the_logs(settings: Settings, db_url: str, tmp
                 await client.schedule("acme", "secret-keeper", datetime.now(UTC))
             await until(lambda: "secret-keeper" in str(query_state(db_url)), what="the timer fired")
             await until(lambda: logged_error(failing[0], "uthorization"), timeout=40, what="nats refusal")
-            await until(lambda: logged_error(failing[1], "percent-encoded"), timeout=40, what="bad DSN")
-            await until(lambda: logged_error(failing[2], "127.0.0.1"), timeout=40, what="no Postgres")
+            await until(lambda: logged_error(failing[1], "127.0.0.1"), timeout=40, what="no Postgres")
+            bad_dsn_code = await asyncio.to_thread(bad_dsn.proc.wait, 30)
         finally:
             codes = [r.stop() for r in (good, *failing)]
-    assert codes == [0, 0, 0, 0]
+    assert codes == [0, 0, 0]
+    assert bad_dsn_code == 2
+    assert bad_dsn.text().strip() == (
+        "timer-service: TIMER_DATABASE_URL: not a PostgreSQL URL or conninfo (invalid percent-encoded token)"
+    )
     started = next(a for a in good.actions() if a.get("action") == "replica_started")
     assert started["database"] == mask_url(with_password(db_url, DB_PASSWORD))
     assert ":***@" in started["database"]
-    for replica in (good, *failing):
+    for replica in (good, *failing, bad_dsn):
         text = replica.text()
         assert text.strip()
         for secret in SECRETS:
@@ -412,8 +418,10 @@ def test_cli_lines_never_show_the_password(db_url: str) -> None:
     ok = cli("status", env={"TIMER_DATABASE_URL": with_password(db_url, DB_PASSWORD)})
     assert ok.returncode == 0 and DB_PASSWORD not in ok.stdout + ok.stderr
     quoted = cli("migrate", env={"TIMER_DATABASE_URL": with_password(db_url, f"%zz{DB_PASSWORD}")})
-    assert quoted.returncode == 1
-    assert one_line(quoted) == 'timer-service: invalid percent-encoded token: "***"'
+    assert quoted.returncode == 2  # a bad setting
+    assert one_line(quoted) == (
+        "timer-service: TIMER_DATABASE_URL: not a PostgreSQL URL or conninfo (invalid percent-encoded token)"
+    )
 
 
 @pytest.mark.parametrize(
