@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     # A command waiting behind an occurrence first claimed longer ago than this, and still not
     # recorded, is given up: copied to the DLQ as timer_stuck (README, guarantees).
     stuck_after: Duration = timedelta(hours=1)
+    # A recurring timer no replica claimed for longer than this (real downtime) fires once for the
+    # missed window; a shorter wait (a crash, an overloaded fleet) skips no occurrence.
+    downtime_after: Duration = timedelta(minutes=1)
 
     worker_id: str = Field(default_factory=_default_worker_id)
     batch_size: int = Field(1000, ge=1, le=20000)
@@ -128,6 +131,8 @@ class Settings(BaseSettings):
             raise ValueError(
                 "stuck_after: must be longer than TIMER_LEASE_MS and shorter than TIMER_COMMAND_MAX_AGE"
             )
+        if self.downtime_after < timedelta(milliseconds=self.lease_ms + self.poll_interval_ms):
+            raise ValueError("downtime_after: must be at least TIMER_LEASE_MS plus TIMER_POLL_INTERVAL_MS")
         if self.retention < self.command_max_age:
             raise ValueError("retention: must not be shorter than TIMER_COMMAND_MAX_AGE")
         if self.log_format not in ("json", "text"):

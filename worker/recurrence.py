@@ -27,8 +27,10 @@ strictly after the firing's claim. The occurrences skipped in between still cons
 indexes, so `times` counts occurrences of the schedule, not firings: `times=3` with the second one
 missed fires the first and the third, then ends.
 
-Downtime means no replica claimed the timer although it could: it sat claimable for a lease plus
-a poll interval (sql/queries.sql, claim_due). A crash is not downtime, whatever the period: the
+Downtime means no replica claimed the timer although it could: it sat claimable for longer than
+TIMER_DOWNTIME_AFTER (sql/queries.sql, claim_due). A lease plus a poll interval would do on an
+idle fleet, but an overloaded one (a backlog, starved CPU) can be seconds late, and that is not
+downtime either. A crash is not downtime, whatever the period: the
 occurrences that come due while a dead replica's lease hides the timer, and until a live one
 re-claims it, all fire (late, in order), because each keeps the reference of the first claim.
 """

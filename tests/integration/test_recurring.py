@@ -13,9 +13,14 @@ from worker.config import Settings
 from worker.devkit.recorder import EventRecorder
 from worker.store import Store
 
-# Downtime is a timer left unclaimed for a lease plus a poll interval (5 s by default): these
+# Downtime is a timer left unclaimed for TIMER_DOWNTIME_AFTER (a minute by default): these
 # settings make it 1.3 s, so a test of downtime needs only a few seconds of it.
-QUICK = {"lease_ms": 1000, "poll_interval_ms": 300, "publish_timeout_ms": 500}
+QUICK = {
+    "lease_ms": 1000,
+    "poll_interval_ms": 300,
+    "publish_timeout_ms": 500,
+    "downtime_after": timedelta(milliseconds=1300),
+}
 
 
 def _epoch(iso: str) -> float:
