@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck bench bench-peers chaos-soak clean system-packages image-test
+.PHONY: dev test test-unit lint typecheck bench bench-peers chaos-soak clean system-packages image-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ dev: $(STAMP)
 
 test: $(STAMP) lint typecheck system-packages
 	$(BIN)/pytest
+
+# No servers: the contract, parsing, recurrence, events, the clock, loops on in-memory twins.
+test-unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
 
 # Three tests need programs no wheel has: the TLS tests a Postgres server built with SSL (the
 # embedded wheel's has none: Debian's binaries, no cluster created or started), the chaos suite's
@@ -41,7 +45,7 @@ chaos-soak: $(STAMP) system-packages
 
 # The Dockerfile built into an image with Debian's buildah (no Docker daemon needed) and run:
 # `--version`, and /healthz of `run` on the test servers. About three minutes; not part of `make test`,
-# which runs the Dockerfile's install steps in a fresh venv instead (tests/test_installed.py).
+# which runs the Dockerfile's install steps in a fresh venv instead (tests/integration/test_installed.py).
 image-test: $(STAMP) system-packages
 	@command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah mmdebstrap >/dev/null; }
@@ -62,7 +66,7 @@ bench: $(STAMP)
 # by side"). The peers go into a throwaway directory; needs Node.js and npm. ARGS for more, e.g.
 # `make bench-peers ARGS="--runs 5 --drain 100000"`.
 bench-peers: $(STAMP)
-	$(BIN)/python -m worker.bench.peers $(ARGS)
+	$(BIN)/python -m worker.devkit.bench.peers $(ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-helm .pytest_cache .mypy_cache .ruff_cache

@@ -26,9 +26,9 @@ from typing import Any
 
 import psycopg
 
-from worker.bench.rig import Rig, machine
-from worker.bench.scenarios import _command
-from worker.embedded import EmbeddedNats, EmbeddedPostgres
+from worker.devkit.bench.rig import Rig, machine
+from worker.devkit.bench.scenarios import schedule_command
+from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
 
 REPLICAS = 3
 STATS_FLUSH_S = 1.5
@@ -97,7 +97,7 @@ async def one_run(pg: EmbeddedPostgres, nats_url: str, workdir: Path, n: int) ->
     async with Rig(pg.url, nats_url, workdir) as rig:
         prefix = rig.names["subject_prefix"]
         due = datetime.now(UTC) + timedelta(days=1)
-        await rig.publish_commands(_command(prefix, f"t{i % 10}", f"i-{i}", due) for i in range(n))
+        await rig.publish_commands(schedule_command(prefix, f"t{i % 10}", f"i-{i}", due) for i in range(n))
         before, started = snapshot(pg), time.monotonic()
         rig.start_replicas(REPLICAS)
 

@@ -2,7 +2,7 @@
 
 The servers are found in this order: TIMER_TEST_DATABASE_URL / TIMER_TEST_NATS_URL when set;
 testcontainers when a Docker engine answers; otherwise throwaway embedded servers
-(`worker.embedded`), which is what runs on the team's machines and in CI. Never skipped.
+(`worker.devkit.embedded`), which is what runs on the team's machines and in CI. Never skipped.
 
 Servers live for the session; isolation is per test: a database cloned from a migrated template
 (`CREATE DATABASE ... TEMPLATE`) and a subject prefix, streams and consumer of its own.
@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from tests.fixtures.servers import (
+from tests.servers import (
     Servers,
     create_template,
     delete_streams,
@@ -25,7 +25,7 @@ from tests.fixtures.servers import (
     own_names,
 )
 from worker.config import Settings, load_settings
-from worker.embedded import EmbeddedNats, EmbeddedPostgres
+from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from worker.store import Store
 
 

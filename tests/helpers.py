@@ -1,4 +1,5 @@
-"""Shared test tools: an in-process replica, raw command publishing, polling with deadlines."""
+"""Shared test tools: an in-process replica, raw command publishing, polling with deadlines, the
+settings as a child process's environment."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import nats
 import psycopg
 
 from worker.config import Settings
-from worker.harness import EventRecorder
+from worker.devkit.recorder import EventRecorder
 from worker.service import Replica
 
 
@@ -117,3 +118,20 @@ async def http_get(port: int, path: str, host: str = "127.0.0.1") -> tuple[int, 
     writer.close()
     head, _, body = raw.partition(b"\r\n\r\n")
     return int(head.split()[1]), body.decode()
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """TIMER_* variables that reproduce these settings in a child process (secrets included)."""
+    env: dict[str, str] = {}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if hasattr(value, "get_secret_value"):
+            value = value.get_secret_value()
+        if hasattr(value, "total_seconds"):
+            value = f"{value.total_seconds()}s"
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        env[f"TIMER_{name.upper()}"] = str(value)
+    env.pop("TIMER_WORKER_ID", None)
+    return env

@@ -17,9 +17,7 @@ from typing import Any
 import nats.errors
 from nats.aio.msg import Msg
 
-from worker.broker import Outgoing
-from worker.commands import CancelTimer, Command, ScheduleTimer
-from worker.contract import Subjects
+from worker.contract import CancelTimer, Command, Outgoing, ScheduleTimer, Subjects
 from worker.store import Claimed, ClaimResult, Fired, Key, Leased, Outcome
 
 

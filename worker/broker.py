@@ -12,21 +12,19 @@ import ssl
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import nats
-import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from worker.contract import Subjects
+from worker.contract import Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
+from worker.natsconn import nats_connect
 
-if TYPE_CHECKING:  # the producer client imports this module without the service's settings
+if TYPE_CHECKING:
     from worker.config import Settings
 
 log = logging.getLogger("worker.broker")
@@ -41,13 +39,6 @@ ATOMIC_BATCH_MIN = 100
 ERR_BATCH_DUPLICATE_ID = 10201
 # After a failure a missing stream would explain, the streams are looked at no more often than this.
 CHECK_INTERVAL_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    subject: str
-    payload: bytes
-    headers: dict[str, str]
 
 
 def _tls_context(s: Settings) -> ssl.SSLContext | None:
@@ -86,27 +77,6 @@ def connect_options(s: Settings) -> dict[str, Any]:
         if s.nats_tls_server_name:
             opts["tls_hostname"] = s.nats_tls_server_name
     return opts
-
-
-class _TlsEnforcingClient(NATS):
-    """nats-py upgrades to TLS only when the server's INFO says `tls_required`: with TLS configured,
-    a plaintext server (or one that merely allows TLS, or a man in the middle rewriting INFO) would
-    get our CONNECT, credentials included, in clear. This client refuses instead."""
-
-    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
-        wants_tls = self.options.get("tls") is not None and not self.options.get("tls_handshake_first")
-        if initial_connection and wants_tls and not info.get("tls_required"):
-            raise nats.errors.Error(
-                "nats: TLS is configured but the server does not require it; not connecting in clear"
-            )
-        await super()._process_info(info, initial_connection)
-
-
-async def nats_connect(servers: str | list[str], **options: Any) -> NATS:
-    """nats.connect(), but never in clear when TLS is configured."""
-    nc = _TlsEnforcingClient()
-    await nc.connect(servers, **options)
-    return nc
 
 
 class Broker:
@@ -309,9 +279,9 @@ class Broker:
         first attempts should come here; a refused batch is sent again one by one, which dedupes.
         A stream made without allow_atomic turns batching off for this connection.
 
-        A batch's PubAck comes after the server made it durable (about 15 ms here, where a single
-        PubAck takes 1 ms), so a few messages go one by one: batches are for throughput, small
-        sends for latency.
+        A batch's PubAck comes after the server made it durable (many times one message's PubAck:
+        docs/BENCHMARKS.md, "Where the time went", step 5), so a few messages go one by one:
+        batches are for throughput, small sends for latency.
         """
         if not self._atomic or len(messages) < ATOMIC_BATCH_MIN:
             return await self.publish_many(messages, timeout)

@@ -246,13 +246,13 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from worker.dev import run_dev
+    from worker.devkit.dev import run_dev
 
     return run_dev(duration=args.duration, replicas=args.replicas, rate=args.rate)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from worker.bench import run_bench
+    from worker.devkit.bench import run_bench
 
     return run_bench(args)
 
@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_dev)
 
     b = sub.add_parser("bench", help="benchmark scenarios (embedded servers unless URLs are given)")
-    from worker.bench import add_arguments
+    from worker.devkit.bench import add_arguments
 
     add_arguments(b)
     b.set_defaults(func=cmd_bench)

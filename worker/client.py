@@ -19,8 +19,8 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
-from worker.broker import nats_connect
 from worker.contract import TENANT_RE, Subjects, iso
+from worker.natsconn import nats_connect
 
 
 class TimerClient:
@@ -34,7 +34,7 @@ class TimerClient:
     async def connect(
         cls, url: str = "nats://127.0.0.1:4222", prefix: str = "svc", **options: Any
     ) -> TimerClient:
-        # Never in clear when TLS is configured (see broker.nats_connect).
+        # Never in clear when TLS is configured (see natsconn.nats_connect).
         return cls(await nats_connect(url, **options), prefix, owns_connection=True)
 
     async def schedule(

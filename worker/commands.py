@@ -24,98 +24,42 @@ import json
 import math
 import re
 import unicodedata
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from worker.contract import TENANT_RE
-from worker.recurrence import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, MAX_INDEX, load_zone, parse_period
-
-MAX_BODY_BYTES = 64 * 1024
-_TENANT_RULE = "[A-Za-z0-9_-]{1,64}"
-INVALID_TENANT = "_invalid"
-MAX_ID_CHARS = 200
-MAX_DETAIL_CHARS = 200
-MAX_TIMESTAMP_MS = 2**63 - 1  # stored in a Postgres bigint
-COMMAND_TYPES = {"schedule": "ScheduleTimer", "cancel": "CancelTimer"}
-
-# Every reason a command is rejected for (the DLQ header `Timer-Error` and the metric label).
-REASONS = frozenset(
-    {
-        "bad_subject",  # from intake, not parse_command: a subject outside <prefix>.<tenant>.timer.<kind>
-        "body_too_large",
-        "invalid_utf8",
-        "invalid_json",
-        "duplicate_key",
-        "non_finite_number",
-        "wrong_type",
-        "missing_field",
-        "unknown_type",
-        "type_mismatch",  # a known type on the other command's subject
-        "bad_tenant",
-        "tenant_mismatch",
-        "bad_service_call_id",
-        "bad_correlation_id",
-        "bad_timestamp",
-        "bad_due_at",  # also a dueAt outside EARLIEST_DUE_AT..LATEST_DUE_AT
-        "beyond_horizon",
-        "bad_repeat",
-        "unknown_timezone",
-        "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
-        "timer_stuck",  # from intake: the timer's occurrence stayed claimed past TIMER_STUCK_AFTER
-    }
+from worker.contract import (
+    COMMAND_TYPES,
+    DUE_AT_RANGE,
+    EARLIEST_DUE_AT,
+    INVALID_TENANT,
+    LATEST_DUE_AT,
+    MAX_BODY_BYTES,
+    MAX_DETAIL_CHARS,
+    MAX_ID_CHARS,
+    MAX_TIMESTAMP_MS,
+    TENANT_RULE,
+    CancelTimer,
+    Command,
+    CommandKind,
+    Reason,
+    Rejection,
+    ScheduleTimer,
+    is_valid_tenant,
 )
+from worker.recurrence import MAX_INDEX, Repeat, load_zone, parse_period
 
-
-@dataclass(frozen=True, slots=True)
-class Repeat:
-    every: str  # the ISO 8601 duration as given, validated (e.g. "PT1H", "P1D", "P1M", "P1Y")
-    times: int | None  # total number of occurrences including the first; None = forever
-    timezone: str | None  # IANA zone name, validated with zoneinfo
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleTimer:
-    tenant_id: str
-    service_call_id: str
-    due_at: datetime  # timezone-aware, converted to UTC
-    correlation_id: str | None
-    timestamp_ms: int | None  # envelope timestampMs, when present
-    repeat: Repeat | None
-
-
-@dataclass(frozen=True, slots=True)
-class CancelTimer:
-    tenant_id: str
-    service_call_id: str
-    correlation_id: str | None
-    timestamp_ms: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    reason: str  # stable snake_case code, one of REASONS
-    detail: str  # one ASCII line, <= 200 chars: safe to log and to put in a NATS header
-    tenant_token: str  # subject token for the DLQ: the subject's tenant when valid, else "_invalid"
-
-
-Command = ScheduleTimer | CancelTimer
 JsonObject = dict[str, Any]
 T = TypeVar("T")
 
 
 class _Reject(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: Reason, detail: str) -> None:
         self.reason = reason
         self.detail = detail
 
 
-def is_valid_tenant(token: str) -> bool:
-    return TENANT_RE.match(token) is not None
-
-
 def parse_command(
-    kind: Literal["schedule", "cancel"],
+    kind: CommandKind,
     subject_tenant: str,
     body: bytes,
     *,
@@ -130,19 +74,21 @@ def parse_command(
         return Rejection(why.reason, _one_line(why.detail), token)
 
 
-def _parse(kind: str, subject_tenant: str, body: bytes, now: datetime, max_horizon: timedelta) -> Command:
+def _parse(
+    kind: CommandKind, subject_tenant: str, body: bytes, now: datetime, max_horizon: timedelta
+) -> Command:
     # Size first: a 10 MB body is turned away before a byte of it is decoded.
     if len(body) > MAX_BODY_BYTES:
         raise _Reject("body_too_large", f"body is {len(body)} bytes, more than {MAX_BODY_BYTES}")
     if not is_valid_tenant(subject_tenant):
-        raise _Reject("bad_tenant", f"subject tenant {_show(subject_tenant)} does not match {_TENANT_RULE}")
+        raise _Reject("bad_tenant", f"subject tenant {_show(subject_tenant)} does not match {TENANT_RULE}")
     if kind not in COMMAND_TYPES:
         raise _Reject("unknown_type", f"no command is sent on the {_show(kind)} subject")
     fields, envelope = _unwrap(kind, _load(body))
 
     tenant = _required(fields, "tenantId", str)
     if not is_valid_tenant(tenant):
-        raise _Reject("bad_tenant", f"tenantId {_show(tenant)} does not match {_TENANT_RULE}")
+        raise _Reject("bad_tenant", f"tenantId {_show(tenant)} does not match {TENANT_RULE}")
     if tenant != subject_tenant:
         raise _Reject("tenant_mismatch", f"tenantId {_show(tenant)} is not the subject's {subject_tenant}")
     outer_tenant = _optional(envelope, "tenantId", str)
@@ -203,7 +149,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _unwrap(kind: str, doc: JsonObject) -> tuple[JsonObject, JsonObject]:
+def _unwrap(kind: CommandKind, doc: JsonObject) -> tuple[JsonObject, JsonObject]:
     """(the flat command, the envelope or {}). An envelope is told by its "payload" or "type"."""
     if "payload" not in doc and "type" not in doc:
         return doc, {}
@@ -234,7 +180,7 @@ def _optional(obj: JsonObject, key: str, kind: type[T]) -> T | None:
     return value
 
 
-def _identifier(value: str, key: str, reason: str) -> str:
+def _identifier(value: str, key: str, reason: Reason) -> str:
     if not value:
         raise _Reject(reason, f"{key} is empty")
     if len(value) > MAX_ID_CHARS:

@@ -10,15 +10,17 @@ from datetime import timedelta
 from typing import Annotated, Any, TypeVar
 
 import isodate
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import BeforeValidator, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import logs
+from worker.contract import TENANT_RE, TENANT_RULE
 from worker.errors import ConfigError
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 365 * 86400}
 _SHORT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w|y)\s*$")
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def parse_duration(value: Any) -> timedelta:
@@ -82,6 +84,9 @@ class Settings(BaseSettings):
     # A command waiting behind an occurrence first claimed longer ago than this, and still not
     # recorded, is given up: copied to the DLQ as timer_stuck (README, guarantees).
     stuck_after: Duration = timedelta(hours=1)
+    # A recurring timer no replica claimed for longer than this (real downtime) fires once for the
+    # missed window; a shorter wait (a crash, an overloaded fleet) skips no occurrence.
+    downtime_after: Duration = timedelta(minutes=1)
 
     worker_id: str = Field(default_factory=_default_worker_id)
     batch_size: int = Field(1000, ge=1, le=20000)
@@ -105,8 +110,16 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _relations(self) -> Settings:
         for name in ("subject_prefix", "command_stream", "event_stream", "dlq_stream", "consumer"):
-            if not _TOKEN.match(getattr(self, name)):
-                raise ValueError(f"{name}: must match [A-Za-z0-9_-]{{1,64}}")
+            # Subject and stream name tokens: the tenant rule, so a trailing newline fails too.
+            if not TENANT_RE.match(getattr(self, name)):
+                raise ValueError(f"{name}: must match {TENANT_RULE}")
+        try:
+            conninfo_to_dict(self.database_url.get_secret_value())
+        except psycopg.ProgrammingError as exc:
+            # Only the kind of fault: libpq quotes the offending part, which may be the password.
+            raise ValueError(
+                f"database_url: not a PostgreSQL URL or conninfo ({str(exc).split(':')[0]})"
+            ) from None
         if self.publish_timeout_ms >= self.lease_ms:
             raise ValueError("publish_timeout_ms: must be shorter than TIMER_LEASE_MS")
         horizon = timedelta(milliseconds=self.lease_ms + 3 * self.publish_timeout_ms)
@@ -114,10 +127,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"events_duplicate_window: must exceed the lease plus the publish retry horizon ({horizon})"
             )
-        if not self.lease < self.stuck_after < self.command_max_age:
+        if not timedelta(milliseconds=self.lease_ms) < self.stuck_after < self.command_max_age:
             raise ValueError(
                 "stuck_after: must be longer than TIMER_LEASE_MS and shorter than TIMER_COMMAND_MAX_AGE"
             )
+        if self.downtime_after < timedelta(milliseconds=self.lease_ms + self.poll_interval_ms):
+            raise ValueError("downtime_after: must be at least TIMER_LEASE_MS plus TIMER_POLL_INTERVAL_MS")
         if self.retention < self.command_max_age:
             raise ValueError("retention: must not be shorter than TIMER_COMMAND_MAX_AGE")
         if self.log_format not in ("json", "text"):
@@ -132,10 +147,6 @@ class Settings(BaseSettings):
             if path and not os.access(path, os.R_OK):
                 raise ValueError(f"{name}: cannot read {path}")
         return self
-
-    @property
-    def lease(self) -> timedelta:
-        return timedelta(milliseconds=self.lease_ms)
 
 
 class ConsoleSettings(Settings):

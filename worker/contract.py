@@ -1,7 +1,10 @@
-"""The wire contract's names and formats (docs/CONTRACT.md), shared by the service and the producer client.
+"""The wire contract (docs/CONTRACT.md; its schema: docs/asyncapi.yaml), shared by the service and
+the producer client: subjects, commands, reason codes, limits, the DueTimeReached event and the
+read model's view of a timer.
 
 Pure: no I/O, no settings, nothing but the standard library, so `worker.client` can import it
-without the service's dependencies (Postgres driver, settings, metrics).
+without the service's dependencies (Postgres driver, settings, metrics). The validation boundary
+that turns bytes into these commands is `worker.commands.parse_command`.
 """
 
 from __future__ import annotations
@@ -10,9 +13,65 @@ import functools
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii as _json_str  # C, when available
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
+if TYPE_CHECKING:  # recurrence.py holds the arithmetic, and its isodate is no client's business
+    from worker.recurrence import Repeat
+
+# The tenant token of a subject (docs/CONTRACT.md, Limits).
+TENANT_RULE = "[A-Za-z0-9_-]{1,64}"
 # `\Z`, not `$`: `$` also matches before a trailing newline, and "acme\n" is no tenant.
-TENANT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+TENANT_RE = re.compile(rf"{TENANT_RULE}\Z")
+# The DLQ subject's token for a command whose subject tenant is no tenant.
+INVALID_TENANT = "_invalid"
+
+# Limits (docs/CONTRACT.md, Limits).
+MAX_BODY_BYTES = 64 * 1024
+MAX_ID_CHARS = 200  # serviceCallId, correlationId
+MAX_DETAIL_CHARS = 200  # Timer-Error-Detail
+MAX_TIMESTAMP_MS = 2**63 - 1  # stored in a Postgres bigint
+# The dueAt range every layer holds: epoch-millisecond firing ids, JavaScript dates, Postgres,
+# and a Python datetime in any local zone (UTC-12..+14). A ScheduleTimer outside it is rejected
+# (bad_due_at); a recurring timer's occurrences end at its last one inside it.
+EARLIEST_DUE_AT = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_DUE_AT = datetime(9999, 12, 31, tzinfo=UTC)
+DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
+
+# Every reason a command is rejected for (the DLQ header `Timer-Error` and the metric label;
+# docs/CONTRACT.md, Reason codes). A Literal, so a misspelt code is a type error.
+Reason = Literal[
+    "bad_subject",  # from intake, not parse_command: a subject outside <prefix>.<tenant>.timer.<kind>
+    "body_too_large",
+    "invalid_utf8",
+    "invalid_json",
+    "duplicate_key",
+    "non_finite_number",
+    "wrong_type",
+    "missing_field",
+    "unknown_type",
+    "type_mismatch",  # a known type on the other command's subject
+    "bad_tenant",
+    "tenant_mismatch",
+    "bad_service_call_id",
+    "bad_correlation_id",
+    "bad_timestamp",
+    "bad_due_at",  # also a dueAt outside EARLIEST_DUE_AT..LATEST_DUE_AT
+    "beyond_horizon",
+    "bad_repeat",
+    "unknown_timezone",
+    "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
+    "timer_stuck",  # from intake: the timer's occurrence stayed claimed past TIMER_STUCK_AFTER
+]
+REASONS: frozenset[str] = frozenset(get_args(Reason))
+
+CommandKind = Literal["schedule", "cancel"]
+Kind = Literal["schedule", "cancel", "due", "dlq", "get"]
+COMMAND_TYPES: dict[CommandKind, str] = {"schedule": "ScheduleTimer", "cancel": "CancelTimer"}
+
+
+def is_valid_tenant(token: str) -> bool:
+    return TENANT_RE.match(token) is not None
 
 
 @dataclass(frozen=True)
@@ -36,6 +95,15 @@ class Subjects:
     def get(self, tenant: str) -> str:
         return f"{self.prefix}.{tenant}.timer.get"
 
+    def split(self, subject: str) -> tuple[str, Kind] | None:
+        """(tenant token, kind) of `<prefix>.<tenant>.timer.<kind>`, or None. The token is not
+        checked: a caller that needs a tenant asks is_valid_tenant."""
+        parts = subject.split(".")
+        if len(parts) != 4 or parts[0] != self.prefix or parts[2] != "timer":
+            return None
+        kind = _KINDS.get(parts[3])
+        return None if kind is None else (parts[1], kind)
+
     @property
     def commands(self) -> list[str]:
         return [self.schedule("*"), self.cancel("*")]
@@ -44,6 +112,43 @@ class Subjects:
     def wake(self) -> str:
         """Core-NATS hint that a timer was stored close to now (not part of the contract)."""
         return f"{self.prefix}._timer.wake"
+
+
+_KINDS: dict[str, Kind] = {kind: kind for kind in get_args(Kind)}
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTimer:
+    tenant_id: str
+    service_call_id: str
+    due_at: datetime  # timezone-aware, converted to UTC
+    correlation_id: str | None
+    timestamp_ms: int | None  # envelope timestampMs, when present
+    repeat: Repeat | None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    tenant_id: str
+    service_call_id: str
+    correlation_id: str | None
+    timestamp_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    reason: Reason
+    detail: str  # one ASCII line, <= MAX_DETAIL_CHARS: safe to log and to put in a NATS header
+    tenant_token: str  # the subject's tenant when valid, else INVALID_TENANT (see dlq_token)
+
+    @property
+    def dlq_token(self) -> str:
+        """The tenant token of this command's DLQ subject: never anything but a valid tenant or
+        INVALID_TENANT, whoever built the Rejection."""
+        return self.tenant_token if is_valid_tenant(self.tenant_token) else INVALID_TENANT
+
+
+Command = ScheduleTimer | CancelTimer
 
 
 def iso(dt: datetime) -> str:
@@ -61,3 +166,75 @@ def _whole_second(dt: datetime) -> str:
 def firing_id(tenant_id: str, service_call_id: str, due_at: datetime) -> str:
     """One firing, one id (docs/CONTRACT.md, Duplicates): JetStream drops re-publishes of it."""
     return f"{tenant_id}:{service_call_id}:{round(due_at.timestamp() * 1000)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message to publish: a DueTimeReached event or a DLQ copy."""
+
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+
+
+class Occurrence(Protocol):
+    """What a DueTimeReached event tells of the occurrence that fired."""
+
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def service_call_id(self) -> str: ...
+    @property
+    def due_at(self) -> datetime: ...
+    @property
+    def correlation_id(self) -> str | None: ...
+
+
+def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int) -> Outgoing:
+    """The DueTimeReached event (docs/CONTRACT.md; its schema: docs/asyncapi.yaml) for one occurrence.
+
+    Written from a template rather than json.dumps of a dict: the firing path builds one per
+    timer, and json.dumps showed in its profile (docs/BENCHMARKS.md, "Where the time went", step
+    3). Every string goes through the C JSON string encoder, so any id or correlation id is
+    escaped exactly as json.dumps would.
+    """
+    msg_id = firing_id(timer.tenant_id, timer.service_call_id, timer.due_at)
+    tenant = _json_str(timer.tenant_id)
+    correlation = "null" if timer.correlation_id is None else _json_str(timer.correlation_id)
+    body = (
+        f'{{"id":{_json_str(msg_id)},"type":"DueTimeReached","tenantId":{tenant},'
+        f'"correlationId":{correlation},"timestampMs":{reached_ms},"payload":{{"tenantId":{tenant},'
+        f'"serviceCallId":{_json_str(timer.service_call_id)},"dueAt":"{iso(timer.due_at)}",'
+        f'"reachedAt":"{reached}"}}}}'
+    )
+    return Outgoing(subject, body.encode(), {"Nats-Msg-Id": msg_id})
+
+
+def timer_view(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored timer (its row, by column name) as the read model shows it (camelCase, RFC 3339 times)."""
+
+    def t(value: datetime | None) -> str | None:
+        return iso(value) if value is not None else None
+
+    repeat = None
+    if row["repeat_every"]:
+        repeat = {
+            "every": row["repeat_every"],
+            "times": row["repeat_times"],
+            "timezone": row["repeat_timezone"],
+        }
+    scheduled = row["state"] == "Scheduled"
+    return {
+        "tenantId": row["tenant_id"],
+        "serviceCallId": row["service_call_id"],
+        "state": row["state"],
+        "dueAt": t(row["due_at"]),
+        "nextOccurrence": t(row["due_at"]) if scheduled else None,
+        "registeredAt": t(row["registered_at"]),
+        "reachedAt": t(row["reached_at"]),
+        "correlationId": row["correlation_id"],
+        "occurrencesFired": row["fired_count"],
+        "repeat": repeat,
+        "attempts": row["attempts"],
+        "lastError": row["last_error"],
+    }

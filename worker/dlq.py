@@ -24,11 +24,11 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from worker.broker import connect_options, nats_connect
-from worker.commands import Rejection, parse_command
+from worker.broker import connect_options
+from worker.commands import parse_command
 from worker.config import Settings
-from worker.contract import Subjects
-from worker.intake import split_subject
+from worker.contract import Rejection, Subjects
+from worker.natsconn import nats_connect
 
 # An operator's listing reads at most this many entries before it stops and says where.
 MAX_SCAN = 10_000
@@ -125,13 +125,13 @@ class Dlq:
 
     def _entry(self, raw: Any) -> DlqEntry | None:
         subject: str = raw.subject or ""
-        parts = subject.split(".")
-        if len(parts) != 4 or parts[0] != self.settings.subject_prefix:
+        where = self.subjects.split(subject)
+        if where is None or where[1] != "dlq":
             return None  # not a DLQ copy of this service (another prefix sharing the stream)
         headers = {str(k): str(v) for k, v in (raw.headers or {}).items()}
         return DlqEntry(
             seq=raw.seq,
-            tenant=parts[1],
+            tenant=where[0],
             time=raw.time,
             reason=headers.get("Timer-Error", ""),
             detail=headers.get("Timer-Error-Detail", ""),
@@ -169,8 +169,8 @@ class Dlq:
 
     def check(self, entry: DlqEntry, body: bytes | None) -> tuple[str, bytes]:
         """(subject, body) to replay, or ReplayRefused saying why not."""
-        where = split_subject(self.settings.subject_prefix, entry.original_subject)
-        if where is None:
+        where = self.subjects.split(entry.original_subject)
+        if where is None or (kind := where[1]) not in ("schedule", "cancel"):
             raise ReplayRefused(
                 f"entry {entry.seq} was sent on {entry.original_subject!r}, not a command subject: "
                 "there is nothing to replay it to"
@@ -178,7 +178,7 @@ class Dlq:
         if body is None and entry.truncated:
             raise ReplayRefused(f"entry {entry.seq}'s body was cut to fit the DLQ: give a fixed body")
         data = entry.body if body is None else body
-        tenant, kind = where
+        tenant = where[0]
         parsed = parse_command(
             kind, tenant, data, now=datetime.now(UTC), max_horizon=self.settings.max_horizon
         )

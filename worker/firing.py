@@ -8,21 +8,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from json.encoder import encode_basestring_ascii as _json_str  # C, when available
 from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from worker import metrics
-from worker.broker import Outgoing
 from worker.clock import Clock
-from worker.commands import Repeat
 from worker.config import Settings
-from worker.contract import firing_id, iso
+from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, due_event, iso
+from worker.crashpoints import crash_point
 from worker.errors import TransientError
-from worker.faults import crash_point
 from worker.ports import EventPublisher, FiringStore
-from worker.recurrence import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, next_occurrence
+from worker.recurrence import Repeat, next_occurrence
 from worker.store import Claimed, Fired, Key, Leased, Unreadable
 from worker.waiting import wait_any
 from worker.wakeup import Wakeup
@@ -37,8 +34,8 @@ RETRY_BACKOFF_MS = 1000
 ROW_RETRY_MAX_MS = 300_000
 # A failed claim is retried after this, doubling up to the poll interval. A dropped connection
 # leaves every pooled one broken, each failing one claim: starting at seconds, that stalled a
-# replica for 20 s after a blip (chaos scenario latency-drops); now it costs well under a second,
-# and an outage one attempt per poll.
+# replica long after a blip (chaos scenario latency-drops, docs/RELIABILITY.md); starting small,
+# a blip costs a few fast retries, and an outage one attempt per poll.
 CLAIM_RETRY_FIRST_S = 0.05
 # While a backlog drains, a second lane claims the newest this many occurrences this often.
 FRESH_LANE_BATCH = 50
@@ -47,25 +44,6 @@ FRESH_LANE_WINDOW_MS = 2000  # "newest" means due in the last two seconds, not t
 # Claims reach this far ahead; see claim_due. A cancel or reschedule that arrives later than
 # this before dueAt may find the occurrence already claimed, and it fires (README, guarantees).
 LOOKAHEAD_MS = 100
-
-
-def due_event(timer: Claimed, subject: str, reached: str, reached_ms: int) -> Outgoing:
-    """The DueTimeReached event (docs/CONTRACT.md; its schema: docs/asyncapi.yaml) for one occurrence.
-
-    Written from a template rather than json.dumps of a dict: the firing path builds one per
-    timer, and this is a sixth of the cost. Every string goes through the C JSON string
-    encoder, so any id or correlation id is escaped exactly as json.dumps would.
-    """
-    msg_id = firing_id(timer.tenant_id, timer.service_call_id, timer.due_at)
-    tenant = _json_str(timer.tenant_id)
-    correlation = "null" if timer.correlation_id is None else _json_str(timer.correlation_id)
-    body = (
-        f'{{"id":{_json_str(msg_id)},"type":"DueTimeReached","tenantId":{tenant},'
-        f'"correlationId":{correlation},"timestampMs":{reached_ms},"payload":{{"tenantId":{tenant},'
-        f'"serviceCallId":{_json_str(timer.service_call_id)},"dueAt":"{iso(timer.due_at)}",'
-        f'"reachedAt":"{reached}"}}}}'
-    )
-    return Outgoing(subject, body.encode(), {"Nats-Msg-Id": msg_id})
 
 
 def next_of(timer: Claimed) -> tuple[datetime | None, int | None]:
@@ -92,7 +70,7 @@ class Firing:
         self.clock = clock  # the database clock: an occurrence is published once due on it
         # A live replica claims at least once a poll interval, so an expired lease is re-claimed
         # within one; a timer left claimable a lease longer than that had no replica: downtime.
-        self.downtime_ms = settings.lease_ms + settings.poll_interval_ms
+        self.downtime_ms = round(settings.downtime_after.total_seconds() * 1000)
         self._idle_s = settings.poll_interval_ms / 1000
         self._backlog = asyncio.Event()  # set while claims come back full
 

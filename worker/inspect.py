@@ -18,12 +18,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from worker.queries import QUERIES
-from worker.readmodel import timer_view
+from worker.contract import timer_view
+from worker.queries import OVERDUE_CAP, QUERIES
 from worker.store import ADAPTERS, session_conninfo
 
 STATES = ("Scheduled", "Reached", "Cancelled")
-OVERDUE_CAP = 1_000_000
 MAX_PAGE = 1000
 _EARLIEST = datetime.fromisoformat("0001-01-01T00:00:00+00:00")
 

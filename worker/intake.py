@@ -8,19 +8,18 @@ import logging
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Literal
 
 import nats.errors
 from nats.aio.msg import Msg
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from worker import metrics, quota
-from worker.broker import Outgoing
 from worker.clock import Clock
-from worker.commands import Command, Rejection, ScheduleTimer, is_valid_tenant, parse_command
+from worker.commands import parse_command
 from worker.config import Settings
+from worker.contract import INVALID_TENANT, Command, Outgoing, Rejection, ScheduleTimer
+from worker.crashpoints import crash_point
 from worker.errors import TransientError
-from worker.faults import crash_point
 from worker.ports import IntakeBroker, IntakeStore
 from worker.waiting import wait_any
 from worker.wakeup import Wakeup
@@ -30,18 +29,6 @@ log = logging.getLogger("worker.intake")
 FETCH_WAIT_S = 1.0
 # A command whose key could not be written is offered again after this long.
 RETRY_DELAY_S = 2.0
-
-
-def split_subject(prefix: str, subject: str) -> tuple[str, Literal["schedule", "cancel"]] | None:
-    """(tenant token, kind) of `<prefix>.<tenant>.timer.<kind>`, or None."""
-    parts = subject.split(".")
-    if len(parts) != 4 or parts[0] != prefix or parts[2] != "timer":
-        return None
-    if parts[3] == "schedule":
-        return parts[1], "schedule"
-    if parts[3] == "cancel":
-        return parts[1], "cancel"
-    return None
 
 
 class Intake:
@@ -123,10 +110,11 @@ class Intake:
         return [b for i, b in enumerate(batch) if i not in over]
 
     def parse(self, msg: Msg, now: datetime) -> Command | Rejection:
-        where = split_subject(self.s.subject_prefix, msg.subject)
-        if where is None:  # the stream only binds our subjects; anything else is foreign
-            return Rejection("bad_subject", "subject is not <prefix>.<tenant>.timer.<kind>", "_invalid")
-        tenant, kind = where
+        where = self.broker.subjects.split(msg.subject)
+        # The stream only binds our command subjects; anything else is foreign.
+        if where is None or (kind := where[1]) not in ("schedule", "cancel"):
+            return Rejection("bad_subject", "subject is not <prefix>.<tenant>.timer.<kind>", INVALID_TENANT)
+        tenant = where[0]
         metrics.COMMANDS_RECEIVED.labels(kind).inc()
         return parse_command(kind, tenant, msg.data, now=now, max_horizon=self.s.max_horizon)
 
@@ -136,7 +124,7 @@ class Intake:
         copies = [self._dlq_copy(msg, why) for msg, why in rejected]
         results = await self.broker.publish_many(copies, self.s.publish_timeout_ms / 1000)
         failed: BaseException | None = None
-        for (msg, why), copy, error in zip(rejected, copies, results, strict=True):
+        for (msg, why), error in zip(rejected, results, strict=True):
             if error is not None:  # the DLQ is unreachable: keep the command, try again later
                 failed = failed or error
                 await msg.nak(delay=RETRY_DELAY_S)
@@ -149,14 +137,13 @@ class Intake:
                     "action": "command_rejected",
                     "reason": why.reason,
                     "detail": why.detail,
-                    "tenant": copy.subject.split(".")[1],
+                    "tenant": why.dlq_token,
                 },
             )
         if failed is not None:
             log.warning("dlq publish failed", extra={"action": "dlq_failed", "error": str(failed)})
 
     def _dlq_copy(self, msg: Msg, why: Rejection) -> Outgoing:
-        token = why.tenant_token if is_valid_tenant(why.tenant_token) else "_invalid"
         headers = {
             "Timer-Error": why.reason,
             "Timer-Error-Detail": why.detail,
@@ -166,7 +153,7 @@ class Intake:
             "Nats-Msg-Id": f"{self.s.command_stream}:{msg.metadata.sequence.stream}",
         }
         data = self._fit(msg.data, headers)
-        return Outgoing(self.broker.subjects.dlq(token), data, headers)
+        return Outgoing(self.broker.subjects.dlq(why.dlq_token), data, headers)
 
     def _fit(self, data: bytes, headers: dict[str, str]) -> bytes:
         """The command body for its DLQ copy: unchanged, unless the copy's headers would push it past

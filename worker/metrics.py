@@ -8,9 +8,10 @@ import time
 from prometheus_client import Counter, Gauge, Histogram
 
 from worker import __version__
+from worker.queries import OVERDUE_CAP
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-# Sub-millisecond at the low end: lateness p50 is about 2 ms (docs/BENCHMARKS.md), which a first
+# Sub-millisecond at the low end: lateness p50 is a few ms (docs/BENCHMARKS.md), which a first
 # bucket of 5 ms could not resolve. 1 s is a boundary: the TimerLatenessObjective alert reads it.
 # fmt: off
 _LATENESS_BUCKETS = (
@@ -59,7 +60,7 @@ LATENESS_SECONDS = Histogram(
 )
 
 LOOP_TICK = Gauge("timer_loop_last_tick_timestamp_seconds", "Last time each loop made progress", ["loop"])
-OVERDUE = Gauge("timer_overdue", "Unclaimed occurrences past their dueAt (counted up to 100,000)")
+OVERDUE = Gauge("timer_overdue", f"Unclaimed occurrences past their dueAt (counted up to {OVERDUE_CAP:,})")
 SCHEDULED = Gauge("timer_scheduled_estimate", "Scheduled timers, the planner's estimate (fleet-wide)")
 OLDEST_OVERDUE_SECONDS = Gauge(
     "timer_oldest_overdue_seconds", "Age of the oldest unclaimed overdue occurrence"

@@ -4,7 +4,7 @@ Each migration runs in a transaction of its own with its version row, so a failu
 ones before it applied. A file whose first line is `-- migration: no-transaction` runs statement
 by statement outside any transaction (`CREATE INDEX CONCURRENTLY` cannot run inside one): every
 statement in it ends a line with `;` and can be run again after a failure half-way
-(tests/test_migrations.py holds every file to these rules and the README's upgrade rules).
+(tests/integration/test_migrations.py holds every file to these rules and the README's upgrade rules).
 """
 
 from __future__ import annotations

@@ -13,9 +13,7 @@ from typing import Protocol
 
 from nats.aio.msg import Msg
 
-from worker.broker import Outgoing
-from worker.commands import Command
-from worker.contract import Subjects
+from worker.contract import Command, Outgoing, Subjects
 from worker.store import ClaimResult, Fired, Key, Leased, Outcome
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from worker.commands import Command, ScheduleTimer
+from worker.contract import Command, ScheduleTimer
 from worker.ports import IntakeStore
 from worker.store import Key
 

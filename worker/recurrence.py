@@ -27,8 +27,10 @@ strictly after the firing's claim. The occurrences skipped in between still cons
 indexes, so `times` counts occurrences of the schedule, not firings: `times=3` with the second one
 missed fires the first and the third, then ends.
 
-Downtime means no replica claimed the timer although it could: it sat claimable for a lease plus
-a poll interval (sql/queries.sql, claim_due). A crash is not downtime, whatever the period: the
+Downtime means no replica claimed the timer although it could: it sat claimable for longer than
+TIMER_DOWNTIME_AFTER (sql/queries.sql, claim_due). A lease plus a poll interval would do on an
+idle fleet, but an overloaded one (a backlog, starved CPU) can be seconds late, and that is not
+downtime either. A crash is not downtime, whatever the period: the
 occurrences that come due while a dead replica's lease hides the timer, and until a live one
 re-claims it, all fire (late, in order), because each keeps the reference of the first claim.
 """
@@ -42,19 +44,11 @@ import re
 import zoneinfo
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
 import isodate
 
-if TYPE_CHECKING:  # commands.py imports this module to validate repeats
-    from worker.commands import Repeat
+from worker.contract import LATEST_DUE_AT
 
-# The dueAt range every layer holds: epoch-millisecond firing ids, JavaScript dates, Postgres,
-# and a Python datetime in any local zone (UTC-12..+14). A ScheduleTimer outside it is rejected
-# (bad_due_at); a recurring timer's occurrences end at its last one inside it.
-EARLIEST_DUE_AT = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST_DUE_AT = datetime(9999, 12, 31, tzinfo=UTC)
-DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
 # Occurrence indexes are stored in a Postgres `integer` column.
 MAX_INDEX = 2**31 - 1
 # Firing ids carry dueAt in milliseconds, and a sub-second period would be a firehose from one
@@ -68,6 +62,15 @@ _PERIOD_CHARS = re.compile(r"P[0-9A-Za-z.,:-]*\Z", re.ASCII)
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+-]{1,40}(?:/[A-Za-z0-9_+-]{1,40}){0,3}\Z", re.ASCII)
 # In the zone database directory, but the machine's own zone, not an IANA name.
 _NOT_ZONES = frozenset({"localtime", "posixrules"})
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """A ScheduleTimer's `repeat` (docs/CONTRACT.md), as validated by worker.commands."""
+
+    every: str  # the ISO 8601 duration as given (e.g. "PT1H", "P1D", "P1M", "P1Y")
+    times: int | None  # total number of occurrences including the first; None = forever
+    timezone: str | None  # IANA zone name, checked with load_zone
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from worker.errors import ConfigError, DatabaseError, TransientError
 from worker.firing import LOOKAHEAD_MS, Firing
 from worker.http import HttpServer
 from worker.intake import Intake
+from worker.queries import OVERDUE_CAP
 from worker.readmodel import ReadModel
 from worker.retention import Retention
 from worker.store import ADAPTERS, Store, session_conninfo
@@ -28,8 +29,6 @@ from worker.wakeup import Wakeup
 
 log = logging.getLogger("worker.service")
 
-# The overdue gauge counts this far and no further, so a huge backlog stays cheap to measure.
-OVERDUE_CAP = 100_000
 # A loop that has not ticked for this long makes /healthz fail.
 STALL_S = 30.0
 
@@ -63,7 +62,6 @@ class Replica:
         self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
         self.http_port: int | None = None
         self.started = asyncio.Event()  # dependencies up, streams exist, loops starting
-        self._ticks: dict[str, float] = {}
 
     async def run(self, handle_signals: bool = True) -> int:
         """Run until SIGTERM/SIGINT (or stop set); 0 after a clean drain."""

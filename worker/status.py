@@ -6,10 +6,8 @@ from typing import Any
 
 import psycopg
 
-from worker.queries import QUERIES
+from worker.queries import OVERDUE_CAP, QUERIES
 from worker.store import ADAPTERS, session_conninfo
-
-OVERDUE_CAP = 1_000_000
 
 
 def overview(conninfo: str, top: int = 10) -> dict[str, Any]:
@@ -38,7 +36,7 @@ def render(report: dict[str, Any]) -> str:
     c = report["counts"]
     lines = [
         f"timers     scheduled={c['Scheduled']} reached={c['Reached']} cancelled={c['Cancelled']}",
-        f"overdue    {report['overdue']} unclaimed"
+        f"overdue    {report['overdue']}{'+' if report['overdue'] >= OVERDUE_CAP else ''} unclaimed"
         + (
             f", oldest {report['oldest_overdue_s']:.1f}s behind"
             if report["oldest_overdue_s"] is not None

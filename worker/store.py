@@ -16,7 +16,7 @@ from psycopg.pq import Format
 from psycopg.rows import class_row, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from worker.commands import CancelTimer, Command, ScheduleTimer
+from worker.contract import CancelTimer, Command, ScheduleTimer
 from worker.errors import DatabaseError, TransientError
 from worker.queries import QUERIES
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tests.chaos.workload import Timer
-from worker.commands import INVALID_TENANT, is_valid_tenant
+from worker.contract import INVALID_TENANT, is_valid_tenant
 
 Key = tuple[str, str]
 Window = tuple[int, int]  # epoch milliseconds, from and to

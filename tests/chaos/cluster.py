@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from worker.embedded import EmbeddedNats, free_port
+from worker.devkit.embedded import EmbeddedNats, free_port
 
 START_TIMEOUT_S = 60.0
 LEADER_TIMEOUT_S = 30.0

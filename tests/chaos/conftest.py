@@ -14,9 +14,9 @@ import pytest
 
 from tests.chaos.scenario import RESULTS, Run, scale
 from tests.chaos.workload import Workload
-from tests.fixtures.servers import create_template, delete_streams, fresh_database, own_names
-from worker.embedded import EmbeddedNats, EmbeddedPostgres
-from worker.harness import replica_env_from
+from tests.servers import create_template, delete_streams, fresh_database, own_names
+from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
+from worker.devkit.harness import replica_env_from
 
 # Per scenario in `make test`: 2,000 timers sent over 15 s (due 6-12 s after each is sent).
 # TIMER_CHAOS_SCALE=10 (make chaos-soak) makes it 20,000 over 150 s, per scenario.

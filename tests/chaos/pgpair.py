@@ -28,7 +28,7 @@ from typing import LiteralString, Self
 import psycopg
 
 from tests.chaos.proxy import Proxy
-from worker.embedded import EmbeddedPostgres, _postgres_bin, _system_user_for
+from worker.devkit.embedded import EmbeddedPostgres, postgres_bin, system_user_for
 
 DBNAME = "timers"
 STALL_HOLD_S = 60.0  # held back longer than any scenario waits: until the primary dies
@@ -68,13 +68,13 @@ class PgPair:
     def _base_backup(self) -> None:
         target = self.standby.data_dir
         self.standby.base_dir.mkdir(parents=True, exist_ok=True)
-        user = _system_user_for(self.standby.base_dir)
+        user = system_user_for(self.standby.base_dir)
         target.mkdir(mode=0o700)  # pg_basebackup fills an empty directory the server user owns
         if user:
             shutil.chown(target, user, user)
         assert self.link is not None
         # Through the proxy: the primary_conninfo that -R writes names the proxy's port.
-        argv = [str(_postgres_bin() / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.link.port)]
+        argv = [str(postgres_bin() / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.link.port)]
         argv += ["-U", "postgres", "-D", str(target), "-R", "-X", "stream", "--checkpoint=fast", "--no-sync"]
         done = subprocess.run(argv, user=user, capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, f"pg_basebackup failed: {done.stderr}"

@@ -22,41 +22,17 @@ import nats
 import nats.errors
 import nats.js.errors
 import psycopg
-from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from tests.chaos.checker import Event, Row, Verdict, check
 from tests.chaos.workload import Workload, ms_of
 from tests.helpers import until
-from worker.faults import CRASH_EXIT
-from worker.harness import ReplicaSet
+from worker.contract import Subjects
+from worker.crashpoints import CRASH_EXIT
+from worker.devkit.harness import ReplicaSet
+from worker.devkit.recorder import Recorder
 
 SETTLE_TIMEOUT_S = 180.0
-
-
-class Tap:
-    """Every message stored on a subject, with its receive time, through an ordered consumer
-    (which re-creates itself after a fault and neither skips nor repeats a stored message)."""
-
-    def __init__(self, nats_url: str, subject: str, stream: str) -> None:
-        self.nats_url, self.subject, self.stream = nats_url, subject, stream
-        self.messages: list[tuple[float, Msg]] = []
-        self._nc: NATS | None = None
-
-    async def start(self) -> None:
-        self._nc = await nats.connect(
-            self.nats_url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2
-        )
-        await self._nc.jetstream().subscribe(
-            self.subject, cb=self._on_msg, ordered_consumer=True, stream=self.stream
-        )
-
-    async def _on_msg(self, msg: Msg) -> None:
-        self.messages.append((time.time(), msg))
-
-    async def stop(self) -> None:
-        if self._nc is not None:
-            await self._nc.close()
 
 
 class Fleet(ReplicaSet):
@@ -68,7 +44,7 @@ class Fleet(ReplicaSet):
         super().__init__(env, log_dir)
         self.size = size
         self.variants = variants or [{}]  # extra settings, replica after replica in turn
-        self.crash_points = 0  # replicas that ended at a crash point (worker/faults.py)
+        self.crash_points = 0  # replicas that ended at a crash point (worker/crashpoints.py)
         self.deaths = 0  # every replica that died before the end, crash points included
         self.dead: set[str] = set()  # replicas that died before the end
 
@@ -137,8 +113,11 @@ class Run:
 
     async def execute(self, faults: FaultDriver) -> Verdict:
         prefix = self.replica_env["TIMER_SUBJECT_PREFIX"]
-        events = Tap(self.nats_url, f"{prefix}.*.timer.due", self.replica_env["TIMER_EVENT_STREAM"])
-        dlq = Tap(self.nats_url, f"{prefix}.*.timer.dlq", self.replica_env["TIMER_DLQ_STREAM"])
+        subjects = Subjects(prefix)
+        events = Recorder(self.nats_url, subjects.due("*"), self.replica_env["TIMER_EVENT_STREAM"], _event)
+        dlq = Recorder(
+            self.nats_url, subjects.dlq("*"), self.replica_env["TIMER_DLQ_STREAM"], _copy(subjects)
+        )
         env = {**self.replica_env, "TIMER_LOG_FORMAT": "json"}
         with Fleet(env, self.workdir, self.replicas, self.variants) as fleet:
             fleet.replace_dead()
@@ -163,9 +142,9 @@ class Run:
             await dlq.stop()
             verdict = check(
                 self.workload.timers,
-                [_event(received, msg) for received, msg in events.messages],
+                events.records,
                 self._rows(),
-                [(msg.subject.split(".")[1], msg.data) for _, msg in dlq.messages],
+                dlq.records,
                 self.workload.poison,
                 chaos.outages,
             )
@@ -204,7 +183,7 @@ class Run:
         finally:
             await nc.close()
 
-    async def _settle(self, fleet: Fleet, events: Tap, dlq: Tap) -> None:
+    async def _settle(self, fleet: Fleet, events: Recorder[Event], dlq: Recorder[Copy]) -> None:
         """Until every command is handled, nothing is Scheduled or leased, every Reached row's
         firing and every poison copy has arrived; or the deadline (the check then says what)."""
         stream, consumer = self.replica_env["TIMER_COMMAND_STREAM"], self.replica_env["TIMER_CONSUMER"]
@@ -222,13 +201,13 @@ class Run:
         finally:
             await nc.close()
 
-    def _quiet(self, events: Tap, dlq: Tap) -> bool:
+    def _quiet(self, events: Recorder[Event], dlq: Recorder[Copy]) -> bool:
         rows = self._rows()
         if any(r.state == "Scheduled" or r.leased for r in rows.values()):
             return False
-        fired = {(e.key, e.due_ms) for e in (_event(0, m) for _, m in events.messages)}
+        fired = {(e.key, e.due_ms) for e in events.records}
         reached = {(k, r.due_ms) for k, r in rows.items() if r.state == "Reached"}
-        return reached <= fired and len({m.data for _, m in dlq.messages}) >= len(self.workload.poison)
+        return reached <= fired and len({body for _, body in dlq.records}) >= len(self.workload.poison)
 
     def _rows(self) -> dict[tuple[str, str], Row]:
         with psycopg.connect(self.db_url, autocommit=True) as conn:
@@ -237,6 +216,18 @@ class Run:
                 "(extract(epoch FROM due_at) * 1000)::bigint, lease_expires_at IS NOT NULL FROM timers"
             )
             return {(t, s): Row(state, due, leased) for t, s, state, due, leased in cur.fetchall()}
+
+
+Copy = tuple[str, bytes]  # a DLQ copy: (its subject's tenant token, the command's body)
+
+
+def _copy(subjects: Subjects) -> Callable[[float, Msg], Copy]:
+    def keep(_received: float, msg: Msg) -> Copy:
+        where = subjects.split(msg.subject)
+        assert where is not None, msg.subject  # the DLQ stream only binds <prefix>.*.timer.dlq
+        return where[0], msg.data
+
+    return keep
 
 
 def _event(received: float, msg: Msg) -> Event:

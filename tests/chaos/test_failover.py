@@ -23,7 +23,7 @@ from tests.chaos.pgpair import PgPair
 from tests.chaos.scenario import RESULTS, Chaos, Run
 from tests.chaos.test_scenarios import MakeRun
 from tests.helpers import http_get, until
-from worker.embedded import free_port
+from worker.devkit.embedded import free_port
 
 pytestmark = pytest.mark.chaos
 

@@ -25,7 +25,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from worker.firing import iso
+from worker.contract import iso
 
 Kind = Literal["plain", "duplicate", "reschedule", "cancel", "recurring"]
 KINDS: list[tuple[Kind, float]] = [

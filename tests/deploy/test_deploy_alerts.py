@@ -1,5 +1,6 @@
 """The alert rules: deploy/prometheus/alerts.yaml read as YAML, and the chart's PrometheusRule,
-which must carry the same rules. (Metric names in the expressions: tests/test_observability.py.)"""
+which must carry the same rules. (Metric names in the expressions:
+tests/integration/test_observability.py.)"""
 
 from __future__ import annotations
 

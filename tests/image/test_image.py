@@ -6,7 +6,7 @@ as PYTHON_IMAGE, the Dockerfile's one build argument. That base also gets this m
 and pip.conf `cert`, so pip inside the build trusts what the host's pip trusts. The image's
 entrypoint then runs against the test servers: `--version`, and `run` until /healthz answers.
 
-Not in `make test` (about three minutes and the Debian mirror); tests/test_installed.py runs the
+Not in `make test` (about three minutes and the Debian mirror); tests/integration/test_installed.py runs the
 Dockerfile's install steps in a fresh venv there instead.
 """
 
@@ -24,11 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import until
+from tests.helpers import settings_env, until
 from worker import __version__
 from worker.config import Settings
-from worker.embedded import free_port
-from worker.harness import settings_env
+from worker.devkit.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDAH = ["buildah", "--storage-driver", "vfs"]

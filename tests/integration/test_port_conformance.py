@@ -14,8 +14,8 @@ from psycopg_pool import AsyncConnectionPool
 from tests.helpers import until
 from tests.twins import TwinPublisher, TwinStore
 from worker.broker import Broker, Outgoing
-from worker.commands import CancelTimer, ScheduleTimer
 from worker.config import Settings
+from worker.contract import CancelTimer, ScheduleTimer
 from worker.ports import EventPublisher, FiringStore, IntakeStore
 from worker.store import Claimed, Fired, Store
 

@@ -8,8 +8,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from worker.bench.calibrate import calibrate, describe
-from worker.bench.peers import Measured, cpu_ms_per_1k, drain_rate, lateness_ms, summarize, table, tree_cpu_s
+from worker.devkit.bench.calibrate import calibrate, describe
+from worker.devkit.bench.peers import (
+    Measured,
+    cpu_ms_per_1k,
+    drain_rate,
+    lateness_ms,
+    summarize,
+    table,
+    tree_cpu_s,
+)
 
 
 def test_drain_rate_counts_from_the_first_receive_to_the_last() -> None:

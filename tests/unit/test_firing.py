@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore
-from worker.commands import ScheduleTimer
 from worker.config import Settings, load_settings
+from worker.contract import ScheduleTimer
 from worker.firing import LOOKAHEAD_MS, RETRY_BACKOFF_MS, Firing
 from worker.wakeup import Wakeup
 

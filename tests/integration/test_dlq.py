@@ -1,0 +1,156 @@
+"""The DLQ for operators: list, show, replay (unchanged or edited, once) and purge, on real NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from tests.helpers import iso_in, jetstream, publish_raw, row, running_replica, until
+from tests.integration.test_cli import run
+from worker import dlq
+from worker.config import Settings
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    names = ("database_url", "nats_url", "subject_prefix", "command_stream", "event_stream", "dlq_stream")
+    env = {f"TIMER_{n.upper()}": str(getattr(settings, n)) for n in names}
+    env["TIMER_DATABASE_URL"] = settings.database_url.get_secret_value()
+    return env
+
+
+async def _rejected(settings: Settings, commands: list[tuple[str, str, Any]]) -> list[dlq.DlqEntry]:
+    """Send bad commands to a running replica; the DLQ entries they became, oldest first."""
+    async with jetstream(settings) as js:
+        for tenant, kind, body in commands:
+            await publish_raw(js, settings, tenant, kind, body)
+    async with dlq.open_dlq(settings) as q:
+
+        async def stored() -> bool:
+            return len((await q.page(dlq.DlqFilter())).entries) == len(commands)
+
+        await until(stored, what="DLQ copies")
+        return (await q.page(dlq.DlqFilter())).entries
+
+
+def _schedule(tenant: str, sid: str, due_at: str) -> dict[str, str]:
+    return {"tenantId": tenant, "serviceCallId": sid, "dueAt": due_at}
+
+
+async def test_list_filters_by_tenant_reason_and_time(settings: Settings) -> None:
+    async with running_replica(settings):
+        entries = await _rejected(
+            settings,
+            [
+                ("acme", "schedule", _schedule("acme", "a1", "2030-01-01 09:00")),
+                ("acme", "schedule", b"not json"),
+                ("zeta", "schedule", _schedule("zeta", "z1", "tomorrow")),
+            ],
+        )
+    assert [(e.tenant, e.reason) for e in entries] == [
+        ("acme", "bad_due_at"),
+        ("acme", "invalid_json"),
+        ("zeta", "bad_due_at"),
+    ]
+    async with dlq.open_dlq(settings) as q:
+        acme = await q.page(dlq.DlqFilter(tenant="acme"))
+        assert [e.seq for e in acme.entries] == [entries[0].seq, entries[1].seq]
+        bad_due = await q.page(dlq.DlqFilter(reason="bad_due_at"), limit=1)
+        assert [e.tenant for e in bad_due.entries] == ["acme"] and bad_due.next_seq == entries[0].seq
+        rest = await q.page(dlq.DlqFilter(reason="bad_due_at"), after=bad_due.next_seq)
+        assert [e.tenant for e in rest.entries] == ["zeta"] and rest.next_seq is None
+        assert entries[2].time is not None
+        assert (await q.page(dlq.DlqFilter(before=entries[0].time))).entries == []
+        shown = await q.get(entries[1].seq)
+        assert shown is not None and shown.body == b"not json"
+        assert shown.original_subject == f"{settings.subject_prefix}.acme.timer.schedule"
+        assert shown.headers["Timer-Error"] == "invalid_json"
+
+
+async def test_replay_of_an_edited_command_schedules_it_once_and_empties_the_dlq(
+    settings: Settings, db_url: str
+) -> None:
+    async with running_replica(settings):
+        (entry,) = await _rejected(settings, [("acme", "schedule", _schedule("acme", "fixme", "soon"))])
+        fixed = json.dumps(_schedule("acme", "fixme", iso_in(3600, db_url))).encode()
+        async with dlq.open_dlq(settings) as q:
+            with pytest.raises(dlq.ReplayRefused, match="bad_due_at"):
+                await q.replay(entry.seq)  # as it is, it would only come back
+            with pytest.raises(dlq.ReplayRefused, match="tenant_mismatch"):
+                await q.replay(entry.seq, json.dumps(_schedule("other", "fixme", iso_in(60))).encode())
+            assert await q.get(entry.seq) is not None, "a refused replay keeps the entry"
+
+            done = await q.replay(entry.seq, fixed)
+            assert done is not None and not done.duplicate
+            assert done.subject == f"{settings.subject_prefix}.acme.timer.schedule"
+            await until(lambda: row(db_url, "acme", "fixme") is not None, what="the replayed timer")
+            assert await q.get(entry.seq) is None
+            assert await q.replay(entry.seq, fixed) is None, "a second run sends nothing"
+
+
+async def test_a_replay_interrupted_before_the_delete_is_not_submitted_twice(settings: Settings) -> None:
+    """The crash window: the command stream stored the replay, the DLQ entry was not deleted yet.
+    Running replay again is dropped by the command stream (same Nats-Msg-Id) and then deletes."""
+    body = _schedule("acme", "q1", iso_in(3600))
+    await _quota_entry(settings, body)
+    async with dlq.open_dlq(settings) as q:
+        (entry,) = (await q.page(dlq.DlqFilter())).entries
+        ack = await q.js.publish(
+            entry.original_subject, entry.body, headers={"Nats-Msg-Id": f"{settings.dlq_stream}:{entry.seq}"}
+        )
+        done = await q.replay(entry.seq)
+        assert done is not None and done.duplicate and done.command_seq == ack.seq
+        info = await q.js.stream_info(settings.command_stream)
+        assert info.state.messages == 1, "one copy of the command, not two"
+        assert await q.get(entry.seq) is None
+
+
+async def _quota_entry(settings: Settings, body: dict[str, str]) -> None:
+    """A valid command in the DLQ (over its tenant's quota), with no replica to apply its replay."""
+    async with running_replica(settings, tenant_max_pending=1):
+        async with jetstream(settings) as js:
+            await publish_raw(js, settings, "acme", "schedule", _schedule("acme", "first", iso_in(3600)))
+            await publish_raw(js, settings, "acme", "schedule", body)
+        async with dlq.open_dlq(settings) as q:
+
+            async def stored() -> bool:
+                return len((await q.page(dlq.DlqFilter(reason="quota_exceeded"))).entries) == 1
+
+            await until(stored, what="the quota rejection")
+
+
+async def test_cli_show_replay_and_purge(settings: Settings, db_url: str) -> None:
+    env = _env(settings)
+    async with running_replica(settings):
+        entries = await _rejected(
+            settings,
+            [
+                ("acme", "schedule", _schedule("acme", "c1", "later")),
+                ("acme", "cancel", b"{}"),
+                ("zeta", "schedule", b"[]"),
+            ],
+        )
+        listed = await asyncio.to_thread(run, "dlq", "list", "--tenant", "acme", "--json", **env)
+        assert [e["seq"] for e in json.loads(listed.stdout)["entries"]] == [entries[0].seq, entries[1].seq]
+        shown = await asyncio.to_thread(run, "dlq", "show", str(entries[0].seq), **env)
+        assert "Timer-Error: bad_due_at" in shown.stdout and '"serviceCallId": "c1"' in shown.stdout
+
+        refused = await asyncio.to_thread(run, "dlq", "replay", str(entries[0].seq), **env)
+        assert refused.returncode == 2 and "would be rejected again: bad_due_at" in refused.stderr
+        fixed = json.dumps(_schedule("acme", "c1", iso_in(3600, db_url)))
+        replay = ("dlq", "replay", str(entries[0].seq), "--body", "-")
+        done = await asyncio.to_thread(lambda: run(*replay, stdin=fixed, **env))
+        assert done.returncode == 0 and "removed from the DLQ" in done.stdout, done.stderr
+        await until(lambda: row(db_url, "acme", "c1") is not None, what="the replayed timer")
+        again = await asyncio.to_thread(lambda: run(*replay, stdin=fixed, **env))
+        assert again.returncode == 1 and "nothing sent" in again.stderr
+
+    counted = run("dlq", "purge", "--tenant", "acme", **env)
+    assert counted.stdout.strip() == "1 DLQ entries match; run again with --yes to delete them"
+    assert run("dlq", "purge", **env).returncode == 2, "a purge needs a filter"
+    purged = run("dlq", "purge", "--tenant", "acme", "--yes", **env)
+    assert purged.stdout.strip() == "purged 1 DLQ entries"
+    left = json.loads(run("dlq", "list", "--json", **env).stdout)["entries"]
+    assert [e["tenant"] for e in left] == ["zeta"]

@@ -1,0 +1,227 @@
+"""The package as users install it: sdist and wheel built, the wheel installed with no extras into a
+fresh virtualenv, and run from there. Every other test imports the source tree (an editable
+install), which is how a wheel without worker/bench went unnoticed.
+
+The wheel's venv holds the lowest version of every dependency pyproject.toml allows, and its one
+timer runs on the oldest servers we support (Debian's PostgreSQL 15, nats-server as old as the
+`embedded` extra allows): the minimums the README's "Supported versions" table states are the ones
+tested here; the rest of the suite runs the newest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tomllib
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from tests.helpers import recorder, settings_env, until
+from tests.servers import own_names
+from worker.cli import build_parser
+from worker.config import load_settings
+from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+VERSION = PYPROJECT["project"]["version"]
+MIN_POSTGRES = 15  # the README's table; Debian bookworm's server, which `make test` installs
+SERVICE_ONLY = ("psycopg", "psycopg_pool", "pydantic", "pydantic_settings", "prometheus_client", "tenacity")
+
+
+def _run(*argv: str | Path, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=600, **kw)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{argv} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This environment without TIMER_* settings and without this venv on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIMER_", "VIRTUAL_ENV"))}
+    return env | extra
+
+
+def lowest(requirement: str) -> str:
+    """`name==X` for a `name>=X` requirement: the oldest version we claim to work with."""
+    req = Requirement(requirement)
+    (floor,) = [s.version for s in req.specifier if s.operator == ">="]
+    return f"{req.name}=={floor}"
+
+
+def test_client_imports_without_the_services_dependencies() -> None:
+    # In a child: this process has imported the service already. The client must not register
+    # the service's metrics in a producer's own Prometheus registry, nor need psycopg or pydantic;
+    # of the package it needs the contract and the TLS-enforcing connection, nothing of the server.
+    code = "import sys, worker.client; print(*(m for m in sys.modules if m in {!r} or m[:7] == 'worker.'))"
+    result = _run(sys.executable, "-c", code.format(SERVICE_ONLY))
+    assert sorted(result.stdout.split()) == ["worker.client", "worker.contract", "worker.natsconn"]
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sdist and wheel, the wheel built from the sdist (python -m build), as a release makes them."""
+    out = tmp_path_factory.mktemp("dist")
+    _run(sys.executable, "-m", "build", "--outdir", out, ROOT)
+    return out
+
+
+@pytest.fixture(scope="module")
+def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel and no extras; every dependency at its declared minimum."""
+    home = tmp_path_factory.mktemp("installed")
+    constraints = home / "minimums.txt"
+    (wheel,) = dist.glob("*.whl")
+    constraints.write_text("\n".join(lowest(r) for r in PYPROJECT["project"]["dependencies"]) + "\n")
+    _run(sys.executable, "-m", "venv", home / "venv")
+    pip = [home / "venv" / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    _run(*pip, "--constraint", constraints, wheel, env=_clean_env())
+    return home / "venv"
+
+
+def test_the_wheel_ships_every_module_and_file(dist: Path) -> None:
+    (wheel,) = dist.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for path in (ROOT / "worker").rglob("*.py"):
+        assert path.relative_to(ROOT).as_posix() in names
+    for path in (ROOT / "sql").rglob("*.sql"):
+        assert f"worker/{path.relative_to(ROOT).as_posix()}" in names
+    assert f"timer_service-{VERSION}.dist-info/licenses/LICENSE" in names
+    assert [p.name for p in dist.glob("*.tar.gz")] == [f"timer_service-{VERSION}.tar.gz"]
+
+
+def test_installed_commands(venv: Path) -> None:
+    exe = venv / "bin" / "timer-service"
+    assert _run(exe, "--version", env=_clean_env()).stdout.strip() == f"timer-service {VERSION}"
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(commands) >= {"migrate", "run", "schedule", "cancel", "status", "dev", "bench"}
+    for command in commands:
+        assert "usage: timer-service" in _run(exe, command, "--help", env=_clean_env()).stdout
+
+    # No extra: `dev` names the missing one in one line, no traceback.
+    result = _run(exe, "dev", "--duration", "1", check=False, env=_clean_env())
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "timer-service[embedded]" in lines[0], result.stderr
+
+    # The producer client, installed without the dev tools: nats and the standard library only.
+    code = "import sys, worker.client; print(' '.join(m for m in {!r} if m in sys.modules))"
+    result = _run(venv / "bin" / "python", "-c", code.format(SERVICE_ONLY), env=_clean_env())
+    assert result.stdout.split() == []
+
+    # The minimums are what is installed (pip resolved the real dependencies around them).
+    floors = dict(lowest(r).split("==") for r in PYPROJECT["project"]["dependencies"])
+    code = f"import importlib.metadata as m; print(' '.join(m.version(n) for n in {list(floors)!r}))"
+    installed = _run(venv / "bin" / "python", "-c", code, env=_clean_env()).stdout.split()
+    assert [Version(v) for v in installed] == [Version(v) for v in floors.values()]
+
+
+@pytest.fixture(scope="module")
+def oldest_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(database URL, NATS URL) of the oldest Postgres and nats-server the README supports."""
+    home = tmp_path_factory.mktemp("oldest")
+    pg_bin = Path(f"/usr/lib/postgresql/{MIN_POSTGRES}/bin")
+    assert (pg_bin / "postgres").exists(), f"no PostgreSQL {MIN_POSTGRES}: apt-get install postgresql-15"
+    (embedded,) = [r for r in PYPROJECT["project"]["optional-dependencies"]["embedded"] if "nats" in r]
+    _run(sys.executable, "-m", "pip", "install", "--quiet", "--target", home / "nats", lowest(embedded))
+    with (
+        EmbeddedPostgres(home / "pg", bin_dir=pg_bin) as pg,
+        EmbeddedNats(home / "ns", binary=home / "nats" / "bin" / "nats-server") as ns,
+    ):
+        yield pg.url, ns.url
+
+
+def _start(argv: list[Path | str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "w") as out:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except OSError:
+        return 0, ""
+
+
+async def test_installed_run_fires_a_timer_on_the_oldest_servers(
+    venv: Path, oldest_servers: tuple[str, str], tmp_path: Path
+) -> None:
+    db_url, nats_url = oldest_servers
+    port = free_port()
+    settings = load_settings(
+        database_url=db_url, nats_url=nats_url, log_format="text", **own_names("inst") | {"http_port": port}
+    )
+    env = _clean_env(**settings_env(settings))
+    exe, log = venv / "bin" / "timer-service", tmp_path / "run.log"
+    replica = await asyncio.to_thread(_start, [exe, "run"], env, log)
+    try:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+
+        async def streams_exist() -> bool:
+            assert replica.poll() is None, log.read_text()
+            try:
+                await js.stream_info(settings.event_stream)
+                await js.stream_info(settings.command_stream)
+            except nats.js.errors.NotFoundError:
+                return False
+            return True
+
+        await until(streams_exist, timeout=60, what="the installed replica's streams")
+        await nc.close()
+        async with recorder(settings) as rec:
+            schedule = [exe, "schedule", "--tenant", "acme", "--id", "installed-1", "--due-in", "1s"]
+            await asyncio.to_thread(_run, *schedule, env=env)
+            await until(lambda: ("acme", "installed-1") in set(rec.keys()), what="DueTimeReached")
+        assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        metrics = _get(f"http://127.0.0.1:{port}/metrics")[1]
+        assert re.search(rf'^timer_build_info\{{.*version="{re.escape(VERSION)}".*\}} 1\.0$', metrics, re.M)
+        assert _run(exe, "migrate", "--status", env=env).stdout.endswith("pending: none\n")
+    finally:
+        replica.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(replica.wait, 30)
+    assert code == 0, log.read_text()
+    # A clean stop: the connection drains at once (a pull subscription left subscribed made the
+    # drain wait out its 5 s timeout and log a CancelledError traceback).
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
+def test_dockerfile_install_steps_in_a_fresh_venv(tmp_path: Path) -> None:
+    """The image's build stage, step by step, outside a container (tests/image builds the image
+    itself: `make image-test`): what it copies, then its RUN lines, with /opt/timer-service and
+    /src moved under tmp_path."""
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    build = text.split("\nFROM ")[1]  # the first stage, up to the runtime's FROM
+    prefix, src = tmp_path / "opt", tmp_path / "src"
+    src.mkdir()
+    for line in build.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        if word == "COPY":  # relative to the WORKDIR, /src
+            *sources, dest = rest.split()
+            for source in sources:
+                target = src / dest / source if dest.endswith("/") else src / dest
+                copy = shutil.copytree if (ROOT / source).is_dir() else shutil.copy2
+                copy(ROOT / source, target)
+        elif word == "RUN":
+            command = rest.replace("/opt/timer-service", str(prefix))
+            path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # `python`, as in the image
+            _run("bash", "-ec", command, cwd=src, env=_clean_env(PATH=path))
+    assert _run(prefix / "bin" / "timer-service", "--version").stdout.strip() == f"timer-service {VERSION}"
+    assert not (prefix / "bin" / "pip").exists(), "the image's venv keeps no pip"

@@ -1,0 +1,48 @@
+"""A replica through a NATS outage long enough to fill nats-py's outbound buffer."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import pytest
+
+from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, running_replica, until
+from worker.config import Settings
+from worker.devkit.embedded import EmbeddedNats
+
+
+@pytest.mark.timeout(120)
+async def test_firing_resumes_with_every_permit_free_after_an_outage_filled_the_buffer(
+    settings: Settings, db_url: str, embedded_nats: EmbeddedNats | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A small buffer (a few dozen events) and few permits: a lost permit shows at once.
+    assert embedded_nats is not None, "stops and restarts NATS: needs the embedded server"
+    n, permits = 300, 20
+    keys = [("acme", f"o-{i}") for i in range(n)]
+
+    def buffer_full() -> bool:
+        return any("OutboundBufferLimitError" in str(getattr(r, "error", "")) for r in caplog.records)
+
+    caplog.set_level(logging.WARNING, logger="worker")
+    async with (
+        running_replica(settings, max_in_flight=permits, publish_buffer_bytes=16_384) as replica,
+        recorder(settings) as rec,
+    ):
+        async with jetstream(settings) as js:
+            due = iso_in(3, db_url)
+            for tenant, sc in keys:
+                body = {"tenantId": tenant, "serviceCallId": sc, "dueAt": due}
+                await publish_raw(js, settings, tenant, "schedule", body)
+        await until(lambda: query(db_url, "SELECT count(*) FROM timers")[0][0] == n, what="all stored")
+        embedded_nats.stop()
+        # They come due in the outage: first attempts in an atomic batch, then retries one by one.
+        await until(buffer_full, timeout=30, what="a publish refused by the full outbound buffer")
+        await until(
+            lambda: sum(1 for r in caplog.records if getattr(r, "action", "") == "publish_failed") >= 3,
+            what="retries in the outage",
+        )
+        embedded_nats.start()
+        await until(lambda: len(rec.keys()) >= n, timeout=60, what="every timer fired once NATS is back")
+        await until(lambda: replica.broker.permits._value == permits, what="every permit free")
+    assert rec.keys() == Counter(dict.fromkeys(keys, 1))

@@ -1,0 +1,135 @@
+"""`timer-service bench`: the scenarios of docs/BENCHMARKS.md, several runs, medians and ranges."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from worker.devkit.bench.calibrate import calibrate, describe
+from worker.devkit.bench.rig import machine
+from worker.devkit.bench.scenarios import SCENARIOS, Context, Metrics, Scenario
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "scenarios",
+        nargs="*",
+        metavar="SCENARIO",
+        help=f"scenarios to run (default: all): {', '.join(SCENARIOS)}",
+    )
+    p.add_argument("--runs", type=int, default=3, help="runs of each scenario (default 3)")
+    p.add_argument("--replicas", type=int, default=3, help="replica processes (default 3)")
+    p.add_argument(
+        "--scale", type=float, default=1.0, help="multiply every size by this (0.01 for a quick smoke run)"
+    )
+    p.add_argument(
+        "--sync-always",
+        action="store_true",
+        help="embedded NATS fsyncs every JetStream write (sync_interval: always)",
+    )
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from worker.devkit.dev import servers  # the same embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
+
+    unknown = [s for s in args.scenarios if s not in SCENARIOS]
+    if unknown:
+        print(f"unknown scenario: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})", file=sys.stderr)
+        return 2
+    # By default every scenario with a target; `sweep` (lateness against load) on request.
+    chosen = [SCENARIOS[s] for s in args.scenarios or [n for n, s in SCENARIOS.items() if s.targets]]
+    with (
+        tempfile.TemporaryDirectory(prefix="timer-bench-") as tmp,
+        servers(Path(tmp), sync_always=args.sync_always) as (db_url, nats_url),
+    ):
+        # Before and after: the machine's speed beside the figures, and whether it moved meanwhile.
+        calibration = [calibrate(Path(tmp))]
+        results: dict[str, Any] = {}
+        for scenario in chosen:
+            runs: list[Metrics] = []
+            for i in range(args.runs):
+
+                def progress(msg: str, name: str = scenario.name, run: int = i + 1) -> None:
+                    print(f"[{name} {run}/{args.runs}] {msg}", file=sys.stderr, flush=True)
+
+                ctx = Context(db_url, nats_url, Path(tmp), args.replicas, args.scale, progress)
+                started = time.monotonic()
+                try:
+                    runs.append(asyncio.run(_run(scenario, ctx)))
+                except RuntimeError as exc:  # a scenario that could not finish says why, in one line
+                    print(f"bench {scenario.name}: {exc}", file=sys.stderr)
+                    return 1
+                progress(f"done in {time.monotonic() - started:.0f}s: {_brief(runs[-1])}")
+            results[scenario.name] = {
+                "runs": runs,
+                "median": _median(runs),
+                "targets": _verdicts(scenario, runs),
+            }
+        calibration.append(calibrate(Path(tmp)))
+    report = {
+        "command": "timer-service bench " + shlex.join(sys.argv[2:]),
+        "machine": machine(),
+        "calibration": calibration,
+        "nats_sync": "always" if args.sync_always else "default",
+        "replicas": args.replicas,
+        "results": results,
+    }
+    print(json.dumps(report, indent=2) if args.json else table(report))
+    return 0
+
+
+async def _run(scenario: Scenario, ctx: Context) -> Metrics:
+    return await scenario.run(ctx)
+
+
+def _median(runs: list[Metrics]) -> Metrics:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def _verdicts(scenario: Scenario, runs: list[Metrics]) -> list[dict[str, Any]]:
+    out = []
+    for metric, op, target in scenario.targets:
+        value = statistics.median(r[metric] for r in runs)
+        met = value >= target if op == ">=" else value <= target
+        out.append({"metric": metric, "op": op, "target": target, "median": value, "met": met})
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}" if x == x else "n/a"
+
+
+def _brief(m: Metrics) -> str:
+    return " ".join(f"{k}={_fmt(v)}" for k, v in m.items())
+
+
+def table(report: dict[str, Any]) -> str:
+    """A Markdown table: one row per target, with the median and the range over the runs."""
+    lines = [
+        f"{report['command']}  (nats sync: {report['nats_sync']}, {report['replicas']} replicas)",
+        *(describe(c) for c in report.get("calibration", [])),
+        "",
+        "| scenario | metric | median | min .. max | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, res in report["results"].items():
+        for v in res["targets"]:
+            values = [r[v["metric"]] for r in res["runs"]]
+            spread = f"{_fmt(min(values))} .. {_fmt(max(values))}"
+            lines.append(
+                f"| {name} | {v['metric']} | {_fmt(v['median'])} | {spread} "
+                f"| {v['op']} {_fmt(v['target'])} | {'yes' if v['met'] else 'NO'} |"
+            )
+    lines.append("")
+    for name, res in report["results"].items():
+        lines.append(f"{name}: {_brief(res['median'])}")
+    return "\n".join(lines)

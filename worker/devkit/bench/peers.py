@@ -1,0 +1,730 @@
+"""`make bench-peers`: this service beside graphile-worker, pgqueuer and NATS message schedules.
+
+The same two workloads for each, on one embedded Postgres and one embedded NATS, in one run:
+
+- drain: N jobs already overdue; the workers start after the insert; fires/s from the first to
+  the last receive.
+- lateness: R come due per second for S seconds, the workers already running; receive time
+  minus due time.
+
+A receive is what a user's code sees: for this service a JetStream consumer of DueTimeReached
+(in this process, as a user's service would be), for graphile-worker and pgqueuer their no-op
+handler, for NATS schedules a JetStream consumer of the target subject. CPU is every process's
+user + system time from /proc (Postgres with its backends, NATS, the workers, the consumer),
+taken from the first receive to the last, so start-up is not counted. The peers are installed
+(npm, a pip venv) into a throwaway directory each time: nothing lands in the project's venv.
+
+    .venv/bin/python -m worker.devkit.bench.peers --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import nats
+import psycopg
+from nats.aio.client import Client as NATS
+
+from worker.devkit.bench.calibrate import calibrate, describe
+from worker.devkit.bench.rig import Rig, machine
+from worker.devkit.harness import percentile
+from worker.devkit.recorder import Recorder
+
+GRAPHILE_WORKER = "graphile-worker@0.18"
+PGQUEUER = "pgqueuer[asyncpg]"
+SYSTEMS = ("timer-service", "graphile-worker", "pgqueuer", "nats-schedules")
+WORKERS = 2  # worker processes for each peer (--replicas for this service)
+
+Receipt = tuple[float, float]  # (due, received), epoch seconds on this machine's clock
+Progress = Callable[[str], None]
+
+
+# -- what a run measured, and the table ----------------------------------------------------------
+@dataclass
+class Measured:
+    receipts: list[Receipt]
+    cpu_s: dict[str, float]  # component -> CPU seconds between the first and the last receive
+    fires_in_window: int  # receipts between those two CPU readings
+
+
+def drain_rate(receipts: list[Receipt]) -> float:
+    """Fires per second from the first receive to the last."""
+    times = [r for _, r in receipts]
+    span = max(times) - min(times)
+    return (len(times) - 1) / span if span > 0 else float("nan")
+
+
+def lateness_ms(receipts: list[Receipt]) -> dict[str, float]:
+    late = [(r - d) * 1000 for d, r in receipts]
+    return {
+        "p50_ms": percentile(late, 50),
+        "p99_ms": percentile(late, 99),
+        "max_ms": max(late, default=float("nan")),
+    }
+
+
+def cpu_ms_per_1k(m: Measured) -> dict[str, float]:
+    """CPU milliseconds per 1,000 fires, per component and in total."""
+    per = {k: v / max(m.fires_in_window, 1) * 1e6 for k, v in m.cpu_s.items()}
+    return {**per, "total": sum(per.values())}
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per system: medians and ranges over its runs, and this service's drain rate over its own."""
+    out: dict[str, dict[str, Any]] = {}
+    for system, rs in runs.items():
+        rates = [r["drain"]["fires_per_s"] for r in rs]
+        cpu_keys = rs[0]["drain"]["cpu_ms_per_1k"].keys()
+        out[system] = {
+            "drain_fires_per_s": statistics.median(rates),
+            "drain_min": min(rates),
+            "drain_max": max(rates),
+            "cpu_ms_per_1k": {
+                k: statistics.median(r["drain"]["cpu_ms_per_1k"][k] for r in rs) for k in cpu_keys
+            },
+            "lateness": {
+                k: statistics.median(r["lateness"][k] for r in rs) for k in ("p50_ms", "p99_ms", "max_ms")
+            },
+        }
+    ours = out.get("timer-service", {}).get("drain_fires_per_s")
+    for s in out.values():
+        s["ours_over_this"] = ours / s["drain_fires_per_s"] if ours else float("nan")
+    return out
+
+
+def _n(x: float) -> str:
+    return "n/a" if x != x else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
+
+
+def table(report: dict[str, Any]) -> str:
+    """One Markdown table: drain rate and its ratio, CPU per 1,000 fires by component, lateness."""
+    cfg = report["config"]
+    lines = [
+        f"{report['command']}  ({cfg['runs']} runs; drain {cfg['drain_n']:,} overdue; lateness "
+        f"{cfg['rate']:,}/s for {cfg['seconds']:.0f} s; {cfg['replicas']} replicas of ours, "
+        f"{WORKERS} worker processes for each peer)",
+        *(describe(c) for c in report["calibration"]),
+        "",
+        "| system | drain fires/s (median) | min .. max | ours ÷ this | CPU ms per 1,000 "
+        "(total: postgres / nats / workers / consumer) | lateness p50 / p99 / max ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for system, s in report["summary"].items():
+        c = s["cpu_ms_per_1k"]
+        parts = " / ".join(_n(c.get(k, 0.0)) for k in ("postgres", "nats", "workers", "consumer"))
+        late = s["lateness"]
+        lines.append(
+            f"| {system} | {_n(s['drain_fires_per_s'])} | {_n(s['drain_min'])} .. {_n(s['drain_max'])} "
+            f"| {s['ours_over_this']:.2f} | {_n(c['total'])}: {parts} "
+            f"| {_n(late['p50_ms'])} / {_n(late['p99_ms'])} / {_n(late['max_ms'])} |"
+        )
+    return "\n".join(lines)
+
+
+# -- CPU from /proc --------------------------------------------------------------------------------
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds of the process and of its children it has waited for)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    ticks = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return int(fields[1]), ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(roots: list[int]) -> float:
+    """CPU seconds of these processes and all their descendants, live or already reaped."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _stat(int(entry))):
+            stats[int(entry)] = st
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo, seen = 0.0, list(roots), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen or pid not in stats:
+            continue
+        seen.add(pid)
+        total += stats[pid][1]
+        todo.extend(children.get(pid, []))
+    return total
+
+
+# -- the servers everyone shares -------------------------------------------------------------------
+@dataclass
+class Shared:
+    admin_url: str  # the postgres database
+    nats_url: str
+    pg_pid: int
+    nats_pid: int
+    workdir: Path
+    tools: Path  # node_modules and the pgqueuer venv
+    progress: Progress
+
+    def pids(self) -> dict[str, list[int]]:
+        return {"postgres": [self.pg_pid], "nats": [self.nats_pid]}
+
+    def fresh_db(self) -> tuple[str, str]:
+        name = f"peer_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return name, self.admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+    def drop_db(self, name: str) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class Meter:
+    """CPU per component between the first receive and the last."""
+
+    def __init__(self, shared: Shared, workers: Callable[[], list[int]], consumer: bool) -> None:
+        self.pids = shared.pids()
+        self.consumer = consumer  # False: the peer's handler runs in its workers, not in this process
+        self.workers = workers
+        self.first: dict[str, float] | None = None
+        self.first_count = 0
+
+    def read(self) -> dict[str, float]:
+        cpu = {k: tree_cpu_s(v) for k, v in self.pids.items()} | {"workers": tree_cpu_s(self.workers())}
+        if self.consumer:
+            # This process alone: the servers and the workers are its children, counted above.
+            cpu["consumer"] = time.process_time()
+        return cpu
+
+    def observe(self, count: int) -> None:
+        """Called while polling; takes the first reading at the first receive seen."""
+        if self.first is None and count > 0:
+            self.first, self.first_count = self.read(), count
+
+    def result(self, receipts: list[Receipt]) -> Measured:
+        last = self.read()
+        first = self.first or last
+        return Measured(
+            receipts, {k: last[k] - first[k] for k in last}, max(len(receipts) - self.first_count, 1)
+        )
+
+
+async def _wait(
+    count: Callable[[], int], n: int, timeout: float, meter: Meter, progress: Progress, what: str
+) -> None:
+    deadline = time.monotonic() + timeout
+    shown = time.monotonic()
+    while (got := count()) < n:
+        meter.observe(got)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: only {got:,} of {n:,} received in {timeout:.0f} s")
+        if time.monotonic() - shown > 5:
+            progress(f"{what}: {got:,}/{n:,}")
+            shown = time.monotonic()
+        await asyncio.sleep(0.02)
+    meter.observe(got)
+
+
+# -- the systems -----------------------------------------------------------------------------------
+class System(Protocol):
+    name: str
+
+    async def drain(self, n: int) -> Measured: ...
+
+    async def lateness(self, rate: int, seconds: float) -> Measured: ...
+
+
+def _lead_s(n: int) -> float:
+    """How far ahead the first of n timers is due: the insert or publish must be over by then."""
+    return 3 + n / 5000
+
+
+@dataclass
+class Ours:
+    shared: Shared
+    replicas: int
+    name: str = "timer-service"
+
+    async def drain(self, n: int) -> Measured:
+        async with Rig(self.shared.admin_url, self.shared.nats_url, self.shared.workdir) as rig:
+            await rig.seed(n, start_s=-3660, rate=n / 3600, key_prefix="d-")
+            return await self._measure(rig, n, None, timeout=120 + n / 500)
+
+    async def lateness(self, rate: int, seconds: float) -> Measured:
+        n = int(rate * seconds)
+        async with Rig(self.shared.admin_url, self.shared.nats_url, self.shared.workdir) as rig:
+            names = rig.start_replicas(self.replicas)
+            await rig.wait_replicas_up(names)
+            seed = rig.seed(n, start_s=_lead_s(n), rate=rate, key_prefix="l-")
+            return await self._measure(rig, n, seed, timeout=seconds + 120)
+
+    async def _measure(self, rig: Rig, n: int, seed: Any, timeout: float) -> Measured:
+        recorder = rig.recorder()
+        await recorder.start()
+        if seed is None:  # drain: the replicas start after the insert
+            rig.start_replicas(self.replicas)
+        else:
+            await seed
+        meter = Meter(self.shared, lambda: [p.pid for p in rig.fleet.procs.values()], consumer=True)
+        first: dict[tuple[str, str], Receipt] = {}  # a redelivered event counts at its first receive
+        seen = 0
+
+        def count() -> int:
+            nonlocal seen
+            for f in recorder.firings[seen:]:
+                first.setdefault((f.tenant_id, f.service_call_id), (f.due_at, f.received_at))
+            seen = len(recorder.firings)
+            return len(first)
+
+        await _wait(count, n, timeout, meter, self.shared.progress, self.name)
+        return meter.result(list(first.values()))
+
+
+class FileWorkers:
+    """Peer worker processes, each appending "due received" lines to its own file."""
+
+    def __init__(self, workdir: Path, argv: Callable[[Path], list[str]], env: dict[str, str]) -> None:
+        self.workdir, self.argv, self.env = workdir, argv, env
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.files: list[Path] = []
+        self._offsets: dict[Path, int] = {}
+        self.receipts: list[Receipt] = []
+
+    def start(self, n: int) -> None:
+        for i in range(len(self.procs), len(self.procs) + n):
+            out = self.workdir / f"worker-{i}.receipts"
+            log = open(self.workdir / f"worker-{i}.log", "ab")  # noqa: SIM115  # the child owns it
+            self.procs.append(
+                subprocess.Popen(self.argv(out), env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            )
+            log.close()
+            self.files.append(out)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.poll() is None]
+
+    async def ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._all_ready():
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"peer workers did not come up; logs in {self.workdir}")
+            await asyncio.sleep(0.05)
+
+    def _all_ready(self) -> bool:
+        return all(Path(f"{f}.ready").exists() for f in self.files)
+
+    def count(self) -> int:
+        for f in self.files:
+            with contextlib.suppress(FileNotFoundError), f.open("rb") as fh:
+                fh.seek(self._offsets.get(f, 0))
+                data = fh.read()
+                whole = data[: data.rfind(b"\n") + 1]
+                self._offsets[f] = self._offsets.get(f, 0) + len(whole)
+                for line in whole.splitlines():
+                    due, received = line.split()
+                    self.receipts.append((float(due), float(received)))
+        return len(self.receipts)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+class _PeerOnPostgres:
+    """What graphile-worker and pgqueuer share: a fresh database, N jobs, workers that write receipts."""
+
+    name: str
+
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+
+    def install(self, db_url: str) -> None:
+        raise NotImplementedError
+
+    def insert(self, db_url: str, n: int, start_s: float, rate: float) -> None:
+        raise NotImplementedError
+
+    def worker_argv(self, out: Path) -> list[str]:
+        """The command of one worker process; it finds the database in PEER_DATABASE_URL."""
+        raise NotImplementedError
+
+    async def drain(self, n: int) -> Measured:
+        return await self._run(n, start_s=-3660, rate=n / 3600, after_insert=True, timeout=120 + n / 500)
+
+    async def lateness(self, rate: int, seconds: float) -> Measured:
+        n = int(rate * seconds)
+        return await self._run(n, _lead_s(n), rate, after_insert=False, timeout=seconds + 120)
+
+    async def _run(self, n: int, start_s: float, rate: float, after_insert: bool, timeout: float) -> Measured:
+        dbname, db_url = self.shared.fresh_db()
+        workdir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=self.shared.workdir))
+        env = {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url}
+        workers = FileWorkers(workdir, self.worker_argv, env)
+        try:
+            await asyncio.to_thread(self.install, db_url)
+            if after_insert:
+                await asyncio.to_thread(self.insert, db_url, n, start_s, rate)
+            workers.start(WORKERS)
+            await workers.ready()
+            if not after_insert:
+                await asyncio.to_thread(self.insert, db_url, n, start_s, rate)
+            meter = Meter(self.shared, workers.pids, consumer=False)
+            await _wait(workers.count, n, timeout, meter, self.shared.progress, self.name)
+            return meter.result(workers.receipts)
+        finally:
+            await asyncio.to_thread(workers.stop)
+            await asyncio.to_thread(self.shared.drop_db, dbname)
+
+
+GRAPHILE_SCRIPT = r"""
+// A no-op task that records (due, received) for each job; flushed to a file every 50 ms.
+const fs = require("fs");
+const { run } = require("graphile-worker");
+const out = process.argv[2];
+let buf = [];
+const flush = () => { if (buf.length) { fs.appendFileSync(out, buf.join("")); buf = []; } };
+const now = () => (performance.timeOrigin + performance.now()) / 1000;
+async function main() {
+  const runner = await run({
+    connectionString: process.env.PEER_DATABASE_URL,
+    concurrency: 10,
+    noHandleSignals: false,
+    preset: { worker: { maxPoolSize: 12, localQueue: { size: 500 }, completeJobBatchDelay: 0 } },
+    taskList: { noop: async (payload) => { buf.push(`${payload.d} ${now()}\n`); } },
+  });
+  setInterval(flush, 50);
+  fs.writeFileSync(out + ".ready", "");
+  await runner.promise;
+  flush();
+}
+process.on("exit", flush);
+main().catch((e) => { console.error(e); process.exit(1); });
+"""
+
+GRAPHILE_INSERT = """
+SELECT graphile_worker.add_jobs(array_agg(
+  ROW('noop', json_build_object('d', extract(epoch FROM t)), NULL, t, NULL, NULL, NULL, NULL)
+    ::graphile_worker.job_spec))
+FROM (SELECT now() + make_interval(secs => %(start_s)s + i / %(rate)s::float8) AS t
+      FROM generate_series(0, %(n)s - 1) AS i) AS due
+"""
+
+
+class GraphileWorker(_PeerOnPostgres):
+    name = "graphile-worker"
+
+    def __init__(self, shared: Shared) -> None:
+        super().__init__(shared)
+        self.dir = shared.tools / "graphile"
+        (self.dir / "peer.js").write_text(GRAPHILE_SCRIPT)
+
+    def install(self, db_url: str) -> None:
+        subprocess.run(
+            [str(self.dir / "node_modules/.bin/graphile-worker"), "--schema-only", "-c", db_url],
+            cwd=self.dir,
+            check=True,
+            capture_output=True,
+        )
+
+    def insert(self, db_url: str, n: int, start_s: float, rate: float) -> None:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            for i in range(0, n, 50_000):  # one array per statement: keep each a manageable size
+                k = min(50_000, n - i)
+                conn.execute(GRAPHILE_INSERT, {"n": k, "start_s": start_s + i / rate, "rate": rate})
+
+    def worker_argv(self, out: Path) -> list[str]:
+        return ["node", str(self.dir / "peer.js"), str(out)]
+
+
+PGQUEUER_SCRIPT = r'''
+"""pgqueuer beside timer-service: `insert N START_S RATE` or `work OUT` (a no-op entrypoint)."""
+import asyncio, os, signal, sys, time
+from datetime import timedelta
+import asyncpg
+from pgqueuer import AsyncpgDriver, QueueManager, Queries
+
+DSN = os.environ["PEER_DATABASE_URL"]
+
+async def insert(n, start_s, rate):
+    conn = await asyncpg.connect(DSN)
+    q = Queries(AsyncpgDriver(conn))
+    for i in range(0, n, 10_000):
+        k = min(10_000, n - i)
+        after = [timedelta(seconds=start_s + (i + j) / rate) for j in range(k)]
+        await q.enqueue(["noop"] * k, [None] * k, [0] * k, after)
+    await conn.close()
+
+async def work(out):
+    conn = await asyncpg.connect(DSN)
+    qm = QueueManager(Queries(AsyncpgDriver(conn)))
+    buf = []
+
+    @qm.entrypoint("noop")
+    async def noop(job):
+        buf.append(f"{job.execute_after.timestamp()} {time.time()}\n")
+
+    def flush():
+        nonlocal buf
+        if buf:
+            with open(out, "a") as f:
+                f.write("".join(buf))
+            buf = []
+
+    async def flusher():
+        while True:
+            await asyncio.sleep(0.05)
+            flush()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, qm.shutdown.set)
+    task = asyncio.create_task(flusher())
+    open(out + ".ready", "w").close()
+    await qm.run(batch_size=100)
+    task.cancel()
+    flush()
+
+if sys.argv[1] == "insert":
+    asyncio.run(insert(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])))
+else:
+    asyncio.run(work(sys.argv[2]))
+'''
+
+
+class PgQueuer(_PeerOnPostgres):
+    name = "pgqueuer"
+
+    def __init__(self, shared: Shared) -> None:
+        super().__init__(shared)
+        self.dir = shared.tools / "pgqueuer"
+        self.python = str(self.dir / "venv/bin/python")
+        (self.dir / "peer.py").write_text(PGQUEUER_SCRIPT)
+
+    def _env(self, db_url: str) -> dict[str, str]:
+        return {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url}
+
+    def install(self, db_url: str) -> None:
+        pgq = [str(self.dir / "venv/bin/pgq"), "install"]
+        subprocess.run(pgq, env=self._env(db_url), check=True, capture_output=True)
+
+    def insert(self, db_url: str, n: int, start_s: float, rate: float) -> None:
+        argv = [self.python, str(self.dir / "peer.py"), "insert", str(n), str(start_s), str(rate)]
+        subprocess.run(argv, env=self._env(db_url), check=True, capture_output=True)
+
+    def worker_argv(self, out: Path) -> list[str]:
+        return [self.python, str(self.dir / "peer.py"), "work", str(out)]
+
+
+def _rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class NatsSchedules:
+    """JetStream message schedules (server 2.12+): one `@at` schedule per timer; the server fires it."""
+
+    shared: Shared
+    name: str = "nats-schedules"
+    receipts: list[Receipt] = field(default_factory=list)
+
+    async def drain(self, n: int) -> Measured:
+        # The server is the worker and always runs: "started after the insert" means every
+        # schedule comes due at one moment after the last one was stored.
+        return await self._run(n, lambda i, t0: t0, timeout=120 + n / 500)
+
+    async def lateness(self, rate: int, seconds: float) -> Measured:
+        n = int(rate * seconds)
+        return await self._run(n, lambda i, t0: t0 + i / rate, timeout=seconds + 120)
+
+    async def _run(self, n: int, due: Callable[[int, float], float], timeout: float) -> Measured:
+        tag = uuid.uuid4().hex[:8]
+        stream, prefix = f"PEER_{tag}", f"peer{tag}"
+        nc: NATS = await nats.connect(self.shared.nats_url)
+        try:
+            config = {
+                "name": stream,
+                "subjects": [f"{prefix}.sched.>", f"{prefix}.fired.>"],
+                "storage": "file",
+                "num_replicas": 1,
+                "allow_msg_schedules": True,
+            }
+            create = f"$JS.API.STREAM.CREATE.{stream}"
+            reply = await nc.request(create, json.dumps(config).encode(), timeout=10)
+            if "error" in (created := json.loads(reply.data)):
+                raise RuntimeError(f"nats-schedules: stream not created: {created['error']}")
+            js = nc.jetstream(publish_async_max_pending=4000)
+            recorder = Recorder(nc, f"{prefix}.fired.>", stream, lambda at, msg: (float(msg.data), at))
+            await recorder.start()
+            t0 = time.time() + _lead_s(n)
+            futures = []
+            for i in range(n):
+                at = due(i, t0)
+                headers = {
+                    "Nats-Schedule": f"@at {_rfc3339(at)}",
+                    "Nats-Schedule-Target": f"{prefix}.fired.{i}",
+                }
+                body = repr(at).encode()
+                futures.append(await js.publish_async(f"{prefix}.sched.{i}", body, headers=headers))
+            await asyncio.gather(*futures)
+            if time.time() > t0:
+                raise RuntimeError("nats-schedules: publishing outlasted the lead; the machine is too busy")
+            meter = Meter(self.shared, lambda: [], consumer=True)
+            await _wait(lambda: len(recorder.records), n, timeout, meter, self.shared.progress, self.name)
+            return meter.result(list(recorder.records))
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.jetstream().delete_stream(stream)
+            await nc.close()
+
+
+# -- installing the peers into the throwaway directory -----------------------------------------------
+def install_peers(tools: Path, progress: Progress) -> dict[str, str]:
+    """npm and pip installs into `tools`; the versions installed."""
+    if not shutil.which("npm"):
+        raise RuntimeError("graphile-worker needs Node.js and npm on PATH")
+    graphile, pgq = tools / "graphile", tools / "pgqueuer"
+    if not (graphile / "node_modules/graphile-worker").exists():  # --tools: kept from an earlier run
+        graphile.mkdir(parents=True, exist_ok=True)
+        progress(f"npm install {GRAPHILE_WORKER} into {graphile}")
+        npm = ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", GRAPHILE_WORKER]
+        subprocess.run(npm, cwd=graphile, check=True, stdout=subprocess.DEVNULL)
+    if not (pgq / "venv/bin/pgq").exists():
+        progress(f"pip install {PGQUEUER} into {pgq}/venv")
+        subprocess.run([sys.executable, "-m", "venv", str(pgq / "venv")], check=True)
+        pip = [str(pgq / "venv/bin/pip"), "install", "--quiet", "--disable-pip-version-check", PGQUEUER]
+        subprocess.run(pip, check=True, stdout=subprocess.DEVNULL)
+    gw = json.loads((graphile / "node_modules/graphile-worker/package.json").read_text())["version"]
+    show = subprocess.run(
+        [str(pgq / "venv/bin/python"), "-c", "import pgqueuer; print(pgqueuer.__version__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    node = subprocess.run(["node", "--version"], check=True, capture_output=True, text=True).stdout.strip()
+    return {"graphile-worker": gw, "node": node, "pgqueuer": show.stdout.strip()}
+
+
+@contextlib.contextmanager
+def shared_servers(workdir: Path, tools: Path, progress: Progress) -> Iterator[Shared]:
+    """One embedded Postgres (fsync on) and one NATS (default sync interval) for every system."""
+    from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
+
+    with (
+        EmbeddedPostgres(workdir / "pg", fsync=True) as pg,
+        EmbeddedNats(workdir / "nats", sync_always=False) as ns,
+    ):
+        assert pg.pid is not None and ns.pid is not None
+        yield Shared(pg.url, ns.url, pg.pid, ns.pid, workdir, tools, progress)
+
+
+def _one(system: System, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    progress(f"{system.name}: drain of {args.drain:,}")
+    d = asyncio.run(system.drain(args.drain))
+    progress(f"{system.name}: lateness at {args.rate:,}/s for {args.seconds:.0f} s")
+    lat = asyncio.run(system.lateness(args.rate, args.seconds))
+    result: dict[str, dict[str, Any]] = {
+        "drain": {"fires_per_s": drain_rate(d.receipts), "cpu_ms_per_1k": cpu_ms_per_1k(d)},
+        "lateness": {**lateness_ms(lat.receipts), "cpu_ms_per_1k": cpu_ms_per_1k(lat)},
+    }
+    progress(
+        f"{system.name}: drain {result['drain']['fires_per_s']:,.0f}/s, "
+        f"{result['drain']['cpu_ms_per_1k']['total']:.0f} ms CPU per 1,000; lateness p50 "
+        f"{result['lateness']['p50_ms']:.1f} p99 {result['lateness']['p99_ms']:.1f} ms"
+    )
+    return result
+
+
+def _command() -> str:
+    given = shlex.join(sys.argv[1:])
+    if os.environ.get("MAKELEVEL"):  # run by `make bench-peers`: say it the way it was typed
+        return "make bench-peers" + (f" ARGS={shlex.quote(given)}" if given else "")
+    return f"python -m worker.devkit.bench.peers {given}".rstrip()
+
+
+def run_peers(args: argparse.Namespace) -> dict[str, Any]:
+    def progress(msg: str) -> None:
+        print(f"[peers] {msg}", file=sys.stderr, flush=True)
+
+    chosen = args.systems or list(SYSTEMS)
+    with tempfile.TemporaryDirectory(prefix="timer-peers-") as tmp:
+        workdir, tools = Path(tmp) / "run", args.tools or Path(tmp) / "tools"
+        workdir.mkdir()
+        versions = install_peers(tools, progress)
+        calibration = [calibrate(workdir)]
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in chosen}
+        with shared_servers(workdir, tools, progress) as shared:
+            make: dict[str, Callable[[], System]] = {
+                "timer-service": lambda: Ours(shared, args.replicas),
+                "graphile-worker": lambda: GraphileWorker(shared),
+                "pgqueuer": lambda: PgQueuer(shared),
+                "nats-schedules": lambda: NatsSchedules(shared),
+            }
+            for i in range(args.runs):  # interleaved: a slow minute of the machine hits everyone
+                for name in chosen:
+                    progress(f"run {i + 1}/{args.runs}")
+                    runs[name].append(_one(make[name](), args, progress))
+        calibration.append(calibrate(workdir))
+    return {
+        "command": _command(),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "calibration": calibration,
+        "versions": versions,
+        "config": {
+            "runs": args.runs,
+            "drain_n": args.drain,
+            "rate": args.rate,
+            "seconds": args.seconds,
+            "replicas": args.replicas,
+        },
+        "runs": runs,
+        "summary": summarize(runs),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    about = (__doc__ or "").split("\n\n")[0]
+    p = argparse.ArgumentParser(prog="python -m worker.devkit.bench.peers", description=about)
+    p.add_argument("--runs", type=int, default=3, help="runs of each workload per system (default 3)")
+    p.add_argument("--drain", type=int, default=50_000, help="overdue jobs in the drain (default 50,000)")
+    p.add_argument("--rate", type=int, default=500, help="jobs due per second in lateness (default 500)")
+    p.add_argument("--seconds", type=float, default=20, help="how long they come due (default 20)")
+    p.add_argument("--replicas", type=int, default=WORKERS, help=f"replicas of ours (default {WORKERS})")
+    p.add_argument("--systems", nargs="*", choices=SYSTEMS, help="a subset (default all)")
+    p.add_argument(
+        "--tools", type=Path, help="keep the peers' installs here and reuse them (default: a throwaway dir)"
+    )
+    p.add_argument("--json", action="store_true", help="print every run's figures as JSON")
+    args = p.parse_args(argv)
+    try:
+        report = run_peers(args)
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        print(f"bench-peers: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2) if args.json else table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

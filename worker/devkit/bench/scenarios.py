@@ -1,0 +1,355 @@
+"""The benchmark scenarios. Each runs once in a fresh Rig and returns its measurements.
+
+Lateness is always measured outside the service: a JetStream consumer's receive time minus
+the event's dueAt (both on this machine's clock, the database's machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from worker.devkit.bench.rig import COUNT_SCHEDULED_SQL, Rig
+from worker.devkit.harness import percentile
+from worker.devkit.recorder import Firing
+
+Progress = Callable[[str], None]
+Metrics = dict[str, float]
+
+
+@dataclass(frozen=True)
+class Context:
+    admin_url: str
+    nats_url: str
+    workdir: Path
+    replicas: int
+    scale: float
+    progress: Progress
+
+    def n(self, full: int, floor: int = 1000) -> int:
+        return max(floor, int(full * self.scale))
+
+    def seconds(self, full: float, floor: float = 10) -> float:
+        return max(floor, full * self.scale)
+
+    def rig(self, **settings: Any) -> Rig:
+        return Rig(self.admin_url, self.nats_url, self.workdir, **settings)
+
+
+def lateness_ms(events: list[Firing], prefix: str) -> Metrics:
+    """Percentiles of receive time minus dueAt for the first receipt of each timer with this key prefix."""
+    first: dict[str, Firing] = {}
+    for e in events:
+        if e.service_call_id.startswith(prefix) and e.service_call_id not in first:
+            first[e.service_call_id] = e
+    late = [(e.received_at - e.due_at) * 1000 for e in first.values()]
+    # reachedAt is the replica's database-clock time at publish: how much of the lateness is
+    # the replica's (waking, claiming), the rest being the publish and the delivery.
+    reached = [(e.reached_at - e.due_at) * 1000 for e in first.values()]
+    return {
+        "reached_p50_ms": percentile(reached, 50),
+        "reached_p99_ms": percentile(reached, 99),
+        "lateness_p50_ms": percentile(late, 50),
+        "lateness_p99_ms": percentile(late, 99),
+        "lateness_max_ms": max(late, default=float("nan")),
+        "early": sum(1 for x in late if x < 0),
+    }
+
+
+async def _until_fired(rig: Rig, n: int, timeout: float, progress: Progress, rss: list[float]) -> None:
+    """Poll the event stream until it holds n events; sample replica memory on the way."""
+    deadline = time.monotonic() + timeout
+    last = 0.0
+    while True:
+        state = await rig.events_state()
+        rss.extend(rig.rss_mb().values())
+        if state.messages >= n:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {state.messages} of {n} fired in {timeout:.0f}s; logs in {rig.workdir}")
+        if time.monotonic() - last > 2:
+            progress(f"fired {state.messages:,}/{n:,}")
+            last = time.monotonic()
+        await asyncio.sleep(0.25)
+
+
+async def _until_marked(rig: Rig, key_prefix: str, timeout: float = 60) -> int:
+    """Wait until no timer with this key prefix is left Scheduled; the number still left."""
+    deadline = time.monotonic() + timeout
+    left = -1
+    while time.monotonic() < deadline:
+        left = int(await rig.scalar(COUNT_SCHEDULED_SQL, key_prefix + "%"))
+        if left == 0:
+            break
+        await asyncio.sleep(0.25)
+    return left
+
+
+async def drain(ctx: Context) -> Metrics:
+    """N overdue timers (as after downtime): claim, publish, PubAck, mark, as fast as it goes."""
+    n = ctx.n(1_000_000)
+    async with ctx.rig() as rig:
+        ctx.progress(f"seeding {n:,} overdue timers")
+        await rig.seed(n, start_s=-3660, rate=n / 3600, key_prefix="d-")
+        rss: list[float] = []
+        started = time.monotonic()
+        rig.start_replicas(ctx.replicas)
+        await _until_fired(rig, n, timeout=60 + n / 1000, progress=ctx.progress, rss=rss)
+        left = await _until_marked(rig, "d-")
+        wall = time.monotonic() - started
+        cpu = rig.cpu_s()
+        state = await rig.events_state()
+        return {
+            "timers": n,
+            "fires_per_s": n / state.span_s,
+            "wall_s": wall,
+            "stored_duplicates": state.messages - n,
+            "left_scheduled": left,
+            "replica_cpu_ms_per_1k": cpu / n * 1e6,
+            "rss_max_mb": max(rss, default=0.0),
+        }
+
+
+async def _lateness(ctx: Context, rate: int, pending: int = 1_000_000, duration: float = 60) -> Metrics:
+    """`rate` timers come due per second for a while, with a large number of future timers pending."""
+    pending = ctx.n(pending)
+    duration = ctx.seconds(duration, floor=20)
+    n = int(rate * duration)
+    async with ctx.rig() as rig:
+        ctx.progress(f"seeding {pending:,} future timers")
+        await rig.seed(pending, start_s=86_400, rate=pending / 86_400, key_prefix="f-")
+        names = rig.start_replicas(ctx.replicas)
+        await rig.wait_replicas_up(names)
+        recorder = rig.recorder()
+        await recorder.start()
+        ctx.progress(f"{n:,} timers coming due at {rate:,}/s for {duration:.0f}s")
+        await rig.seed(n, start_s=5 + n / 50_000, rate=rate, key_prefix="l-")
+        rss: list[float] = []
+        await _until_fired(rig, n, timeout=duration + 120, progress=ctx.progress, rss=rss)
+        await recorder.wait_for(n, timeout=30)
+        fired = len({e.service_call_id for e in recorder.firings})
+        return {
+            "due_per_s": rate,
+            "timers": n,
+            **lateness_ms(recorder.firings, "l-"),
+            "lost": n - fired,
+            "rss_max_mb": max(rss, default=0.0),
+        }
+
+
+async def lateness_1k(ctx: Context) -> Metrics:
+    return await _lateness(ctx, 1000)
+
+
+async def lateness_5k(ctx: Context) -> Metrics:
+    return await _lateness(ctx, 5000)
+
+
+SWEEP_RATES = (250, 500, 1000, 2000, 5000, 10_000)
+
+
+async def sweep(ctx: Context) -> Metrics:
+    """Lateness percentiles against load (docs/lateness.png): 20 s at each rate, 100,000 pending."""
+    out: Metrics = {}
+    for rate in SWEEP_RATES:
+        ctx.progress(f"{rate:,} due/s")
+        m = await _lateness(ctx, rate, pending=100_000, duration=20)
+        out |= {
+            f"{k}@{rate}": m[k] for k in ("lateness_p50_ms", "lateness_p99_ms", "lateness_max_ms", "lost")
+        }
+    return out
+
+
+def schedule_command(prefix: str, tenant: str, key: str, due: datetime) -> tuple[str, bytes]:
+    payload = {"tenantId": tenant, "serviceCallId": key, "dueAt": due.isoformat().replace("+00:00", "Z")}
+    body = {
+        "id": str(uuid.uuid4()),
+        "type": "ScheduleTimer",
+        "tenantId": tenant,
+        "timestampMs": time.time_ns() // 1_000_000,
+        "payload": payload,
+    }
+    return f"{prefix}.{tenant}.timer.schedule", json.dumps(body).encode()
+
+
+async def intake(ctx: Context) -> Metrics:
+    """Commands already waiting in the stream (one in ten a duplicate): committed and acknowledged."""
+    unique = ctx.n(200_000)
+    async with ctx.rig() as rig:
+        prefix = rig.names["subject_prefix"]
+        due = datetime.now(UTC) + timedelta(days=1)
+        bodies = [schedule_command(prefix, f"t{i % 10}", f"i-{i}", due) for i in range(unique)]
+        bodies += bodies[::10]  # redelivered or re-sent commands: no-ops
+        ctx.progress(f"publishing {len(bodies):,} commands")
+        total = await rig.publish_commands(bodies)
+        rig.start_replicas(ctx.replicas)
+        jsm = rig.nc_.jetstream()
+        deadline = time.monotonic() + 60 + total / 1000
+        while time.monotonic() < deadline:
+            info = await jsm.consumer_info(rig.names["command_stream"], rig.names["consumer"])
+            waiting = (info.num_pending or 0) + (info.num_ack_pending or 0)
+            if waiting == 0:
+                break
+            ctx.progress(f"{total - waiting:,}/{total:,} commands done")
+            await asyncio.sleep(0.5)
+        stored = int(await rig.scalar("SELECT count(*) FROM timers"))
+        span = float(
+            await rig.scalar("SELECT extract(epoch FROM max(registered_at) - min(registered_at)) FROM timers")
+        )
+        return {
+            "commands": total,
+            "commands_per_s": total / span,
+            "stored": stored,
+            "missing": unique - stored,
+        }
+
+
+async def failover(ctx: Context) -> Metrics:
+    """SIGKILL a replica while it holds leases; how long until its claimed timers fire elsewhere."""
+    rate, duration = 2000, 30.0
+    n = int(rate * duration)
+    async with ctx.rig() as rig:
+        names = rig.start_replicas(ctx.replicas)
+        await rig.wait_replicas_up(names)
+        recorder = rig.recorder()
+        await recorder.start()
+        await rig.seed(n, start_s=3, rate=rate, key_prefix="o-")
+        await asyncio.sleep(8)  # let the fleet settle into the steady load before the kill
+        victim, orphans, killed_at = await _kill_a_lease_holder(rig)
+        ctx.progress(f"killed {victim} holding {len(orphans)} leases")
+        await recorder.wait_for(n, timeout=duration + 60)
+        fired = {e.service_call_id for e in recorder.firings}
+        # Every orphan counts, also those whose event got out just before the kill: the
+        # question is how late the victim's timers were, whoever fired them.
+        of_victim = [e for e in recorder.firings if e.service_call_id in orphans]
+        return {
+            "orphaned": len(orphans),
+            "refired_after_kill": len({e.service_call_id for e in of_victim if e.received_at >= killed_at}),
+            **{k.replace("lateness", "orphan_lateness"): v for k, v in lateness_ms(of_victim, "o-").items()},
+            "lost": n - len(fired),
+        }
+
+
+async def _kill_a_lease_holder(rig: Rig, tries: int = 50) -> tuple[str, set[str], float]:
+    """Find a replica that holds leases right now and SIGKILL it; what it held, and when."""
+    for _ in range(tries):
+        owner = await rig.scalar(
+            "SELECT lease_owner FROM timers WHERE state = 'Scheduled' AND lease_expires_at > now() LIMIT 1"
+        )
+        if owner is None or owner not in rig.fleet.alive():
+            await asyncio.sleep(0.005)
+            continue
+        rig.fleet.signal(owner, signal.SIGKILL)
+        killed_at = time.time()
+        cur = await rig.db_.execute(
+            "SELECT service_call_id FROM timers WHERE state = 'Scheduled' AND lease_owner = %s", (owner,)
+        )
+        orphans = {r[0] for r in await cur.fetchall()}
+        if orphans:
+            return owner, orphans, killed_at
+        rig.start_replicas(1)  # it marked everything before it died: try again with a fresh one
+    raise RuntimeError("never caught a replica holding leases")
+
+
+async def _catchup(ctx: Context, backlog: int, one_tenant: bool) -> Metrics:
+    """A large overdue backlog drains oldest first while new timers keep coming due on time."""
+    fresh_rate = 200
+    async with ctx.rig() as rig:
+        ctx.progress(f"seeding {backlog:,} overdue timers")
+        tenants = 1 if one_tenant else 10
+        await rig.seed(
+            backlog, start_s=-3660, rate=backlog / 3600, key_prefix="c-", tenant="noisy", tenants=tenants
+        )
+        fresh_for = 10 + backlog / 10_000  # covers the drain with room to spare
+        fresh = int(fresh_rate * fresh_for)
+        await rig.seed(fresh, start_s=8, rate=fresh_rate, key_prefix="n-", tenant="quiet", tenants=1)
+        recorder = rig.recorder("quiet0")
+        await recorder.start()
+        rss: list[float] = []
+        rig.start_replicas(ctx.replicas)
+        await _until_fired(rig, backlog + fresh, timeout=120 + backlog / 1000, progress=ctx.progress, rss=rss)
+        await recorder.wait_for(fresh, timeout=30)
+        await _until_marked(rig, "c-")
+        order = await rig.scalar(
+            "SELECT corr(extract(epoch FROM due_at), extract(epoch FROM reached_at)) "
+            "FROM timers WHERE service_call_id LIKE 'c-%%'"
+        )
+        span = await rig.scalar(
+            "SELECT extract(epoch FROM max(reached_at) - min(reached_at)) "
+            "FROM timers WHERE service_call_id LIKE 'c-%%'"
+        )
+        return {
+            "backlog": backlog,
+            "fresh": fresh,
+            **{
+                k.replace("lateness", "fresh_lateness"): v
+                for k, v in lateness_ms(recorder.firings, "n-").items()
+            },
+            "backlog_order_corr": float(order or 0.0),
+            "backlog_fires_per_s": backlog / float(span),
+        }
+
+
+async def catchup(ctx: Context) -> Metrics:
+    return await _catchup(ctx, ctx.n(1_000_000), one_tenant=False)
+
+
+async def fairness(ctx: Context) -> Metrics:
+    return await _catchup(ctx, ctx.n(500_000), one_tenant=True)
+
+
+async def idle(ctx: Context) -> Metrics:
+    """Nothing due: how many statements each replica sends to Postgres per second."""
+    window = ctx.seconds(60, floor=30)
+    async with ctx.rig() as rig:
+        await rig.seed(ctx.n(100_000), start_s=86_400, rate=10, key_prefix="f-")
+        names = rig.start_replicas(ctx.replicas)
+        await rig.wait_replicas_up(names)
+        # Past start-up (migrate, stream checks, the first retention sweep), and past the 10 s an
+        # idle backend may hold its statistics before reporting them: the steady state only.
+        await asyncio.sleep(15)
+        before = await rig.transactions()
+        ctx.progress(f"counting statements for {window:.0f}s")
+        await asyncio.sleep(window)
+        after = await rig.transactions()
+        rss = rig.rss_mb()
+        return {
+            "statements_per_s_per_replica": (after - before) / window / ctx.replicas,
+            "rss_max_mb": max(rss.values(), default=0.0),
+        }
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    run: Callable[[Context], Awaitable[Metrics]]
+    # (metric, "<=" or ">=", target) rows of the issue's table
+    targets: tuple[tuple[str, str, float], ...]
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("drain", drain, (("fires_per_s", ">=", 15_000), ("rss_max_mb", "<=", 150))),
+        Scenario(
+            "lateness-1k",
+            lateness_1k,
+            (("lateness_p50_ms", "<=", 10), ("lateness_p99_ms", "<=", 50), ("lateness_max_ms", "<=", 500)),
+        ),
+        Scenario("lateness-5k", lateness_5k, (("lateness_p99_ms", "<=", 250),)),
+        Scenario("intake", intake, (("commands_per_s", ">=", 20_000),)),
+        Scenario("failover", failover, (("orphan_lateness_p99_ms", "<=", 5000),)),
+        Scenario("catchup", catchup, (("fresh_lateness_p99_ms", "<=", 1000),)),
+        Scenario("fairness", fairness, (("fresh_lateness_p99_ms", "<=", 1000),)),
+        Scenario("idle", idle, (("statements_per_s_per_replica", "<=", 1),)),
+        Scenario("sweep", sweep, ()),
+    )
+}

