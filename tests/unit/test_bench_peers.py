@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -106,3 +108,11 @@ def test_tree_cpu_counts_this_process() -> None:
         pass
     assert tree_cpu_s([os.getpid()]) - before >= 0.25
     assert tree_cpu_s([]) == 0.0
+
+
+def test_tree_cpu_keeps_a_child_that_has_exited() -> None:
+    # A Postgres backend or a worker may exit within the window: its time moves to its parent's.
+    before = tree_cpu_s([os.getpid()])
+    burn = "import time\nt = time.process_time() + 0.3\nwhile time.process_time() < t: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    assert tree_cpu_s([os.getpid()]) - before >= 0.25

@@ -150,22 +150,30 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return int(fields[1]), ticks / os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_s(roots: list[int]) -> float:
-    """CPU seconds of these processes and all their descendants, live or already reaped."""
-    stats = {}
+ProcTable = tuple[dict[int, float], dict[int, list[int]]]  # CPU seconds by pid; children by pid
+
+
+def proc_table() -> ProcTable:
+    """Every process's CPU seconds and children, from one pass over /proc."""
+    cpu: dict[int, float] = {}
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and (st := _stat(int(entry))):
-            stats[int(entry)] = st
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
+            cpu[int(entry)] = st[1]
+            children.setdefault(st[0], []).append(int(entry))
+    return cpu, children
+
+
+def tree_cpu_s(roots: list[int], table: ProcTable | None = None) -> float:
+    """CPU seconds of these processes and all their descendants, live or already reaped."""
+    cpu, children = table or proc_table()
     total, todo, seen = 0.0, list(roots), set()
     while todo:
         pid = todo.pop()
-        if pid in seen or pid not in stats:
+        if pid in seen or pid not in cpu:
             continue
         seen.add(pid)
-        total += stats[pid][1]
+        total += cpu[pid]
         todo.extend(children.get(pid, []))
     return total
 
@@ -206,7 +214,9 @@ class Meter:
         self.first_count = 0
 
     def read(self) -> dict[str, float]:
-        cpu = {k: tree_cpu_s(v) for k, v in self.pids.items()} | {"workers": tree_cpu_s(self.workers())}
+        table = proc_table()
+        cpu = {k: tree_cpu_s(v, table) for k, v in self.pids.items()}
+        cpu["workers"] = tree_cpu_s(self.workers(), table)
         if self.consumer:
             # This process alone: the servers and the workers are its children, counted above.
             cpu["consumer"] = time.process_time()
