@@ -14,7 +14,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from worker import metrics, quota
+from worker import metrics, quota, tracing
 from worker.clock import Clock
 from worker.commands import carried_headers, parse_command
 from worker.config import Settings
@@ -71,21 +71,24 @@ class Intake:
                 await sub.unsubscribe()
 
     async def handle(self, msgs: Sequence[Msg]) -> None:
-        now = datetime.now(UTC)
-        commands: list[tuple[Msg, Command]] = []
-        rejected: list[tuple[Msg, Rejection]] = []
-        for msg in msgs:
-            parsed = self.parse(msg, now)
-            if isinstance(parsed, Rejection):
-                rejected.append((msg, parsed))
-            else:
-                commands.append((msg, parsed))
-        if rejected:
-            await self.reject(rejected)
-        if commands and self.s.tenant_max_pending:  # off by default: then not a single extra read
-            commands = await self._within_quota(commands)
-        if commands:
-            await self.apply(commands)
+        with tracing.span("timer.intake", **{"timer.count": len(msgs)}) as span:
+            now = datetime.now(UTC)
+            commands: list[tuple[Msg, Command]] = []
+            rejected: list[tuple[Msg, Rejection]] = []
+            for msg in msgs:
+                parsed = self.parse(msg, now)
+                if isinstance(parsed, Rejection):
+                    rejected.append((msg, parsed))
+                else:
+                    commands.append((msg, parsed))
+            span.set_attribute("timer.rejected", len(rejected))
+            if rejected:
+                await self.reject(rejected)
+            if commands and self.s.tenant_max_pending:  # off by default: then not a single extra read
+                commands = await self._within_quota(commands)
+            span.set_attribute("timer.valid", len(commands))
+            if commands:
+                await self.apply(commands)
 
     async def _within_quota(self, batch: list[tuple[Msg, Command]]) -> list[tuple[Msg, Command]]:
         """The batch without the ScheduleTimers over their tenant's limit; those go to the DLQ."""
