@@ -19,15 +19,17 @@
 --     end Cancelled). A restatement that would change nothing writes nothing.
 -- ON CONFLICT locks the row even when the WHERE is false, so claimed_among below sees it as is.
 -- The restatement test reads the locked row (t): reading the row any earlier would race a mark.
+-- carried_headers (trace context and allowed producer headers) is the command's, like its
+-- correlationId: a newer restatement records it too, and an array of NULLs needs not be sent.
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts,
-                         repeat_every, repeat_times, repeat_timezone, anchor_due_at)
+                         repeat_every, repeat_times, repeat_timezone, anchor_due_at, carried_headers)
 SELECT i.tenant_id, i.service_call_id, 'Scheduled', i.due_at, i.correlation_id, i.command_ts,
-       i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at
+       i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at, i.carried_headers
 FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
             %(correlation_id)b::text[], %(command_ts)b::bigint[], %(repeat_every)b::text[],
-            %(repeat_times)b::int[], %(repeat_timezone)b::text[])
+            %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(carried_headers)b::jsonb[])
      AS i(tenant_id, service_call_id, due_at, correlation_id, command_ts, repeat_every,
-          repeat_times, repeat_timezone)
+          repeat_times, repeat_timezone, carried_headers)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = 'Scheduled',
     -- A restatement keeps the timer's progress; anything else starts it afresh.
@@ -42,6 +44,7 @@ ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
                      AS same) AS r),
     anchor_due_at = excluded.due_at,
     correlation_id = excluded.correlation_id,
+    carried_headers = excluded.carried_headers,
     command_ts = coalesce(excluded.command_ts, t.command_ts),
     repeat_every = excluded.repeat_every,
     repeat_times = excluded.repeat_times,
@@ -56,9 +59,10 @@ WHERE t.state <> 'Reached'
   AND (excluded.command_ts IS NULL OR t.command_ts IS NULL OR excluded.command_ts >= t.command_ts)
   AND NOT (t.state = 'Scheduled'
            AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone, t.correlation_id,
-                t.command_ts)
+                t.carried_headers, t.command_ts)
                IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every, excluded.repeat_times,
                                      excluded.repeat_timezone, excluded.correlation_id,
+                                     excluded.carried_headers,
                                      coalesce(excluded.command_ts, t.command_ts)))
 RETURNING t.tenant_id, t.service_call_id;
 
@@ -156,7 +160,7 @@ claimed AS (
     WHERE t.tenant_id = d.tenant_id AND t.service_call_id = d.service_call_id
     RETURNING t.tenant_id, t.service_call_id, t.due_at, t.correlation_id, t.lease_token,
               t.attempts, t.repeat_every, t.repeat_times, t.repeat_timezone, t.anchor_due_at,
-              t.occurrence_index, t.claimed_at
+              t.occurrence_index, t.claimed_at, t.carried_headers AS carried
 )
 -- Every row is a claimed occurrence with two named columns: the next occurrence beyond this
 -- claim's reach (NULL when none), and the clock read as the row is returned (the latest of those

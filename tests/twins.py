@@ -71,6 +71,7 @@ class Row:
     claimed_at: datetime | None = None
     first_claimed_at: float | None = None
     last_error: str | None = None
+    carried: dict[str, str] | None = None
 
 
 class TwinStore:
@@ -112,14 +113,15 @@ class TwinStore:
                 same = (
                     same
                     and row is not None
-                    and (row.repeat, row.correlation_id) == (c.repeat, c.correlation_id)
+                    and (row.repeat, row.correlation_id, row.carried)
+                    == (c.repeat, c.correlation_id, c.carried)
                 )
                 if same:
                     outcomes.append("ignored")
                     continue
                 self.rows[c.tenant_id, c.service_call_id] = Row(
                     c.tenant_id, c.service_call_id, "Scheduled", c.due_at, c.correlation_id,
-                    c.timestamp_ms, c.due_at, c.repeat,
+                    c.timestamp_ms, c.due_at, c.repeat, carried=c.carried,
                 )  # fmt: skip
                 outcomes.append("applied")
             else:
@@ -189,6 +191,7 @@ class TwinStore:
                     r.anchor_due_at,
                     r.occurrence_index,
                     r.claimed_at,
+                    carried=r.carried,
                 )
             )
         later = [

@@ -12,7 +12,7 @@ from typing import Any
 import nats.errors
 import psycopg
 
-from worker import __version__, logs
+from worker import __version__, logs, tracing
 from worker.config import load_settings, parse_duration
 from worker.errors import ConfigError
 
@@ -63,7 +63,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     settings = load_settings(**({"migrate": False} if args.no_migrate else {}))
     logs.setup(settings.log_level, settings.log_format)
-    return asyncio.run(Replica(settings).run())
+    tracing.setup()
+    try:
+        return asyncio.run(Replica(settings).run())
+    finally:
+        tracing.disable()  # flushes the spans still batched
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:

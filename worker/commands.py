@@ -24,6 +24,7 @@ import json
 import math
 import re
 import unicodedata
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, TypeVar
 
@@ -34,10 +35,13 @@ from worker.contract import (
     INVALID_TENANT,
     LATEST_DUE_AT,
     MAX_BODY_BYTES,
+    MAX_CARRIED_VALUE_CHARS,
     MAX_DETAIL_CHARS,
     MAX_ID_CHARS,
     MAX_TIMESTAMP_MS,
     TENANT_RULE,
+    TRACEPARENT,
+    TRACESTATE,
     CancelTimer,
     Command,
     CommandKind,
@@ -287,3 +291,40 @@ def _one_line(detail: str) -> str:
     # Goes into a NATS header and a log line: printable ASCII only, no CR/LF, bounded.
     clean = "".join(ch if " " <= ch <= "~" else "?" for ch in detail)
     return clean[:MAX_DETAIL_CHARS]
+
+
+# W3C Trace Context, version 00's layout (https://www.w3.org/TR/trace-context/#traceparent-header).
+_TRACEPARENT_RE = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}\Z")
+
+
+def carried_headers(
+    headers: Mapping[str, str] | None, carry: Collection[str]
+) -> tuple[dict[str, str] | None, list[str]]:
+    """The headers of a ScheduleTimer its DueTimeReached events carry, and the names of those dropped.
+
+    Carried: a valid `traceparent`, a `tracestate` beside it, and the producer headers named in
+    `carry` (lower case; TIMER_CARRY_HEADERS), each value printable and at most
+    MAX_CARRIED_VALUE_CHARS. Names match in any case. An invalid one is dropped, never a
+    rejection: a timer must not be lost for a bad trace header. None when nothing is carried, so
+    a timer without them stores and publishes nothing more.
+    """
+    if not headers:
+        return None, []
+    kept: dict[str, str] = {}
+    dropped: list[str] = []
+    for name, value in headers.items():
+        key = name.lower()
+        if key == TRACEPARENT:
+            ok = _TRACEPARENT_RE.match(value) is not None
+        elif key == TRACESTATE or key in carry:
+            ok = len(value) <= MAX_CARRIED_VALUE_CHARS and value.isprintable()
+        else:
+            continue
+        if ok:
+            kept[key if key in (TRACEPARENT, TRACESTATE) else name] = value
+        else:
+            dropped.append(name)
+    if TRACESTATE in kept and TRACEPARENT not in kept:  # a tracestate belongs to its traceparent
+        del kept[TRACESTATE]
+        dropped.append(TRACESTATE)
+    return kept or None, dropped

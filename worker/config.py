@@ -20,6 +20,7 @@ from worker.contract import TENANT_RE, TENANT_RULE
 from worker.errors import ConfigError
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 365 * 86400}
+_HEADER_NAME = re.compile(r"[a-z0-9_.-]{1,64}\Z")
 _SHORT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w|y)\s*$")
 
 
@@ -101,11 +102,19 @@ class Settings(BaseSettings):
     max_horizon: Duration = timedelta(days=3650)
     retention: Duration = timedelta(days=7)
     tenant_max_pending: int = Field(0, ge=0)
+    # Producer headers a ScheduleTimer carries to its DueTimeReached events, besides traceparent and
+    # tracestate: comma-separated names (docs/CONTRACT.md, Trace context).
+    carry_headers: str = ""
 
     http_port: int = Field(8080, ge=0, le=65535)
     http_host: str = "0.0.0.0"
     log_level: str = "INFO"
     log_format: str = "json"
+
+    @property
+    def carried_names(self) -> frozenset[str]:
+        """TIMER_CARRY_HEADERS as lower-case names (headers match in any case)."""
+        return frozenset(n.strip().lower() for n in self.carry_headers.split(",") if n.strip())
 
     @model_validator(mode="after")
     def _relations(self) -> Settings:
@@ -135,6 +144,12 @@ class Settings(BaseSettings):
             raise ValueError("downtime_after: must be at least TIMER_LEASE_MS plus TIMER_POLL_INTERVAL_MS")
         if self.retention < self.command_max_age:
             raise ValueError("retention: must not be shorter than TIMER_COMMAND_MAX_AGE")
+        for name in self.carried_names:
+            if not _HEADER_NAME.match(name) or name.startswith("nats-"):
+                raise ValueError(
+                    f"carry_headers: {name!r} is not a header name a producer may send "
+                    "(letters, digits and -_.; not Nats-*, which NATS reserves)"
+                )
         if self.log_format not in ("json", "text"):
             raise ValueError("log_format: must be json or text")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

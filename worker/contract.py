@@ -31,6 +31,11 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_ID_CHARS = 200  # serviceCallId, correlationId
 MAX_DETAIL_CHARS = 200  # Timer-Error-Detail
 MAX_TIMESTAMP_MS = 2**63 - 1  # stored in a Postgres bigint
+# Headers a ScheduleTimer may carry to its DueTimeReached events (docs/CONTRACT.md, Trace context):
+# W3C trace context, and the producer headers TIMER_CARRY_HEADERS allows, each value at most this.
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+MAX_CARRIED_VALUE_CHARS = 512
 # The dueAt range every layer holds: epoch-millisecond firing ids, JavaScript dates, Postgres,
 # and a Python datetime in any local zone (UTC-12..+14). A ScheduleTimer outside it is rejected
 # (bad_due_at); a recurring timer's occurrences end at its last one inside it.
@@ -125,6 +130,9 @@ class ScheduleTimer:
     correlation_id: str | None
     timestamp_ms: int | None  # envelope timestampMs, when present
     repeat: Repeat | None
+    # Headers carried to every DueTimeReached of this timer (traceparent, tracestate, allowed
+    # producer headers), already validated; None when the command carried none.
+    carried: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +196,8 @@ class Occurrence(Protocol):
     def due_at(self) -> datetime: ...
     @property
     def correlation_id(self) -> str | None: ...
+    @property
+    def carried(self) -> dict[str, str] | None: ...
 
 
 def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int) -> Outgoing:
@@ -207,7 +217,9 @@ def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int) ->
         f'"serviceCallId":{_json_str(timer.service_call_id)},"dueAt":"{iso(timer.due_at)}",'
         f'"reachedAt":"{reached}"}}}}'
     )
-    return Outgoing(subject, body.encode(), {"Nats-Msg-Id": msg_id})
+    # The carried headers never hold Nats-Msg-Id (commands.carried_headers), and it is set last.
+    headers = {"Nats-Msg-Id": msg_id} if timer.carried is None else {**timer.carried, "Nats-Msg-Id": msg_id}
+    return Outgoing(subject, body.encode(), headers)
 
 
 def timer_view(row: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from worker import metrics
+from worker import metrics, tracing
 from worker.clock import Clock
 from worker.config import Settings
 from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, due_event, iso
@@ -112,15 +112,17 @@ class Firing:
             if stop.is_set():
                 return
             try:
-                result = await self.store.claim(
-                    self.s.worker_id,
-                    FRESH_LANE_BATCH,
-                    FRESH_LANE_BATCH,
-                    self.s.lease_ms,
-                    LOOKAHEAD_MS,
-                    FRESH_LANE_WINDOW_MS,
-                    downtime_ms=self.downtime_ms,
-                )
+                with tracing.span("timer.claim", **{"timer.lane": "fresh"}) as span:
+                    result = await self.store.claim(
+                        self.s.worker_id,
+                        FRESH_LANE_BATCH,
+                        FRESH_LANE_BATCH,
+                        self.s.lease_ms,
+                        LOOKAHEAD_MS,
+                        FRESH_LANE_WINDOW_MS,
+                        downtime_ms=self.downtime_ms,
+                    )
+                    span.set_attribute("timer.count", len(result.claimed) + len(result.unreadable))
                 self.clock.observe(result.db_now)
                 if result.claimed or result.unreadable:
                     await self.fire(result.claimed, result.unreadable)
@@ -131,14 +133,16 @@ class Firing:
     async def tick(self) -> bool:
         """One claim and its firing; True when the batch was full (more may be due)."""
         started = time.perf_counter()
-        result = await self.store.claim(
-            self.s.worker_id,
-            self.s.batch_size,
-            0,
-            self.s.lease_ms,
-            LOOKAHEAD_MS,
-            downtime_ms=self.downtime_ms,
-        )
+        with tracing.span("timer.claim") as span:
+            result = await self.store.claim(
+                self.s.worker_id,
+                self.s.batch_size,
+                0,
+                self.s.lease_ms,
+                LOOKAHEAD_MS,
+                downtime_ms=self.downtime_ms,
+            )
+            span.set_attribute("timer.count", len(result.claimed) + len(result.unreadable))
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         self.clock.observe(result.db_now)
         poll_s = self.s.poll_interval_ms / 1000
@@ -229,10 +233,14 @@ class Firing:
         first, again = messages[: len(messages) - retries], messages[len(messages) - retries :]
         timeout = self.s.publish_timeout_ms / 1000
         started = time.perf_counter()
-        results = [
-            *(await self.broker.publish_atomic(first, timeout) if first else []),
-            *(await self.broker.publish_many(again, timeout) if again else []),
-        ]
+        with tracing.span("timer.publish", **{"timer.count": len(due), "timer.retries": retries}):
+            traced = tracing.publish_spans(due, messages)
+            results = [
+                *(await self.broker.publish_atomic(first, timeout) if first else []),
+                *(await self.broker.publish_many(again, timeout) if again else []),
+            ]
+            if traced:
+                tracing.end_publish_spans(traced, results)
         metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
         acked_at = self.clock.now()
         errors = 0
@@ -253,7 +261,10 @@ class Firing:
 
     async def _record(self, fired: list[Fired], failed: list[tuple[Leased, str, int]]) -> None:
         """Mark what was acknowledged; a lost lease makes the mark a no-op (the fence)."""
-        marked = await self._retrying(self.store.mark_fired, fired)
+        with tracing.span("timer.mark", **{"timer.count": len(fired)}) as span:
+            marked = await self._retrying(self.store.mark_fired, fired)
+            span.set_attribute("timer.marked", marked)
+            span.set_attribute("timer.fenced", len(fired) - marked)
         metrics.MARKED.inc(marked)
         if marked < len(fired):
             metrics.FENCE_REJECTED.inc(len(fired) - marked)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -13,9 +14,9 @@ import nats.errors
 from nats.aio.msg import Msg
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from worker import metrics, quota
+from worker import metrics, quota, tracing
 from worker.clock import Clock
-from worker.commands import parse_command
+from worker.commands import carried_headers, parse_command
 from worker.config import Settings
 from worker.contract import INVALID_TENANT, Command, Outgoing, Rejection, ScheduleTimer
 from worker.crashpoints import crash_point
@@ -40,6 +41,7 @@ class Intake:
         self.broker = broker
         self.wakeup = wakeup
         self.clock = clock
+        self._carry = settings.carried_names
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until stop: fetch a batch and handle it. A batch in hand is finished, never dropped."""
@@ -69,21 +71,24 @@ class Intake:
                 await sub.unsubscribe()
 
     async def handle(self, msgs: Sequence[Msg]) -> None:
-        now = datetime.now(UTC)
-        commands: list[tuple[Msg, Command]] = []
-        rejected: list[tuple[Msg, Rejection]] = []
-        for msg in msgs:
-            parsed = self.parse(msg, now)
-            if isinstance(parsed, Rejection):
-                rejected.append((msg, parsed))
-            else:
-                commands.append((msg, parsed))
-        if rejected:
-            await self.reject(rejected)
-        if commands and self.s.tenant_max_pending:  # off by default: then not a single extra read
-            commands = await self._within_quota(commands)
-        if commands:
-            await self.apply(commands)
+        with tracing.span("timer.intake", **{"timer.count": len(msgs)}) as span:
+            now = datetime.now(UTC)
+            commands: list[tuple[Msg, Command]] = []
+            rejected: list[tuple[Msg, Rejection]] = []
+            for msg in msgs:
+                parsed = self.parse(msg, now)
+                if isinstance(parsed, Rejection):
+                    rejected.append((msg, parsed))
+                else:
+                    commands.append((msg, parsed))
+            span.set_attribute("timer.rejected", len(rejected))
+            if rejected:
+                await self.reject(rejected)
+            if commands and self.s.tenant_max_pending:  # off by default: then not a single extra read
+                commands = await self._within_quota(commands)
+            span.set_attribute("timer.valid", len(commands))
+            if commands:
+                await self.apply(commands)
 
     async def _within_quota(self, batch: list[tuple[Msg, Command]]) -> list[tuple[Msg, Command]]:
         """The batch without the ScheduleTimers over their tenant's limit; those go to the DLQ."""
@@ -116,7 +121,18 @@ class Intake:
             return Rejection("bad_subject", "subject is not <prefix>.<tenant>.timer.<kind>", INVALID_TENANT)
         tenant = where[0]
         metrics.COMMANDS_RECEIVED.labels(kind).inc()
-        return parse_command(kind, tenant, msg.data, now=now, max_horizon=self.s.max_horizon)
+        command = parse_command(kind, tenant, msg.data, now=now, max_horizon=self.s.max_horizon)
+        if msg.headers and isinstance(command, ScheduleTimer):
+            carried, dropped = carried_headers(msg.headers, self._carry)
+            if dropped:  # never a rejection: the timer is stored without them
+                metrics.CARRIED_HEADERS_DROPPED.inc(len(dropped))
+                log.debug(
+                    "invalid headers not carried",
+                    extra={"action": "headers_dropped", "tenant": tenant, "headers": dropped},
+                )
+            if carried:
+                command = dataclasses.replace(command, carried=carried)
+        return command
 
     async def reject(self, rejected: Sequence[tuple[Msg, Rejection]]) -> None:
         """Copy each command, unchanged, to its tenant's DLQ subject; acknowledge each once it is

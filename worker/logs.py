@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+from worker import tracing
+
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 _hidden: set[str] = set()
 
@@ -47,6 +49,8 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        if tracing.on() and (ids := tracing.current_ids()):  # a line inside a span names it
+            out["trace_id"], out["span_id"] = ids
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return redact(json.dumps(out, default=str))

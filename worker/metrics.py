@@ -27,6 +27,10 @@ COMMANDS_APPLIED = Counter(
     ["kind", "outcome"],
 )
 COMMANDS_REJECTED = Counter("timer_commands_rejected_total", "Invalid commands sent to the DLQ", ["reason"])
+CARRIED_HEADERS_DROPPED = Counter(
+    "timer_carried_headers_dropped_total",
+    "Invalid traceparent, tracestate or allowed producer headers of a ScheduleTimer, not carried",
+)
 COMMAND_BATCH_SECONDS = Histogram(
     "timer_command_batch_seconds", "Time to commit one intake batch", buckets=_LATENCY_BUCKETS
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
@@ -14,6 +14,7 @@ from psycopg.adapt import AdaptersMap, Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import Format
 from psycopg.rows import class_row, dict_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from worker.contract import CancelTimer, Command, ScheduleTimer
@@ -120,6 +121,9 @@ class Claimed:
     anchor_due_at: datetime | None
     occurrence_index: int
     claimed_at: datetime  # a recurring timer's next occurrence comes after this (claim_due says which)
+    # The ScheduleTimer's carried headers (trace context, allowed producer headers), or None.
+    # Keyword-only with a default: most timers have none, and the rows' class adds fields after it.
+    carried: dict[str, str] | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +241,12 @@ class Store:
                 "repeat_every": [c.repeat.every if c.repeat else None for c in schedules],
                 "repeat_times": [c.repeat.times if c.repeat else None for c in schedules],
                 "repeat_timezone": [c.repeat.timezone if c.repeat else None for c in schedules],
+                # A NULL array is padded with NULLs by unnest: nothing more to send when none has any.
+                "carried_headers": (
+                    [None if c.carried is None else Jsonb(c.carried) for c in schedules]
+                    if any(c.carried is not None for c in schedules)
+                    else None
+                ),
             }
             cur = await conn.execute(QUERIES["upsert_schedules"], params)
             changed |= {(t, s) for t, s in await cur.fetchall()}

@@ -42,6 +42,7 @@ CASES: dict[str, dict[str, Any]] = {
             "natsUrl": "tls://nats.messaging:4222",
             "natsUser": "timer",
             "natsTlsServerName": "nats.messaging.svc",
+            "carryHeaders": "X-Request-Id",
         },
         "secrets": {"existingSecret": "timer-secrets", "natsPasswordKey": "nats-password"},
         "natsCreds": {"existingSecret": "timer-nats-creds"},

@@ -179,13 +179,21 @@ def test_the_schemas_refuse_what_the_parser_refuses(name: str, body: Any, reason
 
 
 async def test_a_real_due_time_reached_matches_the_schema(settings: Settings, db_url: str) -> None:
-    timers = {"plain": None, 'odd: id \u00e9 "quoted"': "corr-\u65e5\u672c"}
-    async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
+    timers = {"plain": None, 'odd: id \u00e9 "quoted"': "corr-\u65e5\u672c", "traced": None}
+    trace = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "X-Request-Id": "r"}
+    async with (
+        running_replica(settings, carry_headers="X-Request-Id"),
+        recorder(settings) as rec,
+        jetstream(settings) as js,
+    ):
         for service_call_id, correlation_id in timers.items():
             body = {"tenantId": "acme", "serviceCallId": service_call_id, "dueAt": iso_in(-1, db_url)}
             if correlation_id is not None:
                 body["correlationId"] = correlation_id
-            await publish_raw(js, settings, "acme", "schedule", body)
+            headers = trace if service_call_id == "traced" else None
+            await js.publish(
+                f"{settings.subject_prefix}.acme.timer.schedule", json.dumps(body).encode(), headers=headers
+            )
         assert await rec.wait_for({("acme", k) for k in timers}, timeout=20)
         sub = await js.pull_subscribe(
             f"{settings.subject_prefix}.acme.timer.due", stream=settings.event_stream
@@ -198,6 +206,8 @@ async def test_a_real_due_time_reached_matches_the_schema(settings: Settings, db
         assert errors("DueTimeReachedHeaders", msg.headers) == [], msg.headers
         assert msg.headers is not None and msg.headers["Nats-Msg-Id"] == event["id"]
         seen[event["payload"]["serviceCallId"]] = event["correlationId"]
+        if event["payload"]["serviceCallId"] == "traced":
+            assert msg.headers == {**trace, "Nats-Msg-Id": event["id"]}
     assert seen == timers
 
 
