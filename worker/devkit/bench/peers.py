@@ -34,7 +34,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -556,7 +556,6 @@ class NatsSchedules:
 
     shared: Shared
     name: str = "nats-schedules"
-    receipts: list[Receipt] = field(default_factory=list)
 
     async def drain(self, n: int) -> Measured:
         # The server is the worker and always runs: "started after the insert" means every
