@@ -14,6 +14,8 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from psycopg_pool import AsyncConnectionPool
 
 from tests.servers import (
@@ -24,6 +26,7 @@ from tests.servers import (
     fresh_database,
     own_names,
 )
+from worker import tracing
 from worker.config import Settings, load_settings
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from worker.store import Store
@@ -89,3 +92,15 @@ async def settings(servers: Servers, db_url: str) -> AsyncIterator[Settings]:
     yield load_settings(database_url=db_url, nats_url=servers.nats_url, log_format="text", **own_names(tag))
     servers.revive()
     await delete_streams(servers.nats_url, tag)
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Tracing on for this test, into an in-memory exporter (as OTEL_EXPORTER_OTLP_ENDPOINT would
+    turn it on, to a collector); off again afterwards."""
+    exporter = InMemorySpanExporter()
+    tracing.enable(SimpleSpanProcessor(exporter))
+    try:
+        yield exporter
+    finally:
+        tracing.disable()

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 from tests.helpers import iso_in, jetstream, row, running_replica, until
-from worker import tracing
 from worker.config import Settings
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -93,17 +89,6 @@ async def test_a_timer_without_trace_headers_stores_none(settings: Settings, db_
     assert got == {"Nats-Msg-Id": event["id"]}
     stored = row(db_url, "acme", "sc-plain")
     assert stored is not None and stored["carried_headers"] is None
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """Tracing on for this test, into memory (as OTEL_EXPORTER_OTLP_ENDPOINT would turn it on)."""
-    exporter = InMemorySpanExporter()
-    tracing.enable(SimpleSpanProcessor(exporter))
-    try:
-        yield exporter
-    finally:
-        tracing.disable()
 
 
 async def test_a_trace_passes_from_the_producer_through_the_timer_to_the_consumer(

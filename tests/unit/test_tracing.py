@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from worker import tracing
@@ -42,21 +40,11 @@ def test_off_a_span_is_a_shared_no_op_and_logs_name_none() -> None:
         assert "trace_id" not in line("inside")
 
 
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    tracing.enable(SimpleSpanProcessor(exporter))
-    try:
-        yield exporter
-    finally:
-        tracing.disable()
-
-
-def test_on_a_log_line_inside_a_span_carries_its_ids(exporter: InMemorySpanExporter) -> None:
+def test_on_a_log_line_inside_a_span_carries_its_ids(spans: InMemorySpanExporter) -> None:
     with tracing.span("timer.mark"):
         inside = line("inside")
     assert "trace_id" not in line("outside")
-    (span,) = exporter.get_finished_spans()
+    (span,) = spans.get_finished_spans()
     assert span.context is not None
     assert (inside["trace_id"], inside["span_id"]) == (
         f"{span.context.trace_id:032x}",
