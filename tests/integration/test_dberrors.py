@@ -17,7 +17,17 @@ import psycopg.errors
 import pytest
 from psycopg import sql
 
-from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
+from tests.helpers import (
+    consumer_idle,
+    iso_in,
+    jetstream,
+    publish_raw,
+    query,
+    recorder,
+    row,
+    running_replica,
+    until,
+)
 from worker.config import Settings
 from worker.errors import DatabaseError, TransientError
 from worker.service import Replica
@@ -249,9 +259,9 @@ async def test_a_command_behind_a_stuck_occurrence_is_given_up_visibly(
         await publish_raw(js, settings, "acme", "cancel", {"tenantId": "acme", "serviceCallId": "poison"})
         dlq = await js.pull_subscribe(f"{settings.subject_prefix}.acme.timer.dlq", stream=settings.dlq_stream)
         (given_up,) = await dlq.fetch(1, timeout=20)
-        consumer = await js.consumer_info(settings.command_stream, settings.consumer)
+        # The command is acknowledged after its DLQ copy is stored, so poll rather than read once.
+        await until(lambda: consumer_idle(settings), what="the given-up command acknowledged, not re-queued")
     assert given_up.headers is not None and given_up.headers["Timer-Error"] == "timer_stuck"
     assert "TIMER_STUCK_AFTER" in given_up.headers["Timer-Error-Detail"]
     assert json.loads(given_up.data) == {"tenantId": "acme", "serviceCallId": "poison"}
-    assert consumer.num_pending == 0 and consumer.num_ack_pending == 0  # acknowledged, not re-queued
     assert query(db_url, "SELECT state FROM timers") == [("Scheduled",)]  # the cancel was not applied
