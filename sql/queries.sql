@@ -207,8 +207,7 @@ FROM f
 WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
   AND t.lease_token = f.lease_token
   AND t.due_at = f.due_at
-  AND t.lease_expires_at > f.db_now
-RETURNING t.tenant_id, t.service_call_id;
+  AND t.lease_expires_at > f.db_now;
 
 -- name: retry_later
 -- A publish failed or timed out (it may still have reached the stream), or the row could not be

@@ -7,6 +7,7 @@ is a plain number (FakeTime) that only moves when a test or a sleep moves it.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import Callable, Sequence
@@ -263,10 +264,13 @@ class TwinPublisher:
         self.hints: list[tuple[str, bytes]] = []
         self.fail: Callable[[Outgoing], BaseException | None] = lambda m: None
         self.on_publish: Callable[[], None] = lambda: None  # runs while a publish is on the wire
+        self.gate: asyncio.Event | None = None  # if given, a publish stays on the wire until it is set
 
     async def _publish(self, method: str, messages: Sequence[Outgoing]) -> list[BaseException | None]:
         self.calls.append(Publish(method, list(messages), self.time()))
         self.on_publish()
+        if self.gate is not None:
+            await self.gate.wait()
         results: list[BaseException | None] = []
         for m in messages:
             error = self.fail(m)

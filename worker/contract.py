@@ -9,7 +9,6 @@ that turns bytes into these commands is `worker.commands.parse_command`.
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -161,14 +160,18 @@ Command = ScheduleTimer | CancelTimer
 
 def iso(dt: datetime) -> str:
     """RFC 3339 in UTC with milliseconds, e.g. 2026-11-23T09:00:00.123Z (docs/CONTRACT.md, DueTimeReached)."""
-    return f"{_whole_second(dt.replace(microsecond=0))}.{dt.microsecond // 1000:03d}Z"
-
-
-@functools.lru_cache(maxsize=4096)
-def _whole_second(dt: datetime) -> str:
-    # A batch of due times shares few distinct seconds: formatting each second once keeps
-    # this off the firing path's profile.
-    return dt.astimezone(UTC).replace(tzinfo=None).isoformat()
+    # %-formatting of the fields: the firing path formats one per event, and this is the cheapest
+    # way that also writes years below 1000 with four digits.
+    u = dt.astimezone(UTC)
+    return "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" % (  # noqa: UP031
+        u.year,
+        u.month,
+        u.day,
+        u.hour,
+        u.minute,
+        u.second,
+        u.microsecond // 1000,
+    )
 
 
 def firing_id(tenant_id: str, service_call_id: str, due_at: datetime) -> str:

@@ -13,7 +13,7 @@ from psycopg.abc import AdaptContext, Buffer
 from psycopg.adapt import AdaptersMap, Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import Format
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -126,13 +126,7 @@ class Claimed:
     carried: dict[str, str] | None = field(default=None, kw_only=True)
 
 
-@dataclass(frozen=True, slots=True)
-class _ClaimRow(Claimed):
-    """A row of claim_due, read by name: an occurrence and the claim's two named columns. In the one
-    row of a claim that took nothing, the occurrence's columns are all NULL."""
-
-    next_due_at: datetime | None  # the next occurrence beyond the claim's reach
-    db_now: datetime  # the database clock as the row was returned
+_CLAIMED_COLUMNS = 12  # Claimed's positional fields, as claim_due returns them
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,19 +288,20 @@ class Store:
         }
         with self._db(write=True):
             async with self.pool.connection() as conn:
-                cur = conn.cursor(row_factory=class_row(_ClaimRow), binary=True)
+                # Plain tuples: a row class built each row by keyword, a tenth of the replica's CPU.
+                cur = conn.cursor(binary=True)
                 await cur.execute(QUERIES["claim_due"], params)
                 rows = await cur.fetchall()
-        taken = [r for r in rows if r.tenant_id is not None]  # not the one row of an empty claim
-        db_now = max(r.db_now for r in rows)  # the latest reading of the clock
-        next_due_at = rows[0].next_due_at  # the same on every row
+        # Each row: Claimed's columns in order, carried, then the claim's next_due_at and db_now.
+        # The one row of a claim that took nothing has NULL in every timer column.
+        taken = [r for r in rows if r[0] is not None]
+        db_now = max(r[-1] for r in rows)  # the latest reading of the clock
+        next_due_at = rows[0][-2]  # the same on every row
         return ClaimResult(
-            claimed=[r for r in taken if r.due_at is not None],
-            unreadable=[
-                Unreadable(r.tenant_id, r.service_call_id, r.lease_token, r.attempts)
-                for r in taken
-                if r.due_at is None
+            claimed=[
+                Claimed(*r[:_CLAIMED_COLUMNS], carried=r[_CLAIMED_COLUMNS]) for r in taken if r[2] is not None
             ],
+            unreadable=[Unreadable(r[0], r[1], r[4], r[5]) for r in taken if r[2] is None],
             next_due_in_ms=None if next_due_at is None else (next_due_at - db_now).total_seconds() * 1000,
             db_now=db_now,
         )

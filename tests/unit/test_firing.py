@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
 from prometheus_client import REGISTRY
 
+from tests.helpers import until
 from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore
 from worker.config import Settings, load_settings
 from worker.contract import ScheduleTimer
-from worker.firing import LOOKAHEAD_MS, RETRY_BACKOFF_MS, Firing
+from worker.firing import LOOKAHEAD_MS, PIPELINE_DEPTH, RETRY_BACKOFF_MS, Firing
 from worker.wakeup import Wakeup
 
 
@@ -60,6 +62,35 @@ async def test_nothing_is_published_before_its_due_time_on_the_database_clock(
     for msg_id, at in sent:
         assert at >= due[msg_id], f"{msg_id} published {(due[msg_id] - at) * 1000:.1f} ms early"
     assert all(r.state == "Reached" for r in store.rows.values())
+
+
+async def test_while_claims_come_back_full_the_next_claim_overlaps_the_publishes_before_it(
+    settings: Settings, time: FakeTime
+) -> None:
+    """A backlog drains with PIPELINE_DEPTH batches publishing at once, never more, and all of it."""
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    await schedule(store, time, *(-60.0 + i / 1000 for i in range(10)))  # older than the fresh lane's window
+    publisher.gate = asyncio.Event()
+    loop = firing(settings.model_copy(update={"batch_size": 2}), store, publisher, FakeClock(time))
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    try:
+        await until(lambda: len(publisher.calls) == PIPELINE_DEPTH, what="the first batches on the wire")
+        for _ in range(20):  # every other task has its turns: none claims a batch more
+            await asyncio.sleep(0)
+        assert len(publisher.calls) == PIPELINE_DEPTH
+        assert sum(r.lease_expires_at is not None for r in store.rows.values()) == 2 * PIPELINE_DEPTH
+        publisher.gate.set()
+        await until(
+            lambda: all(r.state == "Reached" for r in store.rows.values()), what="the backlog drained"
+        )
+    finally:
+        stop.set()
+        await task
+    assert sorted(m.headers["Nats-Msg-Id"] for c in publisher.calls for m in c.messages) == sorted(
+        f"acme:t{i}:{round((time.dt() + timedelta(seconds=-60 + i / 1000)).timestamp() * 1000)}"
+        for i in range(10)
+    )
 
 
 async def test_first_attempts_go_in_one_atomic_batch_and_retries_one_by_one(
