@@ -27,9 +27,9 @@ from tests.servers import (
     own_names,
 )
 from worker import tracing
+from worker.adapters.store import Store
 from worker.config import Settings, load_settings
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
-from worker.store import Store
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from json.encoder import encode_basestring_ascii as _json_str  # C, when availab
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 if TYPE_CHECKING:  # recurrence.py holds the arithmetic, and its isodate is no client's business
-    from worker.recurrence import Repeat
+    from worker.core.recurrence import Repeat
 
 # The tenant token of a subject (docs/CONTRACT.md, Limits).
 TENANT_RULE = "[A-Za-z0-9_-]{1,64}"

@@ -8,7 +8,7 @@ import time
 from prometheus_client import Counter, Gauge, Histogram
 
 from worker import __version__
-from worker.queries import OVERDUE_CAP
+from worker.adapters.queries import OVERDUE_CAP
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # Sub-millisecond at the low end: lateness p50 is a few ms (docs/BENCHMARKS.md), which a first

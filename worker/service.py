@@ -12,20 +12,21 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_not_exception_type, wait_exponential
 
-from worker import metrics, migrations
-from worker.broker import Broker
-from worker.clock import DbClock
+from worker import metrics
+from worker.adapters import migrations
+from worker.adapters.broker import Broker
+from worker.adapters.probes import HttpServer
+from worker.adapters.queries import OVERDUE_CAP
+from worker.adapters.store import ADAPTERS, Store, session_conninfo
 from worker.config import Settings, mask_url
+from worker.core.clock import DbClock
+from worker.core.firing import LOOKAHEAD_MS, Firing
+from worker.core.intake import Intake
+from worker.core.readmodel import ReadModel
+from worker.core.retention import Retention
+from worker.core.waiting import wait_any
+from worker.core.wakeup import Wakeup
 from worker.errors import ConfigError, DatabaseError, TransientError
-from worker.firing import LOOKAHEAD_MS, Firing
-from worker.http import HttpServer
-from worker.intake import Intake
-from worker.queries import OVERDUE_CAP
-from worker.readmodel import ReadModel
-from worker.retention import Retention
-from worker.store import ADAPTERS, Store, session_conninfo
-from worker.waiting import wait_any
-from worker.wakeup import Wakeup
 
 log = logging.getLogger("worker.service")
 

@@ -28,7 +28,7 @@ from tests.chaos.checker import Event, Row, Verdict, check
 from tests.chaos.workload import Workload, ms_of
 from tests.helpers import until
 from worker.contract import Subjects
-from worker.crashpoints import CRASH_EXIT
+from worker.core.crashpoints import CRASH_EXIT
 from worker.devkit.harness import ReplicaSet
 from worker.devkit.recorder import Recorder
 

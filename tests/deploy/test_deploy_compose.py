@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from worker.cli import build_parser
 from worker.config import Settings
+from worker.ops.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from worker.cli import build_parser
+from worker.ops.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "deploy" / "helm" / "timer-service" / "values.yaml"

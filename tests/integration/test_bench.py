@@ -12,7 +12,7 @@ def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str
     env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
     argv = ["drain", "intake", "catchup", "--scale", "0.01", "--runs", "1", "--json"]
     out = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "bench", *argv],
+        [sys.executable, "-m", "worker", "bench", *argv],
         env=env,
         capture_output=True,
         text=True,

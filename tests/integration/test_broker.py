@@ -11,7 +11,7 @@ import pytest
 from nats.js import api
 
 from tests.helpers import until
-from worker.broker import ATOMIC_BATCH_MAX, ATOMIC_BATCH_MIN, Broker
+from worker.adapters.broker import ATOMIC_BATCH_MAX, ATOMIC_BATCH_MIN, Broker
 from worker.config import Settings
 from worker.contract import Outgoing
 from worker.devkit.embedded import EmbeddedNats

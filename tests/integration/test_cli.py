@@ -16,7 +16,7 @@ from worker.service import Replica, SchemaNotReady
 def run(*args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")} | env
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
+        [sys.executable, "-m", "worker", *args],
         env=full_env,
         input=stdin,
         capture_output=True,

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from tests.helpers import query
 from tests.integration.test_cli import run
 from worker.config import ConsoleSettings, Settings, load_console_settings
-from worker.console.app import create_app
+from worker.ops.console.app import create_app
 
 TOKEN = "console-token-0123456789"
 ROUTES = [

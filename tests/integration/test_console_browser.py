@@ -16,7 +16,7 @@ from playwright.async_api import Page, async_playwright, expect
 from tests.helpers import iso_in, jetstream, publish_raw, row, running_replica, until
 from tests.integration.test_console import TOKEN, console_settings
 from worker.config import Settings
-from worker.console.app import create_app
+from worker.ops.console.app import create_app
 
 ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "console"
 CHROMIUM = "/usr/bin/chromium"

@@ -20,9 +20,9 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
 from tests.helpers import iso_in, jetstream, publish_raw, recorder, row, running_replica, until
-from worker.commands import parse_command
 from worker.config import Settings
 from worker.contract import REASONS, Rejection
+from worker.core.commands import parse_command
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "docs" / "CONTRACT.md"

@@ -28,10 +28,10 @@ from tests.helpers import (
     running_replica,
     until,
 )
+from worker.adapters.store import classify
 from worker.config import Settings
 from worker.errors import DatabaseError, TransientError
 from worker.service import Replica
-from worker.store import classify
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import pytest
 
 from tests.helpers import iso_in, jetstream, publish_raw, row, running_replica, until
 from tests.integration.test_cli import run
-from worker import dlq
 from worker.config import Settings
+from worker.ops import dlq
 
 
 def _env(settings: Settings) -> dict[str, str]:

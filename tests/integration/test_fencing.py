@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tests.helpers import iso_in, query, until
+from worker.adapters.store import Fired, Store
 from worker.config import Settings
-from worker.firing import next_of
-from worker.store import Fired, Store
+from worker.core.firing import next_of
 
 
 def insert_due(db_url: str, key: str) -> None:

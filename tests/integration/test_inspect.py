@@ -11,8 +11,8 @@ import pytest
 
 from tests.helpers import query, running_replica
 from tests.integration.test_cli import run
-from worker import inspect
 from worker.config import Settings
+from worker.ops import reads as inspect
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -97,7 +97,7 @@ def test_listing_queries_walk_an_index(db_url: str, name: str, params: dict[str,
     for t in range(20):
         _insert(db_url, f"t{t}", 1000)
     query(db_url, "ANALYZE timers")
-    from worker.queries import QUERIES
+    from worker.adapters.queries import QUERIES
 
     args = {"tenant_id": "t7", "after_due": T0, "limit": 50} | params
     with inspect.connect(db_url) as conn:

@@ -25,7 +25,7 @@ import pytest
 from pglast import ast, enums
 from pglast.visitors import Visitor
 
-from worker import migrations
+from worker.adapters import migrations
 
 MIGRATIONS = Path(__file__).parents[2] / "sql" / "migrations"
 

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from worker.queries import QUERIES
+from worker.adapters.queries import QUERIES
 
 ROWS = 200_000  # the table size at which mark_fired once went to a sequential scan
 LEASED = 1000

@@ -13,11 +13,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests.helpers import until
 from tests.twins import TwinPublisher, TwinStore
-from worker.broker import Broker, Outgoing
+from worker.adapters.broker import Broker, Outgoing
+from worker.adapters.store import Claimed, Fired, Store
 from worker.config import Settings
 from worker.contract import CancelTimer, ScheduleTimer
-from worker.ports import EventPublisher, FiringStore, IntakeStore
-from worker.store import Claimed, Fired, Store
+from worker.core.ports import EventPublisher, FiringStore, IntakeStore
 
 
 class Ports(FiringStore, IntakeStore, Protocol):

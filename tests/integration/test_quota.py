@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
 from worker.config import Settings
 from worker.contract import CancelTimer, Command, ScheduleTimer
-from worker.quota import over_quota
+from worker.core.quota import over_quota
 
 
 def _ids(db_url: str, tenant: str, state: str = "Scheduled") -> set[str]:

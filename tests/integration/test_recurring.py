@@ -9,9 +9,9 @@ from itertools import pairwise
 from psycopg_pool import AsyncConnectionPool
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
+from worker.adapters.store import Store
 from worker.config import Settings
 from worker.devkit.recorder import EventRecorder
-from worker.store import Store
 
 # Downtime is a timer left unclaimed for TIMER_DOWNTIME_AFTER (a minute by default): these
 # settings make it 1.3 s, so a test of downtime needs only a few seconds of it.

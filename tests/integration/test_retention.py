@@ -15,9 +15,9 @@ from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
+from worker.adapters.store import Store
 from worker.config import Settings
-from worker.retention import Retention
-from worker.store import Store
+from worker.core.retention import Retention
 
 
 def _deleted_so_far() -> float:

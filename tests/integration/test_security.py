@@ -29,7 +29,7 @@ from tests.certs import SERVER_NAME, Pki, make_pki
 from tests.helpers import running_replica, settings_env, until
 from tests.servers import admin
 from worker import logs
-from worker.broker import Broker, connect_options
+from worker.adapters.broker import Broker, connect_options
 from worker.client import TimerClient
 from worker.config import Settings, load_settings, mask_url, secret_values
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, postgres_bin
@@ -109,7 +109,7 @@ def monitor(server: EmbeddedNats, path: str) -> Any:
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
+        [sys.executable, "-m", "worker", *args],
         env=clean | env,
         capture_output=True,
         text=True,
@@ -320,7 +320,7 @@ class ReplicaProcess:
         full = clean | env | {"TIMER_LOG_LEVEL": "DEBUG", "TIMER_LOG_FORMAT": "json", "TIMER_HTTP_PORT": "0"}
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", "run"], env=full, stdout=out, stderr=out, cwd=ROOT
+                [sys.executable, "-m", "worker", "run"], env=full, stdout=out, stderr=out, cwd=ROOT
             )
 
     def text(self) -> str:

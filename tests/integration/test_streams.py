@@ -14,7 +14,7 @@ import pytest
 from nats.js import api
 
 from tests.helpers import iso_in, jetstream, publish_raw, recorder, row, running_replica, settings_env, until
-from worker.broker import Broker
+from worker.adapters.broker import Broker
 from worker.config import Settings
 from worker.devkit.harness import replica_env
 from worker.errors import ConfigError
@@ -111,7 +111,7 @@ async def test_an_event_stream_with_a_short_duplicate_window_stops_start_up(sett
             api.StreamConfig(name=settings.event_stream, subjects=subjects, duplicate_window=5)
         )
     env = replica_env(settings_env(settings), "short-window")
-    cmd = [sys.executable, "-m", "worker.cli", "run"]
+    cmd = [sys.executable, "-m", "worker", "run"]
     done = await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, timeout=30)
     assert done.returncode == 2
     stderr = done.stderr.decode()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from worker.commands import carried_headers
 from worker.config import load_settings
 from worker.contract import MAX_CARRIED_VALUE_CHARS
+from worker.core.commands import carried_headers
 from worker.errors import ConfigError
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

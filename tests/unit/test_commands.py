@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.commands import parse_command
 from worker.contract import (
     INVALID_TENANT,
     MAX_BODY_BYTES,
@@ -23,7 +22,8 @@ from worker.contract import (
     ScheduleTimer,
     is_valid_tenant,
 )
-from worker.recurrence import Repeat
+from worker.core.commands import parse_command
+from worker.core.recurrence import Repeat
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 HORIZON = timedelta(days=3650)

@@ -12,8 +12,8 @@ from tests.helpers import until
 from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore
 from worker.config import Settings, load_settings
 from worker.contract import ScheduleTimer
-from worker.firing import LOOKAHEAD_MS, PIPELINE_DEPTH, RETRY_BACKOFF_MS, Firing
-from worker.wakeup import Wakeup
+from worker.core.firing import LOOKAHEAD_MS, PIPELINE_DEPTH, RETRY_BACKOFF_MS, Firing
+from worker.core.wakeup import Wakeup
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import nats.errors
 import nats.js.errors
 
 from worker.config import load_settings
-from worker.intake import Intake
+from worker.core.intake import Intake
 
 
 class FlakySubscription:

@@ -7,8 +7,8 @@ from typing import Any
 
 from tests.twins import FakeClock, FakeTime, TwinBroker, TwinStore
 from worker.config import Settings, load_settings
-from worker.intake import RETRY_DELAY_S, Intake
-from worker.wakeup import Wakeup
+from worker.core.intake import RETRY_DELAY_S, Intake
+from worker.core.wakeup import Wakeup
 
 
 def command(kind: str, tenant: str, key: str, due: datetime | None = None, ts: int = 1) -> dict[str, Any]:

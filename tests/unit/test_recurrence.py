@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.contract import LATEST_DUE_AT
-from worker.recurrence import MAX_INDEX, Period, Repeat, next_occurrence, occurrence, parse_period
+from worker.core.recurrence import MAX_INDEX, Period, Repeat, next_occurrence, occurrence, parse_period
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker.clock import MAX_DRIFT, DbClock
+from worker.core.clock import MAX_DRIFT, DbClock
 
 
 def reading(offset_s: float) -> datetime:

@@ -41,7 +41,7 @@ class ReplicaSet:
             env = replica_env({**self.env, **(extra_env or {})}, name)
             log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115  # the child owns it
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", "run"], env=env, stdout=log, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "worker", "run"], env=env, stdout=log, stderr=subprocess.STDOUT
             )
             log.close()
             names.append(name)

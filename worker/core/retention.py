@@ -16,9 +16,9 @@ import random
 from datetime import timedelta
 
 from worker import metrics
+from worker.adapters.store import Store
+from worker.core.waiting import wait_any
 from worker.errors import TransientError
-from worker.store import Store
-from worker.waiting import wait_any
 
 log = logging.getLogger("worker.retention")
 

@@ -24,10 +24,10 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from worker.broker import connect_options
-from worker.commands import parse_command
+from worker.adapters.broker import connect_options
 from worker.config import Settings
 from worker.contract import Rejection, Subjects
+from worker.core.commands import parse_command
 from worker.natsconn import nats_connect
 
 # An operator's listing reads at most this many entries before it stops and says where.

@@ -6,8 +6,8 @@ from typing import Any
 
 import psycopg
 
-from worker.queries import OVERDUE_CAP, QUERIES
-from worker.store import ADAPTERS, session_conninfo
+from worker.adapters.queries import OVERDUE_CAP, QUERIES
+from worker.adapters.store import ADAPTERS, session_conninfo
 
 
 def overview(conninfo: str, top: int = 10) -> dict[str, Any]:

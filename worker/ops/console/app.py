@@ -25,10 +25,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from worker import dlq, inspect, status
 from worker.config import ConsoleSettings
-from worker.console.auth import COOKIE, Credentials, RequireLogin, Sessions, csrf_ok
 from worker.contract import TENANT_RE
+from worker.ops import dlq, status
+from worker.ops import reads as inspect
+from worker.ops.console.auth import COOKIE, Credentials, RequireLogin, Sessions, csrf_ok
 
 T = TypeVar("T")
 # The DLQ entries of a tenant scanned for the ones that name a timer, on the timer's page.

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from worker.adapters.store import Key
 from worker.contract import Command, ScheduleTimer
-from worker.ports import IntakeStore
-from worker.store import Key
+from worker.core.ports import IntakeStore
 
 
 def over_quota(

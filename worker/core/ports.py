@@ -13,8 +13,8 @@ from typing import Protocol
 
 from nats.aio.msg import Msg
 
+from worker.adapters.store import ClaimResult, Fired, Key, Leased, Outcome
 from worker.contract import Command, Outgoing, Subjects
-from worker.store import ClaimResult, Fired, Key, Leased, Outcome
 
 
 class FiringStore(Protocol):

@@ -17,9 +17,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from worker.adapters.queries import QUERIES
 from worker.contract import CancelTimer, Command, ScheduleTimer
 from worker.errors import DatabaseError, TransientError
-from worker.queries import QUERIES
 
 # deferred: the key's occurrence is claimed, the command waits for it; stuck: it has been claimed
 # for longer than TIMER_STUCK_AFTER without being recorded, and the command is given up.

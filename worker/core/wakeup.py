@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from worker.clock import Clock
-from worker.waiting import wait_any
+from worker.core.clock import Clock
+from worker.core.waiting import wait_any
 
 
 class Wakeup:

@@ -18,9 +18,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from worker.adapters.queries import OVERDUE_CAP, QUERIES
+from worker.adapters.store import ADAPTERS, session_conninfo
 from worker.contract import timer_view
-from worker.queries import OVERDUE_CAP, QUERIES
-from worker.store import ADAPTERS, session_conninfo
 
 STATES = ("Scheduled", "Reached", "Cancelled")
 MAX_PAGE = 1000

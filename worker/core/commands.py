@@ -50,7 +50,7 @@ from worker.contract import (
     ScheduleTimer,
     is_valid_tenant,
 )
-from worker.recurrence import MAX_INDEX, Repeat, load_zone, parse_period
+from worker.core.recurrence import MAX_INDEX, Repeat, load_zone, parse_period
 
 JsonObject = dict[str, Any]
 T = TypeVar("T")

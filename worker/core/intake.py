@@ -14,16 +14,17 @@ import nats.errors
 from nats.aio.msg import Msg
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from worker import metrics, quota, tracing
-from worker.clock import Clock
-from worker.commands import carried_headers, parse_command
+from worker import metrics, tracing
 from worker.config import Settings
 from worker.contract import INVALID_TENANT, Command, Outgoing, Rejection, ScheduleTimer
-from worker.crashpoints import crash_point
+from worker.core import quota
+from worker.core.clock import Clock
+from worker.core.commands import carried_headers, parse_command
+from worker.core.crashpoints import crash_point
+from worker.core.ports import IntakeBroker, IntakeStore
+from worker.core.waiting import wait_any
+from worker.core.wakeup import Wakeup
 from worker.errors import TransientError
-from worker.ports import IntakeBroker, IntakeStore
-from worker.waiting import wait_any
-from worker.wakeup import Wakeup
 
 log = logging.getLogger("worker.intake")
 

@@ -16,7 +16,7 @@ from importlib.resources.abc import Traversable
 import psycopg
 from psycopg import sql
 
-from worker.store import session_conninfo
+from worker.adapters.store import session_conninfo
 
 # Any constant works; it only has to be the same for every replica.
 _MIGRATION_LOCK = 0x7115_E4

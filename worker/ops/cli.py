@@ -30,7 +30,7 @@ def _due(args: argparse.Namespace) -> datetime:
 
 
 async def _with_client(settings: Any, action: Any) -> Any:
-    from worker.broker import connect_options
+    from worker.adapters.broker import connect_options
     from worker.client import TimerClient
 
     async def quiet(exc: Exception) -> None:  # the failure is reported once, by main()
@@ -44,7 +44,7 @@ async def _with_client(settings: Any, action: Any) -> Any:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from worker import migrations
+    from worker.adapters import migrations
 
     settings = load_settings()
     url = settings.database_url.get_secret_value()
@@ -90,7 +90,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from worker.inspect import cancel_outcome
+    from worker.ops.reads import cancel_outcome
 
     settings = load_settings()
     asyncio.run(_with_client(settings, lambda c: c.cancel(args.tenant, args.id)))
@@ -99,7 +99,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from worker.status import one_timer, overview, render
+    from worker.ops.status import one_timer, overview, render
 
     settings = load_settings()
     if args.id:
@@ -112,7 +112,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(view, indent=2) if args.json else one_timer(view))
         return 0
     if args.tenant:  # a tenant without --id: that tenant's summary
-        from worker.inspect import connect, render_summary, tenant_summary
+        from worker.ops.reads import connect, render_summary, tenant_summary
 
         with connect(settings.database_url.get_secret_value()) as conn:
             summary = tenant_summary(conn, args.tenant)
@@ -143,7 +143,7 @@ def _when(value: str | None, flag: str) -> datetime | None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from worker.inspect import TimerFilter, connect, list_timers, render_page, row_json
+    from worker.ops.reads import TimerFilter, connect, list_timers, render_page, row_json
 
     try:
         f = TimerFilter(
@@ -165,8 +165,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from worker.inspect import connect, describe
-    from worker.status import one_timer
+    from worker.ops.reads import connect, describe
+    from worker.ops.status import one_timer
 
     with connect(load_settings().database_url.get_secret_value()) as conn:
         view = describe(conn, args.tenant, args.id)
@@ -182,7 +182,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from worker import dlq
+    from worker.ops import dlq
 
     settings = load_settings()
     f = dlq.DlqFilter(
@@ -241,7 +241,7 @@ def cmd_console(args: argparse.Namespace) -> int:
 
     settings = load_console_settings()
     try:
-        from worker.console.app import serve
+        from worker.ops.console.app import serve
     except ImportError as exc:
         raise ConfigError(f"the console needs: pip install 'timer-service[console]' ({exc})") from None
     logs.setup(settings.log_level, settings.log_format)

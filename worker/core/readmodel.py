@@ -8,9 +8,9 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from worker.adapters.store import Store
 from worker.contract import Subjects, is_valid_tenant, timer_view
 from worker.errors import DatabaseError, TransientError
-from worker.store import Store
 
 log = logging.getLogger("worker.readmodel")
 
