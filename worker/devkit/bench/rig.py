@@ -22,11 +22,11 @@ import nats
 import psycopg
 from nats.aio.client import Client as NATS
 
-from worker.broker import Broker
+from worker.adapters.broker import Broker
+from worker.adapters.migrations import migrate
 from worker.config import Settings, load_settings
 from worker.devkit.harness import ReplicaSet, replica_env_from
 from worker.devkit.recorder import EventRecorder
-from worker.migrations import migrate
 
 # Bench-only SQL: loading rows fast and reading results. The service's own statements live in
 # sql/queries.sql; none of these run in a replica.
