@@ -18,8 +18,8 @@ from typing import Any
 import nats.errors
 from nats.aio.msg import Msg
 
-from worker.adapters.store import Claimed, ClaimResult, Fired, Key, Leased, Outcome
 from worker.contract import CancelTimer, Command, Outgoing, ScheduleTimer, Subjects
+from worker.core.domain import Claimed, ClaimResult, Fired, Key, Leased, Outcome
 
 
 @dataclass

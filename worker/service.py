@@ -13,11 +13,11 @@ from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_not_exception_type, wait_exponential
 
 from worker import metrics
-from worker.adapters import migrations
+from worker.adapters import db, migrations
 from worker.adapters.broker import Broker
 from worker.adapters.probes import HttpServer
 from worker.adapters.queries import OVERDUE_CAP
-from worker.adapters.store import ADAPTERS, Store, session_conninfo
+from worker.adapters.store import Store
 from worker.config import Settings, mask_url
 from worker.core.clock import DbClock
 from worker.core.firing import LOOKAHEAD_MS, Firing
@@ -45,17 +45,11 @@ class Replica:
         self.clock = DbClock()
         self.wakeup = Wakeup(self.clock, lead_s=LOOKAHEAD_MS / 1000)
         self.broker = Broker(settings)
-        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            session_conninfo(settings.database_url.get_secret_value()),
+        self.pool: AsyncConnectionPool[Any] = db.pool(
+            settings.database_url.get_secret_value(),
+            settings.worker_id,
             min_size=2,
             max_size=settings.db_pool_size,
-            open=False,
-            kwargs={
-                "autocommit": True,
-                "application_name": settings.worker_id[:63],
-                "context": ADAPTERS,
-            },
-            name=settings.worker_id,
         )
         self.store = Store(self.pool, settings.stuck_after)
         self.firing = Firing(settings, self.store, self.broker, self.wakeup, self.clock)

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
     from opentelemetry.trace import Span, Tracer
 
-    from worker.adapters.store import Claimed
     from worker.contract import Outgoing
+    from worker.core.domain import Claimed
 
 _tracer: Tracer | None = None  # set while tracing is on
 _provider: Any = None

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tests.helpers import iso_in, query, until
-from worker.adapters.store import Fired, Store
+from worker.adapters.store import Store
 from worker.config import Settings
+from worker.core.domain import Fired
 from worker.core.firing import next_of
 
 

@@ -14,9 +14,10 @@ from psycopg_pool import AsyncConnectionPool
 from tests.helpers import until
 from tests.twins import TwinPublisher, TwinStore
 from worker.adapters.broker import Broker, Outgoing
-from worker.adapters.store import Claimed, Fired, Store
+from worker.adapters.store import Store
 from worker.config import Settings
 from worker.contract import CancelTimer, ScheduleTimer
+from worker.core.domain import Claimed, Fired
 from worker.core.ports import EventPublisher, FiringStore, IntakeStore
 
 

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from worker.adapters.store import Claimed
 from worker.contract import due_event, firing_id, iso
+from worker.core.domain import Claimed
 
 
 def claimed(service_call_id: str, correlation_id: str | None) -> Claimed:

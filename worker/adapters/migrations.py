@@ -16,7 +16,7 @@ from importlib.resources.abc import Traversable
 import psycopg
 from psycopg import sql
 
-from worker.adapters.store import session_conninfo
+from worker.adapters import db
 
 # Any constant works; it only has to be the same for every replica.
 _MIGRATION_LOCK = 0x7115_E4
@@ -45,7 +45,7 @@ def _has_sql(part: str) -> bool:
 def status(conninfo: str) -> tuple[list[int], list[tuple[int, str]]]:
     """(versions applied, (version, name) of each shipped migration not applied). A version the
     database has and this build does not ship (a newer release migrated it) is applied, not an error."""
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with db.connect(conninfo) as conn:
         # Before the first migration there is no version table: nothing is applied.
         found = conn.execute("SELECT to_regclass('timer_schema_version') IS NOT NULL").fetchone()
         query = "SELECT version FROM timer_schema_version ORDER BY version"
@@ -55,7 +55,7 @@ def status(conninfo: str) -> tuple[list[int], list[tuple[int, str]]]:
 
 def migrate(conninfo: str, directory: Traversable | None = None) -> list[int]:
     """Apply the missing migrations in order under an advisory lock; return their versions."""
-    with psycopg.connect(session_conninfo(conninfo), autocommit=True) as conn:
+    with db.connect(conninfo) as conn:
         # A session lock: it outlives each migration's transaction, and a no-transaction one.
         conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
         try:

@@ -4,27 +4,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from datetime import timedelta
+from typing import Any
 
 import psycopg
-from psycopg.abc import AdaptContext, Buffer
-from psycopg.adapt import AdaptersMap, Loader
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.pq import Format
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters.queries import QUERIES
 from worker.contract import CancelTimer, Command, ScheduleTimer
+from worker.core.domain import Claimed, ClaimResult, Failed, Fired, Key, Outcome, Unreadable
 from worker.errors import DatabaseError, TransientError
-
-# deferred: the key's occurrence is claimed, the command waits for it; stuck: it has been claimed
-# for longer than TIMER_STUCK_AFTER without being recorded, and the command is given up.
-Outcome = Literal["applied", "ignored", "deferred", "stuck"]
-Key = tuple[str, str]
 
 # SQLSTATEs worth retrying: by class (08 connection, 40 serialization failure or deadlock,
 # 53 insufficient resources such as a full disk, 57 operator intervention: shutdown, cancel,
@@ -52,108 +43,7 @@ def classify(exc: psycopg.Error) -> TransientError | DatabaseError:
     return DatabaseError(f"postgres refused ({state} {type(exc).__name__}): {first}")
 
 
-class _SafeTimestamptz(Loader):
-    """timestamptz as psycopg loads it, or None for a value no datetime holds ('infinity', a year
-    outside 1..9999): one such row must not make a whole claim unreadable (README, dueAt)."""
-
-    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
-        super().__init__(oid, context)
-        builtin = psycopg.adapters.get_loader(oid, self.format)
-        assert builtin is not None
-        self._load = builtin(oid, context).load  # the C loader: the claim path stays fast
-
-    def load(self, data: Buffer) -> datetime | None:
-        try:
-            value: datetime = self._load(data)
-        except psycopg.DataError:
-            return None
-        return value
-
-
-class _SafeTimestamptzText(_SafeTimestamptz):
-    format = Format.TEXT
-
-
-class _SafeTimestamptzBinary(_SafeTimestamptz):
-    format = Format.BINARY
-
-
-# Every connection of the service adapts through this: psycopg's defaults but _SafeTimestamptz.
-ADAPTERS = AdaptersMap(psycopg.adapters)
-ADAPTERS.register_loader("timestamptz", _SafeTimestamptzText)
-ADAPTERS.register_loader("timestamptz", _SafeTimestamptzBinary)
-
-
-def session_conninfo(conninfo: str) -> str:
-    """The conninfo with the session's TimeZone pinned to UTC. psycopg returns times in the
-    session's zone, and west of UTC the instant 0001-01-01T00:00Z is no Python datetime: one such
-    row then made every claim that met it fail."""
-    options = conninfo_to_dict(conninfo).get("options") or ""
-    return make_conninfo(conninfo, options=f"{options} -c TimeZone=UTC".strip())
-
-
-class Leased(Protocol):
-    """What the fence of a claimed occurrence needs."""
-
-    @property
-    def tenant_id(self) -> str: ...
-    @property
-    def service_call_id(self) -> str: ...
-    @property
-    def lease_token(self) -> int: ...
-    @property
-    def attempts(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """One claimed occurrence: what to publish, and the fence to mark it with."""
-
-    tenant_id: str
-    service_call_id: str
-    due_at: datetime
-    correlation_id: str | None
-    lease_token: int
-    attempts: int
-    repeat_every: str | None
-    repeat_times: int | None
-    repeat_timezone: str | None
-    anchor_due_at: datetime | None
-    occurrence_index: int
-    claimed_at: datetime  # a recurring timer's next occurrence comes after this (claim_due says which)
-    # The ScheduleTimer's carried headers (trace context, allowed producer headers), or None.
-    # Keyword-only with a default: most timers have none, and the rows' class adds fields after it.
-    carried: dict[str, str] | None = field(default=None, kw_only=True)
-
-
 _CLAIMED_COLUMNS = 12  # Claimed's positional fields, as claim_due returns them
-
-
-@dataclass(frozen=True, slots=True)
-class Unreadable:
-    """A claimed occurrence whose dueAt no datetime holds: it fails alone (Firing.fire)."""
-
-    tenant_id: str
-    service_call_id: str
-    lease_token: int
-    attempts: int
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimResult:
-    claimed: list[Claimed]
-    unreadable: list[Unreadable]
-    next_due_in_ms: float | None  # until the next occurrence beyond the claim's reach
-    db_now: datetime  # the database clock at the end of the claim
-
-
-@dataclass(frozen=True, slots=True)
-class Fired:
-    """A published occurrence to record, with the next one for a recurring timer."""
-
-    timer: Claimed
-    next_due_at: datetime | None
-    next_index: int | None
 
 
 def _rounds(commands: Sequence[Command]) -> list[list[int]]:
@@ -323,7 +213,7 @@ class Store:
         params["next_index"] = [f.next_index for f in fired] if recurring else None
         return await self._execute_count("mark_fired", params)
 
-    async def retry_later(self, failed: Sequence[tuple[Leased, str, int]]) -> int:
+    async def retry_later(self, failed: Sequence[Failed]) -> int:
         """Release failed occurrences for a retry by any replica: (occurrence, error, back-off ms)."""
         if not failed:
             return 0

@@ -13,8 +13,8 @@ from typing import Protocol
 
 from nats.aio.msg import Msg
 
-from worker.adapters.store import ClaimResult, Fired, Key, Leased, Outcome
 from worker.contract import Command, Outgoing, Subjects
+from worker.core.domain import ClaimResult, Failed, Fired, Key, Outcome
 
 
 class FiringStore(Protocol):
@@ -34,7 +34,7 @@ class FiringStore(Protocol):
 
     async def mark_fired(self, fired: Sequence[Fired]) -> int: ...
 
-    async def retry_later(self, failed: Sequence[tuple[Leased, str, int]]) -> int: ...
+    async def retry_later(self, failed: Sequence[Failed]) -> int: ...
 
 
 class IntakeStore(Protocol):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from worker.adapters.store import Key
 from worker.contract import Command, ScheduleTimer
+from worker.core.domain import Key
 from worker.core.ports import IntakeStore
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from worker.adapters import db
 from worker.adapters.queries import OVERDUE_CAP, QUERIES
-from worker.adapters.store import ADAPTERS, session_conninfo
 from worker.contract import timer_view
 
 STATES = ("Scheduled", "Reached", "Cancelled")
@@ -30,8 +30,7 @@ _EARLIEST = datetime.fromisoformat("0001-01-01T00:00:00+00:00")
 @contextmanager
 def connect(conninfo: str) -> Iterator[psycopg.Connection[Any]]:
     """A read-only, autocommit session in UTC with the service's adapters."""
-    with psycopg.connect(session_conninfo(conninfo), autocommit=True, context=ADAPTERS) as conn:
-        conn.read_only = True
+    with db.connect(conninfo, read_only=True) as conn:
         yield conn
 
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
-
+from worker.adapters import db
 from worker.adapters.queries import OVERDUE_CAP, QUERIES
-from worker.adapters.store import ADAPTERS, session_conninfo
 
 
 def overview(conninfo: str, top: int = 10) -> dict[str, Any]:
-    with psycopg.connect(session_conninfo(conninfo), autocommit=True, context=ADAPTERS) as conn:
+    with db.connect(conninfo) as conn:
         counts = {state: n for state, n in conn.execute(QUERIES["status_counts"])}
         overdue_row = conn.execute(QUERIES["status_overdue"], {"cap": OVERDUE_CAP}).fetchone()
         leases = [

@@ -1,0 +1,83 @@
+"""The one place a database connection is opened, with every session pin: the session's TimeZone
+is UTC, timestamps load through the service's adapters, autocommit. The replica's pool, the
+operator's reads and the migrations all connect through here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import AdaptersMap, Loader
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import Format
+from psycopg_pool import AsyncConnectionPool
+
+
+class _SafeTimestamptz(Loader):
+    """timestamptz as psycopg loads it, or None for a value no datetime holds ('infinity', a year
+    outside 1..9999): one such row must not make a whole claim unreadable (README, dueAt)."""
+
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        builtin = psycopg.adapters.get_loader(oid, self.format)
+        assert builtin is not None
+        self._load = builtin(oid, context).load  # the C loader: the claim path stays fast
+
+    def load(self, data: Buffer) -> datetime | None:
+        try:
+            value: datetime = self._load(data)
+        except psycopg.DataError:
+            return None
+        return value
+
+
+class _SafeTimestamptzText(_SafeTimestamptz):
+    format = Format.TEXT
+
+
+class _SafeTimestamptzBinary(_SafeTimestamptz):
+    format = Format.BINARY
+
+
+# Every connection of the service adapts through this: psycopg's defaults but _SafeTimestamptz.
+ADAPTERS = AdaptersMap(psycopg.adapters)
+ADAPTERS.register_loader("timestamptz", _SafeTimestamptzText)
+ADAPTERS.register_loader("timestamptz", _SafeTimestamptzBinary)
+
+
+def session_conninfo(conninfo: str) -> str:
+    """The conninfo with the session's TimeZone pinned to UTC. psycopg returns times in the
+    session's zone, and west of UTC the instant 0001-01-01T00:00Z is no Python datetime: one such
+    row then made every claim that met it fail."""
+    options = conninfo_to_dict(conninfo).get("options") or ""
+    return make_conninfo(conninfo, options=f"{options} -c TimeZone=UTC".strip())
+
+
+@contextmanager
+def connect(conninfo: str, read_only: bool = False) -> Iterator[psycopg.Connection[Any]]:
+    """One autocommit session in UTC with the service's adapters (the CLI's, the migrations')."""
+    with psycopg.connect(session_conninfo(conninfo), autocommit=True, context=ADAPTERS) as conn:
+        if read_only:
+            conn.read_only = True
+        yield conn
+
+
+def pool(conninfo: str, name: str, min_size: int, max_size: int) -> AsyncConnectionPool[Any]:
+    """The replica's pool, not yet open: autocommit sessions in UTC with the service's adapters,
+    each named `name` in pg_stat_activity."""
+    return AsyncConnectionPool(
+        session_conninfo(conninfo),
+        min_size=min_size,
+        max_size=max_size,
+        open=False,
+        kwargs={
+            "autocommit": True,
+            "application_name": name[:63],
+            "context": ADAPTERS,
+        },
+        name=name,
+    )

@@ -1,0 +1,79 @@
+"""The domain types the ports speak: a timer's key, a claimed occurrence, a fired one, a failed
+one, the outcome of a command. The core defines them; the adapters import them (never the reverse)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, Protocol
+
+# deferred: the key's occurrence is claimed, the command waits for it; stuck: it has been claimed
+# for longer than TIMER_STUCK_AFTER without being recorded, and the command is given up.
+Outcome = Literal["applied", "ignored", "deferred", "stuck"]
+Key = tuple[str, str]
+
+
+class Leased(Protocol):
+    """What the fence of a claimed occurrence needs."""
+
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def service_call_id(self) -> str: ...
+    @property
+    def lease_token(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """One claimed occurrence: what to publish, and the fence to mark it with."""
+
+    tenant_id: str
+    service_call_id: str
+    due_at: datetime
+    correlation_id: str | None
+    lease_token: int
+    attempts: int
+    repeat_every: str | None
+    repeat_times: int | None
+    repeat_timezone: str | None
+    anchor_due_at: datetime | None
+    occurrence_index: int
+    claimed_at: datetime  # a recurring timer's next occurrence comes after this (claim_due says which)
+    # The ScheduleTimer's carried headers (trace context, allowed producer headers), or None.
+    # Keyword-only with a default: most timers have none, and the rows' class adds fields after it.
+    carried: dict[str, str] | None = field(default=None, kw_only=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A claimed occurrence whose dueAt no datetime holds: it fails alone (FiringLoop.fire)."""
+
+    tenant_id: str
+    service_call_id: str
+    lease_token: int
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    claimed: list[Claimed]
+    unreadable: list[Unreadable]
+    next_due_in_ms: float | None  # until the next occurrence beyond the claim's reach
+    db_now: datetime  # the database clock at the end of the claim
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    """A published occurrence to record, with the next one for a recurring timer."""
+
+    timer: Claimed
+    next_due_at: datetime | None
+    next_index: int | None
+
+
+# An occurrence that could not fire, released for a retry by any replica:
+# (the occurrence, the error recorded on its row, the back-off in milliseconds).
+Failed = tuple[Leased, str, int]
