@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import query, running_replica
 from tests.integration.test_cli import run
 from worker.config import Settings
-from worker.ops import reads as inspect
+from worker.ops import reads
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -33,12 +33,12 @@ def _insert(
     )
 
 
-def _all_pages(db_url: str, f: inspect.TimerFilter, limit: int) -> list[tuple[str, str]]:
+def _all_pages(db_url: str, f: reads.TimerFilter, limit: int) -> list[tuple[str, str]]:
     seen: list[tuple[str, str]] = []
     after = None
-    with inspect.connect(db_url) as conn:
+    with reads.connect(db_url) as conn:
         while True:
-            page = inspect.list_timers(conn, f, after, limit)
+            page = reads.list_timers(conn, f, after, limit)
             seen += [(r["tenant_id"], r["service_call_id"]) for r in page.rows]
             if page.next_cursor is None:
                 return seen
@@ -48,21 +48,21 @@ def _all_pages(db_url: str, f: inspect.TimerFilter, limit: int) -> list[tuple[st
 def test_paging_a_tenant_returns_each_timer_once_in_key_order(db_url: str) -> None:
     _insert(db_url, "acme", 23)
     _insert(db_url, "other", 5)
-    seen = _all_pages(db_url, inspect.TimerFilter(tenant_id="acme"), limit=5)
+    seen = _all_pages(db_url, reads.TimerFilter(tenant_id="acme"), limit=5)
     assert seen == [("acme", f"sc-{i:04d}") for i in range(23)]
 
 
 def test_paging_by_due_time_crosses_tenants_and_ties(db_url: str) -> None:
     _insert(db_url, "a", 7)
     _insert(db_url, "b", 7)  # same dueAts as a's: ties broken by the key
-    seen = _all_pages(db_url, inspect.TimerFilter(), limit=3)
+    seen = _all_pages(db_url, reads.TimerFilter(), limit=3)
     assert seen == [(t, f"sc-{i:04d}") for i in range(7) for t in ("a", "b")]
 
 
 def test_filters_state_and_due_window(db_url: str) -> None:
     _insert(db_url, "acme", 10)
     query(db_url, "UPDATE timers SET state = 'Cancelled' WHERE service_call_id IN ('sc-0001', 'sc-0002')")
-    window = inspect.TimerFilter(
+    window = reads.TimerFilter(
         tenant_id="acme",
         state="Scheduled",
         due_from=T0 + timedelta(minutes=1),
@@ -70,13 +70,13 @@ def test_filters_state_and_due_window(db_url: str) -> None:
     )
     assert [k for _, k in _all_pages(db_url, window, 50)] == ["sc-0003", "sc-0004"]
     with pytest.raises(ValueError, match="give a tenant"):
-        inspect.TimerFilter(state="Reached")
+        reads.TimerFilter(state="Reached")
 
 
 def test_overdue_lists_only_what_is_due_by_the_database_clock(db_url: str) -> None:
     _insert(db_url, "late", 3, start=datetime.now(UTC) - timedelta(hours=1))
     _insert(db_url, "late", 2, start=T0, prefix="future-")
-    got = _all_pages(db_url, inspect.TimerFilter(tenant_id="late", overdue=True), 2)
+    got = _all_pages(db_url, reads.TimerFilter(tenant_id="late", overdue=True), 2)
     assert [k for _, k in got] == ["sc-0000", "sc-0001", "sc-0002"]
 
 
@@ -100,7 +100,7 @@ def test_listing_queries_walk_an_index(db_url: str, name: str, params: dict[str,
     from worker.adapters.queries import QUERIES
 
     args = {"tenant_id": "t7", "after_due": T0, "limit": 50} | params
-    with inspect.connect(db_url) as conn:
+    with reads.connect(db_url) as conn:
         plan = "\n".join(r[0] for r in conn.execute(b"EXPLAIN " + QUERIES[name].encode(), args))  # type: ignore[call-overload]
     assert index in plan and "Seq Scan" not in plan, plan
 
@@ -108,26 +108,26 @@ def test_listing_queries_walk_an_index(db_url: str, name: str, params: dict[str,
 def test_describe_says_why_a_timer_has_not_fired(db_url: str) -> None:
     now = datetime.now(UTC)
     _insert(db_url, "acme", 1, start=now - timedelta(minutes=10))
-    with inspect.connect(db_url) as conn:
-        view = inspect.describe(conn, "acme", "sc-0000")
+    with reads.connect(db_url) as conn:
+        view = reads.describe(conn, "acme", "sc-0000")
         assert view is not None and view["overdue"] and "unclaimed" in view["why"]
         query(
             db_url,
             "UPDATE timers SET attempts = 3, last_error = 'nats: timeout', lease_owner = NULL, "
             "lease_expires_at = now() + interval '5 s'",
         )
-        view = inspect.describe(conn, "acme", "sc-0000")
+        view = reads.describe(conn, "acme", "sc-0000")
         assert (
             view is not None and "publishing failed (nats: timeout)" in view["why"] and view["attempts"] == 3
         )
         query(
             db_url, "UPDATE timers SET lease_owner = 'replica-7', lease_expires_at = now() + interval '5 s'"
         )
-        view = inspect.describe(conn, "acme", "sc-0000")
+        view = reads.describe(conn, "acme", "sc-0000")
         assert (
             view is not None and view["leaseOwner"] == "replica-7" and "claimed by replica-7" in view["why"]
         )
-        assert inspect.describe(conn, "acme", "nope") is None
+        assert reads.describe(conn, "acme", "nope") is None
 
 
 def test_cli_list_describe_and_tenant_status(db_url: str) -> None:

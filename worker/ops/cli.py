@@ -99,7 +99,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from worker.ops.status import one_timer, overview, render
+    from worker.ops.reads import one_timer, overview, render_overview
 
     settings = load_settings()
     if args.id:
@@ -119,7 +119,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2) if args.json else render_summary(summary))
         return 0
     report = overview(settings.database_url.get_secret_value(), top=args.top)
-    print(json.dumps(report, indent=2, default=str) if args.json else render(report))
+    print(json.dumps(report, indent=2, default=str) if args.json else render_overview(report))
     return 0
 
 
@@ -165,8 +165,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from worker.ops.reads import connect, describe
-    from worker.ops.status import one_timer
+    from worker.ops.reads import connect, describe, one_timer
 
     with connect(load_settings().database_url.get_secret_value()) as conn:
         view = describe(conn, args.tenant, args.id)

@@ -1,7 +1,9 @@
-"""Where is my timer? The operator's reads, as functions the CLI and the console share.
+"""Where is my timer, how does the fleet stand? The operator's reads, as functions the CLI
+(`status`, `list`, `describe`, `cancel`) and the console share.
 
 Each takes an open psycopg connection (one-off for the CLI, from a pool for the console) and
 returns plain data; every statement is named in sql/queries.sql and reads on the database clock.
+`overview` opens its own (adapters/db.py).
 """
 
 from __future__ import annotations
@@ -273,3 +275,52 @@ def cancel_outcome(conninfo: str, tenant_id: str, service_call_id: str, wait_s: 
     if view["leaseActive"]:
         return f"cancel sent for {key}; it waits: the current occurrence is firing ({view['why']})"
     return f"cancel sent for {key}; not applied yet, the timer is {state}: {view['why']}"
+
+
+# `timer-service status`: how the fleet stands, from the database.
+
+
+def overview(conninfo: str, top: int = 10) -> dict[str, Any]:
+    with db.connect(conninfo) as conn:
+        counts = {state: n for state, n in conn.execute(QUERIES["status_counts"])}
+        overdue_row = conn.execute(QUERIES["status_overdue"], {"cap": OVERDUE_CAP}).fetchone()
+        leases = [
+            {"owner": owner, "held": n, "soonest_expiry_s": expiry.total_seconds() if expiry else None}
+            for owner, n, expiry in conn.execute(QUERIES["status_leases"])
+        ]
+        tenants = [
+            {"tenant": t, "scheduled": n}
+            for t, n in conn.execute(QUERIES["status_top_tenants"], {"top": top})
+        ]
+    overdue, oldest = overdue_row if overdue_row else (0, None)
+    return {
+        "counts": {s: counts.get(s, 0) for s in ("Scheduled", "Reached", "Cancelled")},
+        "overdue": overdue or 0,
+        "oldest_overdue_s": float(oldest) if oldest is not None else None,
+        "leases": leases,
+        "top_tenants": tenants,
+    }
+
+
+def render_overview(report: dict[str, Any]) -> str:
+    c = report["counts"]
+    lines = [
+        f"timers     scheduled={c['Scheduled']} reached={c['Reached']} cancelled={c['Cancelled']}",
+        f"overdue    {report['overdue']}{'+' if report['overdue'] >= OVERDUE_CAP else ''} unclaimed"
+        + (
+            f", oldest {report['oldest_overdue_s']:.1f}s behind"
+            if report["oldest_overdue_s"] is not None
+            else ""
+        ),
+    ]
+    for lease in report["leases"]:
+        lines.append(f"leases     {lease['owner']}: {lease['held']} held")
+    if not report["leases"]:
+        lines.append("leases     none held")
+    for t in report["top_tenants"]:
+        lines.append(f"tenant     {t['tenant']}: {t['scheduled']} scheduled")
+    return "\n".join(lines)
+
+
+def one_timer(view: dict[str, Any]) -> str:
+    return "\n".join(f"{k:<17}{v}" for k, v in view.items() if v is not None)

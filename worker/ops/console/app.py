@@ -1,5 +1,5 @@
-"""The web console (`timer-service console`): server-rendered pages over worker.inspect and
-worker.dlq. Read-only unless TIMER_CONSOLE_ACTIONS; every route behind worker.console.auth.
+"""The web console (`timer-service console`): server-rendered pages over worker.ops.reads and
+worker.ops.dlq. Read-only unless TIMER_CONSOLE_ACTIONS; every route behind worker.ops.console.auth.
 
 URLs carry ids only (tenant ids, serviceCallIds, DLQ sequences, state names, cursors of ids):
 searches are posted, so access logs hold nothing else.
@@ -27,8 +27,7 @@ from starlette.routing import Route
 
 from worker.config import ConsoleSettings
 from worker.contract import TENANT_RE
-from worker.ops import dlq, status
-from worker.ops import reads as inspect
+from worker.ops import dlq, reads
 from worker.ops.console.auth import COOKIE, Credentials, RequireLogin, Sessions, csrf_ok
 
 T = TypeVar("T")
@@ -63,7 +62,7 @@ class Console:
         """`fn(conn, *args)` on a one-off read-only connection, off the event loop."""
 
         def run() -> T:
-            with inspect.connect(self.conninfo) as conn:
+            with reads.connect(self.conninfo) as conn:
                 return fn(conn, *args)
 
         return await run_in_threadpool(run)
@@ -111,8 +110,8 @@ class Console:
 
     # --- timers ------------------------------------------------------------------------------
     async def overview(self, request: Request) -> Response:
-        report = await run_in_threadpool(status.overview, self.conninfo)
-        late = await self.db(inspect.lateness)
+        report = await run_in_threadpool(reads.overview, self.conninfo)
+        late = await self.db(reads.lateness)
         return self.page(request, "overview.html", report=report, late=late)
 
     async def search(self, request: Request) -> Response:
@@ -130,21 +129,21 @@ class Console:
         tenant = request.path_params["tenant"]
         p = request.query_params
         try:
-            f = inspect.TimerFilter(
+            f = reads.TimerFilter(
                 tenant_id=tenant, state=p.get("state") or None, overdue=p.get("overdue") == "1"
             )
         except ValueError:
             return Response("bad filter", status_code=400, headers=HEADERS)
-        summary = await self.db(inspect.tenant_summary, tenant)
+        summary = await self.db(reads.tenant_summary, tenant)
         try:
-            page = await self.db(inspect.list_timers, f, p.get("after") or None, 50)
+            page = await self.db(reads.list_timers, f, p.get("after") or None, 50)
         except ValueError:
             return Response("bad cursor", status_code=400, headers=HEADERS)
         return self.page(request, "tenant.html", summary=summary, page=page, f=f)
 
     async def timer(self, request: Request) -> Response:
         tenant, sid = request.path_params["tenant"], request.path_params["sid"]
-        view = await self.db(inspect.describe, tenant, sid)
+        view = await self.db(reads.describe, tenant, sid)
         rejected = await self._rejected(tenant, sid)
         return self.page(
             request, "timer.html", 200 if view else 404, tenant=tenant, sid=sid, view=view, rejected=rejected
@@ -243,7 +242,7 @@ async def _reachable(settings: ConsoleSettings) -> None:
     """Postgres and NATS answer: checked before serving, so a wrong URL is one line, not a traceback."""
 
     def database() -> None:
-        with inspect.connect(settings.database_url.get_secret_value()) as conn:
+        with reads.connect(settings.database_url.get_secret_value()) as conn:
             conn.execute("SELECT 1")
 
     await run_in_threadpool(database)
