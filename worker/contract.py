@@ -13,10 +13,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from json.encoder import encode_basestring_ascii as _json_str  # C, when available
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
-
-if TYPE_CHECKING:  # recurrence.py holds the arithmetic, and its isodate is no client's business
-    from worker.core.recurrence import Repeat
+from typing import Any, Literal, Protocol, get_args
 
 # The tenant token of a subject (docs/CONTRACT.md, Limits).
 TENANT_RULE = "[A-Za-z0-9_-]{1,64}"
@@ -119,6 +116,16 @@ class Subjects:
 
 
 _KINDS: dict[str, Kind] = {kind: kind for kind in get_args(Kind)}
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """A ScheduleTimer's `repeat` (docs/CONTRACT.md), as validated by worker.core.commands. The
+    data only: the arithmetic (and its isodate, no client's business) is worker.core.recurrence."""
+
+    every: str  # the ISO 8601 duration as given (e.g. "PT1H", "P1D", "P1M", "P1Y")
+    times: int | None  # total number of occurrences including the first; None = forever
+    timezone: str | None  # IANA zone name, checked with load_zone
 
 
 @dataclass(frozen=True, slots=True)

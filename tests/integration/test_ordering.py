@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from tests.helpers import consumer_idle, jetstream, publish_raw, query, running_replica, until
 from worker.adapters.store import Store
 from worker.config import Settings
-from worker.contract import CancelTimer, ScheduleTimer
-from worker.core.recurrence import Repeat
+from worker.contract import CancelTimer, Repeat, ScheduleTimer
 
 # Nothing fires during these tests (and it is well inside TIMER_MAX_HORIZON).
 FAR = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)

@@ -19,11 +19,11 @@ from worker.contract import (
     CancelTimer,
     Command,
     Rejection,
+    Repeat,
     ScheduleTimer,
     is_valid_tenant,
 )
 from worker.core.commands import parse_command
-from worker.core.recurrence import Repeat
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 HORIZON = timedelta(days=3650)

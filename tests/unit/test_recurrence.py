@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.contract import LATEST_DUE_AT
-from worker.core.recurrence import MAX_INDEX, Period, Repeat, next_occurrence, occurrence, parse_period
+from worker.contract import LATEST_DUE_AT, Repeat
+from worker.core.recurrence import MAX_INDEX, Period, next_occurrence, occurrence, parse_period
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

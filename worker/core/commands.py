@@ -47,10 +47,11 @@ from worker.contract import (
     CommandKind,
     Reason,
     Rejection,
+    Repeat,
     ScheduleTimer,
     is_valid_tenant,
 )
-from worker.core.recurrence import MAX_INDEX, Repeat, load_zone, parse_period
+from worker.core.recurrence import MAX_INDEX, load_zone, parse_period
 
 JsonObject = dict[str, Any]
 T = TypeVar("T")

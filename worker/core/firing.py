@@ -14,12 +14,12 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from worker import metrics, tracing
 from worker.config import Settings
-from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, due_event, iso
+from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, Repeat, due_event, iso
 from worker.core.clock import Clock
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Claimed, Fired, Key, Leased, Unreadable
 from worker.core.ports import EventPublisher, FiringStore
-from worker.core.recurrence import Repeat, next_occurrence
+from worker.core.recurrence import next_occurrence
 from worker.core.waiting import wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError

@@ -47,7 +47,8 @@ from datetime import UTC, datetime, timedelta
 
 import isodate
 
-from worker.contract import LATEST_DUE_AT
+# Repeat is the contract's (a ScheduleTimer field): the data this arithmetic reads.
+from worker.contract import LATEST_DUE_AT, Repeat
 
 # Occurrence indexes are stored in a Postgres `integer` column.
 MAX_INDEX = 2**31 - 1
@@ -62,15 +63,6 @@ _PERIOD_CHARS = re.compile(r"P[0-9A-Za-z.,:-]*\Z", re.ASCII)
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+-]{1,40}(?:/[A-Za-z0-9_+-]{1,40}){0,3}\Z", re.ASCII)
 # In the zone database directory, but the machine's own zone, not an IANA name.
 _NOT_ZONES = frozenset({"localtime", "posixrules"})
-
-
-@dataclass(frozen=True, slots=True)
-class Repeat:
-    """A ScheduleTimer's `repeat` (docs/CONTRACT.md), as validated by worker.commands."""
-
-    every: str  # the ISO 8601 duration as given (e.g. "PT1H", "P1D", "P1M", "P1Y")
-    times: int | None  # total number of occurrences including the first; None = forever
-    timezone: str | None  # IANA zone name, checked with load_zone
 
 
 @dataclass(frozen=True, slots=True)
