@@ -16,7 +16,6 @@ from worker import metrics
 from worker.adapters import db, migrations
 from worker.adapters.broker import Broker
 from worker.adapters.probes import HttpServer
-from worker.adapters.queries import OVERDUE_CAP
 from worker.adapters.store import Store
 from worker.config import Settings, mask_url
 from worker.core.clock import DbClock
@@ -165,7 +164,7 @@ class Replica:
             # one statement a second in all (its claim every TIMER_POLL_INTERVAL_MS included).
             if rounds % 3 == 0:
                 with contextlib.suppress(TransientError):  # readiness reports it
-                    overdue, oldest, scheduled = await self.store.fleet_gauges(OVERDUE_CAP)
+                    overdue, oldest, scheduled = await self.store.fleet_gauges(metrics.OVERDUE_CAP)
                     metrics.OVERDUE.set(overdue)
                     metrics.OLDEST_OVERDUE_SECONDS.set(oldest or 0.0)
                     metrics.SCHEDULED.set(scheduled)

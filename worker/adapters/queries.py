@@ -6,10 +6,6 @@ import re
 from importlib import resources
 from typing import LiteralString, cast
 
-# The overdue counts (the timer_overdue gauge, `status`, `inspect`) stop here: a huge backlog stays
-# cheap to measure, and a count this high says all it needs to.
-OVERDUE_CAP = 100_000
-
 _HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 

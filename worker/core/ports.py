@@ -1,15 +1,18 @@
 """What the loops need from the outside world, as small protocols.
 
-Firing and Intake take these rather than the concrete Store and Broker: the real adapters satisfy
-them (mypy checks it where the replica wires them up, worker/service.py), and tests/twins.py holds
-in-memory twins for unit tests of the loops' logic. tests/integration/test_port_conformance.py runs
-one set of checks against both, so a twin cannot drift from what its adapter does.
+The loops (firing, intake, the read model, retention) take these rather than the concrete Store
+and Broker: the real adapters satisfy them (mypy checks it where the replica wires them up,
+worker/service.py), and tests/twins.py holds in-memory twins for unit tests of the loops' logic.
+tests/integration/test_port_conformance.py runs one set of checks against both, so a twin cannot
+drift from what its adapter does. They speak the domain's types (worker/core/domain.py), never an
+adapter's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from datetime import timedelta
+from typing import Any, Protocol
 
 from nats.aio.msg import Msg
 
@@ -47,9 +50,21 @@ class IntakeStore(Protocol):
     ) -> tuple[set[Key], dict[str, int]]: ...
 
 
+class TimerReader(Protocol):
+    """The read model's database: one timer's row (the contract's timer_view reads it), or None."""
+
+    async def get(self, tenant_id: str, service_call_id: str) -> dict[str, Any] | None: ...
+
+
+class FinishedTimers(Protocol):
+    """Retention's database: delete up to `limit` Reached/Cancelled rows older than `retention`."""
+
+    async def delete_finished(self, retention: timedelta, limit: int) -> int: ...
+
+
 class EventPublisher(Protocol):
     """Publishing to JetStream. For each message, None once the stream acknowledged it, else why
-    not; no call raises for a message that failed (worker/broker.py)."""
+    not; no call raises for a message that failed (worker/adapters/broker.py)."""
 
     subjects: Subjects
 

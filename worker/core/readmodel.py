@@ -8,15 +8,15 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from worker.adapters.store import Store
 from worker.contract import Subjects, is_valid_tenant, timer_view
+from worker.core.ports import TimerReader
 from worker.errors import DatabaseError, TransientError
 
 log = logging.getLogger("worker.readmodel")
 
 
 class ReadModel:
-    def __init__(self, store: Store, prefix: str) -> None:
+    def __init__(self, store: TimerReader, prefix: str) -> None:
         self.store = store
         self.subjects = Subjects(prefix)
 

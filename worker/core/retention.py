@@ -16,7 +16,7 @@ import random
 from datetime import timedelta
 
 from worker import metrics
-from worker.adapters.store import Store
+from worker.core.ports import FinishedTimers
 from worker.core.waiting import wait_any
 from worker.errors import TransientError
 
@@ -30,7 +30,7 @@ JITTER_S = 15.0
 
 
 class Retention:
-    def __init__(self, store: Store, retention: timedelta, batch: int = BATCH) -> None:
+    def __init__(self, store: FinishedTimers, retention: timedelta, batch: int = BATCH) -> None:
         self.store = store
         self.retention = retention
         self.batch = batch

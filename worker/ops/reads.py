@@ -21,8 +21,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from worker.adapters import db
-from worker.adapters.queries import OVERDUE_CAP, QUERIES
+from worker.adapters.queries import QUERIES
 from worker.contract import timer_view
+from worker.metrics import OVERDUE_CAP
 
 STATES = ("Scheduled", "Reached", "Cancelled")
 MAX_PAGE = 1000
