@@ -1,0 +1,213 @@
+"""The folders say the architecture, and this keeps them saying it (README, Layout).
+
+Every `import` in worker/ is read with `ast`, wherever it stands: at the top, inside a function
+(the CLI's lazy imports), under `if TYPE_CHECKING:`. A type-only import is still a dependency a
+reader has to follow, so it counts.
+
+- the contract is pure: no worker module, nothing outside the standard library;
+- the producer client imports only the contract and its NATS connection (and nats-py);
+- the core (worker/core) imports no adapter, no operator tool, no devkit, not the composition
+  root, and no database driver, neither itself nor through the cross-cutting modules it uses;
+  nats-py only where listed below, each with why;
+- the cross-cutting modules (config, errors, logs, metrics, tracing, natsconn) import no adapter,
+  no operator tool, no devkit;
+- adapters import no operator tool and no devkit; the replica (worker/service.py) reaches neither;
+- no import circle among worker modules.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORKER = Path(__file__).resolve().parents[2] / "worker"
+
+CROSS_CUTTING = {"config", "errors", "logs", "metrics", "tracing", "natsconn"}
+DATABASE = {"psycopg", "psycopg_pool", "psycopg_binary", "psycopg_c"}
+# Core modules still handed nats-py types. The loops take the broker as a port, but the messages
+# it hands them are nats-py's: a port for a received message (data, headers, ack/nak/term,
+# respond) is a later step. Nothing else in the core may import nats.
+CORE_NATS = {
+    "worker.core.ports": "CommandBatches.fetch returns nats.aio.msg.Msg",
+    "worker.core.intake": "acks, naks and terms nats.aio.msg.Msg; nats.errors from fetch",
+    "worker.core.readmodel": "answers a nats.aio.msg.Msg request",
+}
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    worker: set[str] = field(default_factory=set)  # worker modules it imports
+    third_party: set[str] = field(default_factory=set)  # top-level names outside the stdlib
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def read_package(root: Path = WORKER) -> dict[str, Module]:
+    """Every module of the package at `root` and what it imports."""
+    modules = {module_name(root, p): Module(module_name(root, p), p) for p in sorted(root.rglob("*.py"))}
+    for m in modules.values():
+        package = m.name if m.path.name == "__init__.py" else m.name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(m.path.read_text(encoding="utf-8"), str(m.path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package, `level - 1` packages up
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*up, base] if base else up)
+                # `from worker import metrics` imports the module worker.metrics, not the package
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                top = target.partition(".")[0]
+                if top == root.name:
+                    found = _longest_known(target, modules)
+                    if found and found != m.name:
+                        m.worker.add(found)
+                elif top not in sys.stdlib_module_names and top != "__future__":
+                    m.third_party.add(top)
+    return modules
+
+
+def _longest_known(name: str, modules: dict[str, Module]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def layer(name: str) -> str:
+    """core, adapters, ops, devkit, contract, client, service, cross-cutting or package."""
+    parts = name.split(".")
+    if len(parts) > 1 and parts[1] in {"core", "adapters", "ops", "devkit"}:
+        return parts[1]
+    if len(parts) == 1 or parts[1] == "__main__":
+        return "package"
+    if parts[1] in CROSS_CUTTING:
+        return "cross-cutting"
+    return parts[1]  # contract, client, service
+
+
+def reachable(start: Iterable[str], modules: dict[str, Module]) -> dict[str, list[str]]:
+    """Every worker module reachable from `start`, with one import path to it."""
+    paths = {s: [s] for s in start}
+    todo = list(paths)
+    while todo:
+        here = todo.pop()
+        for nxt in sorted(modules[here].worker):
+            if nxt not in paths:
+                paths[nxt] = [*paths[here], nxt]
+                todo.append(nxt)
+    return paths
+
+
+def cycles(modules: dict[str, Module]) -> list[list[str]]:
+    """The import circles: each strongly connected group of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(modules[v].worker):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(modules):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def violations(modules: dict[str, Module], layer_of: Callable[[str], str] = layer) -> list[str]:
+    """Every broken rule, one line each (empty when the layout holds)."""
+    out: list[str] = []
+    of = {name: layer_of(name) for name in modules}
+
+    def refuse(layers: set[str], who: str, via: bool = False) -> None:
+        for name in (n for n in modules if of[n] == who):
+            if via:
+                for target, path in reachable([name], modules).items():
+                    if of[target] in layers and len(path) > 2:
+                        out.append(f"{who} {name} reaches {of[target]} {target} via {' -> '.join(path)}")
+            for target in sorted(modules[name].worker):
+                if of[target] in layers:
+                    out.append(f"{who} {name} imports {of[target]} {target}")
+
+    for name, m in sorted(modules.items()):
+        if of[name] == "contract" and (m.worker or m.third_party):
+            out.append(f"contract {name} is not pure: imports {sorted(m.worker | m.third_party)}")
+        if of[name] == "client":
+            extra = {t for t in m.worker if of[t] not in {"contract"} and t != "worker.natsconn"}
+            extra |= m.third_party - {"nats"}
+            if extra:
+                out.append(f"client {name} imports more than the contract and natsconn: {sorted(extra)}")
+        if of[name] == "core":
+            if m.third_party & DATABASE:
+                out.append(f"core {name} imports the database driver: {sorted(m.third_party & DATABASE)}")
+            if "nats" in m.third_party and name not in CORE_NATS:
+                out.append(f"core {name} imports nats (not listed in CORE_NATS)")
+    refuse({"adapters", "ops", "devkit", "service", "client"}, "core", via=True)
+    refuse({"adapters", "ops", "devkit", "service"}, "cross-cutting")
+    refuse({"ops", "devkit", "service"}, "adapters")
+    refuse({"ops", "devkit"}, "service", via=True)
+    out += [f"import circle: {' <-> '.join(c)}" for c in cycles(modules)]
+    return out
+
+
+def test_the_layout_holds() -> None:
+    modules = read_package()
+    expected = {"worker.core.domain", "worker.core.ports", "worker.adapters.store", "worker.ops.cli"}
+    assert expected <= set(modules)
+    assert violations(modules) == []
+
+
+def test_the_reader_sees_every_kind_of_import(tmp_path: Path) -> None:
+    """A rule is only as good as the imports it sees: type-only, lazy, relative, `from pkg import mod`."""
+    root = tmp_path / "worker"
+    (root / "core").mkdir(parents=True)
+    (root / "adapters").mkdir()
+    for f in ("__init__.py", "core/__init__.py", "adapters/__init__.py", "contract.py"):
+        (root / f).write_text("")
+    (root / "adapters/store.py").write_text("import psycopg\nfrom worker.core import loop\n")
+    (root / "core/loop.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from worker.adapters.store import Store\n"
+        "def f():\n    from ..contract import X\n"
+    )
+    modules = read_package(root)
+    assert modules["worker.core.loop"].worker == {"worker.adapters.store", "worker.contract"}
+    assert modules["worker.adapters.store"].worker == {"worker.core.loop"}
+    assert modules["worker.adapters.store"].third_party == {"psycopg"}
+    assert violations(modules) == [
+        "core worker.core.loop imports adapters worker.adapters.store",
+        "import circle: worker.adapters.store <-> worker.core.loop",
+    ]
+
+
+def test_core_nats_list_is_current() -> None:
+    """A module that no longer needs nats-py comes off CORE_NATS, so the list stays the debt it is."""
+    modules = read_package()
+    assert {n for n in CORE_NATS if "nats" not in modules[n].third_party} == set()
