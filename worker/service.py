@@ -19,7 +19,7 @@ from worker.adapters.probes import HttpServer
 from worker.adapters.store import Store
 from worker.config import Settings, mask_url
 from worker.core.clock import DbClock
-from worker.core.firing import LOOKAHEAD_MS, Firing
+from worker.core.firing import LOOKAHEAD_MS, FiringLoop
 from worker.core.intake import Intake
 from worker.core.readmodel import ReadModel
 from worker.core.retention import Retention
@@ -51,7 +51,7 @@ class Replica:
             max_size=settings.db_pool_size,
         )
         self.store = Store(self.pool, settings.stuck_after)
-        self.firing = Firing(settings, self.store, self.broker, self.wakeup, self.clock)
+        self.firing = FiringLoop(settings, self.store, self.broker, self.wakeup, self.clock)
         self.intake = Intake(settings, self.store, self.broker, self.wakeup, self.clock)
         self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
         self.http_port: int | None = None

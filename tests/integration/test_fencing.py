@@ -78,7 +78,7 @@ async def test_a_recurring_timer_refired_after_a_crash_skips_no_occurrence(store
     )
     (again,) = (await store.claim("healthy", 10, 2, lease_ms=10_000)).claimed
     assert again.attempts == 2
-    assert again.claimed_at == first.claimed_at  # the claim that counts is the first one
+    assert again.recurrence_ref == first.recurrence_ref  # the claim that counts is the first one
     nxt = next_of(again)
     assert nxt == (first.due_at + timedelta(seconds=1), 1)
     assert await store.mark_fired([Fired(again, *nxt)]) == 1
@@ -127,7 +127,7 @@ async def test_two_crashes_in_a_row_skip_no_occurrence(store: Store, db_url: str
     (zero,) = (await store.claim("b", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
     assert await store.mark_fired([Fired(zero, *next_of(zero))]) == 1
     (one,) = (await store.claim("crashed-2", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
-    assert one.occurrence_index == 1 and one.claimed_at == dying.claimed_at
+    assert one.occurrence_index == 1 and one.recurrence_ref == dying.recurrence_ref
     await until(lambda: lease_expired(db_url), what="the second crashed lease to run out")
     (again,) = (await store.claim("c", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
     assert await store.mark_fired([Fired(again, *next_of(again))]) == 1

@@ -12,7 +12,7 @@ from tests.helpers import until
 from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore
 from worker.config import Settings, load_settings
 from worker.contract import ScheduleTimer
-from worker.core.firing import LOOKAHEAD_MS, PIPELINE_DEPTH, RETRY_BACKOFF_MS, Firing
+from worker.core.firing import LOOKAHEAD_MS, PIPELINE_DEPTH, RETRY_BACKOFF_MS, FiringLoop
 from worker.core.wakeup import Wakeup
 
 
@@ -26,8 +26,8 @@ def settings() -> Settings:
     return load_settings(worker_id="unit", batch_size=100, lease_ms=3000, publish_timeout_ms=500)
 
 
-def firing(settings: Settings, store: TwinStore, publisher: TwinPublisher, clock: FakeClock) -> Firing:
-    return Firing(settings, store, publisher, Wakeup(clock, LOOKAHEAD_MS / 1000), clock)
+def firing(settings: Settings, store: TwinStore, publisher: TwinPublisher, clock: FakeClock) -> FiringLoop:
+    return FiringLoop(settings, store, publisher, Wakeup(clock, LOOKAHEAD_MS / 1000), clock)
 
 
 async def schedule(store: TwinStore, time: FakeTime, *offsets_s: float, tenant: str = "acme") -> None:

@@ -11,11 +11,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger("worker.http")
 
-Check = Callable[[], Awaitable[tuple[bool, str]]]
+# A probe: (passes, one line saying why) for /healthz or /readyz.
+Probe = Callable[[], Awaitable[tuple[bool, str]]]
 
 
 class HttpServer:
-    def __init__(self, host: str, port: int, healthy: Check, ready: Check) -> None:
+    def __init__(self, host: str, port: int, healthy: Probe, ready: Probe) -> None:
         self.host, self.port = host, port
         self._healthy, self._ready = healthy, ready
         self._server: asyncio.Server | None = None
@@ -54,8 +55,8 @@ class HttpServer:
             return 405, "text/plain", b"method not allowed\n"
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest()
-        checks = {"/healthz": self._healthy, "/readyz": self._ready}
-        if path not in checks:
+        probes = {"/healthz": self._healthy, "/readyz": self._ready}
+        if path not in probes:
             return 404, "text/plain", b"not found\n"
-        ok, detail = await checks[path]()
+        ok, detail = await probes[path]()
         return (200 if ok else 503), "text/plain", (detail + "\n").encode()

@@ -41,7 +41,12 @@ class Claimed:
     repeat_timezone: str | None
     anchor_due_at: datetime | None
     occurrence_index: int
-    claimed_at: datetime  # a recurring timer's next occurrence comes after this (claim_due says which)
+    # The recurrence reference: a recurring timer's next occurrence is the first due after this.
+    # Stored in the column claimed_at, but not always when this occurrence was claimed: claim_due
+    # keeps the first claim's across a crash, starts a fresh occurrence from its own dueAt, and
+    # moves it to now only after downtime (sql/queries.sql). The column keeps its name: renaming
+    # it takes two releases (README, Upgrades).
+    recurrence_ref: datetime
     # The ScheduleTimer's carried headers (trace context, allowed producer headers), or None.
     # Keyword-only with a default: most timers have none, and the rows' class adds fields after it.
     carried: dict[str, str] | None = field(default=None, kw_only=True)

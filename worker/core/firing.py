@@ -51,13 +51,14 @@ PIPELINE_DEPTH = 2
 def next_of(timer: Claimed) -> tuple[datetime | None, int | None]:
     """The occurrence after this one, for a recurring timer; (None, None) when it was the last.
 
-    The first due after the timer's claimed_at: one that came due during downtime is skipped, one
-    that came due while a crashed replica's lease ran out is not (it fires, late; claim_due).
+    The first due after the timer's recurrence reference (the claimed_at column): one that came
+    due during downtime is skipped, one that came due while a crashed replica's lease ran out is
+    not (it fires, late; claim_due).
     """
     if timer.repeat_every is None or timer.anchor_due_at is None:
         return None, None
     repeat = Repeat(timer.repeat_every, timer.repeat_times, timer.repeat_timezone)
-    nxt = next_occurrence(repeat, timer.anchor_due_at, timer.occurrence_index, timer.claimed_at)
+    nxt = next_occurrence(repeat, timer.anchor_due_at, timer.occurrence_index, timer.recurrence_ref)
     return (nxt[0], nxt[1]) if nxt else (None, None)
 
 
@@ -71,7 +72,7 @@ async def _settle(tasks: set[asyncio.Task[None]], keep: int) -> None:
             raise errors[0]
 
 
-class Firing:
+class FiringLoop:
     def __init__(
         self, settings: Settings, store: FiringStore, broker: EventPublisher, wakeup: Wakeup, clock: Clock
     ) -> None:

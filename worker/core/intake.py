@@ -95,7 +95,7 @@ class Intake:
         """The batch without the ScheduleTimers over their tenant's limit; those go to the DLQ."""
         limit = self.s.tenant_max_pending
         try:
-            over = set(await quota.check(self.store, [c for _, c in batch], limit))
+            over = set(await quota.over_limit(self.store, [c for _, c in batch], limit))
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
             for msg, _ in batch:  # nothing decided, nothing acknowledged

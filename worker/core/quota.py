@@ -46,7 +46,7 @@ def over_quota(
     return rejected
 
 
-async def check(store: IntakeStore, commands: Sequence[Command], limit: int) -> list[int]:
+async def over_limit(store: IntakeStore, commands: Sequence[Command], limit: int) -> list[int]:
     """Indexes of the ScheduleTimers over their tenant's limit: two short reads per batch."""
     schedules = [c for c in commands if isinstance(c, ScheduleTimer)]
     if not schedules:

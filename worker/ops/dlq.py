@@ -167,7 +167,7 @@ class Dlq:
                 return DlqPage(found, seq)
         return DlqPage(found, None)
 
-    def check(self, entry: DlqEntry, body: bytes | None) -> tuple[str, bytes]:
+    def validated_replay(self, entry: DlqEntry, body: bytes | None) -> tuple[str, bytes]:
         """(subject, body) to replay, or ReplayRefused saying why not."""
         where = self.subjects.split(entry.original_subject)
         if where is None or (kind := where[1]) not in ("schedule", "cancel"):
@@ -193,7 +193,7 @@ class Dlq:
         entry = await self.get(seq)
         if entry is None:
             return None
-        subject, data = self.check(entry, body)
+        subject, data = self.validated_replay(entry, body)
         ack = await self.js.publish(
             subject, data, headers={"Nats-Msg-Id": f"{self.settings.dlq_stream}:{seq}"}
         )

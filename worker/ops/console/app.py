@@ -85,7 +85,7 @@ class Console:
             return self.page(request, "login.html", error=None, basic=bool(self.s.console_user))
         form = await request.form()
         fields = {k: str(form.get(k) or "") for k in ("token", "user", "password")}
-        if not self.credentials.check(**fields):
+        if not self.credentials.admits(**fields):
             return self.page(
                 request, "login.html", 401, error="not recognised", basic=bool(self.s.console_user)
             )

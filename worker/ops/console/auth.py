@@ -65,7 +65,7 @@ class Credentials:
         self.user = settings.console_user
         self.password = settings.console_password.get_secret_value() if settings.console_password else None
 
-    def check(self, token: str = "", user: str = "", password: str = "") -> bool:
+    def admits(self, token: str = "", user: str = "", password: str = "") -> bool:
         """Whether the token, or the user and password, are the configured ones. Every configured
         secret is compared, whichever was given, so the time taken says nothing about which failed."""
         ok = False
@@ -77,7 +77,7 @@ class Credentials:
 
     def bearer(self, header: str | None) -> bool:
         scheme, _, value = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and self.check(token=value.strip())
+        return scheme.lower() == "bearer" and self.admits(token=value.strip())
 
 
 class RequireLogin:
