@@ -1,4 +1,4 @@
-"""In-memory twins of the loops' ports (worker/ports.py) and a fake database clock, for unit tests.
+"""In-memory twins of the loops' ports (worker/core/ports.py) and a fake database clock, for unit tests.
 
 Each twin does what its adapter does, as far as a loop can tell: tests/integration/
 test_port_conformance.py runs the same checks against twin and adapter. A twin's database clock
@@ -36,7 +36,7 @@ class FakeTime:
 
 
 class FakeClock:
-    """The replica's estimate of the database clock (worker.clock.Clock) on FakeTime: `behind_s`
+    """The replica's estimate of the database clock (worker.core.clock.Clock) on FakeTime: `behind_s`
     behind it, as a real estimate may be. A sleep moves the time, waking up to `early_s` early,
     as an event loop's timer may: whoever sleeps must look at the clock again."""
 
@@ -76,7 +76,7 @@ class Row:
 
 
 class TwinStore:
-    """worker.store.Store in memory (FiringStore and IntakeStore), on a database clock `now`."""
+    """worker.adapters.store.Store in memory (FiringStore and IntakeStore), on a database clock `now`."""
 
     def __init__(self, now: Callable[[], float], stuck_after: timedelta = timedelta(hours=1)) -> None:
         self.now = now
@@ -252,7 +252,7 @@ class Publish:
 
 
 class TwinPublisher:
-    """worker.broker.Broker's publishing (EventPublisher), into a stream kept in memory that, like
+    """worker.adapters.broker.Broker's publishing (EventPublisher), into a stream kept in memory that, like
     JetStream's, stores each Nats-Msg-Id once. `fail(message)` says why a message is refused."""
 
     def __init__(self, time: Callable[[], float], prefix: str = "timer") -> None:

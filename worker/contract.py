@@ -4,7 +4,7 @@ read model's view of a timer.
 
 Pure: no I/O, no settings, nothing but the standard library, so `worker.client` can import it
 without the service's dependencies (Postgres driver, settings, metrics). The validation boundary
-that turns bytes into these commands is `worker.commands.parse_command`.
+that turns bytes into these commands is `worker.core.commands.parse_command`.
 """
 
 from __future__ import annotations

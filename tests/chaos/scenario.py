@@ -44,7 +44,7 @@ class Fleet(ReplicaSet):
         super().__init__(env, log_dir)
         self.size = size
         self.variants = variants or [{}]  # extra settings, replica after replica in turn
-        self.crash_points = 0  # replicas that ended at a crash point (worker/crashpoints.py)
+        self.crash_points = 0  # replicas that ended at a crash point (worker/core/crashpoints.py)
         self.deaths = 0  # every replica that died before the end, crash points included
         self.dead: set[str] = set()  # replicas that died before the end
 

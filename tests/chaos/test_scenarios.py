@@ -31,7 +31,7 @@ async def passes(run: Run, faults: FaultDriver) -> None:
 
 async def test_replicas_killed_at_random_and_at_crash_points(make_run: MakeRun) -> None:
     # Every replica may also die between claim, publish, PubAck and mark, or between an intake
-    # commit and its acknowledgements (worker/crashpoints.py), where a timed kill seldom lands.
+    # commit and its acknowledgements (worker/core/crashpoints.py), where a timed kill seldom lands.
     crash = "claimed:0.003,published:0.005,marked:0.003,committed:0.005"
     run = make_run("kill", replicas=4, variants=[{"TIMER_TEST_CRASH": crash}])
 

@@ -10,7 +10,7 @@ PostgreSQL's own parser (pglast) and refused when, on a table an earlier migrati
   * takes an ACCESS EXCLUSIVE lock without a `SET lock_timeout` before it: waiting behind a long
     transaction, it would queue every claim and command behind itself.
 A CONCURRENTLY statement cannot run in a transaction: its file starts `-- migration:
-no-transaction` (worker/migrations.py runs it statement by statement) and drops a half-built
+no-transaction` (worker/adapters/migrations.py runs it statement by statement) and drops a half-built
 index of the same name first, so a run interrupted half-way can be run again.
 """
 

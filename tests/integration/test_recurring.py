@@ -100,7 +100,7 @@ async def test_cancel_stops_the_occurrences_not_yet_claimed(settings: Settings, 
 async def test_after_downtime_a_recurring_timer_fires_once_for_the_missed_window(
     settings: Settings, db_url: str
 ) -> None:
-    """The rule (worker/recurrence.py next_occurrence): the occurrence that was due fires, late;
+    """The rule (worker/core/recurrence.py next_occurrence): the occurrence that was due fires, late;
     the next is the first one due strictly after that firing's claim; those in between are skipped
     and still consume their indexes."""
     async with contextlib.AsyncExitStack() as outer:

@@ -1,4 +1,4 @@
-"""Which ScheduleTimer headers its DueTimeReached events carry (worker.commands.carried_headers)."""
+"""Which ScheduleTimer headers its DueTimeReached events carry (worker.core.commands.carried_headers)."""
 
 from __future__ import annotations
 

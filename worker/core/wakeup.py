@@ -4,7 +4,7 @@ The database decides what is due (its clock, its rows). A replica only needs to 
 ask again: the claim statement tells it how far away the next occurrence is, and intake (local
 or on another replica, through a core-NATS hint) tells it when a sooner one was just stored.
 A replica's own wall clock is never used. Its monotonic clock measures intervals, and the
-database clock is estimated from every claim's reading of clock_timestamp() (worker/clock.py),
+database clock is estimated from every claim's reading of clock_timestamp() (worker/core/clock.py),
 never ahead of it. Wakeup only schedules: what time it is on the database clock, and whether an
 occurrence may be published yet, is the clock's business.
 """
