@@ -37,9 +37,10 @@ def release_with(tmp_path: Path, *stand_ins: str) -> Path:
 
 @pytest.fixture
 def long_reader(db_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
-    """A transaction that has read `timers` and stays open (its ACCESS SHARE lock with it), as a
-    pg_dump's does, until the test rolls it back."""
+    """A transaction that has read `timers` and stays open (its ACCESS SHARE lock and its snapshot
+    with it), as a pg_dump's does, until the test rolls it back."""
     with psycopg.connect(db_url) as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")  # as pg_dump's
         conn.execute("SELECT count(*) FROM timers")
         yield conn
         conn.rollback()
@@ -75,7 +76,9 @@ async def test_an_add_column_blocked_by_a_long_reader_keeps_timers_on_time(
             for i in range(n):
                 due = (now + timedelta(seconds=start_s + over_s * i / n)).isoformat()
                 body = {"tenantId": TENANT, "serviceCallId": f"{prefix}-{i}", "dueAt": due}
-                await js.publish(f"{settings.subject_prefix}.{TENANT}.timer.schedule", json.dumps(body).encode())
+                await js.publish(
+                    f"{settings.subject_prefix}.{TENANT}.timer.schedule", json.dumps(body).encode()
+                )
 
         await schedule("stored", 20, 3.0, 4.0)  # stored before the migration starts
         await until(lambda: query(db_url, "SELECT count(*) FROM timers")[0][0] == 20, what="20 timers stored")
@@ -127,7 +130,8 @@ async def test_a_concurrent_index_build_waits_for_a_long_reader_without_queueing
     with psycopg.connect(db_url, autocommit=True) as writer:
         writer.execute("SET lock_timeout = '2s'")  # a write queued behind the build fails, not hangs
         writer.execute(
-            "INSERT INTO timers (tenant_id, service_call_id, state, due_at) VALUES ('t', 'w', 'Scheduled', now())"
+            "INSERT INTO timers (tenant_id, service_call_id, state, due_at)"
+            " VALUES ('t', 'w', 'Scheduled', now())"
         )
     long_reader.rollback()
     assert await asyncio.wait_for(migration, timeout=60) == [99]
