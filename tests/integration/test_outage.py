@@ -5,9 +5,20 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+import psycopg
 import pytest
 
-from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, running_replica, until
+from tests.helpers import (
+    consumer_idle,
+    iso_in,
+    jetstream,
+    publish_raw,
+    query,
+    recorder,
+    row,
+    running_replica,
+    until,
+)
 from worker.config import Settings
 from worker.devkit.embedded import EmbeddedNats
 
@@ -46,3 +57,38 @@ async def test_firing_resumes_with_every_permit_free_after_an_outage_filled_the_
         await until(lambda: len(rec.keys()) >= n, timeout=60, what="every timer fired once NATS is back")
         await until(lambda: replica.broker.permits._value == permits, what="every permit free")
     assert rec.keys() == Counter(dict.fromkeys(keys, 1))
+
+
+@pytest.mark.timeout(120)
+async def test_an_acknowledgement_that_cannot_be_buffered_in_an_outage_does_not_end_intake(
+    settings: Settings, db_url: str, embedded_nats: EmbeddedNats | None
+) -> None:
+    """TIMER_PUBLISH_BUFFER_BYTES=0 and NATS down as a committed command is acknowledged: the ack
+    raises (OutboundBufferLimitError). The command is stored; it comes back after the ack wait
+    and is acknowledged then. Intake goes on."""
+    assert embedded_nats is not None, "stops and restarts NATS: needs the embedded server"
+    query(
+        db_url, "INSERT INTO timers (tenant_id, service_call_id, state) VALUES ('acme', 'held', 'Cancelled')"
+    )
+    async with running_replica(settings, publish_buffer_bytes=0) as replica, jetstream(settings) as js:
+        with psycopg.connect(db_url) as lock:  # holds the row: intake's commit waits behind it
+            lock.execute("SELECT 1 FROM timers WHERE service_call_id = 'held' FOR UPDATE")
+            body = {"tenantId": "acme", "serviceCallId": "held", "dueAt": iso_in(3600, db_url)}
+            await publish_raw(js, settings, "acme", "schedule", body)
+            await until(
+                lambda: (
+                    query(db_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")[0][
+                        0
+                    ]
+                    == 1
+                ),
+                what="intake's write waiting on the row",
+            )
+            embedded_nats.stop()
+            await until(lambda: not replica.broker.connected, what="the replica sees NATS gone")
+        # The lock is gone: intake commits, then acknowledges into a connection with no buffer.
+        await until(lambda: row(db_url, "acme", "held")["state"] == "Scheduled", what="command stored")  # type: ignore[index]
+        embedded_nats.start()
+        await until(lambda: replica.broker.connected, timeout=30, what="NATS back")
+        await until(lambda: consumer_idle(settings), timeout=60, what="the command acknowledged after all")
+        assert not replica.stop.is_set(), "intake died on an acknowledgement it could not send"
