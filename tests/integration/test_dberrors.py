@@ -265,3 +265,53 @@ async def test_a_command_behind_a_stuck_occurrence_is_given_up_visibly(
     assert "TIMER_STUCK_AFTER" in given_up.headers["Timer-Error-Detail"]
     assert json.loads(given_up.data) == {"tenantId": "acme", "serviceCallId": "poison"}
     assert query(db_url, "SELECT state FROM timers") == [("Scheduled",)]  # the cancel was not applied
+
+
+async def test_a_row_whose_carried_headers_are_no_object_of_strings_fails_alone(
+    settings: Settings, db_url: str
+) -> None:
+    """carried_headers written by hand: valid JSON, but no object of header strings. Each such row
+    is recorded on itself and backs off, as a -infinity row does; the rest fire."""
+    bad = {
+        "list": "[1, 2]",
+        "string": '"traceparent"',
+        "number": "42",
+        "non-string-value": '{"traceparent": 1}',
+        "crlf-value": '{"x-tenant": "a\\r\\nPUB evil 0"}',
+        "bad-name": '{"x tenant:": "a"}',
+    }
+    for sc, carried in bad.items():
+        insert_scheduled(db_url, sc, "2026-01-01T00:00:00Z")
+        query(db_url, "UPDATE timers SET carried_headers = %s::jsonb WHERE service_call_id = %s", carried, sc)
+    async with (
+        running_replica(settings, lease_ms=1000, publish_timeout_ms=500) as replica,
+        recorder(settings) as rec,
+        jetstream(settings) as js,
+    ):
+        await publish_raw(js, settings, "acme", "schedule", schedule("normal", iso_in(0.2, db_url)))
+        await until(lambda: rec.keys()[("acme", "normal")] > 0, what="the normal timer fired")
+        for sc in bad:
+            await until(lambda sc=sc: attempts(db_url, sc) >= 2, timeout=30, what=f"{sc} retried")
+            assert "carried header" in (await get(js, settings, sc))["lastError"]
+        assert not replica.stop.is_set()
+    assert set(rec.keys()) == {("acme", "normal")}
+
+
+async def test_a_full_claim_with_unreadable_rows_in_it_counts_as_full(
+    settings: Settings, db_url: str
+) -> None:
+    """A backlog must not pause a poll interval because its batch held a row that cannot fire."""
+    insert_scheduled(db_url, "minus-infinity", "-infinity")  # sorts first: in the first claim
+    for i in range(10):
+        insert_scheduled(db_url, f"overdue-{i}", "2026-01-01T00:00:00Z")
+    replica = Replica(settings.model_copy(update={"batch_size": 5}))
+    await replica.pool.open(wait=True)
+    await replica.broker.connect()
+    try:
+        await replica.broker.ensure_streams()
+        full = await replica.firing.tick()
+        assert attempts(db_url, "minus-infinity") == 1, "the unreadable row was not in the claim"
+        assert full, "a claim of batch_size rows counted as not full"
+    finally:
+        await replica.broker.close()
+        await replica.pool.close()
