@@ -104,9 +104,15 @@ class Firing:
                 try:
                     full = await self.tick(firing)
                     failures = 0
-                except TransientError as exc:
+                except Exception as exc:  # one verdict for all (errors.verdict): only fatal ends the loop
+                    if (judged := verdict(exc)) == "fatal":
+                        raise
                     failures += 1
-                    log.warning("claim failed", extra={"action": "claim_failed", "error": str(exc)})
+                    log.warning(
+                        "claim failed",
+                        extra={"action": "claim_failed", "error": f"{type(exc).__name__}: {exc}"},
+                        exc_info=judged == "alone",  # not foreseen: show where
+                    )
                     await self.wakeup.sleep(min(CLAIM_RETRY_FIRST_S * 2 ** (failures - 1), poll_s), stop)
                     continue
                 if full:
