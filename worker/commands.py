@@ -195,6 +195,16 @@ def _identifier(value: str, key: str, reason: Reason) -> str:
     return value
 
 
+def identifier_problem(value: str, key: str) -> str | None:
+    """Why `value` cannot be an id (the rule of serviceCallId and correlationId), or None. For
+    readers of ids that are no commands: timer.get."""
+    try:
+        _identifier(value, key, "bad_service_call_id")
+    except _Reject as exc:
+        return exc.detail
+    return None
+
+
 def _correlation(obj: JsonObject) -> str | None:
     value = _optional(obj, "correlationId", str)
     return None if value is None else _identifier(value, "correlationId", "bad_correlation_id")
