@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from typing import Any
 
 import psycopg
 import pytest
@@ -92,3 +93,37 @@ async def test_an_acknowledgement_that_cannot_be_buffered_in_an_outage_does_not_
         await until(lambda: replica.broker.connected, timeout=30, what="NATS back")
         await until(lambda: consumer_idle(settings), timeout=60, what="the command acknowledged after all")
         assert not replica.stop.is_set(), "intake died on an acknowledgement it could not send"
+
+
+async def test_a_batch_split_by_a_reconnect_does_not_turn_atomic_publishing_off(settings: Settings) -> None:
+    """A reconnect in the middle of an atomic batch loses part of it: the server refuses the
+    commit (the batch is incomplete). That says nothing about the stream; the batch goes one by
+    one and the next one is atomic again. Only a stream without allow_atomic turns batching off."""
+    from worker.broker import Broker
+    from worker.contract import Outgoing
+
+    broker = Broker(settings)
+    await broker.connect()
+    try:
+        await broker.ensure_streams()
+        assert broker.nc is not None
+        send = broker.nc.publish
+        lost = []
+
+        async def lose_the_second(subject: str, payload: bytes = b"", **kw: Any) -> None:
+            if (kw.get("headers") or {}).get("Nats-Batch-Sequence") == "2" and not lost:
+                lost.append(subject)  # as if the connection dropped it
+                return
+            await send(subject, payload, **kw)
+
+        broker.nc.publish = lose_the_second  # type: ignore[method-assign]
+        due = settings.subject_prefix + ".acme.timer.due"
+
+        def batch(tag: str) -> list[Outgoing]:
+            return [Outgoing(due, b"{}", {"Nats-Msg-Id": f"{tag}-{i}"}) for i in range(150)]
+
+        assert await broker.publish_atomic(batch("split"), 10) == [None] * 150  # one by one
+        assert lost, "the batch was not split"
+        assert broker._atomic, "an incomplete batch turned atomic publishing off for good"
+    finally:
+        await broker.close()
