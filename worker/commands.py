@@ -340,8 +340,8 @@ def carried_headers(
     return kept or None, dropped
 
 
-# A header name NATS can carry: printable ASCII without spaces or colons.
-_HEADER_NAME_RE = re.compile(r"[!-9;-~]+\Z")
+# A header name NATS clients send: an RFC 7230 token (nats-py refuses any other when publishing).
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 
 
 def stored_carried_problem(carried: object) -> str | None:
