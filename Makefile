@@ -39,9 +39,10 @@ system-packages:
 	    -o Dpkg::Options::=--force-confold $$missing >/dev/null; \
 	fi
 
-# The fault-injection scenarios at ten times the size: 20,000 timers over 150 s each.
+# The fault-injection scenarios at ten times the size: 20,000 timers over 150 s each; and the
+# error boundary's property tests with ten times the examples (400 rows, 400 commands).
 chaos-soak: $(STAMP) system-packages
-	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos
+	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos tests/integration/test_fuzz.py
 
 # The Dockerfile built into an image with Debian's buildah (no Docker daemon needed) and run:
 # `--version`, and /healthz of `run` on the test servers. About three minutes; not part of `make test`,

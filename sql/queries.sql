@@ -373,3 +373,8 @@ SELECT count(*) AS fired,
 FROM timers
 WHERE state <> 'Scheduled' AND updated_at > now() - %(window)s::interval
   AND state = 'Reached' AND reached_at IS NOT NULL;
+
+-- name: server_encoding
+-- The database's encoding: only UTF8 holds every id (store.require_utf8).
+SELECT current_database() AS database, pg_encoding_to_char(encoding) AS encoding
+FROM pg_database WHERE datname = current_database();

@@ -45,6 +45,7 @@ async def _with_client(settings: Any, action: Any) -> Any:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from worker import migrations
+    from worker.store import require_utf8
 
     settings = load_settings()
     url = settings.database_url.get_secret_value()
@@ -53,6 +54,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"applied: {', '.join(map(str, applied)) or 'none'}")
         print(f"pending: {', '.join(f'{v} ({name})' for v, name in pending) or 'none'}")
         return 1 if pending else 0
+    require_utf8(url)  # before anything is written to a database the replicas would refuse
     applied = migrations.migrate(url)
     print(f"migrations applied: {', '.join(map(str, applied))}" if applied else "schema up to date")
     return 0

@@ -14,10 +14,11 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from worker import metrics, tracing
 from worker.clock import Clock
+from worker.commands import stored_carried_problem
 from worker.config import Settings
 from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, due_event, iso
 from worker.crashpoints import crash_point
-from worker.errors import TransientError
+from worker.errors import TransientError, verdict
 from worker.ports import EventPublisher, FiringStore
 from worker.recurrence import Repeat, next_occurrence
 from worker.store import Claimed, Fired, Key, Leased, Unreadable
@@ -103,9 +104,15 @@ class Firing:
                 try:
                     full = await self.tick(firing)
                     failures = 0
-                except TransientError as exc:
+                except Exception as exc:  # one verdict for all (errors.verdict): only fatal ends the loop
+                    if (judged := verdict(exc)) == "fatal":
+                        raise
                     failures += 1
-                    log.warning("claim failed", extra={"action": "claim_failed", "error": str(exc)})
+                    log.warning(
+                        "claim failed",
+                        extra={"action": "claim_failed", "error": f"{type(exc).__name__}: {exc}"},
+                        exc_info=judged == "alone",  # not foreseen: show where
+                    )
                     await self.wakeup.sleep(min(CLAIM_RETRY_FIRST_S * 2 ** (failures - 1), poll_s), stop)
                     continue
                 if full:
@@ -172,7 +179,8 @@ class Firing:
         in_flight = set() if firing is None else firing
         if result.claimed or result.unreadable:
             in_flight.add(asyncio.create_task(self.fire(result.claimed, result.unreadable), name="fire"))
-        full = len(result.claimed) >= self.s.batch_size
+        # Unreadable rows took places in the batch too: a full claim of them is still a backlog.
+        full = len(result.claimed) + len(result.unreadable) >= self.s.batch_size
         await _settle(in_flight, PIPELINE_DEPTH - 1 if full and firing is not None else 0)
         self._idle_s = poll_s if wake_at is None else min(poll_s, max(0.0, wake_at - time.monotonic()))
         return full
@@ -195,10 +203,15 @@ class Firing:
                     c, "due_at_out_of_range", f"dueAt {iso(c.due_at)} is outside {DUE_AT_RANGE}", failed
                 )
                 continue
+            if (problem := stored_carried_problem(c.carried)) is not None:
+                self._cannot_fire(c, "bad_carried_headers", problem, failed)
+                continue
             try:  # computed before the publish: an event goes out only when its row can be recorded
                 nexts[c.tenant_id, c.service_call_id] = next_of(c)
-            except (ValueError, OverflowError) as exc:
-                self._cannot_fire(c, "bad_repeat", f"next occurrence: {exc}", failed)
+            except Exception as exc:  # whatever the row's values break, the row alone fails
+                if verdict(exc) != "alone":
+                    raise
+                self._cannot_fire(c, "bad_repeat", f"next occurrence: {type(exc).__name__}: {exc}", failed)
         waiting = sorted(
             (c for c in claimed if (c.tenant_id, c.service_call_id) in nexts), key=lambda c: c.due_at
         )

@@ -20,7 +20,7 @@ from worker.commands import carried_headers, parse_command
 from worker.config import Settings
 from worker.contract import INVALID_TENANT, Command, Outgoing, Rejection, ScheduleTimer
 from worker.crashpoints import crash_point
-from worker.errors import TransientError
+from worker.errors import TransientError, verdict
 from worker.ports import IntakeBroker, IntakeStore
 from worker.waiting import wait_any
 from worker.wakeup import Wakeup
@@ -63,7 +63,19 @@ class Intake:
                     self.broker.check_streams_soon()
                     await wait_any(1.0, stop)
                     continue
-                await self.handle(msgs)
+                try:
+                    await self.handle(msgs)
+                except Exception as exc:
+                    # Whatever the batch met, intake goes on: its unsettled commands come back
+                    # after the consumer's ack wait. Only a fatal verdict (errors.verdict) ends it.
+                    if verdict(exc) == "fatal":
+                        raise
+                    log.error(
+                        "intake batch failed",
+                        extra={"action": "intake_failed", "error": f"{type(exc).__name__}: {exc}"},
+                        exc_info=verdict(exc) == "alone",  # not foreseen: show where
+                    )
+                    await wait_any(1.0, stop)
         finally:
             # Fetched messages are never marked done in the pull subscription's queue, so
             # draining the connection would wait on it until its timeout: unsubscribe first.
@@ -98,7 +110,7 @@ class Intake:
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
             for msg, _ in batch:  # nothing decided, nothing acknowledged
-                await msg.nak(delay=RETRY_DELAY_S)
+                await settle(msg, RETRY_DELAY_S)
             return []
         if over:
             await self.reject(
@@ -143,9 +155,9 @@ class Intake:
         for (msg, why), error in zip(rejected, results, strict=True):
             if error is not None:  # the DLQ is unreachable: keep the command, try again later
                 failed = failed or error
-                await msg.nak(delay=RETRY_DELAY_S)
+                await settle(msg, RETRY_DELAY_S)
                 continue
-            await msg.ack()
+            await settle(msg)
             metrics.COMMANDS_REJECTED.labels(why.reason).inc()
             log.info(
                 "command rejected",
@@ -190,7 +202,7 @@ class Intake:
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
             for msg, _ in batch:  # nothing committed, nothing acknowledged
-                await msg.nak(delay=RETRY_DELAY_S)
+                await settle(msg, RETRY_DELAY_S)
             return
         metrics.COMMAND_BATCH_SECONDS.observe(time.perf_counter() - started)
         crash_point("committed")
@@ -202,9 +214,9 @@ class Intake:
                 continue
             metrics.COMMANDS_APPLIED.labels(kind, outcome).inc()
             if outcome == "deferred":  # its occurrence is being fired: apply after that
-                await msg.nak(delay=self.s.lease_ms / 1000)
+                await settle(msg, self.s.lease_ms / 1000)
             else:
-                await msg.ack()
+                await settle(msg)
         if stuck:
             log.warning(
                 "commands given up",
@@ -234,6 +246,21 @@ class Intake:
             return  # the regular poll will see it in time
         self.wakeup.hint(soonest)
         await self.broker.hint(self.broker.subjects.wake, f"{soonest:.3f}".encode())
+
+
+async def settle(msg: Msg, retry_in: float | None = None) -> None:
+    """Acknowledge a command (retry_in None) or offer it again after retry_in seconds. When NATS
+    cannot take that now (reconnecting, with TIMER_PUBLISH_BUFFER_BYTES too small to hold it),
+    nothing is lost: the command comes back after the consumer's ack wait and, being idempotent,
+    is settled then. So a transient failure here is logged, never raised."""
+    try:
+        await (msg.ack() if retry_in is None else msg.nak(delay=retry_in))
+    except Exception as exc:
+        if verdict(exc) != "transient":
+            raise
+        metrics.COMMAND_SETTLE_FAILED.inc()
+        # Counted, and logged at debug only: in an outage every command of a batch meets it.
+        log.debug("command not settled", extra={"action": "settle_failed", "error": f"{type(exc).__name__}"})
 
 
 def _stuck_detail(s: Settings) -> str:

@@ -23,7 +23,7 @@ from worker.intake import Intake
 from worker.queries import OVERDUE_CAP
 from worker.readmodel import ReadModel
 from worker.retention import Retention
-from worker.store import ADAPTERS, Store, session_conninfo
+from worker.store import ADAPTERS, Store, require_utf8, session_conninfo
 from worker.waiting import wait_any
 from worker.wakeup import Wakeup
 
@@ -114,6 +114,7 @@ class Replica:
     def _schema(self) -> None:
         """Migrate; or, with TIMER_MIGRATE=false, wait (retried by _connect) until someone has."""
         url = self.s.database_url.get_secret_value()
+        require_utf8(url)
         if self.s.migrate:
             migrations.migrate(url)
         elif missing := migrations.status(url)[1]:
