@@ -141,7 +141,8 @@ claimed AS (
         lease_owner = %(owner)s,
         lease_token = token.lease_token,
         lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond',
-        attempts = t.attempts + 1,
+        -- Saturates: `+ 1` past integer's maximum would fail the whole claim, one row stopping the fleet.
+        attempts = least(t.attempts, 2147483646) + 1,
         -- A recurring timer's next occurrence is the first due after this (worker/recurrence.py).
         -- Downtime is the only reason to skip one: the timer sat claimable and unclaimed for
         -- %(downtime_ms)s (since it came due, its lease ran out, or mark_fired carried the
@@ -192,7 +193,7 @@ UPDATE timers t SET
     state = CASE WHEN f.next_due_at IS NULL THEN 'Reached' ELSE 'Scheduled' END,
     due_at = coalesce(f.next_due_at, t.due_at),
     occurrence_index = coalesce(f.next_index, t.occurrence_index),
-    fired_count = t.fired_count + 1,
+    fired_count = least(t.fired_count, 2147483646) + 1,  -- saturates, as attempts in claim_due
     reached_at = now(),
     updated_at = now(),
     lease_owner = NULL,

@@ -376,3 +376,16 @@ async def test_sessions_speak_utf8_whatever_the_database_sets_for_clients(
         await until(lambda: rec.keys()[("acme", "注文-42")] == 1, what="注文-42 fired")
         assert (await get(js, settings, "注文-42"))["state"] == "Reached"
         assert not replica.stop.is_set()
+
+
+async def test_a_row_at_the_largest_attempts_count_fires_without_stopping_the_claim(
+    settings: Settings, db_url: str
+) -> None:
+    """`attempts + 1` on a row at integer's maximum (written by hand, or after years of back-off)
+    made the whole claim statement fail with numeric_value_out_of_range, a fatal verdict: one row
+    stopped every replica that claimed it. The count saturates instead."""
+    insert_scheduled(db_url, "worn-out", "2026-01-01T00:00:00Z")
+    query(db_url, "UPDATE timers SET attempts = 2147483647 WHERE service_call_id = 'worn-out'")
+    async with running_replica(settings) as replica, recorder(settings) as rec:
+        await until(lambda: rec.keys()[("acme", "worn-out")] > 0, what="the worn-out timer fired")
+        assert not replica.stop.is_set()

@@ -73,6 +73,8 @@ rows = st.fixed_dictionaries(
         | stored_text,
         "anchor_due_at": st.none() | timestamps,
         "occurrence_index": st.integers(-(2**31), 2**31 - 1),
+        "attempts": st.sampled_from([0, 2**31 - 1]) | st.integers(-(2**31), 2**31 - 1),
+        "fired_count": st.sampled_from([0, 2**31 - 1]) | st.integers(-(2**31), 2**31 - 1),
         "carried_headers": st.none()
         | json_values
         | st.dictionaries(st.sampled_from(["traceparent", "tracestate", "x-a"]) | stored_text, stored_text),
@@ -101,14 +103,16 @@ def _insert(db_url: str, row: dict[str, Any]) -> None:
         row["repeat_times"],
         row["repeat_timezone"],
         row["occurrence_index"],
+        row["attempts"],
+        row["fired_count"],
         None if carried is None else json.dumps(carried),
     ]
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("DELETE FROM timers")
         conn.execute(
             "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, correlation_id,"
-            " repeat_every, repeat_times, repeat_timezone, occurrence_index, carried_headers)"
-            f" VALUES ('acme', %s, 'Scheduled', {due_sql}, {anchor_sql}, %s, %s, %s, %s, %s, %s::jsonb)",
+            " repeat_every, repeat_times, repeat_timezone, occurrence_index, attempts, fired_count, carried_headers)"
+            f" VALUES ('acme', %s, 'Scheduled', {due_sql}, {anchor_sql}, %s, %s, %s, %s, %s, %s, %s, %s::jsonb)",
             params,
         )
 
@@ -139,7 +143,11 @@ def test_no_row_value_ends_the_firing_loop(settings: Settings, db_url: str) -> N
                 None,
             )
         # Fired, or recorded on itself, or not claimed at all (not due, or infinitely far).
-        assert state == "Reached" or error is not None or attempts == 0, (state, attempts, error)
+        assert state == "Reached" or error is not None or attempts == row["attempts"], (
+            state,
+            attempts,
+            error,
+        )
 
     try:
         one_row()
