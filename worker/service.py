@@ -31,6 +31,8 @@ log = logging.getLogger("worker.service")
 
 # A loop that has not ticked for this long makes /healthz fail.
 STALL_S = 30.0
+# After the hard stop, how long the cancelled loops get to end before the replica exits anyway.
+CANCEL_GRACE_S = 2.0
 
 
 class SchemaNotReady(Exception):
@@ -154,7 +156,14 @@ class Replica:
         _, late = await asyncio.wait(tasks, timeout=self.s.drain_timeout_ms / 1000)
         for t in late:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Each loop owns the tasks it starts and cancels them with itself (Firing.run), and a
+        # cancelled statement is cancelled in Postgres too; still, the exit is bounded whatever
+        # a loop does with its cancellation: one that has not ended by then is left behind.
+        if late and (stuck := (await asyncio.wait(late, timeout=CANCEL_GRACE_S))[1]):
+            log.error(
+                "loop ignored its cancellation",
+                extra={"action": "loop_stuck", "loop": ",".join(sorted(t.get_name() for t in stuck))},
+            )
         log.info("stopped", extra={"action": "replica_stopped", "hard": bool(late)})
         return 1 if crashed else 0
 
