@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -23,7 +24,7 @@ from worker.intake import Intake
 from worker.queries import OVERDUE_CAP
 from worker.readmodel import ReadModel
 from worker.retention import Retention
-from worker.store import ADAPTERS, Store, session_conninfo
+from worker.store import ADAPTERS, ORDER_GRACE, Store, session_conninfo
 from worker.waiting import wait_any
 from worker.wakeup import Wakeup
 
@@ -58,7 +59,10 @@ class Replica:
             },
             name=settings.worker_id,
         )
-        self.store = Store(self.pool, settings.stuck_after)
+        # A command waiting for its timer comes back a lease after each deferral: a few leases
+        # without it, the timer not claimed, and the later ones no longer wait for it.
+        grace = max(ORDER_GRACE, 3 * timedelta(milliseconds=settings.lease_ms))
+        self.store = Store(self.pool, settings.stuck_after, grace)
         self.firing = Firing(settings, self.store, self.broker, self.wakeup, self.clock)
         self.intake = Intake(settings, self.store, self.broker, self.wakeup, self.clock)
         self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
