@@ -192,10 +192,21 @@ class Firing:
                 await self.fire(result.claimed, result.unreadable)
         else:
             if result.claimed or result.unreadable:
-                firing.add(group.create_task(self.fire(result.claimed, result.unreadable), name="fire"))
+                firing.add(
+                    group.create_task(self._fire_beside(result.claimed, result.unreadable), name="fire")
+                )
             await _settle(firing, PIPELINE_DEPTH - 1 if full else 0)
         self._idle_s = poll_s if wake_at is None else min(poll_s, max(0.0, wake_at - time.monotonic()))
         return full
+
+    async def _fire_beside(self, claimed: list[Claimed], unreadable: Sequence[Unreadable]) -> None:
+        """A batch fired beside the next claim, in the loop's task group: Postgres away or
+        read-only past the lease is no reason to end the loop (and the group with it); its
+        claims expire and fire again, from here or elsewhere."""
+        try:
+            await self.fire(claimed, unreadable)
+        except TransientError as exc:
+            log.warning("mark failed", extra={"action": "claim_failed", "error": str(exc)})
 
     async def fire(self, claimed: list[Claimed], unreadable: Sequence[Unreadable] = ()) -> None:
         """Publish each occurrence as soon as it is due on the database clock, then record them all."""
