@@ -198,7 +198,9 @@ class Intake:
     async def apply(self, batch: list[tuple[Msg, Command]]) -> None:
         started = time.perf_counter()
         try:
-            outcomes = await self._apply_retrying([c for _, c in batch])
+            # Their stream sequences keep each timer's commands in stream order (Store.apply).
+            seqs = [msg.metadata.sequence.stream for msg, _ in batch]
+            outcomes = await self._apply_retrying([c for _, c in batch], seqs)
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
             for msg, _ in batch:  # nothing committed, nothing acknowledged
@@ -225,7 +227,7 @@ class Intake:
             await self.reject(stuck)
         await self._hint([c for (_, c), o in zip(batch, outcomes, strict=True) if o == "applied"])
 
-    async def _apply_retrying(self, commands: list[Command]) -> list[str]:
+    async def _apply_retrying(self, commands: list[Command], seqs: list[int]) -> list[str]:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(TransientError),
             stop=stop_after_delay(5),
@@ -233,7 +235,7 @@ class Intake:
             reraise=True,
         ):
             with attempt:
-                return list(await self.store.apply(commands))
+                return list(await self.store.apply(commands, seqs))
         raise AssertionError("unreachable: tenacity reraises")
 
     async def _hint(self, applied: list[Command]) -> None:

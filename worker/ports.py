@@ -38,9 +38,13 @@ class FiringStore(Protocol):
 
 
 class IntakeStore(Protocol):
-    """Intake's database: apply a batch of commands in one transaction; what the quota reads."""
+    """Intake's database: apply a batch of commands in one transaction, each timer's in the order
+    of their stream sequences (`seqs`), a command waiting for its timer holding up the later
+    ones; what the quota reads."""
 
-    async def apply(self, commands: Sequence[Command]) -> list[Outcome]: ...
+    async def apply(
+        self, commands: Sequence[Command], seqs: Sequence[int] | None = None
+    ) -> list[Outcome]: ...
 
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -23,7 +24,7 @@ from worker.intake import Intake
 from worker.queries import OVERDUE_CAP
 from worker.readmodel import ReadModel
 from worker.retention import Retention
-from worker.store import ADAPTERS, Store, require_utf8, session_conninfo
+from worker.store import ADAPTERS, ORDER_GRACE, Store, require_utf8, session_conninfo
 from worker.waiting import wait_any
 from worker.wakeup import Wakeup
 
@@ -31,6 +32,8 @@ log = logging.getLogger("worker.service")
 
 # A loop that has not ticked for this long makes /healthz fail.
 STALL_S = 30.0
+# After the hard stop, how long the cancelled loops get to end before the replica exits anyway.
+CANCEL_GRACE_S = 2.0
 
 
 class SchemaNotReady(Exception):
@@ -56,7 +59,10 @@ class Replica:
             },
             name=settings.worker_id,
         )
-        self.store = Store(self.pool, settings.stuck_after)
+        # A command waiting for its timer comes back a lease after each deferral: a few leases
+        # without it, the timer not claimed, and the later ones no longer wait for it.
+        grace = max(ORDER_GRACE, 3 * timedelta(milliseconds=settings.lease_ms))
+        self.store = Store(self.pool, settings.stuck_after, grace)
         self.firing = Firing(settings, self.store, self.broker, self.wakeup, self.clock)
         self.intake = Intake(settings, self.store, self.broker, self.wakeup, self.clock)
         self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
@@ -155,7 +161,14 @@ class Replica:
         _, late = await asyncio.wait(tasks, timeout=self.s.drain_timeout_ms / 1000)
         for t in late:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Each loop owns the tasks it starts and cancels them with itself (Firing.run), and a
+        # cancelled statement is cancelled in Postgres too; still, the exit is bounded whatever
+        # a loop does with its cancellation: one that has not ended by then is left behind.
+        if late and (stuck := (await asyncio.wait(late, timeout=CANCEL_GRACE_S))[1]):
+            log.error(
+                "loop ignored its cancellation",
+                extra={"action": "loop_stuck", "loop": ",".join(sorted(t.get_name() for t in stuck))},
+            )
         log.info("stopped", extra={"action": "replica_stopped", "hard": bool(late)})
         return 1 if crashed else 0
 
