@@ -373,3 +373,7 @@ SELECT count(*) AS fired,
 FROM timers
 WHERE state <> 'Scheduled' AND updated_at > now() - %(window)s::interval
   AND state = 'Reached' AND reached_at IS NOT NULL;
+
+-- name: fleet_secret
+-- The key of every Nats-Msg-Id (worker/contract.py, MessageIds); read once per replica or CLI run.
+SELECT secret FROM fleet_secret;
