@@ -104,9 +104,7 @@ async def test_first_attempts_go_in_one_atomic_batch_and_retries_one_by_one(
     await store.claim("crashed", 2, 0, lease_ms=1000)  # t0 and t1: a replica claimed them and died
     time.t += 1.5  # its lease ran out
     await firing(settings, store, publisher, clock).tick()
-    by_method = {
-        c.method: sorted(event_id(m).split(":")[1] for m in c.messages) for c in publisher.calls
-    }
+    by_method = {c.method: sorted(event_id(m).split(":")[1] for m in c.messages) for c in publisher.calls}
     assert by_method == {"atomic": ["t2"], "many": ["t0", "t1"]}
     assert len(publisher.calls) == 2
 
