@@ -26,7 +26,7 @@ import pytest
 from pydantic import SecretStr
 
 from tests.certs import SERVER_NAME, Pki, make_pki
-from tests.helpers import running_replica, settings_env, until
+from tests.helpers import jetstream, publish_raw, query, row, running_replica, settings_env, until
 from tests.servers import admin
 from worker import logs
 from worker.broker import Broker, connect_options
@@ -472,3 +472,35 @@ def test_security_doc_lists_every_credential_and_tls_setting() -> None:
     missing = [f"TIMER_{n.upper()}" for n in security if f"TIMER_{n.upper()}" not in doc]
     assert missing == []
     assert "docs/SECURITY.md" in (ROOT / "README.md").read_text()
+
+
+# --- tenants against each other (issue 19) --------------------------------------------------------
+
+
+async def test_a_tenant_cannot_make_another_tenants_event_vanish(settings: Settings, db_url: str) -> None:
+    """Defect 1: mallory, allowed to publish on its own subjects, publishes on its own `due`
+    subject first, with the id the victim's firing would carry if it were the envelope id
+    (`<tenant>:<serviceCallId>:<dueAt ms>`, public in the docs). The events stream deduplicates
+    across every subject: the victim's event was dropped, its PubAck a success, the timer marked
+    Reached, and nothing delivered. Now the Nats-Msg-Id is an HMAC nobody outside can work out."""
+    p = settings.subject_prefix
+    (now,) = query(db_url, "SELECT now()")[0]
+    due = (now + timedelta(seconds=2)).replace(microsecond=0)
+    envelope_id = f"victim:sc-1:{round(due.timestamp() * 1000)}"
+    async with running_replica(settings), jetstream(settings) as js:
+        forged = await js.publish(f"{p}.mallory.timer.due", b"{}", headers={"Nats-Msg-Id": envelope_id})
+        assert forged.stream == settings.event_stream and not forged.duplicate
+        body = {"tenantId": "victim", "serviceCallId": "sc-1", "dueAt": due.isoformat()}
+        await publish_raw(js, settings, "victim", "schedule", body)
+
+        def reached() -> bool:
+            r = row(db_url, "victim", "sc-1")
+            return r is not None and r["state"] == "Reached"
+
+        # Reached only after JetStream acknowledged the event: stored, or dropped as a duplicate.
+        await until(reached, timeout=30, what="the victim's timer reached")
+        event = await js.get_last_msg(settings.event_stream, f"{p}.victim.timer.due")
+    assert json.loads(event.data)["id"] == envelope_id, "the contract's envelope id is unchanged"
+    assert event.headers is not None
+    msg_id = event.headers["Nats-Msg-Id"]
+    assert len(msg_id) == 32 and "victim" not in msg_id and "sc-1" not in msg_id
