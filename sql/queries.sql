@@ -426,3 +426,7 @@ WHERE state <> 'Scheduled' AND updated_at > now() - %(window)s::interval
 -- The database's encoding: only UTF8 holds every id (store.require_utf8).
 SELECT current_database() AS database, pg_encoding_to_char(encoding) AS encoding
 FROM pg_database WHERE datname = current_database();
+
+-- name: fleet_secret
+-- The key of every Nats-Msg-Id (worker/contract.py, MessageIds); read once per replica or CLI run.
+SELECT secret FROM fleet_secret;

@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from worker.contract import Outgoing, Subjects
+from worker.contract import MessageIds, Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
 from worker.natsconn import nats_connect
 
@@ -81,6 +81,10 @@ def connect_options(s: Settings) -> dict[str, Any]:
 
 class Broker:
     """One replica's NATS connection and everything it does with JetStream."""
+
+    # Every Nats-Msg-Id it publishes with: set by the replica from the fleet secret before any
+    # loop starts (service.Replica._connect).
+    ids: MessageIds
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

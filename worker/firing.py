@@ -302,7 +302,8 @@ class Firing:
         retries = sum(1 for c in due if c.attempts > 1)
         reached, reached_ms = iso(now), round(now.timestamp() * 1000)
         subjects = self.broker.subjects
-        messages = [due_event(c, subjects.due(c.tenant_id), reached, reached_ms) for c in due]
+        ids = self.broker.ids
+        messages = [due_event(c, subjects.due(c.tenant_id), reached, reached_ms, ids) for c in due]
         first, again = messages[: len(messages) - retries], messages[len(messages) - retries :]
         timeout = self.s.publish_timeout_ms / 1000
         started = time.perf_counter()

@@ -176,9 +176,12 @@ class Intake:
             "Timer-Error": why.reason,
             "Timer-Error-Detail": why.detail,
             "Timer-Subject": msg.subject[:200],
-            # The command's own stream position: when a PubAck is lost, the command comes back
-            # and is copied again, and the DLQ stream drops that copy, so it holds each one once.
-            "Nats-Msg-Id": f"{self.s.command_stream}:{msg.metadata.sequence.stream}",
+            # From the command's own stream position and time: when a PubAck is lost, the command
+            # comes back and is copied again, and the DLQ stream drops that copy, so it holds each
+            # one once; a recreated command stream's commands get copies of their own.
+            "Nats-Msg-Id": self.broker.ids.derived(
+                self.s.command_stream, msg.metadata.sequence.stream, msg.metadata.timestamp
+            ),
         }
         data = self._fit(msg.data, headers)
         return Outgoing(self.broker.subjects.dlq(why.dlq_token), data, headers)

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from nats.aio.msg import Msg
 
-from worker.contract import Command, Outgoing, Subjects
+from worker.contract import Command, MessageIds, Outgoing, Subjects
 from worker.store import ClaimResult, Fired, Key, Leased, Outcome
 
 
@@ -56,6 +56,7 @@ class EventPublisher(Protocol):
     not; no call raises for a message that failed (worker/broker.py)."""
 
     subjects: Subjects
+    ids: MessageIds  # the Nats-Msg-Ids of what it publishes
 
     @property
     def max_payload(self) -> int: ...

@@ -17,6 +17,7 @@ from worker import metrics, migrations
 from worker.broker import Broker
 from worker.clock import DbClock
 from worker.config import Settings, mask_url
+from worker.contract import MessageIds
 from worker.errors import ConfigError, DatabaseError, TransientError
 from worker.firing import LOOKAHEAD_MS, Firing
 from worker.http import HttpServer
@@ -110,6 +111,7 @@ class Replica:
                     return False
                 await asyncio.to_thread(self._schema)
                 await self.pool.open(wait=True, timeout=10)
+                self.broker.ids = MessageIds(await self.store.fleet_secret())
                 if not self.broker.connected:
                     # nats-py retries a first connect forever when reconnects are unlimited;
                     # bound it so a SIGTERM during an outage still gets a look-in.

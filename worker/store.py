@@ -477,6 +477,16 @@ class Store:
                 pending = {r["tenant_id"]: int(r["pending"]) for r in await cur.fetchall()}
         return known, pending
 
+    async def fleet_secret(self) -> bytes:
+        """The key of every Nats-Msg-Id (contract.MessageIds), made by migration 0005."""
+        with self._db():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(QUERIES["fleet_secret"])
+                found = await cur.fetchone()
+        if found is None:
+            raise DatabaseError("fleet_secret is empty: restore its row from a backup of this database")
+        return bytes(found[0])
+
     async def ping(self) -> None:
         with self._db():
             async with self.pool.connection(timeout=2) as conn:
