@@ -111,8 +111,9 @@ def _insert(db_url: str, row: dict[str, Any]) -> None:
         conn.execute("DELETE FROM timers")
         conn.execute(
             "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, correlation_id,"
-            " repeat_every, repeat_times, repeat_timezone, occurrence_index, attempts, fired_count, carried_headers)"
-            f" VALUES ('acme', %s, 'Scheduled', {due_sql}, {anchor_sql}, %s, %s, %s, %s, %s, %s, %s, %s::jsonb)",
+            " repeat_every, repeat_times, repeat_timezone, occurrence_index, attempts, fired_count,"
+            " carried_headers) VALUES ('acme', %s, 'Scheduled',"
+            f" {due_sql}, {anchor_sql}, %s, %s, %s, %s, %s, %s, %s, %s::jsonb)",
             params,
         )
 
