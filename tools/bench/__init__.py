@@ -23,6 +23,8 @@ from typing import Any
 from tools.bench.calibrate import calibrate, describe
 from tools.bench.rig import machine
 from tools.bench.scenarios import SCENARIOS, Context, Metrics, Scenario
+from worker.errors import ConfigError
+from worker.logs import redact
 
 MODULE_PROG = "python -m tools.bench"
 
@@ -33,7 +35,11 @@ def main(argv: list[str] | None = None, prog: str = MODULE_PROG) -> int:
     p = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").split("\n\n")[0])
     add_arguments(p)
     args = p.parse_args(given)
-    return run_bench(args, invocation(prog, MODULE_PROG, "bench", given))
+    try:
+        return run_bench(args, invocation(prog, MODULE_PROG, "bench", given))
+    except ConfigError as exc:  # no embedded extra and no URLs given: one line, as the CLI says it
+        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
+        return 2
 
 
 def invocation(prog: str, module_prog: str, make_target: str, argv: list[str]) -> str:
