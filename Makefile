@@ -39,9 +39,10 @@ system-packages:
 	    -o Dpkg::Options::=--force-confold $$missing >/dev/null; \
 	fi
 
-# The fault-injection scenarios at ten times the size: 20,000 timers over 150 s each.
+# The fault-injection scenarios at ten times the size: 20,000 timers over 150 s each; and the
+# error boundary's property tests with ten times the examples (400 rows, 400 commands).
 chaos-soak: $(STAMP) system-packages
-	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos
+	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos tests/integration/test_fuzz.py
 
 # The Dockerfile built into an image with Debian's buildah (no Docker daemon needed) and run:
 # `--version`, and /healthz of `run` on the test servers. About three minutes; not part of `make test`,
@@ -52,21 +53,24 @@ image-test: $(STAMP) system-packages
 	$(BIN)/pytest -s tests/image
 
 lint: $(STAMP)
-	$(BIN)/ruff check worker tests docs
-	$(BIN)/ruff format --check worker tests docs
+	$(BIN)/ruff check worker tools tests docs
+	$(BIN)/ruff format --check worker tools tests docs
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The scenarios of docs/BENCHMARKS.md (tools/bench: in the repository, not in the package), every
+# one with a target, 3 runs each; `timer-service bench` runs the same from this checkout. ARGS for
+# more, e.g. `make bench ARGS="drain --runs 5"`.
 bench: $(STAMP)
-	$(BIN)/timer-service bench
+	$(BIN)/python -m tools.bench $(ARGS)
 
 # This service beside graphile-worker (npm), pgqueuer (PyPI) and NATS message schedules, on one
 # Postgres and NATS: drain and lateness, 3 runs each, about 10 minutes (docs/BENCHMARKS.md, "Side
-# by side"). The peers go into a throwaway directory; needs Node.js and npm. ARGS for more, e.g.
-# `make bench-peers ARGS="--runs 5 --drain 100000"`.
+# by side"). The peers go into a throwaway directory and their programs are tools/bench/programs/;
+# needs Node.js and npm. ARGS for more, e.g. `make bench-peers ARGS="--runs 5 --drain 100000"`.
 bench-peers: $(STAMP)
-	$(BIN)/python -m worker.devkit.bench.peers $(ARGS)
+	$(BIN)/python -m tools.bench.peers $(ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-helm .pytest_cache .mypy_cache .ruff_cache

@@ -21,15 +21,22 @@
 -- The restatement test reads the locked row (t): reading the row any earlier would race a mark.
 -- carried_headers (trace context and allowed producer headers) is the command's, like its
 -- correlationId: a newer restatement records it too, and an array of NULLs needs not be sent.
+-- Stream order (commands without timestampMs): a command whose stream sequence (command_seq) is
+-- past the oldest command waiting for the timer (deferred_seqs[1]) is left alone and waits too;
+-- the waiting command itself, once applied, leaves deferred_seqs. A marker left unchanged for
+-- %(order_grace)s while the timer is not claimed is stale (its command will not come back: aged
+-- out, or applied by a release that ignores markers) and no longer holds anything up.
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts,
-                         repeat_every, repeat_times, repeat_timezone, anchor_due_at, carried_headers)
+                         repeat_every, repeat_times, repeat_timezone, anchor_due_at, carried_headers,
+                         command_seq)
 SELECT i.tenant_id, i.service_call_id, 'Scheduled', i.due_at, i.correlation_id, i.command_ts,
-       i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at, i.carried_headers
+       i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at, i.carried_headers, i.command_seq
 FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
             %(correlation_id)b::text[], %(command_ts)b::bigint[], %(repeat_every)b::text[],
-            %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(carried_headers)b::jsonb[])
+            %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(carried_headers)b::jsonb[],
+            %(command_seq)b::bigint[])
      AS i(tenant_id, service_call_id, due_at, correlation_id, command_ts, repeat_every,
-          repeat_times, repeat_timezone, carried_headers)
+          repeat_times, repeat_timezone, carried_headers, command_seq)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = 'Scheduled',
     -- A restatement keeps the timer's progress; anything else starts it afresh.
@@ -53,10 +60,15 @@ ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     last_error = NULL,
     lease_owner = NULL,
     lease_token = NULL,
+    command_seq = coalesce(excluded.command_seq, t.command_seq),
+    deferred_seqs = CASE WHEN t.updated_at >= now() - %(order_grace)s::interval
+                         THEN nullif(array_remove(t.deferred_seqs, excluded.command_seq), '{}') END,
     updated_at = now()
 WHERE t.state <> 'Reached'
   AND t.lease_expires_at IS NULL
   AND (excluded.command_ts IS NULL OR t.command_ts IS NULL OR excluded.command_ts >= t.command_ts)
+  AND (t.deferred_seqs IS NULL OR excluded.command_seq IS NULL OR excluded.command_seq <= t.deferred_seqs[1]
+       OR t.updated_at < now() - %(order_grace)s::interval)
   AND NOT (t.state = 'Scheduled'
            AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone, t.correlation_id,
                 t.carried_headers, t.command_ts)
@@ -69,32 +81,67 @@ RETURNING t.tenant_id, t.service_call_id;
 -- name: cancel_timers
 -- Cancel while Scheduled and unclaimed. A cancel for an unknown key leaves a Cancelled
 -- tombstone carrying its timestampMs, so an older ScheduleTimer arriving later stays ignored.
-INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts)
-SELECT i.tenant_id, i.service_call_id, 'Cancelled', NULL, i.correlation_id, i.command_ts
+-- Stream order and deferred_seqs as in upsert_schedules.
+INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts, command_seq)
+SELECT i.tenant_id, i.service_call_id, 'Cancelled', NULL, i.correlation_id, i.command_ts, i.command_seq
 FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(correlation_id)b::text[],
-            %(command_ts)b::bigint[])
-     AS i(tenant_id, service_call_id, correlation_id, command_ts)
+            %(command_ts)b::bigint[], %(command_seq)b::bigint[])
+     AS i(tenant_id, service_call_id, correlation_id, command_ts, command_seq)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = 'Cancelled',
     command_ts = coalesce(excluded.command_ts, t.command_ts),
+    command_seq = coalesce(excluded.command_seq, t.command_seq),
+    deferred_seqs = CASE WHEN t.updated_at >= now() - %(order_grace)s::interval
+                         THEN nullif(array_remove(t.deferred_seqs, excluded.command_seq), '{}') END,
     updated_at = now()
 WHERE t.state <> 'Reached'
   AND t.lease_expires_at IS NULL
   AND (excluded.command_ts IS NULL OR t.command_ts IS NULL OR excluded.command_ts >= t.command_ts)
+  AND (t.deferred_seqs IS NULL OR excluded.command_seq IS NULL OR excluded.command_seq <= t.deferred_seqs[1]
+       OR t.updated_at < now() - %(order_grace)s::interval)
 RETURNING t.tenant_id, t.service_call_id;
 
--- name: claimed_among
--- Of the given keys, those whose current occurrence is claimed: their commands wait. `stuck`:
--- first claimed longer than %(stuck_after)s ago and still not recorded (a row that cannot be
--- read or published, retried with back-off): its commands are given up (README, guarantees).
--- OFFSET 0 keeps the state and lease tests out of the scan of timers (see mark_fired): the
--- keys drive, through the primary key.
-SELECT tenant_id, service_call_id, coalesce(claimed_at < now() - %(stuck_after)s::interval, false)
-FROM (SELECT t.tenant_id, t.service_call_id, t.state, t.lease_expires_at, t.claimed_at
+-- name: held_among
+-- Of the given keys (commands the statements above left alone), those whose commands wait:
+-- `claimed`, its current occurrence is claimed (`stuck`: first claimed longer than
+-- %(stuck_after)s ago and still not recorded, a row that cannot be read or published, retried
+-- with back-off: its commands are given up, README, guarantees); `head`, the stream sequence of
+-- the oldest command waiting for it, unless stale (see upsert_schedules); `marked`, any is
+-- recorded. OFFSET 0 keeps the state and lease tests out of the scan of timers (see mark_fired):
+-- the keys drive, through the primary key.
+SELECT tenant_id, service_call_id,
+       state = 'Scheduled' AND lease_expires_at IS NOT NULL AS claimed,
+       coalesce(claimed_at < now() - %(stuck_after)s::interval, false) AS stuck,
+       CASE WHEN updated_at >= now() - %(order_grace)s::interval THEN deferred_seqs[1] END AS head,
+       deferred_seqs IS NOT NULL AS marked
+FROM (SELECT t.tenant_id, t.service_call_id, t.state, t.lease_expires_at, t.claimed_at,
+             t.updated_at, t.deferred_seqs
       FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[]) AS k(tenant_id, service_call_id)
       JOIN timers t ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
       OFFSET 0) AS t
-WHERE t.state = 'Scheduled' AND t.lease_expires_at IS NOT NULL;
+WHERE (t.state = 'Scheduled' AND t.lease_expires_at IS NOT NULL) OR t.deferred_seqs IS NOT NULL;
+
+-- name: settle_deferred
+-- Record which commands wait for their timer (`waits`: deferred, their stream sequence joins
+-- deferred_seqs) and which no longer do (ignored or given up: it leaves). Only for timers whose
+-- commands wait or waited: the common path never runs it. updated_at is left alone, so a marker
+-- whose oldest command never comes back still goes stale. Rows already locked by the batch.
+WITH c AS (
+    SELECT tenant_id, service_call_id,
+           array_agg(seq) FILTER (WHERE waits) AS adds,
+           array_agg(seq) FILTER (WHERE NOT waits) AS drops
+    FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(seq)b::bigint[], %(waits)b::bool[])
+         AS c(tenant_id, service_call_id, seq, waits)
+    GROUP BY tenant_id, service_call_id
+)
+UPDATE timers t SET deferred_seqs = (
+    SELECT array_agg(DISTINCT s ORDER BY s)
+    FROM unnest(CASE WHEN (t.state = 'Scheduled' AND t.lease_expires_at IS NOT NULL)
+                          OR t.updated_at >= now() - %(order_grace)s::interval
+                     THEN t.deferred_seqs END || coalesce(c.adds, '{}')) AS s
+    WHERE s <> ALL (coalesce(c.drops, '{}')))
+FROM c
+WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id;
 
 -- name: claim_due
 -- Claim a batch of due occurrences under a lease, and say when the next one comes due.
@@ -141,7 +188,8 @@ claimed AS (
         lease_owner = %(owner)s,
         lease_token = token.lease_token,
         lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond',
-        attempts = t.attempts + 1,
+        -- Saturates: `+ 1` past integer's maximum would fail the whole claim, one row stopping the fleet.
+        attempts = least(t.attempts, 2147483646) + 1,
         -- A recurring timer's next occurrence is the first due after this (worker/recurrence.py).
         -- Downtime is the only reason to skip one: the timer sat claimable and unclaimed for
         -- %(downtime_ms)s (since it came due, its lease ran out, or mark_fired carried the
@@ -192,7 +240,7 @@ UPDATE timers t SET
     state = CASE WHEN f.next_due_at IS NULL THEN 'Reached' ELSE 'Scheduled' END,
     due_at = coalesce(f.next_due_at, t.due_at),
     occurrence_index = coalesce(f.next_index, t.occurrence_index),
-    fired_count = t.fired_count + 1,
+    fired_count = least(t.fired_count, 2147483646) + 1,  -- saturates, as attempts in claim_due
     reached_at = now(),
     updated_at = now(),
     lease_owner = NULL,
@@ -373,3 +421,12 @@ SELECT count(*) AS fired,
 FROM timers
 WHERE state <> 'Scheduled' AND updated_at > now() - %(window)s::interval
   AND state = 'Reached' AND reached_at IS NOT NULL;
+
+-- name: server_encoding
+-- The database's encoding: only UTF8 holds every id (store.require_utf8).
+SELECT current_database() AS database, pg_encoding_to_char(encoding) AS encoding
+FROM pg_database WHERE datname = current_database();
+
+-- name: fleet_secret
+-- The key of every Nats-Msg-Id (worker/contract.py, MessageIds); read once per replica or CLI run.
+SELECT secret FROM fleet_secret;

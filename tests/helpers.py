@@ -14,6 +14,7 @@ import nats
 import psycopg
 
 from worker.config import Settings
+from worker.contract import MessageIds
 from worker.devkit.recorder import EventRecorder
 from worker.service import Replica
 
@@ -87,6 +88,12 @@ def query(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(db_url, autocommit=True) as conn:
         cur = conn.execute(sql, params)  # type: ignore[arg-type]
         return cur.fetchall() if cur.description else []
+
+
+def message_ids(db_url: str) -> MessageIds:
+    """The Nats-Msg-Ids of this database's fleet (its fleet secret, migration 0005)."""
+    ((secret,),) = query(db_url, "SELECT secret FROM fleet_secret")
+    return MessageIds(bytes(secret))
 
 
 def row(db_url: str, tenant: str, service_call_id: str) -> dict[str, Any] | None:

@@ -18,8 +18,14 @@ from typing import Any
 import nats.errors
 from nats.aio.msg import Msg
 
-from worker.contract import CancelTimer, Command, Outgoing, ScheduleTimer, Subjects
+from worker.contract import CancelTimer, Command, MessageIds, Outgoing, ScheduleTimer, Subjects
 from worker.core.domain import Claimed, ClaimResult, Fired, Key, Leased, Outcome
+
+
+def event_id(message: Outgoing) -> str:
+    """A DueTimeReached's envelope `id`, `<tenant>:<serviceCallId>:<dueAt ms>`: its Nats-Msg-Id
+    is an HMAC of it (contract.MessageIds), which says nothing to a test."""
+    return str(json.loads(message.payload)["id"])
 
 
 @dataclass
@@ -73,6 +79,7 @@ class Row:
     first_claimed_at: float | None = None
     last_error: str | None = None
     carried: dict[str, str] | None = None
+    deferred: list[int] = field(default_factory=list)  # deferred_seqs (never stale here)
 
 
 class TwinStore:
@@ -91,48 +98,68 @@ class TwinStore:
     def _claimed(self, row: Row) -> bool:
         return row.state == "Scheduled" and row.lease_expires_at is not None
 
-    async def apply(self, commands: Sequence[Command]) -> list[Outcome]:
-        outcomes: list[Outcome] = []
-        for c in commands:
-            row = self.rows.get((c.tenant_id, c.service_call_id))
-            if row is not None and self._claimed(row):
-                stuck = row.first_claimed_at is not None and (
-                    self.now() - row.first_claimed_at > self.stuck_after.total_seconds()
-                )
-                outcomes.append("stuck" if stuck else "deferred")
-                continue
-            older = (
-                row is not None
-                and c.timestamp_ms is not None
-                and row.command_ts is not None
-                and c.timestamp_ms < row.command_ts
-            )
-            if (row is not None and row.state == "Reached") or older:
-                outcomes.append("ignored")
-            elif isinstance(c, ScheduleTimer):
-                same = row is not None and row.state == "Scheduled" and row.anchor_due_at == c.due_at
-                same = (
-                    same
-                    and row is not None
-                    and (row.repeat, row.correlation_id, row.carried)
-                    == (c.repeat, c.correlation_id, c.carried)
-                )
-                if same:
-                    outcomes.append("ignored")
-                    continue
-                self.rows[c.tenant_id, c.service_call_id] = Row(
-                    c.tenant_id, c.service_call_id, "Scheduled", c.due_at, c.correlation_id,
-                    c.timestamp_ms, c.due_at, c.repeat, carried=c.carried,
-                )  # fmt: skip
-                outcomes.append("applied")
-            else:
-                assert isinstance(c, CancelTimer)
-                self.rows[c.tenant_id, c.service_call_id] = Row(
-                    c.tenant_id, c.service_call_id, "Cancelled", None, c.correlation_id, c.timestamp_ms
-                )
-                outcomes.append("applied")
+    async def apply(self, commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[Outcome]:
+        by_index: dict[int, Outcome] = {}
+        order = range(len(commands)) if seqs is None else sorted(range(len(commands)), key=seqs.__getitem__)
+        for i in order:
+            by_index[i] = self._apply_one(commands[i], None if seqs is None else seqs[i])
         self.log.append(("apply", list(commands)))
-        return outcomes
+        return [by_index[i] for i in range(len(commands))]
+
+    def _apply_one(self, c: Command, seq: int | None) -> Outcome:
+        """One command, in stream order; a command waiting for its timer holds up the later ones."""
+        key = (c.tenant_id, c.service_call_id)
+        row = self.rows.get(key)
+        waits: Outcome | None = None
+        if row is not None and self._claimed(row):
+            stuck = row.first_claimed_at is not None and (
+                self.now() - row.first_claimed_at > self.stuck_after.total_seconds()
+            )
+            waits = "stuck" if stuck else "deferred"
+        elif row is not None and row.deferred and seq is not None and seq > row.deferred[0]:
+            waits = "deferred"
+        if waits is not None:
+            assert row is not None
+            if seq is not None:
+                row.deferred = sorted(
+                    {*row.deferred, seq} if waits == "deferred" else set(row.deferred) - {seq}
+                )
+            return waits
+        before = [] if row is None else row.deferred
+        outcome = self._apply_free(c, row)
+        if (now_row := self.rows.get(key)) is not None:  # a new Row keeps the others waiting
+            now_row.deferred = [d for d in before if d != seq]
+        return outcome
+
+    def _apply_free(self, c: Command, row: Row | None) -> Outcome:
+        """A command for a timer nothing holds up: the state machine of upsert_schedules and
+        cancel_timers."""
+        older = (
+            row is not None
+            and c.timestamp_ms is not None
+            and row.command_ts is not None
+            and c.timestamp_ms < row.command_ts
+        )
+        if (row is not None and row.state == "Reached") or older:
+            return "ignored"
+        if isinstance(c, ScheduleTimer):
+            if (
+                row is not None
+                and row.state == "Scheduled"
+                and (row.anchor_due_at, row.repeat, row.correlation_id, row.carried)
+                == (c.due_at, c.repeat, c.correlation_id, c.carried)
+            ):
+                return "ignored"
+            self.rows[c.tenant_id, c.service_call_id] = Row(
+                c.tenant_id, c.service_call_id, "Scheduled", c.due_at, c.correlation_id,
+                c.timestamp_ms, c.due_at, c.repeat, carried=c.carried,
+            )  # fmt: skip
+            return "applied"
+        assert isinstance(c, CancelTimer)
+        self.rows[c.tenant_id, c.service_call_id] = Row(
+            c.tenant_id, c.service_call_id, "Cancelled", None, c.correlation_id, c.timestamp_ms
+        )
+        return "applied"
 
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
@@ -258,6 +285,7 @@ class TwinPublisher:
     def __init__(self, time: Callable[[], float], prefix: str = "timer") -> None:
         self.time = time
         self.subjects = Subjects(prefix)
+        self.ids = MessageIds(b"twin fleet secret, 32 bytes long")
         self.max_payload = 1024 * 1024
         self.stored: dict[str, Outgoing] = {}
         self.calls: list[Publish] = []

@@ -9,6 +9,8 @@ that turns bytes into these commands is `worker.core.commands.parse_command`.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -182,8 +184,47 @@ def iso(dt: datetime) -> str:
 
 
 def firing_id(tenant_id: str, service_call_id: str, due_at: datetime) -> str:
-    """One firing, one id (docs/CONTRACT.md, Duplicates): JetStream drops re-publishes of it."""
+    """One firing, one id: the envelope `id` of its DueTimeReached (docs/CONTRACT.md, Duplicates),
+    by which consumers drop a re-publish. Public and predictable, so never a Nats-Msg-Id: that
+    is MessageIds.event of it."""
     return f"{tenant_id}:{service_call_id}:{round(due_at.timestamp() * 1000)}"
+
+
+class MessageIds:
+    """Every Nats-Msg-Id the service sets, keyed with the fleet secret (sql/migrations/0005).
+
+    JetStream drops a message whose Nats-Msg-Id the stream saw within its duplicate window,
+    whoever sent the first one. An id anyone can work out (a firing's `<tenant>:<id>:<dueAt ms>`,
+    a stream position) lets a tenant publish it first and make the real message vanish behind a
+    successful PubAck, and a stream position repeats once its stream is recreated. So each id
+    is an HMAC-SHA256 of what it names, cut to 128 bits: the same on every replica (a re-publish
+    of one firing is still dropped), unknowable without the secret, which no tenant can read.
+    A purpose tag keeps the kinds apart, so an id of one kind is never one of another.
+    """
+
+    __slots__ = ("_mac",)
+
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < 16:
+            raise ValueError("the fleet secret must be at least 16 bytes")
+        # Keyed once; each id copies this state (the firing loop makes ~10k a second).
+        self._mac = hmac.new(secret, digestmod=hashlib.sha256)
+
+    def _id(self, text: str) -> str:
+        mac = self._mac.copy()
+        mac.update(text.encode())
+        return mac.hexdigest()[:32]
+
+    def event(self, envelope_id: str) -> str:
+        """The Nats-Msg-Id of the DueTimeReached whose envelope `id` (firing_id) this is."""
+        return self._id(f"due\0{envelope_id}")
+
+    def derived(self, stream: str, seq: int, stored: datetime) -> str:
+        """The Nats-Msg-Id of a message made from the one stored at `seq` of `stream` at `stored`
+        (a rejected command's DLQ copy; a DLQ entry's replay). A redelivery of that message has
+        the same three, so its copy is dropped as a duplicate; a recreated stream numbers from 1
+        again but stores at other times, so its messages' copies are new."""
+        return self._id(f"from\0{stream}\0{seq}\0{stored.astimezone(UTC).isoformat()}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +251,7 @@ class Occurrence(Protocol):
     def carried(self) -> dict[str, str] | None: ...
 
 
-def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int) -> Outgoing:
+def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int, ids: MessageIds) -> Outgoing:
     """The DueTimeReached event (docs/CONTRACT.md; its schema: docs/asyncapi.yaml) for one occurrence.
 
     Written from a template rather than json.dumps of a dict: the firing path builds one per
@@ -218,11 +259,12 @@ def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int) ->
     3). Every string goes through the C JSON string encoder, so any id or correlation id is
     escaped exactly as json.dumps would.
     """
-    msg_id = firing_id(timer.tenant_id, timer.service_call_id, timer.due_at)
+    event_id = firing_id(timer.tenant_id, timer.service_call_id, timer.due_at)
+    msg_id = ids.event(event_id)
     tenant = _json_str(timer.tenant_id)
     correlation = "null" if timer.correlation_id is None else _json_str(timer.correlation_id)
     body = (
-        f'{{"id":{_json_str(msg_id)},"type":"DueTimeReached","tenantId":{tenant},'
+        f'{{"id":{_json_str(event_id)},"type":"DueTimeReached","tenantId":{tenant},'
         f'"correlationId":{correlation},"timestampMs":{reached_ms},"payload":{{"tenantId":{tenant},'
         f'"serviceCallId":{_json_str(timer.service_call_id)},"dueAt":"{iso(timer.due_at)}",'
         f'"reachedAt":"{reached}"}}}}'

@@ -1,4 +1,10 @@
-"""The few exception classes callers need to tell apart."""
+"""The few exception classes callers need to tell apart, and the verdict on any failure."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import nats.errors
 
 
 class TimerServiceError(Exception):
@@ -16,3 +22,21 @@ class TransientError(TimerServiceError):
 class DatabaseError(TimerServiceError):
     """Postgres refused in a way retrying will not fix (schema missing, permission denied): the
     replica stops with this one line, which names the problem."""
+
+
+# What a failure outside the process (a database session, a NATS call, a row, a message) means for
+# the loop that met it; `verdict` is the one place that decides it (README, "Database trouble").
+Verdict = Literal["transient", "alone", "fatal"]
+
+
+def verdict(exc: BaseException) -> Verdict:
+    """transient: a dependency is failing for now (NATS reconnecting or refusing, Postgres
+    unreachable or read-only, a timeout): back off and retry, nothing acknowledged or marked.
+    alone: the data in hand is bad (a row or a message whose values break the code reading
+    them): that row or message is recorded and set aside; the loop goes on. fatal: the setting or
+    the database is wrong in a way no retry fixes: the replica stops with one line naming it."""
+    if isinstance(exc, (ConfigError, DatabaseError)):
+        return "fatal"
+    if isinstance(exc, (TransientError, nats.errors.Error, OSError, TimeoutError)):
+        return "transient"
+    return "alone"

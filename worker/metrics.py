@@ -26,6 +26,11 @@ COMMANDS_APPLIED = Counter(
     ["kind", "outcome"],
 )
 COMMANDS_REJECTED = Counter("timer_commands_rejected_total", "Invalid commands sent to the DLQ", ["reason"])
+# An ack or nak NATS could not take (reconnecting): the command comes back after the ack wait.
+COMMAND_SETTLE_FAILED = Counter(
+    "timer_command_settle_failed_total",
+    "Command acknowledgements NATS could not take (reconnecting); the command is redelivered",
+)
 CARRIED_HEADERS_DROPPED = Counter(
     "timer_carried_headers_dropped_total",
     "Invalid traceparent, tracestate or allowed producer headers of a ScheduleTimer, not carried",

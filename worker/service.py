@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -16,8 +17,9 @@ from worker import metrics
 from worker.adapters import db, migrations
 from worker.adapters.broker import Broker
 from worker.adapters.probes import HttpServer
-from worker.adapters.store import Store
+from worker.adapters.store import ORDER_GRACE, Store
 from worker.config import Settings, mask_url
+from worker.contract import MessageIds
 from worker.core.clock import DbClock
 from worker.core.firing import LOOKAHEAD_MS, FiringLoop
 from worker.core.intake import Intake
@@ -31,6 +33,8 @@ log = logging.getLogger("worker.service")
 
 # A loop that has not ticked for this long makes /healthz fail.
 STALL_S = 30.0
+# After the hard stop, how long the cancelled loops get to end before the replica exits anyway.
+CANCEL_GRACE_S = 2.0
 
 
 class SchemaNotReady(Exception):
@@ -50,7 +54,10 @@ class Replica:
             min_size=2,
             max_size=settings.db_pool_size,
         )
-        self.store = Store(self.pool, settings.stuck_after)
+        # A command waiting for its timer comes back a lease after each deferral: a few leases
+        # without it, the timer not claimed, and the later ones no longer wait for it.
+        grace = max(ORDER_GRACE, 3 * timedelta(milliseconds=settings.lease_ms))
+        self.store = Store(self.pool, settings.stuck_after, grace)
         self.firing = FiringLoop(settings, self.store, self.broker, self.wakeup, self.clock)
         self.intake = Intake(settings, self.store, self.broker, self.wakeup, self.clock)
         self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
@@ -98,6 +105,7 @@ class Replica:
                     return False
                 await asyncio.to_thread(self._schema)
                 await self.pool.open(wait=True, timeout=10)
+                self.broker.ids = MessageIds(await self.store.fleet_secret())
                 if not self.broker.connected:
                     # nats-py retries a first connect forever when reconnects are unlimited;
                     # bound it so a SIGTERM during an outage still gets a look-in.
@@ -108,6 +116,7 @@ class Replica:
     def _schema(self) -> None:
         """Migrate; or, with TIMER_MIGRATE=false, wait (retried by _connect) until someone has."""
         url = self.s.database_url.get_secret_value()
+        db.require_utf8(url)
         if self.s.migrate:
             migrations.migrate(url)
         elif missing := migrations.status(url)[1]:
@@ -148,7 +157,14 @@ class Replica:
         _, late = await asyncio.wait(tasks, timeout=self.s.drain_timeout_ms / 1000)
         for t in late:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Each loop owns the tasks it starts and cancels them with itself (Firing.run), and a
+        # cancelled statement is cancelled in Postgres too; still, the exit is bounded whatever
+        # a loop does with its cancellation: one that has not ended by then is left behind.
+        if late and (stuck := (await asyncio.wait(late, timeout=CANCEL_GRACE_S))[1]):
+            log.error(
+                "loop ignored its cancellation",
+                extra={"action": "loop_stuck", "loop": ",".join(sorted(t.get_name() for t in stuck))},
+            )
         log.info("stopped", extra={"action": "replica_stopped", "hard": bool(late)})
         return 1 if crashed else 0
 

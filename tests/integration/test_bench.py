@@ -1,4 +1,5 @@
-"""`timer-service bench` itself works end to end (tiny sizes): speed lives in docs/BENCHMARKS.md, not here."""
+"""The benchmarks (tools/bench) work end to end at tiny sizes, through `timer-service bench`; speed
+lives in docs/BENCHMARKS.md, not here."""
 
 from __future__ import annotations
 
@@ -6,6 +7,26 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("module", "usage"),
+    [
+        ("tools.bench", "usage: python -m tools.bench "),  # `make bench`
+        ("tools.bench.peers", "usage: python -m tools.bench.peers "),  # `make bench-peers`
+        ("tools.bench.capacity", "usage: python -m tools.bench.capacity "),  # docs/OPERATIONS.md
+    ],
+)
+def test_the_documented_entry_points_run_from_the_repository_root(module: str, usage: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0 and out.stdout.startswith(usage), out.stderr
 
 
 def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str, nats_url: str) -> None:

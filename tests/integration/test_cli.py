@@ -64,10 +64,10 @@ def test_every_command_has_help() -> None:
 
 def test_migrate_status_lists_applied_and_pending(db_url: str) -> None:
     result = run("migrate", "--status", TIMER_DATABASE_URL=db_url)
-    assert (result.returncode, result.stdout) == (0, "applied: 1, 2, 3, 4\npending: none\n"), result.stderr
+    assert (result.returncode, result.stdout) == (0, "applied: 1, 2, 3, 4, 5\npending: none\n"), result.stderr
     query(db_url, "DELETE FROM timer_schema_version WHERE version = 3")
     result = run("migrate", "--status", TIMER_DATABASE_URL=db_url)
-    assert (result.returncode, result.stdout) == (1, "applied: 1, 2, 4\npending: 3 (first_claim)\n")
+    assert (result.returncode, result.stdout) == (1, "applied: 1, 2, 4, 5\npending: 3 (first_claim)\n")
 
 
 async def test_a_replica_that_does_not_migrate_waits_for_the_schema(settings: Settings, db_url: str) -> None:

@@ -105,3 +105,16 @@ def test_the_console_refuses_to_start_without_credentials(db_url: str) -> None:
     assert short.returncode == 2 and "TIMER_CONSOLE_TOKEN" in short.stderr
     unreachable = run("console", TIMER_CONSOLE_TOKEN=TOKEN, TIMER_DATABASE_URL="postgresql://u@127.0.0.1:1/x")
     assert unreachable.returncode == 1 and len(unreachable.stderr.splitlines()) == 1, unreachable.stderr
+
+
+def test_a_login_body_larger_than_a_form_of_credentials_is_refused_unread(client: TestClient) -> None:
+    """/login is open to anyone: without a limit, one request could make the console hold any
+    amount of memory (a form) or disk (a multipart upload). Declared or streamed, past 8 KiB: 413."""
+    upload = {"token": ("t.txt", b"x" * (4 << 20))}  # a 4 MiB multipart file: spooled to disk
+    assert client.post("/login", files=upload).status_code == 413
+    fields = {f"f{i}": "x" * 900_000 for i in range(4)}  # each field under Starlette's 1 MiB
+    assert client.post("/login", data=fields).status_code == 413
+    streamed = (b"&f=" + b"x" * 65_536 for _ in range(64))  # chunked: no Content-Length to trust
+    assert client.post("/login", content=streamed).status_code == 413
+    refused = client.post("/login", data={"token": TOKEN[:-1]})  # a normal form is still read
+    assert refused.status_code == 401

@@ -19,7 +19,7 @@ from jsonschema import Draft7Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
-from tests.helpers import iso_in, jetstream, publish_raw, recorder, row, running_replica, until
+from tests.helpers import iso_in, jetstream, message_ids, publish_raw, recorder, row, running_replica, until
 from worker.config import Settings
 from worker.contract import REASONS, Rejection
 from worker.core.commands import parse_command
@@ -200,14 +200,15 @@ async def test_a_real_due_time_reached_matches_the_schema(settings: Settings, db
         )
         msgs = await sub.fetch(len(timers), timeout=5)
     seen = {}
+    ids = message_ids(db_url)
     for msg in msgs:
         event = json.loads(msg.data)
         assert errors("DueTimeReached", event) == [], event
         assert errors("DueTimeReachedHeaders", msg.headers) == [], msg.headers
-        assert msg.headers is not None and msg.headers["Nats-Msg-Id"] == event["id"]
+        assert msg.headers is not None and msg.headers["Nats-Msg-Id"] == ids.event(event["id"])
         seen[event["payload"]["serviceCallId"]] = event["correlationId"]
         if event["payload"]["serviceCallId"] == "traced":
-            assert msg.headers == {**trace, "Nats-Msg-Id": event["id"]}
+            assert msg.headers == {**trace, "Nats-Msg-Id": ids.event(event["id"])}
     assert seen == timers
 
 

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import re
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -16,6 +17,7 @@ import psycopg
 import psycopg.errors
 import pytest
 from psycopg import sql
+from pydantic import SecretStr
 
 from tests.helpers import (
     consumer_idle,
@@ -30,7 +32,7 @@ from tests.helpers import (
 )
 from worker.adapters.store import classify
 from worker.config import Settings
-from worker.errors import DatabaseError, TransientError
+from worker.errors import ConfigError, DatabaseError, TransientError
 from worker.service import Replica
 
 
@@ -265,3 +267,125 @@ async def test_a_command_behind_a_stuck_occurrence_is_given_up_visibly(
     assert "TIMER_STUCK_AFTER" in given_up.headers["Timer-Error-Detail"]
     assert json.loads(given_up.data) == {"tenantId": "acme", "serviceCallId": "poison"}
     assert query(db_url, "SELECT state FROM timers") == [("Scheduled",)]  # the cancel was not applied
+
+
+async def test_a_row_whose_carried_headers_are_no_object_of_strings_fails_alone(
+    settings: Settings, db_url: str
+) -> None:
+    """carried_headers written by hand: valid JSON, but no object of header strings. Each such row
+    is recorded on itself and backs off, as a -infinity row does; the rest fire."""
+    bad = {
+        "list": "[1, 2]",
+        "string": '"traceparent"',
+        "number": "42",
+        "non-string-value": '{"traceparent": 1}',
+        "crlf-value": '{"x-tenant": "a\\r\\nPUB evil 0"}',
+        "bad-name": '{"x tenant:": "a"}',
+    }
+    for sc, carried in bad.items():
+        insert_scheduled(db_url, sc, "2026-01-01T00:00:00Z")
+        query(db_url, "UPDATE timers SET carried_headers = %s::jsonb WHERE service_call_id = %s", carried, sc)
+    async with (
+        running_replica(settings, lease_ms=1000, publish_timeout_ms=500) as replica,
+        recorder(settings) as rec,
+        jetstream(settings) as js,
+    ):
+        await publish_raw(js, settings, "acme", "schedule", schedule("normal", iso_in(0.2, db_url)))
+        await until(lambda: rec.keys()[("acme", "normal")] > 0, what="the normal timer fired")
+        for sc in bad:
+            await until(lambda sc=sc: attempts(db_url, sc) >= 2, timeout=30, what=f"{sc} retried")
+            assert "carried header" in (await get(js, settings, sc))["lastError"]
+        assert not replica.stop.is_set()
+    assert set(rec.keys()) == {("acme", "normal")}
+
+
+async def test_a_full_claim_with_unreadable_rows_in_it_counts_as_full(
+    settings: Settings, db_url: str
+) -> None:
+    """A backlog must not pause a poll interval because its batch held a row that cannot fire."""
+    insert_scheduled(db_url, "minus-infinity", "-infinity")  # sorts first: in the first claim
+    for i in range(10):
+        insert_scheduled(db_url, f"overdue-{i}", "2026-01-01T00:00:00Z")
+    replica = Replica(settings.model_copy(update={"batch_size": 5}))
+    await replica.pool.open(wait=True)
+    await replica.broker.connect()
+    try:
+        await replica.broker.ensure_streams()
+        full = await replica.firing.tick()
+        assert attempts(db_url, "minus-infinity") == 1, "the unreadable row was not in the claim"
+        assert full, "a claim of batch_size rows counted as not full"
+    finally:
+        await replica.broker.close()
+        await replica.pool.close()
+
+
+@contextlib.contextmanager
+def database_encoded(server_url: str, encoding: str) -> Iterator[str]:
+    """A database of this encoding (what initdb under the C locale gives is SQL_ASCII); dropped after."""
+    name = f"enc_{encoding.lower()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
+                sql.Identifier(name), sql.Literal(encoding)
+            )
+        )
+    try:
+        yield psycopg.conninfo.make_conninfo(server_url, dbname=name)
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.mark.parametrize("encoding", ["SQL_ASCII", "LATIN1"])
+async def test_a_database_not_in_utf8_stops_start_up_with_one_line(
+    settings: Settings, pg_server_url: str, encoding: str
+) -> None:
+    """SQL_ASCII stores bytes unchecked (text came back as bytes, and the first claim killed the
+    replica); LATIN1 cannot hold most ids. Neither is usable: refused before anything is written."""
+    with database_encoded(pg_server_url, encoding) as url:
+        replica = Replica(settings.model_copy(update={"database_url": SecretStr(url)}))
+        run = asyncio.create_task(replica.run(handle_signals=False))
+        await until(lambda: replica.started.is_set() or run.done(), what="start-up refused or done")
+        replica.stop.set()
+        with pytest.raises(ConfigError) as refused:
+            await asyncio.wait_for(run, timeout=30)
+        assert query(url, "SELECT to_regclass('timers') IS NULL") == [(True,)], "it migrated first"
+    assert str(refused.value) == (
+        f"database {psycopg.conninfo.conninfo_to_dict(url)['dbname']} is encoded {encoding}; timer-service"
+        " needs UTF8 (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)"
+    )
+
+
+async def test_sessions_speak_utf8_whatever_the_database_sets_for_clients(
+    settings: Settings, db_url: str, pg_server_url: str
+) -> None:
+    """A UTF8 database whose sessions default to client_encoding LATIN1 (ALTER DATABASE ... SET):
+    every session of the service pins UTF8, so any id is stored, fired and read back."""
+    dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
+    assert isinstance(dbname, str)
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET client_encoding = 'LATIN1'").format(sql.Identifier(dbname))
+        )
+    async with (
+        running_replica(settings) as replica,
+        recorder(settings) as rec,
+        jetstream(settings) as js,
+    ):
+        await publish_raw(js, settings, "acme", "schedule", schedule("注文-42", iso_in(0.3, db_url)))
+        await until(lambda: rec.keys()[("acme", "注文-42")] == 1, what="注文-42 fired")
+        assert (await get(js, settings, "注文-42"))["state"] == "Reached"
+        assert not replica.stop.is_set()
+
+
+async def test_a_row_at_the_largest_attempts_count_fires_without_stopping_the_claim(
+    settings: Settings, db_url: str
+) -> None:
+    """`attempts + 1` on a row at integer's maximum (written by hand, or after years of back-off)
+    made the whole claim statement fail with numeric_value_out_of_range, a fatal verdict: one row
+    stopped every replica that claimed it. The count saturates instead."""
+    insert_scheduled(db_url, "worn-out", "2026-01-01T00:00:00Z")
+    query(db_url, "UPDATE timers SET attempts = 2147483647 WHERE service_call_id = 'worn-out'")
+    async with running_replica(settings) as replica, recorder(settings) as rec:
+        await until(lambda: rec.keys()[("acme", "worn-out")] > 0, what="the worn-out timer fired")
+        assert not replica.stop.is_set()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import iso_in, jetstream, publish_raw, row, running_replica, until
+from tests.helpers import consumer_idle, iso_in, jetstream, publish_raw, row, running_replica, until
 from tests.integration.test_cli import run
 from worker.config import Settings
 from worker.ops import dlq
@@ -98,7 +98,7 @@ async def test_a_replay_interrupted_before_the_delete_is_not_submitted_twice(set
     async with dlq.open_dlq(settings) as q:
         (entry,) = (await q.page(dlq.DlqFilter())).entries
         ack = await q.js.publish(
-            entry.original_subject, entry.body, headers={"Nats-Msg-Id": f"{settings.dlq_stream}:{entry.seq}"}
+            entry.original_subject, entry.body, headers={"Nats-Msg-Id": await q.replay_id(entry)}
         )
         done = await q.replay(entry.seq)
         assert done is not None and done.duplicate and done.command_seq == ack.seq
@@ -154,3 +154,102 @@ async def test_cli_show_replay_and_purge(settings: Settings, db_url: str) -> Non
     assert purged.stdout.strip() == "purged 1 DLQ entries"
     left = json.loads(run("dlq", "list", "--json", **env).stdout)["entries"]
     assert [e["tenant"] for e in left] == ["zeta"]
+
+
+# --- issue 19: a DLQ entry is no way into another tenant, and stays unique -------------------------
+
+
+async def test_a_forged_dlq_entry_is_never_replayed_to_another_tenant(
+    settings: Settings, db_url: str
+) -> None:
+    """Defect 2: mallory, allowed to publish on its own subjects, adds an entry to its own dlq
+    subject naming the victim's cancel subject (or carrying the victim's body), and waits for an
+    operator to replay it. The replay is refused, by the CLI and the API the console calls."""
+    env = _env(settings)
+    p = settings.subject_prefix
+    victim_body = json.dumps({"tenantId": "victim", "serviceCallId": "sc-1"}).encode()
+    async with running_replica(settings):
+        async with jetstream(settings) as js:
+            await publish_raw(
+                js, settings, "victim", "schedule", _schedule("victim", "sc-1", iso_in(3600, db_url))
+            )
+            await until(lambda: row(db_url, "victim", "sc-1") is not None, what="the victim's timer")
+            forged = {"Timer-Error": "quota_exceeded", "Timer-Error-Detail": "over quota"}
+            across = await js.publish(
+                f"{p}.mallory.timer.dlq",
+                victim_body,
+                headers=forged | {"Timer-Subject": f"{p}.victim.timer.cancel"},
+            )
+            own_subject = await js.publish(
+                f"{p}.mallory.timer.dlq",
+                victim_body,
+                headers=forged | {"Timer-Subject": f"{p}.mallory.timer.cancel"},
+            )
+        refused = await asyncio.to_thread(run, "dlq", "replay", str(across.seq), **env)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "only goes to the entry's own tenant" in refused.stderr
+        async with dlq.open_dlq(settings) as q:
+            with pytest.raises(dlq.ReplayRefused, match="own tenant"):
+                await q.replay(across.seq)
+            with pytest.raises(dlq.ReplayRefused, match="tenant_mismatch"):
+                await q.replay(own_subject.seq)  # the body's tenant is checked too
+            assert await q.get(across.seq) is not None and await q.get(own_subject.seq) is not None
+            info = await q.js.stream_info(settings.command_stream)
+        assert info.state.last_seq == 1, "nothing but the victim's own schedule reached the command stream"
+        await until(lambda: consumer_idle(settings), what="the schedule applied")
+    victim = row(db_url, "victim", "sc-1")
+    assert victim is not None and victim["state"] == "Scheduled"
+
+
+async def _streams_back(settings: Settings, *names: str) -> None:
+    """With no replica running, delete these streams; the next replica makes them anew."""
+    async with jetstream(settings) as js:
+        for name in names:
+            await js.delete_stream(name)
+
+
+async def test_rejected_commands_keep_their_dlq_copy_after_the_command_stream_is_recreated(
+    settings: Settings,
+) -> None:
+    """Defect 3: a recreated command stream numbers from 1 again. Each rejected command still gets
+    its copy (it was dropped as a duplicate of the old stream's copy, and the command acknowledged)."""
+    bad = [("acme", "schedule", f"not json {i}".encode()) for i in range(10)]
+    async with running_replica(settings):
+        before = await _rejected(settings, bad)
+    await _streams_back(settings, settings.command_stream)
+    async with running_replica(settings):
+        async with jetstream(settings) as js:
+            for tenant, kind, body in bad:
+                await publish_raw(js, settings, tenant, kind, body)
+            assert (await js.stream_info(settings.command_stream)).state.last_seq == 10, (
+                "numbered from 1 again"
+            )
+        await until(
+            lambda: consumer_idle(settings), what="every command handled"
+        )  # the signal: all acknowledged
+    async with dlq.open_dlq(settings) as q:
+        after = (await q.page(dlq.DlqFilter(), limit=100)).entries
+    assert len(before) == 10
+    assert [e.body for e in after] == [body for _, _, body in bad] * 2, "every copy, twice over"
+
+
+async def test_replays_from_a_recreated_dlq_stream_are_not_taken_for_earlier_ones(
+    settings: Settings, db_url: str
+) -> None:
+    """Defect 3, replays: the recreated DLQ stream's entry 1 is replayed as a new command, not
+    dropped as a duplicate of the old entry 1's replay (and deleted: a command lost)."""
+    fixed = {sid: json.dumps(_schedule("acme", sid, iso_in(3600, db_url))).encode() for sid in ("r1", "r2")}
+    async with running_replica(settings):
+        (first,) = await _rejected(settings, [("acme", "schedule", _schedule("acme", "r1", "soon"))])
+        async with dlq.open_dlq(settings) as q:
+            done = await q.replay(first.seq, fixed["r1"])
+            assert done is not None and not done.duplicate
+    await _streams_back(settings, settings.dlq_stream)
+    async with running_replica(settings):
+        (second,) = await _rejected(settings, [("acme", "schedule", _schedule("acme", "r2", "soon"))])
+        assert second.seq == first.seq, "the recreated stream numbers from 1 again"
+        async with dlq.open_dlq(settings) as q:
+            again = await q.replay(second.seq, fixed["r2"])
+        assert again is not None and not again.duplicate, "a new replay, not the old one"
+        await until(lambda: row(db_url, "acme", "r2") is not None, what="the second replayed timer")
+        assert row(db_url, "acme", "r1") is not None

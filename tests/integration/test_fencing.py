@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Sequence
 from datetime import timedelta
 
-from tests.helpers import iso_in, query, until
+import psycopg
+import pytest
+
+from tests.helpers import iso_in, jetstream, query, row, running_replica, until
 from worker.adapters.store import Store
 from worker.config import Settings
 from worker.core.domain import Fired
 from worker.core.firing import next_of
+from worker.service import Replica
 
 
 def insert_due(db_url: str, key: str) -> None:
@@ -134,3 +141,62 @@ async def test_two_crashes_in_a_row_skip_no_occurrence(store: Store, db_url: str
     (two,) = (await store.claim("c", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
     assert query(db_url, "SELECT now() - %s > interval '1.5 s'", two.due_at) == [(True,)]
     assert next_of(two) == (dying.due_at + timedelta(seconds=3), 3)
+
+
+def waiting_on_a_lock(db_url: str) -> bool:
+    return bool(
+        query(
+            db_url,
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )[0][0]
+    )
+
+
+async def test_a_hard_stop_ends_a_replica_whose_mark_waits_on_a_lock_and_loses_nothing(
+    settings: Settings, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM's hard stop bounds the exit whatever is in flight (issue 19, defect 5): a mark held
+    by a row lock is cancelled at the drain timeout; the row stays claimed, unmarked, and another
+    replica fires it once the lease has run out."""
+    drain_s = 1.0
+    replica = Replica(settings.model_copy(update={"drain_timeout_ms": round(drain_s * 1000)}))
+    locker = await psycopg.AsyncConnection.connect(db_url)  # the test's own transaction
+    mark_started = asyncio.Event()
+    real_mark = replica.store.mark_fired
+
+    async def mark_behind_a_row_lock(fired: Sequence[Fired]) -> int:
+        # Published and acknowledged; before the real mark runs, the test locks the row.
+        await locker.execute("SELECT 1 FROM timers WHERE service_call_id = 'held' FOR UPDATE")
+        mark_started.set()
+        return await real_mark(fired)
+
+    monkeypatch.setattr(replica.store, "mark_fired", mark_behind_a_row_lock)
+    task = asyncio.create_task(replica.run(handle_signals=False))
+    try:
+        await until(lambda: replica.started.is_set(), what="replica start")
+        insert_due(db_url, "held")
+        await until(
+            lambda: mark_started.is_set() and waiting_on_a_lock(db_url), what="the mark waiting on the lock"
+        )
+        stopped = time.monotonic()
+        replica.stop.set()  # what SIGTERM does
+        done, _ = await asyncio.wait({task}, timeout=drain_s + 15)
+        took = time.monotonic() - stopped
+        assert task in done, f"still running {took:.1f}s after the stop (drain timeout {drain_s}s)"
+        assert took < drain_s + 3, f"exited {took:.1f}s after the stop (drain timeout {drain_s}s)"
+        assert task.result() == 0
+    finally:
+        await locker.rollback()
+        await locker.close()
+        await asyncio.wait_for(task, timeout=30)
+    held = row(db_url, "acme", "held")
+    assert held is not None
+    assert (held["state"], held["lease_owner"], held["fired_count"]) == ("Scheduled", settings.worker_id, 0)
+    async with running_replica(settings, worker_id="second"):
+        await until(
+            lambda: query(db_url, "SELECT state FROM timers") == [("Reached",)],
+            what="the held occurrence fired by another replica after the lease",
+        )
+    async with jetstream(settings) as js:  # published twice, stored once (Nats-Msg-Id)
+        assert (await js.stream_info(settings.event_stream)).state.messages == 1

@@ -11,18 +11,20 @@ tested here; the rest of the suite runs the newest.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tomllib
 import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import nats
@@ -72,6 +74,34 @@ def test_client_imports_without_the_services_dependencies() -> None:
     assert sorted(result.stdout.split()) == ["worker.client", "worker.contract", "worker.natsconn"]
 
 
+def test_no_command_but_bench_imports_the_benchmarks() -> None:
+    # In a child, from the repository's root, where tools.bench is importable: the CLI must not
+    # load it (nor anything named bench) for `run` or any other command, only for `bench` itself.
+    code = (
+        "import sys, worker.ops.cli\n"
+        "def loaded():\n"
+        "    return ' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'tools' or 'bench' in m))\n"
+        "for argv in [['run', '--help'], *([c, '--help'] for c in sys.argv[1:]), ['bench', '--help']]:\n"
+        "    try:\n"
+        "        worker.ops.cli.main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "    print(argv[0], '=', loaded(), file=sys.stderr)\n"
+    )
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    result = _run(sys.executable, "-c", code, *(c for c in commands if c != "bench"), cwd=ROOT)
+    lines = result.stderr.splitlines()
+    assert lines[:-1] == [f"{c} = " for c in ["run", *(c for c in commands if c != "bench")]]
+    assert lines[-1].startswith("bench = tools tools.bench "), lines[-1]  # the check sees them
+
+
+def test_bench_from_the_checkouts_console_script() -> None:
+    # The console script's sys.path has the venv's bin/, not the checkout, nor the working directory.
+    exe = Path(sys.executable).parent / "timer-service"
+    result = _run(exe, "bench", "--help", cwd="/")
+    assert result.stdout.startswith("usage: timer-service bench "), result.stdout
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sdist and wheel, the wheel built from the sdist (python -m build), as a release makes them."""
@@ -104,13 +134,44 @@ def test_the_wheel_ships_every_module_and_file(dist: Path) -> None:
     assert [p.name for p in dist.glob("*.tar.gz")] == [f"timer_service-{VERSION}.tar.gz"]
 
 
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_the_wheel_and_sdist_hold_no_benchmark_code(dist: Path) -> None:
+    # The benchmarks (tools/) stay in the repository: not as a package, not under another name.
+    (wheel,) = dist.glob("*.whl")
+    with zipfile.ZipFile(wheel) as whl:
+        names = whl.namelist()
+        contents = {_digest(whl.read(n)): n for n in names if not n.endswith("/")}
+    assert {n.split("/")[0] for n in names} == {"worker", f"timer_service-{VERSION}.dist-info"}
+    named = [n for n in names if {"bench", "peers", "tools"} & set(PurePosixPath(n).with_suffix("").parts)]
+    assert named == [], "a bench or peers module, or tools/, in the wheel"
+    bench_files = [p for p in (ROOT / "tools").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert len(bench_files) >= 8, "the benchmarks moved: point this test at them"
+    copies = {contents[d]: p for p in bench_files if (d := _digest(p.read_bytes())) in contents}
+    assert copies == {}, "benchmark code in the wheel"
+    (sdist,) = dist.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        top = f"timer_service-{VERSION}/"
+        members = {m.name.removeprefix(top).split("/")[0] for m in tar.getmembers() if m.name != top[:-1]}
+    assert "tools" not in members and {"worker", "sql"} <= members, sorted(members)
+
+
 def test_installed_commands(venv: Path) -> None:
     exe = venv / "bin" / "timer-service"
     assert _run(exe, "--version", env=_clean_env()).stdout.strip() == f"timer-service {VERSION}"
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert set(commands) >= {"migrate", "run", "schedule", "cancel", "status", "dev", "bench"}
-    for command in commands:
+    for command in set(commands) - {"bench"}:
         assert "usage: timer-service" in _run(exe, command, "--help", env=_clean_env()).stdout
+
+    # The benchmarks are not installed: `bench` says where they run, in one line.
+    for argv in (["bench"], ["bench", "--help"], ["bench", "drain", "--runs", "1"]):
+        result = _run(exe, *argv, check=False, env=_clean_env(), cwd=venv)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert "repository checkout" in lines[0] and "make bench" in lines[0], lines[0]
 
     # No extra: `dev` names the missing one in one line, no traceback.
     result = _run(exe, "dev", "--duration", "1", check=False, env=_clean_env())

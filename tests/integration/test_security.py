@@ -26,13 +26,14 @@ import pytest
 from pydantic import SecretStr
 
 from tests.certs import SERVER_NAME, Pki, make_pki
-from tests.helpers import running_replica, settings_env, until
+from tests.helpers import jetstream, publish_raw, query, row, running_replica, settings_env, until
 from tests.servers import admin
 from worker import logs
 from worker.adapters.broker import Broker, connect_options
 from worker.client import TimerClient
 from worker.config import Settings, load_settings, mask_url, secret_values
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, postgres_bin
+from worker.natsconn import nats_connect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -472,3 +473,161 @@ def test_security_doc_lists_every_credential_and_tls_setting() -> None:
     missing = [f"TIMER_{n.upper()}" for n in security if f"TIMER_{n.upper()}" not in doc]
     assert missing == []
     assert "docs/SECURITY.md" in (ROOT / "README.md").read_text()
+
+
+# --- tenants against each other (issue 19) --------------------------------------------------------
+
+
+async def test_a_tenant_cannot_make_another_tenants_event_vanish(settings: Settings, db_url: str) -> None:
+    """Defect 1: mallory, allowed to publish on its own subjects, publishes on its own `due`
+    subject first, with the id the victim's firing would carry if it were the envelope id
+    (`<tenant>:<serviceCallId>:<dueAt ms>`, public in the docs). The events stream deduplicates
+    across every subject: the victim's event was dropped, its PubAck a success, the timer marked
+    Reached, and nothing delivered. Now the Nats-Msg-Id is an HMAC nobody outside can work out."""
+    p = settings.subject_prefix
+    (now,) = query(db_url, "SELECT now()")[0]
+    due = (now + timedelta(seconds=2)).replace(microsecond=0)
+    envelope_id = f"victim:sc-1:{round(due.timestamp() * 1000)}"
+    async with running_replica(settings), jetstream(settings) as js:
+        forged = await js.publish(f"{p}.mallory.timer.due", b"{}", headers={"Nats-Msg-Id": envelope_id})
+        assert forged.stream == settings.event_stream and not forged.duplicate
+        body = {"tenantId": "victim", "serviceCallId": "sc-1", "dueAt": due.isoformat()}
+        await publish_raw(js, settings, "victim", "schedule", body)
+
+        def reached() -> bool:
+            r = row(db_url, "victim", "sc-1")
+            return r is not None and r["state"] == "Reached"
+
+        # Reached only after JetStream acknowledged the event: stored, or dropped as a duplicate.
+        await until(reached, timeout=30, what="the victim's timer reached")
+        event = await js.get_last_msg(settings.event_stream, f"{p}.victim.timer.due")
+    assert json.loads(event.data)["id"] == envelope_id, "the contract's envelope id is unchanged"
+    assert event.headers is not None
+    msg_id = event.headers["Nats-Msg-Id"]
+    assert len(msg_id) == 32 and "victim" not in msg_id and "sc-1" not in msg_id
+
+
+def tenant_permissions(tenant: str) -> str:
+    """docs/SECURITY.md's permissions block, verbatim, for `tenant` instead of acme."""
+    doc = (ROOT / "docs" / "SECURITY.md").read_text()
+    block = re.search(r"```conf\n(permissions: \{.*?\n\})\n```", doc, re.DOTALL)
+    assert block is not None, "docs/SECURITY.md lost its permissions block"
+    return block.group(1).replace("acme", tenant)
+
+
+async def test_a_tenant_with_the_documented_permissions_does_its_own_work_and_nothing_else(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """A nats-server whose tenants have exactly the permissions docs/SECURITY.md recommends: acme
+    schedules, cancels, gets, and consumes its own `due` and `dlq`; it cannot publish on `due` or
+    `dlq` (its own included), on zeta's subjects, nor read zeta's events through a consumer."""
+    pw = {user: secrets.token_hex(8) for user in ("timer", "acme", "zeta")}
+    users = [f'{{ user: timer, password: "{pw["timer"]}" }}'] + [
+        f'{{ user: {t}, password: "{pw[t]}", {tenant_permissions(t)} }}' for t in ("acme", "zeta")
+    ]
+    defaults = {"subject_prefix": "svc", "command_stream": "TIMER_COMMANDS", "event_stream": "TIMER_EVENTS"}
+    defaults |= {"dlq_stream": "TIMER_DLQ", "consumer": "timer-service"}
+    refused: list[str] = []
+
+    async def collect(exc: Exception) -> None:
+        refused.append(str(exc))
+
+    def violations(kind: str, subject: str) -> int:
+        # nats-py lower-cases the server's -ERR line, subject included
+        return sum(1 for e in refused if f'{kind} to "{subject}"'.lower() in e.lower())
+
+    with EmbeddedNats(
+        tmp_path / "nats", extra_config=f"authorization {{ users: [ {', '.join(users)} ] }}"
+    ) as server:
+        service = settings.model_copy(
+            update={
+                "nats_url": server.url,
+                "nats_user": "timer",
+                "nats_password": SecretStr(pw["timer"]),
+                **defaults,
+            }
+        )
+        opts = {"user": "acme", "password": pw["acme"], "inbox_prefix": "_INBOX_acme", "error_cb": collect}
+        async with (
+            running_replica(service),
+            await TimerClient.connect(server.url, "svc", **opts) as acme,
+        ):
+            js = acme.js
+            # Its own work: schedule, cancel, get.
+            (now,) = query(db_url, "SELECT now()")[0]
+            await acme.schedule("acme", "fires", now + timedelta(seconds=0.5))
+            await acme.schedule("acme", "cancelled", now + timedelta(hours=1))
+            await acme.cancel("acme", "cancelled")
+            await until(
+                lambda: (r := row(db_url, "acme", "cancelled")) is not None and r["state"] == "Cancelled",
+                what="the cancel applied",
+            )
+            view = await acme.get("acme", "cancelled")
+            assert view is not None and view["state"] == "Cancelled"
+            await acme.nc.publish("svc.acme.timer.schedule", b"not json")  # one for its DLQ
+            # Its own due and dlq, each through a consumer named after it, filtered on its subject.
+            for stream, kind, expected in (
+                ("TIMER_EVENTS", "due", "DueTimeReached"),
+                ("TIMER_DLQ", "dlq", None),
+            ):
+                await js.add_consumer(
+                    stream,
+                    name="acme",
+                    durable_name="acme",
+                    filter_subject=f"svc.acme.timer.{kind}",
+                    ack_policy="explicit",
+                )
+                sub = await js.pull_subscribe_bind("acme", stream=stream)
+                (msg,) = await sub.fetch(1, timeout=30)
+                assert msg.subject == f"svc.acme.timer.{kind}"
+                if expected:
+                    assert json.loads(msg.data)["type"] == expected
+                else:
+                    assert (
+                        msg.data == b"not json"
+                        and msg.headers
+                        and msg.headers["Timer-Error"] == "invalid_json"
+                    )
+                await msg.ack_sync()
+            assert not refused, refused
+
+            # Nothing else. Each refusal is the server's answer, in order on this connection.
+            forbidden = [
+                "svc.acme.timer.due",
+                "svc.acme.timer.dlq",
+                "svc.zeta.timer.schedule",
+                "svc.zeta.timer.cancel",
+                "svc.zeta.timer.get",
+                "$JS.API.CONSUMER.CREATE.TIMER_EVENTS.acme.svc.zeta.timer.due",
+                "$JS.API.CONSUMER.CREATE.TIMER_EVENTS.zeta.svc.zeta.timer.due",
+                "$JS.API.CONSUMER.DURABLE.CREATE.TIMER_EVENTS.acme",
+                "$JS.API.CONSUMER.MSG.NEXT.TIMER_EVENTS.zeta",
+                "$JS.API.STREAM.MSG.GET.TIMER_EVENTS",
+                "$JS.API.DIRECT.GET.TIMER_EVENTS",
+            ]
+            for subject in forbidden:
+                await acme.nc.publish(subject, b"{}", headers={"Nats-Msg-Id": "forged"})
+            await acme.nc.subscribe("svc.>")
+            await acme.nc.subscribe("_INBOX.>")
+            expected = [("publish", s) for s in forbidden] + [
+                ("subscription", "svc.>"),
+                ("subscription", "_INBOX.>"),
+            ]
+            try:
+                await until(
+                    lambda: all(violations(*e) for e in expected), what="a permissions violation for each"
+                )
+            except AssertionError:
+                raise AssertionError(f"not refused: {[e for e in expected if not violations(*e)]}") from None
+            assert acme.nc.is_connected
+        # The streams hold what the service wrote and nothing acme sent on the way out.
+        nc = await nats_connect(server.url, user="timer", password=pw["timer"])
+        try:
+            service_js = nc.jetstream()
+            events = await service_js.stream_info("TIMER_EVENTS")
+            dlq = await service_js.stream_info("TIMER_DLQ")
+            commands = await service_js.stream_info("TIMER_COMMANDS")
+        finally:
+            await nc.close()
+        assert events.state.last_seq == 1 and dlq.state.last_seq == 1, "one event, one DLQ copy"
+        assert commands.state.last_seq == 4, "acme's two schedules, its cancel and its bad command"

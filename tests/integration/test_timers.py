@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import nats
+import pytest
 
 from tests.helpers import (
     consumer_idle,
@@ -174,3 +176,23 @@ def _epoch(rfc3339: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+async def test_get_answers_bad_request_for_an_id_no_timer_can_have(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An id with NUL (Postgres text cannot hold it) or a lone surrogate (no UTF-8 for it) is the
+    caller's mistake: bad_request, which a client following the contract does not retry; never
+    `unavailable`, never silence, and no database failure logged."""
+    caplog.set_level(logging.WARNING, logger="worker")
+    async with running_replica(settings):
+        nc = await nats.connect(settings.nats_url)
+        try:
+            for body in (b'{"serviceCallId": "a\\u0000b"}', b'{"serviceCallId": "\\ud800"}'):
+                reply = await nc.request(f"{settings.subject_prefix}.acme.timer.get", body, timeout=10)
+                answer = json.loads(reply.data)
+                assert answer["error"] == "bad_request", (body, answer)
+                assert "control character or lone surrogate" in answer["detail"]
+        finally:
+            await nc.close()
+    assert not [r for r in caplog.records if getattr(r, "action", "") == "get_failed"]

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from tests.helpers import iso_in, jetstream, row, running_replica, until
+from tests.helpers import iso_in, jetstream, message_ids, row, running_replica, until
 from worker.config import Settings
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -63,7 +63,7 @@ async def test_a_producers_trace_context_and_allowed_headers_reach_every_occurre
             "traceparent": TRACEPARENT,
             "tracestate": "vendor=opaque",
             "X-Request-Id": "req-7",
-            "Nats-Msg-Id": event["id"],
+            "Nats-Msg-Id": message_ids(db_url).event(event["id"]),
         }
     assert len({e["id"] for e, _ in events}) == 3
 
@@ -76,7 +76,9 @@ async def test_an_invalid_traceparent_is_dropped_and_the_timer_still_fires(
     async with running_replica(settings), jetstream(settings) as js:
         await schedule(js, settings, body, headers)
         ((event, got),) = await due_events(js, settings, 1)
-    assert got == {"Nats-Msg-Id": event["id"]}  # nor the tracestate of a traceparent that was dropped
+    assert got == {
+        "Nats-Msg-Id": message_ids(db_url).event(event["id"])
+    }  # nor the tracestate of a traceparent that was dropped
     stored = row(db_url, "acme", "sc-bad-trace")
     assert stored is not None and stored["state"] == "Reached" and stored["carried_headers"] is None
 
@@ -86,7 +88,7 @@ async def test_a_timer_without_trace_headers_stores_none(settings: Settings, db_
     async with running_replica(settings), jetstream(settings) as js:
         await schedule(js, settings, body, {"Nats-Msg-Id": "cmd-plain"})
         ((event, got),) = await due_events(js, settings, 1)
-    assert got == {"Nats-Msg-Id": event["id"]}
+    assert got == {"Nats-Msg-Id": message_ids(db_url).event(event["id"])}
     stored = row(db_url, "acme", "sc-plain")
     assert stored is not None and stored["carried_headers"] is None
 
@@ -113,7 +115,7 @@ async def test_a_trace_passes_from_the_producer_through_the_timer_to_the_consume
     assert per_timer.attributes is not None and per_timer.attributes["timer.service_call_id"] == "sc-otel"
     # The consumer's context: the same trace, with the service's publish span as parent.
     assert got["traceparent"].startswith(f"00-{producer_ctx.trace_id:032x}-{per_timer.context.span_id:016x}-")
-    assert got["Nats-Msg-Id"] == event["id"]
+    assert got["Nats-Msg-Id"] == message_ids(db_url).event(event["id"])
     (mark,) = [s for s in finished if s.name == "timer.mark"]
     assert mark.attributes is not None and (
         mark.attributes["timer.marked"],

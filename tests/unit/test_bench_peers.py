@@ -1,4 +1,5 @@
-"""The pure parts of `make bench-peers` and of the machine calibration; the run itself is in BENCHMARKS.md."""
+"""The pure parts of `make bench-peers`, of the machine calibration and of the reports' command line;
+the runs themselves are in BENCHMARKS.md."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from worker.devkit.bench.calibrate import calibrate, describe
-from worker.devkit.bench.peers import (
+import pytest
+
+from tools.bench import MODULE_PROG, invocation
+from tools.bench.calibrate import calibrate, describe
+from tools.bench.peers import (
     Measured,
     cpu_ms_per_1k,
     drain_rate,
@@ -116,3 +120,17 @@ def test_tree_cpu_keeps_a_child_that_has_exited() -> None:
     burn = "import time\nt = time.process_time() + 0.3\nwhile time.process_time() < t: pass"
     subprocess.run([sys.executable, "-c", burn], check=True)
     assert tree_cpu_s([os.getpid()]) - before >= 0.25
+
+
+def test_a_report_names_the_command_as_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MAKELEVEL", raising=False)
+    assert invocation(MODULE_PROG, MODULE_PROG, "bench", ["drain", "--runs", "5"]) == (
+        "python -m tools.bench drain --runs 5"
+    )
+    monkeypatch.setenv("MAKELEVEL", "1")  # `make bench ARGS=...` runs the module
+    assert invocation(MODULE_PROG, MODULE_PROG, "bench", ["drain", "--runs", "5"]) == (
+        "make bench ARGS='drain --runs 5'"
+    )
+    assert invocation(MODULE_PROG, MODULE_PROG, "bench", []) == "make bench"
+    # `timer-service bench` inside something make started (`make test`) is still itself
+    assert invocation("timer-service bench", MODULE_PROG, "bench", ["idle"]) == "timer-service bench idle"

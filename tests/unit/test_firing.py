@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tests.helpers import until
-from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore
+from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore, event_id
 from worker.config import Settings, load_settings
 from worker.contract import ScheduleTimer
 from worker.core.firing import LOOKAHEAD_MS, PIPELINE_DEPTH, RETRY_BACKOFF_MS, FiringLoop
@@ -52,7 +52,7 @@ async def test_nothing_is_published_before_its_due_time_on_the_database_clock(
     clock = FakeClock(time, behind_s=0.002, early_s=0.005)
     await schedule(store, time, -1.0, 0.0, 0.01, 0.03, 0.05, 0.0999)
     await firing(settings, store, publisher, clock).tick()
-    sent = [(m.headers["Nats-Msg-Id"], call.at) for call in publisher.calls for m in call.messages]
+    sent = [(event_id(m), call.at) for call in publisher.calls for m in call.messages]
     assert len(sent) == 6  # every one claimed in this tick was published in it
     due = {
         f"acme:{r.service_call_id}:{round(r.anchor_due_at.timestamp() * 1000)}": r.anchor_due_at.timestamp()
@@ -87,7 +87,7 @@ async def test_while_claims_come_back_full_the_next_claim_overlaps_the_publishes
     finally:
         stop.set()
         await task
-    assert sorted(m.headers["Nats-Msg-Id"] for c in publisher.calls for m in c.messages) == sorted(
+    assert sorted(event_id(m) for c in publisher.calls for m in c.messages) == sorted(
         f"acme:t{i}:{round((time.dt() + timedelta(seconds=-60 + i / 1000)).timestamp() * 1000)}"
         for i in range(10)
     )
@@ -104,9 +104,7 @@ async def test_first_attempts_go_in_one_atomic_batch_and_retries_one_by_one(
     await store.claim("crashed", 2, 0, lease_ms=1000)  # t0 and t1: a replica claimed them and died
     time.t += 1.5  # its lease ran out
     await firing(settings, store, publisher, clock).tick()
-    by_method = {
-        c.method: sorted(m.headers["Nats-Msg-Id"].split(":")[1] for m in c.messages) for c in publisher.calls
-    }
+    by_method = {c.method: sorted(event_id(m).split(":")[1] for m in c.messages) for c in publisher.calls}
     assert by_method == {"atomic": ["t2"], "many": ["t0", "t1"]}
     assert len(publisher.calls) == 2
 
@@ -138,7 +136,7 @@ async def test_a_failed_publish_is_released_for_a_retry_not_marked(
     store, publisher = TwinStore(time), TwinPublisher(time)
     clock = FakeClock(time)
     await schedule(store, time, -2.0, -1.0)
-    publisher.fail = lambda m: TimeoutError("no PubAck") if ":t0:" in m.headers["Nats-Msg-Id"] else None
+    publisher.fail = lambda m: TimeoutError("no PubAck") if ":t0:" in event_id(m) else None
     await firing(settings, store, publisher, clock).tick()
     t0, t1 = store.rows["acme", "t0"], store.rows["acme", "t1"]
     assert (t1.state, t0.state) == ("Reached", "Scheduled")

@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from worker.contract import Outgoing, Subjects
+from worker.contract import MessageIds, Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
 from worker.natsconn import nats_connect
 
@@ -35,8 +35,8 @@ ACK_WAIT_S = 10
 ATOMIC_BATCH_MAX = 1000
 # Fewer messages than this go one by one (see publish_atomic).
 ATOMIC_BATCH_MIN = 100
-# "atomic publish batch contains duplicate message id": some of it is stored already.
-ERR_BATCH_DUPLICATE_ID = 10201
+# "atomic publish is disabled": the events stream was made without allow_atomic.
+ERR_ATOMIC_DISABLED = 10174
 # After a failure a missing stream would explain, the streams are looked at no more often than this.
 CHECK_INTERVAL_S = 1.0
 
@@ -81,6 +81,10 @@ def connect_options(s: Settings) -> dict[str, Any]:
 
 class Broker:
     """One replica's NATS connection and everything it does with JetStream."""
+
+    # Every Nats-Msg-Id it publishes with: set by the replica from the fleet secret before any
+    # loop starts (service.Replica._connect).
+    ids: MessageIds
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -277,7 +281,7 @@ class Broker:
         An order of magnitude cheaper than one PubAck per message, above all with fsync on every
         write. A batch holding a Nats-Msg-Id the stream already has is refused whole, so only
         first attempts should come here; a refused batch is sent again one by one, which dedupes.
-        A stream made without allow_atomic turns batching off for this connection.
+        A stream made without allow_atomic (error 10174) turns batching off for this connection.
 
         A batch's PubAck comes after the server made it durable (many times one message's PubAck:
         docs/BENCHMARKS.md, "Where the time went", step 5), so a few messages go one by one:
@@ -302,7 +306,10 @@ class Broker:
             elif (error := _batch_error(reply.data, len(chunk))) is None:
                 results += [None] * len(chunk)
             else:
-                if error.get("err_code") != ERR_BATCH_DUPLICATE_ID:
+                # Only the stream's own refusal turns batching off. Any other error is this
+                # batch's (a duplicate id; a reconnect that lost part of it: incomplete, missing
+                # sequence): it goes one by one, and the next batch is atomic again.
+                if error.get("err_code") == ERR_ATOMIC_DISABLED:
                     self._atomic = False
                     log.warning(
                         "atomic publish off", extra={"action": "atomic_publish_off", "error": str(error)}

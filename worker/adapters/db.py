@@ -1,6 +1,6 @@
 """The one place a database connection is opened, with every session pin: the session's TimeZone
-is UTC, timestamps load through the service's adapters, autocommit. The replica's pool, the
-operator's reads and the migrations all connect through here."""
+is UTC, its client_encoding UTF8, timestamps load through the service's adapters, autocommit.
+The replica's pool, the operator's reads and the migrations all connect through here."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from psycopg.adapt import AdaptersMap, Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import Format
 from psycopg_pool import AsyncConnectionPool
+
+from worker.adapters.queries import QUERIES
+from worker.errors import ConfigError
 
 
 class _SafeTimestamptz(Loader):
@@ -50,11 +53,31 @@ ADAPTERS.register_loader("timestamptz", _SafeTimestamptzBinary)
 
 
 def session_conninfo(conninfo: str) -> str:
-    """The conninfo with the session's TimeZone pinned to UTC. psycopg returns times in the
-    session's zone, and west of UTC the instant 0001-01-01T00:00Z is no Python datetime: one such
-    row then made every claim that met it fail."""
+    """The conninfo with the session's pins, for every connection of the service (pool, migrations,
+    operator tools). TimeZone=UTC: psycopg returns times in the session's zone, and west of UTC the
+    instant 0001-01-01T00:00Z is no Python datetime: one such row then made every claim that met it
+    fail. client_encoding=UTF8: a database or role may set another (ALTER DATABASE ... SET
+    client_encoding), and then an id such as 注文-42 could not be sent; on a UTF8 database
+    (require_utf8) this one converts nothing."""
     options = conninfo_to_dict(conninfo).get("options") or ""
-    return make_conninfo(conninfo, options=f"{options} -c TimeZone=UTC".strip())
+    return make_conninfo(conninfo, options=f"{options} -c TimeZone=UTC".strip(), client_encoding="UTF8")
+
+
+def require_utf8(conninfo: str) -> None:
+    """Refuse a database not encoded UTF8, with one line naming it (ConfigError). SQL_ASCII (what
+    initdb gives under the C locale) stores bytes unchecked, so text comes back as bytes and a
+    claimed row cannot be read; LATIN1 and the like cannot store most ids. Checked at start-up,
+    before anything is written."""
+    with connect(conninfo) as conn:
+        found = conn.execute(QUERIES["server_encoding"]).fetchone()
+    if found is None:  # not possible: the current database is in pg_database
+        return
+    database, encoding = found
+    if encoding != "UTF8":
+        raise ConfigError(
+            f"database {database} is encoded {encoding}; timer-service needs UTF8"
+            " (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)"
+        )
 
 
 @contextmanager

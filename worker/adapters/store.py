@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,10 @@ from worker.adapters.queries import QUERIES
 from worker.contract import CancelTimer, Command, ScheduleTimer
 from worker.core.domain import Claimed, ClaimResult, Failed, Fired, Key, Outcome, Unreadable
 from worker.errors import DatabaseError, TransientError
+
+# How long a command waiting for its timer may hold up the later ones once the timer is no longer
+# claimed (Store.order_grace); at least the lease plus the command consumer's ack wait.
+ORDER_GRACE = timedelta(minutes=1)
 
 # SQLSTATEs worth retrying: by class (08 connection, 40 serialization failure or deadlock,
 # 53 insufficient resources such as a full disk, 57 operator intervention: shutdown, cancel,
@@ -46,15 +51,18 @@ def classify(exc: psycopg.Error) -> TransientError | DatabaseError:
 _CLAIMED_COLUMNS = 12  # Claimed's positional fields, as claim_due returns them
 
 
-def _rounds(commands: Sequence[Command]) -> list[list[int]]:
+def _rounds(commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[list[int]]:
     """Split a batch into rounds in which each key appears once, keeping stream order per key.
 
     One INSERT ... ON CONFLICT cannot touch a row twice, and applying a key's commands in
-    order, round after round, is exactly applying them one by one.
+    order, round after round, is exactly applying them one by one. Given their stream sequences,
+    that order is theirs: a fetch may hand a redelivered command after a newer one.
     """
     seen: dict[Key, int] = {}
     rounds: list[list[int]] = []
-    for i, c in enumerate(commands):
+    order = range(len(commands)) if seqs is None else sorted(range(len(commands)), key=seqs.__getitem__)
+    for i in order:
+        c = commands[i]
         key = (c.tenant_id, c.service_call_id)
         r = seen.get(key, 0)
         seen[key] = r + 1
@@ -62,6 +70,16 @@ def _rounds(commands: Sequence[Command]) -> list[list[int]]:
             rounds.append([])
         rounds[r].append(i)
     return rounds
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """Why a key's commands may wait (held_among)."""
+
+    claimed: bool  # its occurrence is claimed: they wait for it to be recorded
+    stuck: bool  # claimed for longer than TIMER_STUCK_AFTER: they are given up
+    head: int | None  # the stream sequence of the oldest command waiting for it, if live
+    marked: bool  # some command is recorded as waiting (live or stale)
 
 
 def _columns(rows: Sequence[Any], *names: str) -> dict[str, list[Any]]:
@@ -72,9 +90,18 @@ class Store:
     """The Postgres adapter. Every statement is named in sql/queries.sql; every error it raises
     is a TransientError or a DatabaseError (see classify)."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], stuck_after: timedelta = timedelta(hours=1)) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        stuck_after: timedelta = timedelta(hours=1),
+        order_grace: timedelta = ORDER_GRACE,
+    ) -> None:
         self.pool = pool
         self.stuck_after = stuck_after
+        # A command waiting for its timer comes back within a lease (its NAK delay), or an ack
+        # wait when its replica died: a marker unchanged for this long, the timer not claimed,
+        # is stale and holds nothing up (sql/queries.sql, upsert_schedules).
+        self.order_grace = order_grace
         # The error of the last write, until one succeeds: `SELECT 1` still answers on a read-only
         # database, so readiness asks this too.
         self.write_failure: str | None = None
@@ -91,68 +118,115 @@ class Store:
         if write:
             self.write_failure = None
 
-    async def apply(self, commands: Sequence[Command]) -> list[Outcome]:
-        """Apply a batch of commands in one transaction; the outcome of each, in order."""
+    async def apply(self, commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[Outcome]:
+        """Apply a batch of commands in one transaction; the outcome of each, in order.
+
+        `seqs`, the commands' stream sequences, keep each timer's commands in stream order: a
+        command deferred behind a claimed occurrence is recorded on the row (deferred_seqs), and
+        every later one for that timer waits behind it until it has applied (README, Ordering).
+        """
         outcomes: list[Outcome] = ["ignored"] * len(commands)
-        waiting: dict[Key, bool] = {}  # keys whose occurrence is claimed: stuck or not
+        waiting: dict[Key, Outcome] = {}  # keys whose commands wait: "deferred" or "stuck"
         with self._db(write=True):
             async with self.pool.connection() as conn, conn.transaction():
-                for indexes in _rounds(commands):
+                for indexes in _rounds(commands, seqs):
                     todo = [i for i in indexes if _key(commands[i]) not in waiting]
-                    changed = await self._apply_round(conn, [commands[i] for i in todo])
-                    untouched = [_key(commands[i]) for i in todo if _key(commands[i]) not in changed]
-                    if untouched:
-                        waiting |= await self._claimed_among(conn, untouched)
-                    for i in todo:
-                        if _key(commands[i]) in changed:
-                            outcomes[i] = "applied"
+                    changed = await self._apply_round(
+                        conn, [commands[i] for i in todo], None if seqs is None else [seqs[i] for i in todo]
+                    )
+                    untouched = [i for i in todo if _key(commands[i]) not in changed]
+                    held = await self._held_among(conn, [_key(commands[i]) for i in untouched])
+                    for i in untouched:
+                        h = held.get(_key(commands[i]))
+                        if h is not None and h.claimed:
+                            waiting[_key(commands[i])] = "stuck" if h.stuck else "deferred"
+                        elif h is not None and h.head is not None and seqs is not None and seqs[i] > h.head:
+                            waiting[_key(commands[i])] = "deferred"  # behind an older waiting command
+                    settle: list[tuple[Key, int, bool]] = []
                     for i in indexes:
-                        if _key(commands[i]) in waiting:
-                            outcomes[i] = "stuck" if waiting[_key(commands[i])] else "deferred"
+                        key = _key(commands[i])
+                        if key in changed:
+                            outcomes[i] = "applied"  # and left deferred_seqs in the same statement
+                        elif key in waiting:
+                            outcomes[i] = waiting[key]
+                            if seqs is not None:
+                                settle.append((key, seqs[i], waiting[key] == "deferred"))
+                        elif seqs is not None and (h := held.get(key)) is not None and h.marked:
+                            settle.append((key, seqs[i], False))  # ignored: it waits no more
+                    if settle:
+                        await self._settle_deferred(conn, settle)
         return outcomes
 
-    async def _apply_round(self, conn: psycopg.AsyncConnection[Any], batch: list[Command]) -> set[Key]:
-        schedules = [c for c in batch if isinstance(c, ScheduleTimer)]
-        cancels = [c for c in batch if isinstance(c, CancelTimer)]
+    async def _apply_round(
+        self, conn: psycopg.AsyncConnection[Any], batch: list[Command], seqs: list[int] | None
+    ) -> set[Key]:
+        schedules = [i for i, c in enumerate(batch) if isinstance(c, ScheduleTimer)]
+        cancels = [i for i, c in enumerate(batch) if isinstance(c, CancelTimer)]
         changed: set[Key] = set()
+
+        def seq_of(indexes: list[int]) -> list[int] | None:  # NULLs (no order to keep) when unknown
+            return None if seqs is None else [seqs[i] for i in indexes]
+
         if schedules:
+            sched = [c for i in schedules if isinstance(c := batch[i], ScheduleTimer)]
             params = {
-                "tenant_id": [c.tenant_id for c in schedules],
-                "service_call_id": [c.service_call_id for c in schedules],
-                "due_at": [c.due_at for c in schedules],
-                "correlation_id": [c.correlation_id for c in schedules],
-                "command_ts": [c.timestamp_ms for c in schedules],
-                "repeat_every": [c.repeat.every if c.repeat else None for c in schedules],
-                "repeat_times": [c.repeat.times if c.repeat else None for c in schedules],
-                "repeat_timezone": [c.repeat.timezone if c.repeat else None for c in schedules],
+                "tenant_id": [c.tenant_id for c in sched],
+                "service_call_id": [c.service_call_id for c in sched],
+                "due_at": [c.due_at for c in sched],
+                "correlation_id": [c.correlation_id for c in sched],
+                "command_ts": [c.timestamp_ms for c in sched],
+                "repeat_every": [c.repeat.every if c.repeat else None for c in sched],
+                "repeat_times": [c.repeat.times if c.repeat else None for c in sched],
+                "repeat_timezone": [c.repeat.timezone if c.repeat else None for c in sched],
                 # A NULL array is padded with NULLs by unnest: nothing more to send when none has any.
                 "carried_headers": (
-                    [None if c.carried is None else Jsonb(c.carried) for c in schedules]
-                    if any(c.carried is not None for c in schedules)
+                    [None if c.carried is None else Jsonb(c.carried) for c in sched]
+                    if any(c.carried is not None for c in sched)
                     else None
                 ),
+                "command_seq": seq_of(schedules),
+                "order_grace": self.order_grace,
             }
             cur = await conn.execute(QUERIES["upsert_schedules"], params)
             changed |= {(t, s) for t, s in await cur.fetchall()}
         if cancels:
-            cancel_params = _columns(
-                cancels, "tenant_id", "service_call_id", "correlation_id", "timestamp_ms"
+            cancel_params: dict[str, Any] = _columns(
+                [batch[i] for i in cancels], "tenant_id", "service_call_id", "correlation_id", "timestamp_ms"
             )
             cancel_params["command_ts"] = cancel_params.pop("timestamp_ms")
+            cancel_params["command_seq"] = seq_of(cancels)
+            cancel_params["order_grace"] = self.order_grace
             cur = await conn.execute(QUERIES["cancel_timers"], cancel_params)
             changed |= {(t, s) for t, s in await cur.fetchall()}
         return changed
 
-    async def _claimed_among(self, conn: psycopg.AsyncConnection[Any], keys: list[Key]) -> dict[Key, bool]:
+    async def _held_among(self, conn: psycopg.AsyncConnection[Any], keys: list[Key]) -> dict[Key, _Held]:
+        if not keys:
+            return {}
         cur = await conn.execute(
-            QUERIES["claimed_among"],
+            QUERIES["held_among"],
             {
                 "tenant_id": [k[0] for k in keys],
                 "service_call_id": [k[1] for k in keys],
                 "stuck_after": self.stuck_after,
+                "order_grace": self.order_grace,
             },
         )
-        return {(t, s): stuck for t, s, stuck in await cur.fetchall()}
+        return {(t, s): _Held(*rest) for t, s, *rest in await cur.fetchall()}
+
+    async def _settle_deferred(
+        self, conn: psycopg.AsyncConnection[Any], settle: list[tuple[Key, int, bool]]
+    ) -> None:
+        await conn.execute(
+            QUERIES["settle_deferred"],
+            {
+                "tenant_id": [k[0] for k, _, _ in settle],
+                "service_call_id": [k[1] for k, _, _ in settle],
+                "seq": [seq for _, seq, _ in settle],
+                "waits": [waits for _, _, waits in settle],
+                "order_grace": self.order_grace,
+            },
+        )
 
     async def claim(
         self,
@@ -274,6 +348,16 @@ class Store:
                 await cur.execute(QUERIES["quota_pending_counts"], {"tenant_id": list(tenants), "cap": cap})
                 pending = {r["tenant_id"]: int(r["pending"]) for r in await cur.fetchall()}
         return known, pending
+
+    async def fleet_secret(self) -> bytes:
+        """The key of every Nats-Msg-Id (contract.MessageIds), made by migration 0005."""
+        with self._db():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(QUERIES["fleet_secret"])
+                found = await cur.fetchone()
+        if found is None:
+            raise DatabaseError("fleet_secret is empty: restore its row from a backup of this database")
+        return bytes(found[0])
 
     async def ping(self) -> None:
         with self._db():

@@ -196,6 +196,16 @@ def _identifier(value: str, key: str, reason: Reason) -> str:
     return value
 
 
+def identifier_problem(value: str, key: str) -> str | None:
+    """Why `value` cannot be an id (the rule of serviceCallId and correlationId), or None. For
+    readers of ids that are no commands: timer.get."""
+    try:
+        _identifier(value, key, "bad_service_call_id")
+    except _Reject as exc:
+        return exc.detail
+    return None
+
+
 def _correlation(obj: JsonObject) -> str | None:
     value = _optional(obj, "correlationId", str)
     return None if value is None else _identifier(value, "correlationId", "bad_correlation_id")
@@ -329,3 +339,25 @@ def carried_headers(
         del kept[TRACESTATE]
         dropped.append(TRACESTATE)
     return kept or None, dropped
+
+
+# A header name NATS clients send: an RFC 7230 token (nats-py refuses any other when publishing).
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+
+
+def stored_carried_problem(carried: object) -> str | None:
+    """Why a timer's stored carried headers cannot go on its events, or None when they can. They
+    were valid when stored (carried_headers), but the column is JSON anyone can write: a list, a
+    number, a CR/LF that would end the header block. Such a row fails alone (Firing.fire)."""
+    if carried is None:
+        return None
+    if not isinstance(carried, dict):
+        return f"carried headers are {_json_type(carried)}, not an object"
+    for name, value in carried.items():
+        if not _HEADER_NAME_RE.match(name) or name.lower() == "nats-msg-id":
+            return f"carried headers hold a header name NATS cannot carry: {_show(name)}"
+        if not isinstance(value, str) or len(value) > MAX_CARRIED_VALUE_CHARS or not value.isprintable():
+            return (
+                f"carried header {_show(name)} is not a printable string of at most {MAX_CARRIED_VALUE_CHARS}"
+            )
+    return None

@@ -16,13 +16,14 @@ from worker import metrics, tracing
 from worker.config import Settings
 from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, Repeat, due_event, iso
 from worker.core.clock import Clock
+from worker.core.commands import stored_carried_problem
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Claimed, Fired, Key, Leased, Unreadable
 from worker.core.ports import EventPublisher, FiringStore
 from worker.core.recurrence import next_occurrence
 from worker.core.waiting import wait_any
 from worker.core.wakeup import Wakeup
-from worker.errors import TransientError
+from worker.errors import TransientError, verdict
 
 log = logging.getLogger("worker.firing")
 
@@ -67,9 +68,15 @@ async def _settle(tasks: set[asyncio.Task[None]], keep: int) -> None:
     while len(tasks) > keep:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         tasks -= done
-        errors = [e for t in done if (e := t.exception()) is not None]
+        errors = [e for t in done if not t.cancelled() and (e := t.exception()) is not None]
         if errors:
             raise errors[0]
+
+
+def _first(errors: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first error of a task group, however deeply nested."""
+    first = errors.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 class FiringLoop:
@@ -93,32 +100,47 @@ class FiringLoop:
         While claims come back full, the next claim goes out as soon as one comes back: up to
         PIPELINE_DEPTH batches publish and mark at once, so neither Postgres nor NATS waits
         for the other (docs/BENCHMARKS.md, "Where the time went").
+
+        Every task this loop starts (the fresh lane, each batch's fire) belongs to one TaskGroup:
+        a stop lets them finish, and cancelling this loop (the replica's hard stop) or its failure
+        cancels them all, so nothing outlives it (a mark waiting on a row lock held the exit of a
+        replica for as long as the lock was held). Their unmarked claims expire and fire elsewhere.
         """
-        lane = asyncio.create_task(self._fresh_lane(stop), name="fresh-lane")
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._fresh_lane(stop), name="fresh-lane")
+                try:
+                    await self._claim_until(stop, group)
+                finally:
+                    self._backlog.set()  # wake the lane so it sees the stop and finishes its batch
+        except BaseExceptionGroup as errors:  # the supervisor reports the error itself, not a group
+            raise _first(errors) from None
+
+    async def _claim_until(self, stop: asyncio.Event, group: asyncio.TaskGroup) -> None:
         poll_s = self.s.poll_interval_ms / 1000
         failures = 0
         firing: set[asyncio.Task[None]] = set()
-        try:
-            while not stop.is_set():
-                metrics.tick("firing")  # alive, even while Postgres is down (readiness says that)
-                try:
-                    full = await self.tick(firing)
-                    failures = 0
-                except TransientError as exc:
-                    failures += 1
-                    log.warning("claim failed", extra={"action": "claim_failed", "error": str(exc)})
-                    await self.wakeup.sleep(min(CLAIM_RETRY_FIRST_S * 2 ** (failures - 1), poll_s), stop)
-                    continue
-                if full:
-                    self._backlog.set()
-                else:
-                    self._backlog.clear()
-                    await self.wakeup.sleep(self._idle_s, stop)
-        finally:
-            if not stop.is_set():
-                lane.cancel()  # this loop failed: the lane goes with it
-            self._backlog.set()  # on a stop, wake the lane so it sees it and finishes its batch
-            await asyncio.gather(lane, *firing, return_exceptions=True)
+        while not stop.is_set():
+            metrics.tick("firing")  # alive, even while Postgres is down (readiness says that)
+            try:
+                full = await self.tick(firing, group)
+                failures = 0
+            except Exception as exc:  # one verdict for all (errors.verdict): only fatal ends the loop
+                if (judged := verdict(exc)) == "fatal":
+                    raise
+                failures += 1
+                log.warning(
+                    "claim failed",
+                    extra={"action": "claim_failed", "error": f"{type(exc).__name__}: {exc}"},
+                    exc_info=judged == "alone",  # not foreseen: show where
+                )
+                await self.wakeup.sleep(min(CLAIM_RETRY_FIRST_S * 2 ** (failures - 1), poll_s), stop)
+                continue
+            if full:
+                self._backlog.set()
+            else:
+                self._backlog.clear()
+                await self.wakeup.sleep(self._idle_s, stop)
 
     async def _fresh_lane(self, stop: asyncio.Event) -> None:
         """While a backlog drains in big batches, claim the newest few every FRESH_LANE_S.
@@ -149,10 +171,12 @@ class FiringLoop:
                 log.warning("fresh lane failed", extra={"action": "claim_failed", "error": str(exc)})
             await wait_any(FRESH_LANE_S, stop)
 
-    async def tick(self, firing: set[asyncio.Task[None]] | None = None) -> bool:
-        """One claim; True when the batch was full (more may be due). Given the loop's `firing`,
-        a full batch's firing goes on beside the next claim (at most PIPELINE_DEPTH there);
-        otherwise it ends here."""
+    async def tick(
+        self, firing: set[asyncio.Task[None]] | None = None, group: asyncio.TaskGroup | None = None
+    ) -> bool:
+        """One claim; True when the batch was full (more may be due). Given the loop's `firing`
+        (tasks of its `group`), a full batch's firing goes on beside the next claim (at most
+        PIPELINE_DEPTH there); otherwise it ends here."""
         started = time.perf_counter()
         with tracing.span("timer.claim") as span:
             result = await self.store.claim(
@@ -170,13 +194,34 @@ class FiringLoop:
         nxt = result.next_due_in_ms
         # Wake when the next occurrence comes within reach of a claim, measured from now.
         wake_at = None if nxt is None else time.monotonic() + (nxt - LOOKAHEAD_MS) / 1000
-        in_flight = set() if firing is None else firing
-        if result.claimed or result.unreadable:
-            in_flight.add(asyncio.create_task(self.fire(result.claimed, result.unreadable), name="fire"))
-        full = len(result.claimed) >= self.s.batch_size
-        await _settle(in_flight, PIPELINE_DEPTH - 1 if full and firing is not None else 0)
+        # Unreadable rows took places in the batch too: a full claim of them is still a backlog.
+        full = len(result.claimed) + len(result.unreadable) >= self.s.batch_size
+        if firing is None or group is None:  # one batch, fired here
+            if result.claimed or result.unreadable:
+                await self.fire(result.claimed, result.unreadable)
+        else:
+            if result.claimed or result.unreadable:
+                firing.add(
+                    group.create_task(self._fire_beside(result.claimed, result.unreadable), name="fire")
+                )
+            await _settle(firing, PIPELINE_DEPTH - 1 if full else 0)
         self._idle_s = poll_s if wake_at is None else min(poll_s, max(0.0, wake_at - time.monotonic()))
         return full
+
+    async def _fire_beside(self, claimed: list[Claimed], unreadable: Sequence[Unreadable]) -> None:
+        """A batch fired beside the next claim, in the loop's task group: Postgres away or
+        read-only past the lease is no reason to end the loop (and the group with it); its
+        claims expire and fire again, from here or elsewhere."""
+        try:
+            await self.fire(claimed, unreadable)
+        except Exception as exc:  # one verdict for all (errors.verdict): only fatal ends the loop
+            if (judged := verdict(exc)) == "fatal":
+                raise
+            log.warning(
+                "mark failed",
+                extra={"action": "claim_failed", "error": f"{type(exc).__name__}: {exc}"},
+                exc_info=judged == "alone",
+            )
 
     async def fire(self, claimed: list[Claimed], unreadable: Sequence[Unreadable] = ()) -> None:
         """Publish each occurrence as soon as it is due on the database clock, then record them all."""
@@ -196,10 +241,15 @@ class FiringLoop:
                     c, "due_at_out_of_range", f"dueAt {iso(c.due_at)} is outside {DUE_AT_RANGE}", failed
                 )
                 continue
+            if (problem := stored_carried_problem(c.carried)) is not None:
+                self._cannot_fire(c, "bad_carried_headers", problem, failed)
+                continue
             try:  # computed before the publish: an event goes out only when its row can be recorded
                 nexts[c.tenant_id, c.service_call_id] = next_of(c)
-            except (ValueError, OverflowError) as exc:
-                self._cannot_fire(c, "bad_repeat", f"next occurrence: {exc}", failed)
+            except Exception as exc:  # whatever the row's values break, the row alone fails
+                if verdict(exc) != "alone":
+                    raise
+                self._cannot_fire(c, "bad_repeat", f"next occurrence: {type(exc).__name__}: {exc}", failed)
         waiting = sorted(
             (c for c in claimed if (c.tenant_id, c.service_call_id) in nexts), key=lambda c: c.due_at
         )
@@ -253,7 +303,8 @@ class FiringLoop:
         retries = sum(1 for c in due if c.attempts > 1)
         reached, reached_ms = iso(now), round(now.timestamp() * 1000)
         subjects = self.broker.subjects
-        messages = [due_event(c, subjects.due(c.tenant_id), reached, reached_ms) for c in due]
+        ids = self.broker.ids
+        messages = [due_event(c, subjects.due(c.tenant_id), reached, reached_ms, ids) for c in due]
         first, again = messages[: len(messages) - retries], messages[len(messages) - retries :]
         timeout = self.s.publish_timeout_ms / 1000
         started = time.perf_counter()

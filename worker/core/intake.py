@@ -24,7 +24,7 @@ from worker.core.crashpoints import crash_point
 from worker.core.ports import IntakeBroker, IntakeStore
 from worker.core.waiting import wait_any
 from worker.core.wakeup import Wakeup
-from worker.errors import TransientError
+from worker.errors import TransientError, verdict
 
 log = logging.getLogger("worker.intake")
 
@@ -64,7 +64,19 @@ class Intake:
                     self.broker.check_streams_soon()
                     await wait_any(1.0, stop)
                     continue
-                await self.handle(msgs)
+                try:
+                    await self.handle(msgs)
+                except Exception as exc:
+                    # Whatever the batch met, intake goes on: its unsettled commands come back
+                    # after the consumer's ack wait. Only a fatal verdict (errors.verdict) ends it.
+                    if verdict(exc) == "fatal":
+                        raise
+                    log.error(
+                        "intake batch failed",
+                        extra={"action": "intake_failed", "error": f"{type(exc).__name__}: {exc}"},
+                        exc_info=verdict(exc) == "alone",  # not foreseen: show where
+                    )
+                    await wait_any(1.0, stop)
         finally:
             # Fetched messages are never marked done in the pull subscription's queue, so
             # draining the connection would wait on it until its timeout: unsubscribe first.
@@ -99,7 +111,7 @@ class Intake:
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
             for msg, _ in batch:  # nothing decided, nothing acknowledged
-                await msg.nak(delay=RETRY_DELAY_S)
+                await settle(msg, RETRY_DELAY_S)
             return []
         if over:
             await self.reject(
@@ -144,9 +156,9 @@ class Intake:
         for (msg, why), error in zip(rejected, results, strict=True):
             if error is not None:  # the DLQ is unreachable: keep the command, try again later
                 failed = failed or error
-                await msg.nak(delay=RETRY_DELAY_S)
+                await settle(msg, RETRY_DELAY_S)
                 continue
-            await msg.ack()
+            await settle(msg)
             metrics.COMMANDS_REJECTED.labels(why.reason).inc()
             log.info(
                 "command rejected",
@@ -165,9 +177,12 @@ class Intake:
             "Timer-Error": why.reason,
             "Timer-Error-Detail": why.detail,
             "Timer-Subject": msg.subject[:200],
-            # The command's own stream position: when a PubAck is lost, the command comes back
-            # and is copied again, and the DLQ stream drops that copy, so it holds each one once.
-            "Nats-Msg-Id": f"{self.s.command_stream}:{msg.metadata.sequence.stream}",
+            # From the command's own stream position and time: when a PubAck is lost, the command
+            # comes back and is copied again, and the DLQ stream drops that copy, so it holds each
+            # one once; a recreated command stream's commands get copies of their own.
+            "Nats-Msg-Id": self.broker.ids.derived(
+                self.s.command_stream, msg.metadata.sequence.stream, msg.metadata.timestamp
+            ),
         }
         data = self._fit(msg.data, headers)
         return Outgoing(self.broker.subjects.dlq(why.dlq_token), data, headers)
@@ -187,11 +202,13 @@ class Intake:
     async def apply(self, batch: list[tuple[Msg, Command]]) -> None:
         started = time.perf_counter()
         try:
-            outcomes = await self._apply_retrying([c for _, c in batch])
+            # Their stream sequences keep each timer's commands in stream order (Store.apply).
+            seqs = [msg.metadata.sequence.stream for msg, _ in batch]
+            outcomes = await self._apply_retrying([c for _, c in batch], seqs)
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
             for msg, _ in batch:  # nothing committed, nothing acknowledged
-                await msg.nak(delay=RETRY_DELAY_S)
+                await settle(msg, RETRY_DELAY_S)
             return
         metrics.COMMAND_BATCH_SECONDS.observe(time.perf_counter() - started)
         crash_point("committed")
@@ -203,9 +220,9 @@ class Intake:
                 continue
             metrics.COMMANDS_APPLIED.labels(kind, outcome).inc()
             if outcome == "deferred":  # its occurrence is being fired: apply after that
-                await msg.nak(delay=self.s.lease_ms / 1000)
+                await settle(msg, self.s.lease_ms / 1000)
             else:
-                await msg.ack()
+                await settle(msg)
         if stuck:
             log.warning(
                 "commands given up",
@@ -214,7 +231,7 @@ class Intake:
             await self.reject(stuck)
         await self._hint([c for (_, c), o in zip(batch, outcomes, strict=True) if o == "applied"])
 
-    async def _apply_retrying(self, commands: list[Command]) -> list[str]:
+    async def _apply_retrying(self, commands: list[Command], seqs: list[int]) -> list[str]:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(TransientError),
             stop=stop_after_delay(5),
@@ -222,7 +239,7 @@ class Intake:
             reraise=True,
         ):
             with attempt:
-                return list(await self.store.apply(commands))
+                return list(await self.store.apply(commands, seqs))
         raise AssertionError("unreachable: tenacity reraises")
 
     async def _hint(self, applied: list[Command]) -> None:
@@ -235,6 +252,21 @@ class Intake:
             return  # the regular poll will see it in time
         self.wakeup.hint(soonest)
         await self.broker.hint(self.broker.subjects.wake, f"{soonest:.3f}".encode())
+
+
+async def settle(msg: Msg, retry_in: float | None = None) -> None:
+    """Acknowledge a command (retry_in None) or offer it again after retry_in seconds. When NATS
+    cannot take that now (reconnecting, with TIMER_PUBLISH_BUFFER_BYTES too small to hold it),
+    nothing is lost: the command comes back after the consumer's ack wait and, being idempotent,
+    is settled then. So a transient failure here is logged, never raised."""
+    try:
+        await (msg.ack() if retry_in is None else msg.nak(delay=retry_in))
+    except Exception as exc:
+        if verdict(exc) != "transient":
+            raise
+        metrics.COMMAND_SETTLE_FAILED.inc()
+        # Counted, and logged at debug only: in an outage every command of a batch meets it.
+        log.debug("command not settled", extra={"action": "settle_failed", "error": f"{type(exc).__name__}"})
 
 
 def _stuck_detail(s: Settings) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from nats.aio.msg import Msg
 
-from worker.contract import Command, Outgoing, Subjects
+from worker.contract import Command, MessageIds, Outgoing, Subjects
 from worker.core.domain import ClaimResult, Failed, Fired, Key, Outcome
 
 
@@ -41,9 +41,13 @@ class FiringStore(Protocol):
 
 
 class IntakeStore(Protocol):
-    """Intake's database: apply a batch of commands in one transaction; what the quota reads."""
+    """Intake's database: apply a batch of commands in one transaction, each timer's in the order
+    of their stream sequences (`seqs`), a command waiting for its timer holding up the later
+    ones; what the quota reads."""
 
-    async def apply(self, commands: Sequence[Command]) -> list[Outcome]: ...
+    async def apply(
+        self, commands: Sequence[Command], seqs: Sequence[int] | None = None
+    ) -> list[Outcome]: ...
 
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
@@ -67,6 +71,7 @@ class EventPublisher(Protocol):
     not; no call raises for a message that failed (worker/adapters/broker.py)."""
 
     subjects: Subjects
+    ids: MessageIds  # the Nats-Msg-Ids of what it publishes
 
     @property
     def max_payload(self) -> int: ...

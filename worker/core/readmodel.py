@@ -9,8 +9,9 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from worker.contract import Subjects, is_valid_tenant, timer_view
+from worker.core.commands import identifier_problem
 from worker.core.ports import TimerReader
-from worker.errors import DatabaseError, TransientError
+from worker.errors import verdict
 
 log = logging.getLogger("worker.readmodel")
 
@@ -38,9 +39,16 @@ class ReadModel:
                 raise ValueError
         except (ValueError, KeyError, TypeError, RecursionError):
             return {"error": "bad_request", "detail": 'body must be {"serviceCallId": "<id>"}'}
+        # An id no timer can have (NUL, a lone surrogate, too long) is the caller's mistake, not
+        # the store's: answered bad_request, which a client does not retry, before any query.
+        if (problem := identifier_problem(service_call_id, "serviceCallId")) is not None:
+            return {"error": "bad_request", "detail": problem}
         try:
             row = await self.store.get(tenant, service_call_id)
-        except (TransientError, DatabaseError) as exc:
+        except Exception as exc:
+            if verdict(exc) == "alone":  # this request's values broke the lookup: it alone fails
+                log.warning("get refused", extra={"action": "get_refused"}, exc_info=exc)
+                return {"error": "bad_request", "detail": "the request cannot be looked up"}
             log.warning("get failed", extra={"action": "get_failed", "error": str(exc)})
             return {"error": "unavailable", "detail": "the timer store is not reachable"}
         if row is None:

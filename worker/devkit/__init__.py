@@ -1,3 +1,4 @@
 """Tools around the service, never imported by it: throwaway servers (`embedded`), replicas as
-processes and a recorder of what they fire (`harness`, `recorder`), `timer-service dev` (`dev`)
-and `timer-service bench` (`bench`). The tests and the chaos suite use them too."""
+processes and a recorder of what they fire (`harness`, `recorder`), and `timer-service dev`
+(`dev`). The tests, the chaos suite and the benchmarks (tools/bench, in the repository only) use
+them too."""

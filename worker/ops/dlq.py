@@ -4,15 +4,18 @@ Entries are read by stream sequence (the JetStream message-get API, filtered by 
 nothing here creates a consumer or changes the stream except `replay` and `purge`, and those only
 delete the entries they name.
 
-Replay publishes the command (as stored, or an edited body) to its original subject with the
-Nats-Msg-Id `<DLQ stream>:<sequence>`, and deletes the entry only after the command stream
-acknowledged it. Run twice, or after a crash between the two steps, the command stream drops the
-second copy within its duplicate window; and a command applied twice changes nothing more
-(commands are idempotent: docs/CONTRACT.md, Duplicates).
+Replay publishes the command (as stored, or an edited body) to its original subject, only ever
+one of the entry's own tenant, with a Nats-Msg-Id made from the entry's stream, sequence and
+time with the fleet secret (contract.MessageIds), and deletes the entry only after the command
+stream acknowledged it. Run twice, or after a crash between the two steps, the command stream
+drops the second copy within its duplicate window; and a command applied twice changes nothing
+more (commands are idempotent: docs/CONTRACT.md, Duplicates). No tenant can work the id out and
+send it first to make the replay vanish, and a recreated DLQ stream's entries get ids of their own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 from collections.abc import AsyncIterator
@@ -25,10 +28,12 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from worker.adapters.broker import connect_options
+from worker.adapters.queries import QUERIES
 from worker.config import Settings
-from worker.contract import Rejection, Subjects
+from worker.contract import MessageIds, Rejection, Subjects
 from worker.core.commands import parse_command
 from worker.natsconn import nats_connect
+from worker.ops.reads import connect
 
 # An operator's listing reads at most this many entries before it stops and says where.
 MAX_SCAN = 10_000
@@ -106,11 +111,30 @@ class ReplayRefused(Exception):
     """A replay that would only bounce back to the DLQ, or has nowhere to go; nothing was sent."""
 
 
+def read_fleet_secret(conninfo: str) -> bytes:
+    """The fleet secret (sql/migrations/0005), on a one-off read-only connection."""
+    with connect(conninfo) as conn:
+        found = conn.execute(QUERIES["fleet_secret"]).fetchone()
+    if found is None:
+        raise ReplayRefused("the database has no fleet secret (table fleet_secret is empty)")
+    return bytes(found[0])
+
+
 class Dlq:
     def __init__(self, nc: NATS, settings: Settings) -> None:
         self.settings = settings
         self.js: JetStreamContext = nc.jetstream(timeout=5)
         self.subjects = Subjects(settings.subject_prefix)
+        self._ids: MessageIds | None = None  # read from Postgres by the first replay only
+
+    async def replay_id(self, entry: DlqEntry) -> str:
+        """The Nats-Msg-Id a replay of this entry carries, whoever runs it and however often."""
+        if entry.time is None:
+            raise ReplayRefused(f"entry {entry.seq} has no stored time: its replay id cannot be made")
+        if self._ids is None:
+            url = self.settings.database_url.get_secret_value()
+            self._ids = MessageIds(await asyncio.to_thread(read_fleet_secret, url))
+        return self._ids.derived(self.settings.dlq_stream, entry.seq, entry.time)
 
     def _subject(self, tenant: str | None) -> str:
         return self.subjects.dlq(tenant or "*")
@@ -175,10 +199,18 @@ class Dlq:
                 f"entry {entry.seq} was sent on {entry.original_subject!r}, not a command subject: "
                 "there is nothing to replay it to"
             )
+        if where[0] != entry.tenant:
+            # Anyone who can add to a tenant's dlq subject can write any Timer-Subject: a replay
+            # goes back to the entry's own tenant or nowhere.
+            raise ReplayRefused(
+                f"entry {entry.seq} is tenant {entry.tenant!r}'s but names {entry.original_subject!r}, "
+                f"a subject of tenant {where[0]!r}: a replay only goes to the entry's own tenant"
+            )
         if body is None and entry.truncated:
             raise ReplayRefused(f"entry {entry.seq}'s body was cut to fit the DLQ: give a fixed body")
         data = entry.body if body is None else body
         tenant = where[0]
+        # The body's tenantId (an envelope's too) must be this tenant: tenant_mismatch otherwise.
         parsed = parse_command(
             kind, tenant, data, now=datetime.now(UTC), max_horizon=self.settings.max_horizon
         )
@@ -194,9 +226,7 @@ class Dlq:
         if entry is None:
             return None
         subject, data = self.validated_replay(entry, body)
-        ack = await self.js.publish(
-            subject, data, headers={"Nats-Msg-Id": f"{self.settings.dlq_stream}:{seq}"}
-        )
+        ack = await self.js.publish(subject, data, headers={"Nats-Msg-Id": await self.replay_id(entry)})
         if ack.stream != self.settings.command_stream:
             raise ReplayRefused(f"{subject} went to stream {ack.stream}, not {self.settings.command_stream}")
         with contextlib.suppress(NotFoundError):  # a concurrent replay deleted it first

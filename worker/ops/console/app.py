@@ -83,8 +83,11 @@ class Console:
     async def login(self, request: Request) -> Response:
         if request.method == "GET":
             return self.page(request, "login.html", error=None, basic=bool(self.s.console_user))
-        form = await request.form()
-        fields = {k: str(form.get(k) or "") for k in ("token", "user", "password")}
+        body = await _small_body(request, LOGIN_MAX_BYTES)
+        if body is None:
+            return Response(status_code=413, headers=HEADERS)
+        form = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=10)
+        fields = {k: (form.get(k) or [""])[0] for k in ("token", "user", "password")}
         if not self.credentials.admits(**fields):
             return self.page(
                 request, "login.html", 401, error="not recognised", basic=bool(self.s.console_user)
@@ -196,6 +199,24 @@ class Console:
         if done is None:
             return self.page(request, "gone.html", 404, seq=seq)
         return self.page(request, "replayed.html", done=done, timer=_timer_of(edited or entry.body))
+
+
+# /login answers anyone: its body (a urlencoded form of credentials) is read up to this, no further.
+LOGIN_MAX_BYTES = 8192
+
+
+async def _small_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None when it is longer than `limit` (declared or streamed), read no
+    further. Starlette's form parser holds up to 1,000 fields of 1 MiB and spools uploads to disk."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
 
 
 def _q(value: str) -> str:

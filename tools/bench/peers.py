@@ -14,7 +14,7 @@ user + system time from /proc (Postgres with its backends, NATS, the workers, th
 taken from the first receive to the last, so start-up is not counted. The peers are installed
 (npm, a pip venv) into a throwaway directory each time: nothing lands in the project's venv.
 
-    .venv/bin/python -m worker.devkit.bench.peers --runs 3
+    .venv/bin/python -m tools.bench.peers --runs 3
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import statistics
@@ -43,15 +42,21 @@ import nats
 import psycopg
 from nats.aio.client import Client as NATS
 
+from tools.bench import invocation
+from tools.bench.calibrate import calibrate, describe
+from tools.bench.rig import Rig, machine
 from worker.contract import Subjects
-from worker.devkit.bench.calibrate import calibrate, describe
-from worker.devkit.bench.rig import Rig, machine
 from worker.devkit.harness import percentile
 from worker.devkit.recorder import Recorder
 
+# The peers' programs, run as they are from the repository (the peers themselves are installed
+# into a throwaway directory): a graphile-worker task and a pgqueuer entrypoint, each a no-op that
+# records when it ran.
+PROGRAMS = Path(__file__).resolve().parent / "programs"
 GRAPHILE_WORKER = "graphile-worker@0.18"
 PGQUEUER = "pgqueuer[asyncpg]"
 SYSTEMS = ("timer-service", "graphile-worker", "pgqueuer", "nats-schedules")
+PROG = "python -m tools.bench.peers"
 WORKERS = 2  # worker processes for each peer (--replicas for this service)
 
 Receipt = tuple[float, float]  # (due, received), epoch seconds on this machine's clock
@@ -394,6 +399,10 @@ class _PeerOnPostgres:
         """The command of one worker process; it finds the database in PEER_DATABASE_URL."""
         raise NotImplementedError
 
+    def env(self, db_url: str) -> dict[str, str]:
+        """The peer's programs' environment: the database in PEER_DATABASE_URL (PGDSN for `pgq`)."""
+        return {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url}
+
     async def drain(self, n: int) -> Measured:
         return await self._run(n, start_s=-3660, rate=n / 3600, after_insert=True, timeout=120 + n / 500)
 
@@ -404,8 +413,7 @@ class _PeerOnPostgres:
     async def _run(self, n: int, start_s: float, rate: float, after_insert: bool, timeout: float) -> Measured:
         dbname, db_url = self.shared.fresh_db()
         workdir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=self.shared.workdir))
-        env = {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url}
-        workers = FileWorkers(workdir, self.worker_argv, env)
+        workers = FileWorkers(workdir, self.worker_argv, self.env(db_url))
         try:
             await asyncio.to_thread(self.install, db_url)
             if after_insert:
@@ -422,31 +430,6 @@ class _PeerOnPostgres:
             await asyncio.to_thread(self.shared.drop_db, dbname)
 
 
-GRAPHILE_SCRIPT = r"""
-// A no-op task that records (due, received) for each job; flushed to a file every 50 ms.
-const fs = require("fs");
-const { run } = require("graphile-worker");
-const out = process.argv[2];
-let buf = [];
-const flush = () => { if (buf.length) { fs.appendFileSync(out, buf.join("")); buf = []; } };
-const now = () => (performance.timeOrigin + performance.now()) / 1000;
-async function main() {
-  const runner = await run({
-    connectionString: process.env.PEER_DATABASE_URL,
-    concurrency: 10,
-    noHandleSignals: false,
-    preset: { worker: { maxPoolSize: 12, localQueue: { size: 500 }, completeJobBatchDelay: 0 } },
-    taskList: { noop: async (payload) => { buf.push(`${payload.d} ${now()}\n`); } },
-  });
-  setInterval(flush, 50);
-  fs.writeFileSync(out + ".ready", "");
-  await runner.promise;
-  flush();
-}
-process.on("exit", flush);
-main().catch((e) => { console.error(e); process.exit(1); });
-"""
-
 GRAPHILE_INSERT = """
 SELECT graphile_worker.add_jobs(array_agg(
   ROW('noop', json_build_object('d', extract(epoch FROM t)), NULL, t, NULL, NULL, NULL, NULL)
@@ -462,7 +445,6 @@ class GraphileWorker(_PeerOnPostgres):
     def __init__(self, shared: Shared) -> None:
         super().__init__(shared)
         self.dir = shared.tools / "graphile"
-        (self.dir / "peer.js").write_text(GRAPHILE_SCRIPT)
 
     def install(self, db_url: str) -> None:
         subprocess.run(
@@ -479,60 +461,12 @@ class GraphileWorker(_PeerOnPostgres):
                 conn.execute(GRAPHILE_INSERT, {"n": k, "start_s": start_s + i / rate, "rate": rate})
 
     def worker_argv(self, out: Path) -> list[str]:
-        return ["node", str(self.dir / "peer.js"), str(out)]
+        return ["node", str(PROGRAMS / "graphile_worker.js"), str(out)]
 
-
-PGQUEUER_SCRIPT = r'''
-"""pgqueuer beside timer-service: `insert N START_S RATE` or `work OUT` (a no-op entrypoint)."""
-import asyncio, os, signal, sys, time
-from datetime import timedelta
-import asyncpg
-from pgqueuer import AsyncpgDriver, QueueManager, Queries
-
-DSN = os.environ["PEER_DATABASE_URL"]
-
-async def insert(n, start_s, rate):
-    conn = await asyncpg.connect(DSN)
-    q = Queries(AsyncpgDriver(conn))
-    for i in range(0, n, 10_000):
-        k = min(10_000, n - i)
-        after = [timedelta(seconds=start_s + (i + j) / rate) for j in range(k)]
-        await q.enqueue(["noop"] * k, [None] * k, [0] * k, after)
-    await conn.close()
-
-async def work(out):
-    conn = await asyncpg.connect(DSN)
-    qm = QueueManager(Queries(AsyncpgDriver(conn)))
-    buf = []
-
-    @qm.entrypoint("noop")
-    async def noop(job):
-        buf.append(f"{job.execute_after.timestamp()} {time.time()}\n")
-
-    def flush():
-        nonlocal buf
-        if buf:
-            with open(out, "a") as f:
-                f.write("".join(buf))
-            buf = []
-
-    async def flusher():
-        while True:
-            await asyncio.sleep(0.05)
-            flush()
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, qm.shutdown.set)
-    task = asyncio.create_task(flusher())
-    open(out + ".ready", "w").close()
-    await qm.run(batch_size=100)
-    task.cancel()
-    flush()
-
-if sys.argv[1] == "insert":
-    asyncio.run(insert(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])))
-else:
-    asyncio.run(work(sys.argv[2]))
-'''
+    def env(self, db_url: str) -> dict[str, str]:
+        # The program is run where it is, in the repository: `require` finds graphile-worker in
+        # the throwaway install through NODE_PATH.
+        return {**super().env(db_url), "NODE_PATH": str(self.dir / "node_modules")}
 
 
 class PgQueuer(_PeerOnPostgres):
@@ -542,21 +476,18 @@ class PgQueuer(_PeerOnPostgres):
         super().__init__(shared)
         self.dir = shared.tools / "pgqueuer"
         self.python = str(self.dir / "venv/bin/python")
-        (self.dir / "peer.py").write_text(PGQUEUER_SCRIPT)
-
-    def _env(self, db_url: str) -> dict[str, str]:
-        return {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url}
+        self.program = str(PROGRAMS / "pgqueuer_worker.py")
 
     def install(self, db_url: str) -> None:
         pgq = [str(self.dir / "venv/bin/pgq"), "install"]
-        subprocess.run(pgq, env=self._env(db_url), check=True, capture_output=True)
+        subprocess.run(pgq, env=self.env(db_url), check=True, capture_output=True)
 
     def insert(self, db_url: str, n: int, start_s: float, rate: float) -> None:
-        argv = [self.python, str(self.dir / "peer.py"), "insert", str(n), str(start_s), str(rate)]
-        subprocess.run(argv, env=self._env(db_url), check=True, capture_output=True)
+        argv = [self.python, self.program, "insert", str(n), str(start_s), str(rate)]
+        subprocess.run(argv, env=self.env(db_url), check=True, capture_output=True)
 
     def worker_argv(self, out: Path) -> list[str]:
-        return [self.python, str(self.dir / "peer.py"), "work", str(out)]
+        return [self.python, self.program, "work", str(out)]
 
 
 def _rfc3339(ts: float) -> str:
@@ -677,14 +608,7 @@ def _one(system: System, args: argparse.Namespace, progress: Progress) -> dict[s
     return result
 
 
-def _command() -> str:
-    given = shlex.join(sys.argv[1:])
-    if os.environ.get("MAKELEVEL"):  # run by `make bench-peers`: say it the way it was typed
-        return "make bench-peers" + (f" ARGS={shlex.quote(given)}" if given else "")
-    return f"python -m worker.devkit.bench.peers {given}".rstrip()
-
-
-def run_peers(args: argparse.Namespace) -> dict[str, Any]:
+def run_peers(args: argparse.Namespace, command: str) -> dict[str, Any]:
     def progress(msg: str) -> None:
         print(f"[peers] {msg}", file=sys.stderr, flush=True)
 
@@ -708,7 +632,7 @@ def run_peers(args: argparse.Namespace) -> dict[str, Any]:
                     runs[name].append(_one(make[name](), args, progress))
         calibration.append(calibrate(workdir))
     return {
-        "command": _command(),
+        "command": command,
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine(),
         "calibration": calibration,
@@ -727,7 +651,7 @@ def run_peers(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     about = (__doc__ or "").split("\n\n")[0]
-    p = argparse.ArgumentParser(prog="python -m worker.devkit.bench.peers", description=about)
+    p = argparse.ArgumentParser(prog=PROG, description=about)
     p.add_argument("--runs", type=int, default=3, help="runs of each workload per system (default 3)")
     p.add_argument("--drain", type=int, default=50_000, help="overdue jobs in the drain (default 50,000)")
     p.add_argument("--rate", type=int, default=500, help="jobs due per second in lateness (default 500)")
@@ -738,9 +662,10 @@ def main(argv: list[str] | None = None) -> int:
         "--tools", type=Path, help="keep the peers' installs here and reuse them (default: a throwaway dir)"
     )
     p.add_argument("--json", action="store_true", help="print every run's figures as JSON")
-    args = p.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = p.parse_args(given)
     try:
-        report = run_peers(args)
+        report = run_peers(args, invocation(PROG, PROG, "bench-peers", given))
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         print(f"bench-peers: {exc}", file=sys.stderr)
         return 1

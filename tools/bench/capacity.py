@@ -1,5 +1,6 @@
 """What one Postgres spends per stored and per fired timer: the inputs of docs/OPERATIONS.md's
-capacity model. Run: `.venv/bin/python docs/capacity.py [--timers N] [--runs 3]`.
+capacity model. Run from the repository's root:
+`.venv/bin/python -m tools.bench.capacity [--timers N] [--runs 3]`.
 
 On an embedded Postgres with fsync on (as production runs) and an embedded NATS, each run:
   1. intake: N ScheduleTimer commands due in a day, waiting in the stream, stored by the replicas;
@@ -26,8 +27,8 @@ from typing import Any
 
 import psycopg
 
-from worker.devkit.bench.rig import Rig, machine
-from worker.devkit.bench.scenarios import schedule_command
+from tools.bench.rig import Rig, machine
+from tools.bench.scenarios import schedule_command
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
 
 REPLICAS = 3
@@ -153,7 +154,11 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tools.bench.capacity",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--timers", type=int, default=100_000)
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()

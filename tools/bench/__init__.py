@@ -1,10 +1,17 @@
-"""`timer-service bench`: the scenarios of docs/BENCHMARKS.md, several runs, medians and ranges."""
+"""The benchmark scenarios of docs/BENCHMARKS.md, several runs, medians and ranges.
+
+They live in the repository, not in the package: run them from a checkout with `make bench`,
+`python -m tools.bench` or `timer-service bench` (which hands its arguments over to `main`). They
+drive the service through `worker.devkit` (embedded servers, replicas as processes, the recorder),
+which ships with the package for `timer-service dev`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -13,9 +20,34 @@ import time
 from pathlib import Path
 from typing import Any
 
-from worker.devkit.bench.calibrate import calibrate, describe
-from worker.devkit.bench.rig import machine
-from worker.devkit.bench.scenarios import SCENARIOS, Context, Metrics, Scenario
+from tools.bench.calibrate import calibrate, describe
+from tools.bench.rig import machine
+from tools.bench.scenarios import SCENARIOS, Context, Metrics, Scenario
+from worker.errors import ConfigError
+from worker.logs import redact
+
+MODULE_PROG = "python -m tools.bench"
+
+
+def main(argv: list[str] | None = None, prog: str = MODULE_PROG) -> int:
+    """Parse `argv` (default: this process's arguments) and run the scenarios; the exit status."""
+    given = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").split("\n\n")[0])
+    add_arguments(p)
+    args = p.parse_args(given)
+    try:
+        return run_bench(args, invocation(prog, MODULE_PROG, "bench", given))
+    except ConfigError as exc:  # no embedded extra and no URLs given: one line, as the CLI says it
+        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
+        return 2
+
+
+def invocation(prog: str, module_prog: str, make_target: str, argv: list[str]) -> str:
+    """The command a report names, as it was typed: `make <target> ARGS=...` when make ran the module."""
+    given = shlex.join(argv)
+    if prog == module_prog and os.environ.get("MAKELEVEL"):
+        return f"make {make_target}" + (f" ARGS={shlex.quote(given)}" if given else "")
+    return f"{prog} {given}".rstrip()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run_bench(args: argparse.Namespace, command: str) -> int:
     from worker.devkit.dev import servers  # the same embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
 
     unknown = [s for s in args.scenarios if s not in SCENARIOS]
@@ -76,7 +108,7 @@ def run_bench(args: argparse.Namespace) -> int:
             }
         calibration.append(calibrate(Path(tmp)))
     report = {
-        "command": "timer-service bench " + shlex.join(sys.argv[2:]),
+        "command": command,
         "machine": machine(),
         "calibration": calibration,
         "nats_sync": "always" if args.sync_always else "default",

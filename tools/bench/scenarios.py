@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from worker.devkit.bench.rig import COUNT_SCHEDULED_SQL, Rig
+from tools.bench.rig import COUNT_SCHEDULED_SQL, Rig
 from worker.devkit.harness import percentile
 from worker.devkit.recorder import Firing
 

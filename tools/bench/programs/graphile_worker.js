@@ -1,0 +1,22 @@
+// A no-op task that records (due, received) for each job; flushed to a file every 50 ms.
+const fs = require("fs");
+const { run } = require("graphile-worker");
+const out = process.argv[2];
+let buf = [];
+const flush = () => { if (buf.length) { fs.appendFileSync(out, buf.join("")); buf = []; } };
+const now = () => (performance.timeOrigin + performance.now()) / 1000;
+async function main() {
+  const runner = await run({
+    connectionString: process.env.PEER_DATABASE_URL,
+    concurrency: 10,
+    noHandleSignals: false,
+    preset: { worker: { maxPoolSize: 12, localQueue: { size: 500 }, completeJobBatchDelay: 0 } },
+    taskList: { noop: async (payload) => { buf.push(`${payload.d} ${now()}\n`); } },
+  });
+  setInterval(flush, 50);
+  fs.writeFileSync(out + ".ready", "");
+  await runner.promise;
+  flush();
+}
+process.on("exit", flush);
+main().catch((e) => { console.error(e); process.exit(1); });
