@@ -72,7 +72,7 @@ class Replica:
                 loop.add_signal_handler(sig, self.stop.set)
         self.http_port = await self.http.start()  # up first: /readyz answers false while we connect
         try:
-            if not await self._connect():
+            if not await self.connect():
                 return 0  # stopped before the dependencies came up
             log.info(
                 "replica started",
@@ -89,7 +89,7 @@ class Replica:
             await self.pool.close()
             await self.http.close()
 
-    async def _connect(self) -> bool:
+    async def connect(self) -> bool:
         """Wait for Postgres and NATS (with back-off), migrate, ensure streams. A stream whose
         limits break a guarantee is a ConfigError: no retry, the replica does not start."""
         async for attempt in AsyncRetrying(
@@ -114,7 +114,7 @@ class Replica:
         return True
 
     def _schema(self) -> None:
-        """Migrate; or, with TIMER_MIGRATE=false, wait (retried by _connect) until someone has."""
+        """Migrate; or, with TIMER_MIGRATE=false, wait (retried by connect) until someone has."""
         url = self.s.database_url.get_secret_value()
         db.require_utf8(url)
         if self.s.migrate:

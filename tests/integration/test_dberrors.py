@@ -307,10 +307,8 @@ async def test_a_full_claim_with_unreadable_rows_in_it_counts_as_full(
     for i in range(10):
         insert_scheduled(db_url, f"overdue-{i}", "2026-01-01T00:00:00Z")
     replica = Replica(settings.model_copy(update={"batch_size": 5}))
-    await replica.pool.open(wait=True)
-    await replica.broker.connect()
     try:
-        await replica.broker.ensure_streams()
+        assert await replica.connect()
         full = await replica.firing.tick()
         assert attempts(db_url, "minus-infinity") == 1, "the unreadable row was not in the claim"
         assert full, "a claim of batch_size rows counted as not full"

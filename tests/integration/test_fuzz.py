@@ -126,9 +126,7 @@ def test_no_row_value_ends_the_firing_loop(settings: Settings, db_url: str) -> N
     """Each example: one hand-written row, claimed by a real claim and fired or recorded."""
     loop = asyncio.new_event_loop()
     replica = Replica(settings.model_copy(update={"lease_ms": 1000, "publish_timeout_ms": 500}))
-    _run(loop, replica.pool.open(wait=True))
-    _run(loop, replica.broker.connect())
-    _run(loop, replica.broker.ensure_streams())
+    assert _run(loop, replica.connect())  # what `run` does first: migrate, pool, fleet secret, streams
 
     @FUZZ
     @given(row=rows)

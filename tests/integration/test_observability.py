@@ -79,7 +79,7 @@ def test_documented_metrics_are_the_code_metrics() -> None:
 def test_documented_log_actions_are_the_code_actions() -> None:
     code = {
         a
-        for path in (ROOT / "worker").glob("*.py")
+        for path in (ROOT / "worker").rglob("*.py")
         for a in re.findall(r'"action": "(\w+)"', path.read_text())
     }
     table = section(OPERATIONS.read_text(), "Logs")

@@ -260,7 +260,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     """The benchmarks of the checkout this package runs from (tools/bench beside worker/, as in an
     editable install): they are not in the wheel, so an installed package says where they are."""
-    checkout = Path(__file__).resolve().parents[1]
+    import worker
+
+    checkout = Path(worker.__file__).resolve().parents[1]
     if not (checkout / "tools" / "bench" / "__init__.py").is_file():
         raise ConfigError(
             "bench: the benchmarks run from a repository checkout, not an installed package: "
