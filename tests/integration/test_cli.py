@@ -49,11 +49,12 @@ def test_unreachable_servers_are_one_line_and_the_password_is_not_shown() -> Non
     result = run("status", TIMER_DATABASE_URL="postgresql://u:hunter2@127.0.0.1:1/x")
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
-    assert "hunter2" not in result.stderr
+    assert "hunter2" not in result.stderr and "TIMER_DATABASE_URL" in result.stderr
     result = run(
         "schedule", "--tenant", "a", "--id", "b", "--due-in", "5s", TIMER_NATS_URL="nats://127.0.0.1:1"
     )
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "TIMER_NATS_URL" in result.stderr
 
 
 def test_every_command_has_help() -> None:
@@ -86,3 +87,74 @@ async def test_a_replica_that_does_not_migrate_waits_for_the_schema(settings: Se
     query(db_url, "INSERT INTO timer_schema_version (version, name) VALUES (3, 'first_claim')")
     async with running_replica(settings, migrate=False) as started:
         assert started.started.is_set()
+
+
+# Issue 22: mistakes a new user made, each a traceback or a wrong answer before.
+
+NO_SERVERS = {"TIMER_DATABASE_URL": "postgresql://u@127.0.0.1:1/x", "TIMER_NATS_URL": "nats://127.0.0.1:1"}
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("schedule", "--tenant", "acme", "--id", "x", "--due-in", "5"), "not a duration: '5'"),
+        (("schedule", "--tenant", "ac me", "--id", "x", "--due-in", "5m"), "not a tenant id: 'ac me'"),
+        (("schedule", "--tenant", "a", "--id", "x", "--due-in", "5m", "--times", "3"), "need --every"),
+        (("schedule", "--tenant", "a", "--id", "x", "--due-in", "5m", "--every", "1h"), "bad_repeat"),
+        (("dlq", "list", "--reason", "bogus"), "'bogus' is not a reason code: one of bad_correlation_id"),
+        (("dlq", "list", "--limit", "0"), "--limit: not a whole number of at least 1"),
+        (("list", "--limit", "0"), "--limit: not a whole number of at least 1"),
+        (("list", "--tenant", "a", "--state", "sleeping"), "not a state: one of Scheduled"),
+        (("dlq", "purge", "--before", "-7x"), "--before: not a duration"),
+    ],
+)
+def test_a_usage_mistake_is_one_line_and_exit_2(args: tuple[str, ...], says: str) -> None:
+    result = run(*args, **NO_SERVERS)  # refused before any server is asked
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and says in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dlq", "purge", "--tenant", "acme", "--before", "-7d", "--yes"],
+        ["dlq", "list", "--since", "-1h"],
+        ["list", "--tenant", "acme", "--due-from", "-1h", "--due-to", "+5m"],
+    ],
+)
+def test_relative_times_are_taken_as_help_shows_them(argv: list[str]) -> None:
+    from datetime import UTC, datetime
+
+    from worker.ops import cli
+
+    args = cli.build_parser().parse_args(cli._join_relative_times(argv))
+    now = datetime.now(UTC)
+    times = [getattr(args, k) for k in ("before", "since", "due_from", "due_to") if getattr(args, k, None)]
+    assert times and all(isinstance(t, datetime) for t in times)
+    assert any(t < now for t in times)
+
+
+def test_state_is_taken_in_any_case() -> None:
+    from worker.ops import cli
+
+    assert cli.build_parser().parse_args(["list", "--tenant", "a", "--state", "reached"]).state == "Reached"
+
+
+@pytest.mark.parametrize(
+    "args", [("dlq", "list"), ("dlq", "show", "1"), ("describe", "--tenant", "a", "--id", "b")]
+)
+def test_servers_not_there_are_one_line_naming_the_setting(args: tuple[str, ...]) -> None:
+    result = run(*args, **NO_SERVERS)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "TIMER_NATS_URL" in result.stderr or "TIMER_DATABASE_URL" in result.stderr
+
+
+def test_no_private_nats_py_api() -> None:
+    """nats-py's JetStreamContext is a JetStreamManager: `js._jsm` is a private alias of itself."""
+    from pathlib import Path
+
+    root = Path(__file__).parents[2] / "worker"
+    users = [str(p) for p in root.rglob("*.py") if "._jsm" in p.read_text(encoding="utf-8")]
+    assert users == []

@@ -253,3 +253,41 @@ async def test_replays_from_a_recreated_dlq_stream_are_not_taken_for_earlier_one
         assert again is not None and not again.duplicate, "a new replay, not the old one"
         await until(lambda: row(db_url, "acme", "r2") is not None, what="the second replayed timer")
         assert row(db_url, "acme", "r1") is not None
+
+
+async def test_list_names_the_service_call_id_and_filters_by_it(settings: Settings) -> None:
+    async with running_replica(settings):
+        entries = await _rejected(
+            settings,
+            [
+                ("acme", "schedule", _schedule("acme", "wanted", "soon")),
+                ("acme", "schedule", _schedule("acme", "other", "later")),
+            ],
+        )
+    env = _env(settings)
+    listed = await asyncio.to_thread(run, "dlq", "list", "--id", "wanted", "--json", **env)
+    found = json.loads(listed.stdout)["entries"]
+    assert [(e["seq"], e["serviceCallId"]) for e in found] == [(entries[0].seq, "wanted")], listed.stderr
+    assert found[0]["time"].endswith("Z")
+    table = await asyncio.to_thread(run, "dlq", "list", "--tenant", "acme", **env)
+    assert "SERVICE CALL ID" in table.stdout and " other " in table.stdout, table.stdout
+
+
+async def test_listing_reads_in_batches_and_leaves_no_consumer(settings: Settings) -> None:
+    """More entries than one batch, paged, in order; the listing's own consumer is gone after."""
+    async with jetstream(settings) as js:
+        await js.add_stream(name=settings.dlq_stream, subjects=[f"{settings.subject_prefix}.*.timer.dlq"])
+        for i in range(dlq.SCAN_BATCH + 44):
+            tenant = "acme" if i % 2 else "zeta"
+            await js.publish(
+                f"{settings.subject_prefix}.{tenant}.timer.dlq",
+                b"{}",
+                headers={"Timer-Error": "invalid_json"},
+            )
+        async with dlq.open_dlq(settings) as q:
+            everything = await q.page(dlq.DlqFilter(), limit=1000)
+            assert [e.seq for e in everything.entries] == list(range(1, dlq.SCAN_BATCH + 45))
+            first = await q.page(dlq.DlqFilter(tenant="acme"), limit=100)
+            rest = await q.page(dlq.DlqFilter(tenant="acme"), after=first.next_seq or 0, limit=1000)
+            assert [e.seq for e in first.entries + rest.entries] == list(range(2, dlq.SCAN_BATCH + 45, 2))
+        assert (await js.stream_info(settings.dlq_stream)).state.consumer_count == 0

@@ -175,3 +175,36 @@ async def test_settings_are_per_test_and_their_streams_are_deleted(settings: Set
         await js.delete_stream("UNRELATED_" + tag)
     finally:
         await nc.close()
+
+
+def test_dev_live_line_before_anything_fired_shows_no_nan() -> None:
+    from worker.devkit.dev import live_line
+
+    nothing = {"scheduled": 3, "fired": 0, "duplicates": 0}
+    line = live_line(nothing | {"p50_lateness_ms": float("nan"), "p99_lateness_ms": float("nan")}, 2.5)
+    assert "nan" not in line and "p50=-ms" in line and line.lstrip().startswith("2.5s")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups as a terminal makes them")
+def test_ctrl_c_on_dev_stops_cleanly_and_counts_nothing_lost(tmp_path: Path) -> None:
+    """Ctrl-C reaches the whole foreground process group (dev, its replicas, its servers)."""
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "worker", "dev", "--replicas", "1", "--rate", "20"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env | {"TMPDIR": str(tmp_path)},
+        start_new_session=True,  # a process group of its own, as a shell's foreground job
+    )
+    assert dev.stdout is not None
+    for line in dev.stdout:  # the live view, one line a second off a terminal
+        if " fired=" in line and " fired=0 " not in line:
+            break
+    os.killpg(dev.pid, signal.SIGINT)
+    out, err = dev.communicate(timeout=60)
+    assert dev.returncode == 0, (out, err)
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("stopped: scheduled=") and "pending=" in last and "lost" not in out, out

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import query, running_replica
+from tests.helpers import query, running_replica, until
 from tests.integration.test_cli import run
 from worker.config import Settings
 from worker.ops import reads
@@ -136,17 +136,19 @@ def test_cli_list_describe_and_tenant_status(db_url: str) -> None:
     listed = run("list", "--tenant", "acme", "--limit", "2", "--json", **env)
     assert listed.returncode == 0, listed.stderr
     page = json.loads(listed.stdout)
-    assert [t["service_call_id"] for t in page["timers"]] == ["sc-0000", "sc-0001"] and page["next"]
+    assert [t["serviceCallId"] for t in page["timers"]] == ["sc-0000", "sc-0001"] and page["next"]
+    assert page["timers"][0]["dueAt"].endswith("Z") and "tenant_id" not in page["timers"][0]
     rest = json.loads(run("list", "--tenant", "acme", "--after", page["next"], "--json", **env).stdout)
-    assert [t["service_call_id"] for t in rest["timers"]] == ["sc-0002"] and rest["next"] is None
+    assert [t["serviceCallId"] for t in rest["timers"]] == ["sc-0002"] and rest["next"] is None
 
     described = run("describe", "--tenant", "acme", "--id", "sc-0001", **env)
     assert described.returncode == 0 and "overdue" in described.stdout and "why" in described.stdout
     missing = run("describe", "--tenant", "acme", "--id", "nope", **env)
-    assert missing.returncode == 1 and "dlq list --tenant acme" in missing.stderr
+    assert missing.returncode == 1 and "dlq list --tenant acme --id nope" in missing.stderr
 
     summary = json.loads(run("status", "--tenant", "acme", "--json", **env).stdout)
     assert summary["tenant"] == "acme" and summary["counts"]["Scheduled"] == 3 and summary["overdue"] == 3
+    assert summary["nextDueAt"] is None and "oldestOverdueS" in summary
     bad = run("list", "--tenant", "acme", "--due-to", "tomorrow", **env)
     assert bad.returncode == 2 and "--due-to" in bad.stderr and len(bad.stderr.splitlines()) == 1
 
@@ -166,4 +168,97 @@ async def test_cancel_reports_what_it_did(settings: Settings, db_url: str) -> No
             cancelled.stderr
         )
         fired = await asyncio.to_thread(run, "cancel", "--tenant", "acme", "--id", "done", **env)
-        assert fired.stdout.startswith("not cancelled: acme/done has fired"), fired.stdout
+        assert fired.returncode == 1 and fired.stderr.startswith("not cancelled: acme/done has fired")
+        never = await asyncio.to_thread(run, "cancel", "--tenant", "acme", "--id", "never-existed", **env)
+        assert (never.returncode, never.stderr.strip()) == (
+            1,
+            "no such timer: acme/never-existed; nothing to cancel",
+        )
+        again = await asyncio.to_thread(run, "cancel", "--tenant", "acme", "--id", "sc-0000", **env)
+        assert again.returncode == 0 and again.stdout.startswith("already cancelled: acme/sc-0000")
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    from tests.helpers import settings_env
+
+    return settings_env(settings)
+
+
+async def test_describe_tells_a_queued_command_from_a_rejected_one(settings: Settings) -> None:
+    """With no replica running, a ScheduleTimer waits in the command stream: not rejected."""
+    from worker.client import TimerClient
+
+    async with running_replica(settings):
+        pass  # creates the streams and the command consumer, then stops
+    async with await TimerClient.connect(settings.nats_url, settings.subject_prefix) as client:
+        await client.schedule("acme", "queued", datetime.now(UTC) + timedelta(hours=1))
+    described = await asyncio.to_thread(
+        run, "describe", "--tenant", "acme", "--id", "queued", **_env(settings)
+    )
+    assert described.returncode == 1 and "may have been rejected" not in described.stderr
+    assert "1 command(s) wait in the command stream and no replica is taking them" in described.stderr
+    status = await asyncio.to_thread(run, "status", **_env(settings))
+    assert "commands   1 queued, 0 being applied; no replica is taking commands" in status.stdout, (
+        status.stdout
+    )
+
+    async with running_replica(settings):
+
+        async def taken() -> bool:
+            shown = json.loads((await asyncio.to_thread(run, "status", "--json", **_env(settings))).stdout)
+            return bool(shown["commands"]["pending"] == 0 and shown["commands"]["pullers"] >= 1)
+
+        await until(taken, what="status showing a replica taking commands")
+        gone = await asyncio.to_thread(
+            run, "describe", "--tenant", "acme", "--id", "never-sent", **_env(settings)
+        )
+        assert "no command waits to be applied: if it was sent, it was rejected" in gone.stderr
+
+
+def test_status_shows_a_back_off_as_such_in_camel_case(db_url: str) -> None:
+    """A failed publish leaves a lease without an owner: a back-off, not a replica called None."""
+    _insert(db_url, "acme", 1, start=datetime.now(UTC) - timedelta(minutes=1))
+    query(
+        db_url, "UPDATE timers SET attempts = 2, last_error = 'x', lease_expires_at = now() + interval '1 h'"
+    )
+    env = {"TIMER_DATABASE_URL": db_url, "TIMER_NATS_URL": "nats://127.0.0.1:1"}
+    shown = run("status", **env)
+    assert shown.returncode == 0, shown.stderr
+    assert "None" not in shown.stdout and "leases     none held" in shown.stdout
+    assert "1 more retried after failed publishes (back-off)" in shown.stdout, shown.stdout
+    assert "commands   unknown, NATS did not answer (TIMER_NATS_URL)" in shown.stdout
+    report = json.loads(run("status", "--json", **env).stdout)
+    assert report["backingOff"] == 1 and "topTenants" in report and "top_tenants" not in report
+
+
+def test_describe_prints_json_values_aligned_and_one_time_format(db_url: str) -> None:
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, repeat_every, repeat_times, "
+        "command_ts, lease_expires_at) VALUES ('acme', 'rec', 'Scheduled', '2030-01-01T00:00:00Z', "
+        "'PT1H', 3, 1795000000000, now() - interval '1 s')",
+    )
+    out = run("describe", "--tenant", "acme", "--id", "rec", TIMER_DATABASE_URL=db_url).stdout
+    lines = dict(line.split(None, 1) for line in out.splitlines())
+    assert json.loads(lines["repeat"]) == {"every": "PT1H", "times": 3, "timezone": None}
+    assert lines["commandTimestampMs"] == "1795000000000"
+    times = [v for k, v in lines.items() if k.endswith("At")]
+    assert times and all(v.endswith("Z") and "+00:00" not in v for v in times), times
+
+
+def test_output_into_a_closed_pipe_ends_quietly(db_url: str) -> None:
+    """`timer-service list ... | head -1`: no `[Errno 32] Broken pipe`, no traceback."""
+    import subprocess
+    import sys
+
+    _insert(db_url, "acme", 1000)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TIMER_")}
+    shell = f"{sys.executable} -m worker list --tenant acme --limit 1000 | head -1"
+    done = subprocess.run(
+        ["sh", "-c", shell],
+        env=env | {"TIMER_DATABASE_URL": db_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.startswith("TENANT") and done.stderr == "", done.stderr

@@ -170,7 +170,7 @@ class Broker:
         ConfigError when an existing stream's limits break a guarantee (see _check_limits).
         """
         s = self.settings
-        jsm = self.js._jsm
+        jsm = self.js  # a JetStreamContext is a JetStreamManager (public API)
         found: dict[str, api.StreamConfig] = {}
         for config in self.stream_configs():
             assert config.name is not None

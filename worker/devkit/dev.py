@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import random
 import signal
@@ -60,24 +61,40 @@ def run_dev(duration: float | None, replicas: int, rate: int) -> int:
             with ReplicaSet(env, workdir) as fleet:
                 fleet.start(replicas)
                 print(f"{replicas} replicas running; logs in {workdir}/replica-*.log", flush=True)
-                result = asyncio.run(
+                result, interrupted = asyncio.run(
                     _demo(nats_url, settings.subject_prefix, settings.event_stream, duration, rate)
                 )
                 codes = fleet.terminate_all()
-            print(
-                f"scheduled={result['scheduled']} fired={result['fired']} lost={result['lost']} "
-                f"duplicates={result['duplicates']} p99_lateness_ms={result['p99_lateness_ms']:.1f}",
-                flush=True,
-            )
             clean = all(c == 0 for c in codes.values())
             if not clean:
                 print(f"replica exit codes: {codes}", file=sys.stderr)
+            if interrupted:
+                # Stopped by hand: what had not fired yet was still pending, not lost.
+                pending = result["scheduled"] - result["fired"]
+                print(
+                    f"stopped: scheduled={result['scheduled']} fired={result['fired']} pending={pending} "
+                    f"duplicates={result['duplicates']} p99_lateness_ms={_ms(result['p99_lateness_ms'])}",
+                    flush=True,
+                )
+                # Ctrl-C is how a run without --duration ends; a timed run cut short did not finish.
+                return (130 if duration is not None else 0) if clean else 1
+            print(
+                f"scheduled={result['scheduled']} fired={result['fired']} lost={result['lost']} "
+                f"duplicates={result['duplicates']} p99_lateness_ms={_ms(result['p99_lateness_ms'])}",
+                flush=True,
+            )
             return 0 if result["lost"] == 0 and clean else 1
+
+
+def _ms(value: float) -> str:
+    """A lateness, or `-` before anything fired (a percentile of nothing is NaN)."""
+    return "-" if math.isnan(value) else f"{value:.1f}"
 
 
 async def _demo(
     nats_url: str, prefix: str, stream: str, duration: float | None, rate: int
-) -> dict[str, float]:
+) -> tuple[dict[str, float], bool]:
+    """The load and the live view: (summary, whether it was stopped by SIGINT or SIGTERM)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -102,20 +119,21 @@ async def _demo(
                 due = datetime.now(UTC) + timedelta(seconds=random.uniform(0.5, MAX_DELAY_S))
                 await client.schedule(tenant, f"demo-{n}", due, correlation_id=f"req-{n}")
                 scheduled.add((tenant, f"demo-{n}"))
-            _live(scheduled, recorder)
+            _live(scheduled, recorder, elapsed)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.25 if sys.stdout.isatty() else 1.0)
-        if duration is not None:
+        if duration is not None and not stop.is_set():
             # Let every scheduled timer come due and fire, then stop.
             deadline = time.monotonic() + SETTLE_S
             while time.monotonic() < deadline and not scheduled <= set(recorder.keys()):
-                _live(scheduled, recorder)
-                await asyncio.sleep(0.25 if sys.stdout.isatty() else 1.0)
+                _live(scheduled, recorder, time.monotonic() - started)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=0.25 if sys.stdout.isatty() else 1.0)
     finally:
         await client.close()
         await recorder.stop()
         print(flush=True)
-    return summary(scheduled, recorder)
+    return summary(scheduled, recorder), stop.is_set()
 
 
 async def _retry_connect(recorder: EventRecorder) -> None:
@@ -130,12 +148,18 @@ async def _retry_connect(recorder: EventRecorder) -> None:
     raise ConfigError("the event stream did not appear: see the replica logs")
 
 
-def _live(scheduled: set[tuple[str, str]], recorder: EventRecorder) -> None:
-    s = summary(scheduled, recorder)
-    pending = s["scheduled"] - s["fired"]
-    line = (
-        f"scheduled={s['scheduled']} fired={s['fired']} pending={pending} duplicates={s['duplicates']} "
-        f"lateness p50={s['p50_lateness_ms']:.0f}ms p99={s['p99_lateness_ms']:.0f}ms"
+def _live(scheduled: set[tuple[str, str]], recorder: EventRecorder, elapsed: float) -> None:
+    print(
+        live_line(summary(scheduled, recorder), elapsed).ljust(100),
+        end="\r" if sys.stdout.isatty() else "\n",
+        flush=True,
     )
-    end = "\r" if sys.stdout.isatty() else "\n"
-    print(line.ljust(100), end=end, flush=True)
+
+
+def live_line(s: dict[str, float], elapsed: float) -> str:
+    pending = s["scheduled"] - s["fired"]
+    return (
+        f"{elapsed:6.1f}s scheduled={s['scheduled']} fired={s['fired']} pending={pending} "
+        f"duplicates={s['duplicates']} lateness p50={_ms(s['p50_lateness_ms'])}ms "
+        f"p99={_ms(s['p99_lateness_ms'])}ms"
+    )

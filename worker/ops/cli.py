@@ -4,44 +4,173 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import re
 import sys
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import nats.errors
 import psycopg
+from nats.js import JetStreamContext
 
 from worker import __version__, logs, tracing
-from worker.config import load_settings, parse_duration
+from worker.config import Settings, load_settings, parse_duration
+from worker.contract import REASONS, TENANT_RULE, Rejection, is_valid_tenant, iso
 from worker.errors import ConfigError
+
+# Options whose value may be a time before now: `--before -7d`. argparse takes `-7d` for an
+# option (only plain negative numbers are let through), so these are joined to their value
+# (`--before=-7d`) before argparse sees them; see _join_relative_times.
+RELATIVE_TIME_OPTIONS = ("--since", "--before", "--due-from", "--due-to")
+STATES = ("Scheduled", "Reached", "Cancelled")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 2) and no abbreviated options (an abbreviation
+    would slip past _join_relative_times)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _join_relative_times(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--":
+            out += [arg, *it]
+            break
+        if arg in RELATIVE_TIME_OPTIONS:
+            value = next(it, None)
+            if value is not None and value.startswith("-") and not value.startswith("--"):
+                out.append(f"{arg}={value}")
+                continue
+            out.append(arg)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(arg)
+    return out
+
+
+# Argument types: each raises ArgumentTypeError, which Parser.error prints as one line.
+
+
+def _duration(value: str) -> str:
+    try:
+        parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _tenant(value: str) -> str:
+    if not is_valid_tenant(value):
+        raise argparse.ArgumentTypeError(f"not a tenant id: {value!r} (it must match {TENANT_RULE})")
+    return value
+
+
+def _count(value: str) -> int:
+    if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"not a whole number of at least 1: {value!r}")
+    return int(value)
+
+
+def _state(value: str) -> str:
+    for state in STATES:
+        if value.lower() == state.lower():
+            return state
+    raise argparse.ArgumentTypeError(f"{value!r} is not a state: one of {', '.join(STATES)}")
+
+
+def _reason(value: str) -> str:
+    if value not in REASONS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a reason code: one of {', '.join(sorted(REASONS))}"
+        )
+    return value
+
+
+def _when(value: str) -> datetime:
+    """RFC 3339 with an offset, or a duration before (-1h) or after (+5m) now."""
+    if value[:1] in ("+", "-"):
+        sign = -1 if value[0] == "-" else 1
+        try:
+            return datetime.now(UTC) + sign * parse_duration(value[1:])
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an RFC 3339 time or a -/+ duration: {value!r}") from None
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{value!r} needs a UTC offset, e.g. 2026-11-22T09:00:00Z")
+    return when
 
 
 def _due(args: argparse.Namespace) -> datetime:
     if args.due_in:
         return datetime.now(UTC) + parse_duration(args.due_in)
-    try:
-        due = datetime.fromisoformat(args.due_at)
-    except ValueError:
-        raise ConfigError(f"--due-at: not an RFC 3339 time: {args.due_at!r}") from None
-    if due.tzinfo is None:
-        raise ConfigError("--due-at: needs a UTC offset, e.g. 2026-11-22T09:00:00Z")
+    due: datetime = args.due_at
     return due
 
 
-async def _with_client(settings: Any, action: Any) -> Any:
+async def _quiet(exc: Exception) -> None:
+    """nats-py's error callback: without one it logs every failed attempt with a traceback. The
+    failure itself is raised, and main() reports it once."""
+
+
+def _nats_options() -> dict[str, Any]:
+    # A command-line tool gives up at once on a NATS that is not there (a replica waits forever).
+    return {"allow_reconnect": False, "max_reconnect_attempts": 1, "error_cb": _quiet}
+
+
+async def _with_client(settings: Settings, action: Callable[[Any], Any]) -> Any:
     from worker.adapters.broker import connect_options
     from worker.client import TimerClient
 
-    async def quiet(exc: Exception) -> None:  # the failure is reported once, by main()
-        pass
-
-    opts = connect_options(settings)
+    opts = connect_options(settings) | _nats_options()
     servers = opts.pop("servers")
-    opts.update(allow_reconnect=False, max_reconnect_attempts=1, error_cb=quiet)
     async with await TimerClient.connect(servers, settings.subject_prefix, **opts) as client:
         return await action(client)
+
+
+@contextlib.asynccontextmanager
+async def _jetstream(settings: Settings) -> AsyncIterator[JetStreamContext]:
+    from worker.adapters.broker import connect_options
+    from worker.natsconn import nats_connect
+
+    opts = connect_options(settings) | _nats_options()
+    nc = await nats_connect(opts.pop("servers"), **opts)
+    try:
+        yield nc.jetstream(timeout=5)
+    finally:
+        await nc.close()
+
+
+def _backlog(settings: Settings) -> tuple[Any, str | None]:
+    """(the command backlog or None, why it is unknown): for `status` and `describe`, which
+    answer from the database even when NATS is not there."""
+    from worker.ops.fleet import command_backlog
+
+    async def read() -> Any:
+        async with _jetstream(settings) as js:
+            return await command_backlog(js, settings)
+
+    try:
+        found = asyncio.run(read())
+    except (OSError, nats.errors.Error) as exc:
+        return None, f"unknown, NATS did not answer (TIMER_NATS_URL): {_first_line(exc)}"
+    return found, None if found is not None else "unknown: no replica has created the command consumer yet"
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -74,40 +203,60 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
+    from worker.core.commands import parse_command
+
     settings = load_settings()
-    repeat = None
+    if args.every is None and (args.times is not None or args.timezone is not None):
+        raise ConfigError("--times and --timezone repeat a timer: they need --every")
+    due = _due(args)
+    payload: dict[str, Any] = {"tenantId": args.tenant, "serviceCallId": args.id, "dueAt": iso(due)}
     if args.every:
         repeat = {"every": args.every, "times": args.times, "timezone": args.timezone}
-        repeat = {k: v for k, v in repeat.items() if v is not None}
-    due = _due(args)
+        payload["repeat"] = {k: v for k, v in repeat.items() if v is not None}
+    if args.correlation_id is not None:
+        payload["correlationId"] = args.correlation_id
+    # The service's own check, before sending: a command it would only copy to the DLQ is not sent.
+    checked = parse_command(
+        "schedule",
+        args.tenant,
+        json.dumps(payload).encode(),
+        now=datetime.now(UTC),
+        max_horizon=settings.max_horizon,
+    )
+    if isinstance(checked, Rejection):
+        raise ConfigError(f"not sent, the service would reject it: {checked.reason}: {checked.detail}")
     asyncio.run(
         _with_client(
             settings,
             lambda c: c.schedule(
-                args.tenant, args.id, due, correlation_id=args.correlation_id, repeat=repeat
+                args.tenant, args.id, due, correlation_id=args.correlation_id, repeat=payload.get("repeat")
             ),
         )
     )
-    print(f"scheduled {args.tenant}/{args.id} at {due.isoformat()}")
+    print(f"scheduled {args.tenant}/{args.id} at {iso(due)}")
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from worker.ops.reads import cancel_outcome
+    from worker.ops.reads import cancel_outcome, connect, describe
 
     settings = load_settings()
+    url = settings.database_url.get_secret_value()
+    with connect(url) as conn:
+        before = describe(conn, args.tenant, args.id)
     asyncio.run(_with_client(settings, lambda c: c.cancel(args.tenant, args.id)))
-    print(cancel_outcome(settings.database_url.get_secret_value(), args.tenant, args.id, args.wait))
-    return 0
+    code, line = cancel_outcome(url, args.tenant, args.id, args.wait, before)
+    print(line, file=sys.stdout if code == 0 else sys.stderr)
+    return code
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from worker.ops.reads import one_timer, overview, render_overview
+    from worker.ops.reads import camel, one_timer, overview, render_overview
 
     settings = load_settings()
     if args.id:
         if not args.tenant:
-            raise ConfigError("--id needs --tenant")
+            raise ConfigError("status: --id needs --tenant")
         view = asyncio.run(_with_client(settings, lambda c: c.get(args.tenant, args.id)))
         if view is None:
             print(f"not found: {args.tenant}/{args.id}", file=sys.stderr)
@@ -119,30 +268,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         with connect(settings.database_url.get_secret_value()) as conn:
             summary = tenant_summary(conn, args.tenant)
-        print(json.dumps(summary, indent=2) if args.json else render_summary(summary))
+        print(json.dumps(camel(summary), indent=2) if args.json else render_summary(summary))
         return 0
     report = overview(settings.database_url.get_secret_value(), top=args.top)
-    print(json.dumps(report, indent=2, default=str) if args.json else render_overview(report))
+    backlog, unknown = _backlog(settings)
+    if args.json:
+        report["commands"] = backlog.as_dict() if backlog is not None else {"unknown": unknown}
+        print(json.dumps(camel(report), indent=2))
+    else:
+        print(render_overview(report, backlog.line() if backlog is not None else unknown))
     return 0
-
-
-def _when(value: str | None, flag: str) -> datetime | None:
-    """RFC 3339 with an offset, or a duration before (-1h) or after (+5m) now."""
-    if value is None:
-        return None
-    if value[:1] in "+-":
-        sign = -1 if value[0] == "-" else 1
-        try:
-            return datetime.now(UTC) + sign * parse_duration(value[1:])
-        except ValueError as exc:
-            raise ConfigError(f"{flag}: {exc}") from None
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        raise ConfigError(f"{flag}: not an RFC 3339 time or a -/+ duration: {value!r}") from None
-    if when.tzinfo is None:
-        raise ConfigError(f"{flag}: needs a UTC offset, e.g. 2026-11-22T09:00:00Z")
-    return when
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -152,8 +287,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         f = TimerFilter(
             tenant_id=args.tenant,
             state=args.state,
-            due_from=_when(args.due_from, "--due-from"),
-            due_to=_when(args.due_to, "--due-to"),
+            due_from=args.due_from,
+            due_to=args.due_to,
             overdue=args.overdue,
         )
         with connect(load_settings().database_url.get_secret_value()) as conn:
@@ -170,17 +305,34 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_describe(args: argparse.Namespace) -> int:
     from worker.ops.reads import connect, describe, one_timer
 
-    with connect(load_settings().database_url.get_secret_value()) as conn:
+    settings = load_settings()
+    with connect(settings.database_url.get_secret_value()) as conn:
         view = describe(conn, args.tenant, args.id)
     if view is None:
-        print(
-            f"not found: {args.tenant}/{args.id}; if it was sent, it may have been rejected: "
-            f"timer-service dlq list --tenant {args.tenant}",
-            file=sys.stderr,
-        )
+        why = _why_missing(settings, args.tenant, args.id)
+        print(f"not found: {args.tenant}/{args.id}; {why}", file=sys.stderr)
         return 1
     print(json.dumps(view, indent=2) if args.json else one_timer(view))
     return 0
+
+
+def _why_missing(settings: Settings, tenant: str, sid: str) -> str:
+    """A timer the database does not have: queued behind other commands, or rejected?"""
+    dlq_list = f"timer-service dlq list --tenant {tenant} --id {sid}"
+    backlog, unknown = _backlog(settings)
+    if backlog is None:
+        return f"the command backlog is {unknown}; if it was sent, it may have been rejected: {dlq_list}"
+    if backlog.waiting and not backlog.pullers:
+        return (
+            f"{backlog.waiting} command(s) wait in the command stream and no replica is taking them: "
+            "if it was sent, it is queued until a replica runs (timer-service status)"
+        )
+    if backlog.waiting:
+        return (
+            f"{backlog.waiting} command(s) are not applied yet ({backlog.pullers} replica(s) taking "
+            f"commands): if it was sent just now, ask again shortly; if it stays missing: {dlq_list}"
+        )
+    return f"no command waits to be applied: if it was sent, it was rejected: {dlq_list}"
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
@@ -190,15 +342,16 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     f = dlq.DlqFilter(
         tenant=getattr(args, "tenant", None),
         reason=getattr(args, "reason", None),
-        since=_when(getattr(args, "since", None), "--since"),
-        before=_when(getattr(args, "before", None), "--before"),
+        since=getattr(args, "since", None),
+        before=getattr(args, "before", None),
+        service_call_id=getattr(args, "id", None),
     )
     body = None
     if getattr(args, "body", None):
         body = sys.stdin.buffer.read() if args.body == "-" else open(args.body, "rb").read()  # noqa: SIM115
 
     async def act() -> int:
-        async with dlq.open_dlq(settings, allow_reconnect=False, max_reconnect_attempts=1) as q:
+        async with dlq.open_dlq(settings, **_nats_options()) as q:
             if args.dlq_command == "list":
                 page = await q.page(f, args.after, args.limit)
                 out = {"entries": [e.as_dict(with_body=False) for e in page.entries], "next": page.next_seq}
@@ -225,8 +378,10 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                     f"{again}; removed from the DLQ"
                 )
                 return 0
-            if not any((f.tenant, f.reason, f.since, f.before)):
-                raise ConfigError("dlq purge: give at least one of --tenant, --reason, --since, --before")
+            if not any((f.tenant, f.reason, f.since, f.before, f.service_call_id)):
+                raise ConfigError(
+                    "dlq purge: give at least one of --tenant, --id, --reason, --since, --before"
+                )
             seqs = await q.purge(f, confirmed=args.yes)
             if args.yes:
                 print(f"purged {len(seqs)} DLQ entries")
@@ -275,7 +430,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="timer-service",
         description="Durable multi-tenant timers on Postgres and NATS JetStream. Settings: TIMER_* env vars.",
     )
@@ -296,19 +451,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("schedule", help="schedule (or reschedule) a timer")
-    s.add_argument("--tenant", required=True)
+    s.add_argument("--tenant", required=True, type=_tenant)
     s.add_argument("--id", required=True, help="the serviceCallId")
     when = s.add_mutually_exclusive_group(required=True)
-    when.add_argument("--due-at", help="RFC 3339 time with offset, e.g. 2026-11-22T09:00:00Z")
-    when.add_argument("--due-in", help="a duration from now, e.g. 30s, 5m, PT1H")
+    when.add_argument("--due-at", type=_when, help="RFC 3339 time with offset, e.g. 2026-11-22T09:00:00Z")
+    when.add_argument("--due-in", type=_duration, help="a duration from now, e.g. 30s, 5m, PT1H")
     s.add_argument("--correlation-id")
     s.add_argument("--every", help="repeat: ISO 8601 duration, e.g. PT1H, P1D")
-    s.add_argument("--times", type=int, help="repeat: number of occurrences (default forever)")
+    s.add_argument("--times", type=_count, help="repeat: number of occurrences (default forever)")
     s.add_argument("--timezone", help="repeat: IANA zone for wall-clock occurrences")
     s.set_defaults(func=cmd_schedule)
 
     c = sub.add_parser("cancel", help="cancel a timer not yet claimed")
-    c.add_argument("--tenant", required=True)
+    c.add_argument("--tenant", required=True, type=_tenant)
     c.add_argument("--id", required=True)
     c.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the outcome (default 5)")
     c.set_defaults(func=cmd_cancel)
@@ -316,25 +471,27 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser(
         "status", help="counts by state, overdue, leases; a tenant's with --tenant; one timer with --id"
     )
-    st.add_argument("--tenant")
+    st.add_argument("--tenant", type=_tenant)
     st.add_argument("--id")
-    st.add_argument("--top", type=int, default=10, help="tenants to list (default 10)")
+    st.add_argument("--top", type=_count, default=10, help="tenants to list (default 10)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
 
     ls = sub.add_parser("list", help="timers of a tenant (key order) or Scheduled ones by due time")
-    ls.add_argument("--tenant", help="without it: Scheduled timers of every tenant, soonest due first")
-    ls.add_argument("--state", choices=("Scheduled", "Reached", "Cancelled"))
-    ls.add_argument("--due-from", help="RFC 3339, or -/+ a duration from now (-1h)")
-    ls.add_argument("--due-to", help="RFC 3339, or -/+ a duration from now (+5m); exclusive")
+    ls.add_argument(
+        "--tenant", type=_tenant, help="without it: Scheduled timers of every tenant, soonest due first"
+    )
+    ls.add_argument("--state", type=_state, help="Scheduled, Reached or Cancelled (any case)")
+    ls.add_argument("--due-from", type=_when, help="RFC 3339, or -/+ a duration from now (-1h)")
+    ls.add_argument("--due-to", type=_when, help="RFC 3339, or -/+ a duration from now (+5m); exclusive")
     ls.add_argument("--overdue", action="store_true", help="Scheduled and due by now, oldest first")
-    ls.add_argument("--limit", type=int, default=50, help="rows per page (default 50, at most 1000)")
+    ls.add_argument("--limit", type=_count, default=50, help="rows per page (default 50, at most 1000)")
     ls.add_argument("--after", help="the cursor a previous page printed")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
 
     de = sub.add_parser("describe", help="one timer: every field, lease, attempts, why it has not fired")
-    de.add_argument("--tenant", required=True)
+    de.add_argument("--tenant", required=True, type=_tenant)
     de.add_argument("--id", required=True)
     de.add_argument("--json", action="store_true")
     de.set_defaults(func=cmd_describe)
@@ -343,23 +500,26 @@ def build_parser() -> argparse.ArgumentParser:
     qs = q.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     for name, text in (("list", "entries, oldest first"), ("purge", "delete matching entries")):
         a = qs.add_parser(name, help=text)
-        a.add_argument("--tenant")
-        a.add_argument("--reason", help="a reason code (Timer-Error), e.g. bad_due_at")
-        a.add_argument("--since", help="stored at or after: RFC 3339 or -duration (-1h)")
-        a.add_argument("--before", help="stored before: RFC 3339 or -duration (-7d)")
+        a.add_argument("--tenant", type=_tenant)
+        a.add_argument("--id", help="the serviceCallId the rejected command names")
+        a.add_argument("--reason", type=_reason, help="a reason code (Timer-Error), e.g. bad_due_at")
+        a.add_argument("--since", type=_when, help="stored at or after: RFC 3339 or -duration (-1h)")
+        a.add_argument("--before", type=_when, help="stored before: RFC 3339 or -duration (-7d)")
         if name == "list":
-            a.add_argument("--after", type=int, default=0, help="the stream sequence a previous page printed")
-            a.add_argument("--limit", type=int, default=50)
+            a.add_argument(
+                "--after", type=_count, default=0, help="the stream sequence a previous page printed"
+            )
+            a.add_argument("--limit", type=_count, default=50, help="entries per page (default 50)")
             a.add_argument("--json", action="store_true")
         else:
             a.add_argument("--yes", action="store_true", help="delete; without it, only count")
         a.set_defaults(func=cmd_dlq)
     a = qs.add_parser("show", help="one entry: headers and body")
-    a.add_argument("seq", type=int)
+    a.add_argument("seq", type=_count)
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_dlq)
     a = qs.add_parser("replay", help="re-submit an entry to its subject, then remove it from the DLQ")
-    a.add_argument("seq", type=int)
+    a.add_argument("seq", type=_count)
     a.add_argument("--body", help="a file with the fixed command (- for stdin) instead of the stored one")
     a.set_defaults(func=cmd_dlq)
 
@@ -386,21 +546,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_join_relative_times(sys.argv[1:] if argv is None else argv))
     logs.quiet_known_noise()
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
         return code
     except ConfigError as exc:
         print(f"timer-service: {logs.redact(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    except (OSError, psycopg.Error, nats.errors.Error) as exc:
-        # A server not reachable, a file not found: a user's situation, not a bug. One line.
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"timer-service: {logs.redact(first)}", file=sys.stderr)
+    except BrokenPipeError:
+        # `timer-service dlq list | head`: the reader has what it wanted. Python's own advice
+        # (docs, signal): point stdout at devnull so the flush at exit cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a program killed by the closed pipe would
+    except psycopg.Error as exc:
+        # No SQLSTATE: the server was never reached (or went away), so say which setting names it.
+        where = "" if exc.sqlstate else "Postgres (TIMER_DATABASE_URL): "
+        print(f"timer-service: {where}{logs.redact(_first_line(exc))}", file=sys.stderr)
         return 1
+    except (OSError, nats.errors.Error) as exc:
+        # A server not reachable, a file not found: a user's situation, not a bug. One line.
+        where = "NATS (TIMER_NATS_URL): " if isinstance(exc, nats.errors.Error) else ""
+        print(f"timer-service: {where}{logs.redact(_first_line(exc))}", file=sys.stderr)
+        return 1
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 if __name__ == "__main__":

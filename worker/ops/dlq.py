@@ -1,8 +1,10 @@
 """The DLQ, for operators: list, show, replay and purge rejected commands (docs/CONTRACT.md, DLQ).
 
-Entries are read by stream sequence (the JetStream message-get API, filtered by subject), so
-nothing here creates a consumer or changes the stream except `replay` and `purge`, and those only
-delete the entries they name.
+One entry is read by its stream sequence (the JetStream message-get API). A listing reads the
+entries in batches through an ephemeral consumer of its own, filtered to the DLQ subject (one
+tenant's, or every tenant's), acknowledging nothing and deleted when the listing ends (the server
+drops it a minute later if this process dies first): nothing here changes the stream except
+`replay` and `purge`, and those only delete the entries they name.
 
 Replay publishes the command (as stored, or an edited body) to its original subject, only ever
 one of the entry's own tenant, with a Nats-Msg-Id made from the entry's stream, sequence and
@@ -18,13 +20,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import AsyncIterator
+import json
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
+from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from worker.adapters.broker import connect_options
@@ -33,10 +38,23 @@ from worker.config import Settings
 from worker.contract import MessageIds, Rejection, Subjects
 from worker.core.commands import parse_command
 from worker.natsconn import nats_connect
-from worker.ops.reads import connect
+from worker.ops.reads import connect, fmt_time
 
 # An operator's listing reads at most this many entries before it stops and says where.
 MAX_SCAN = 10_000
+# Entries fetched per request while listing.
+SCAN_BATCH = 256
+
+
+def command_key(body: bytes) -> tuple[str, str] | None:
+    """(tenantId, serviceCallId) a stored command names (plain or envelope form), if it can be read."""
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        doc = json.loads(body)
+        payload = doc.get("payload") if isinstance(doc.get("payload"), dict) else doc
+        tenant, sid = doc.get("tenantId") or payload.get("tenantId"), payload.get("serviceCallId")
+        if isinstance(tenant, str) and isinstance(sid, str):
+            return tenant, sid
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +63,12 @@ class DlqFilter:
     reason: str | None = None
     since: datetime | None = None
     before: datetime | None = None
+    service_call_id: str | None = None
 
     def matches(self, e: DlqEntry) -> bool:
         if self.reason is not None and e.reason != self.reason:
+            return False
+        if self.service_call_id is not None and e.service_call_id != self.service_call_id:
             return False
         if self.since is not None and (e.time is None or e.time < self.since):
             return False
@@ -66,6 +87,12 @@ class DlqEntry:
     body: bytes
 
     @property
+    def service_call_id(self) -> str | None:
+        """The serviceCallId the rejected command names, when its body can be read."""
+        key = command_key(self.body)
+        return key[1] if key else None
+
+    @property
     def truncated(self) -> bool:
         return "Timer-Body-Truncated" in self.headers
 
@@ -79,7 +106,8 @@ class DlqEntry:
         d: dict[str, Any] = {
             "seq": self.seq,
             "tenant": self.tenant,
-            "time": self.time.isoformat() if self.time else None,
+            "serviceCallId": self.service_call_id,
+            "time": fmt_time(self.time),
             "reason": self.reason,
             "detail": self.detail,
             "subject": self.original_subject,
@@ -142,53 +170,81 @@ class Dlq:
     async def get(self, seq: int) -> DlqEntry | None:
         """The entry at this sequence, or None (never stored, replayed, purged or aged out)."""
         try:
-            raw = await self.js._jsm.get_msg(self.settings.dlq_stream, seq=seq)
+            raw = await self.js.get_msg(self.settings.dlq_stream, seq=seq)
         except NotFoundError:
             return None
-        return self._entry(raw)
+        return self._stored(raw)
 
-    def _entry(self, raw: Any) -> DlqEntry | None:
-        subject: str = raw.subject or ""
+    def _entry(
+        self, seq: int, subject: str, time: datetime | None, headers: dict[str, str] | None, data: bytes
+    ) -> DlqEntry | None:
         where = self.subjects.split(subject)
         if where is None or where[1] != "dlq":
             return None  # not a DLQ copy of this service (another prefix sharing the stream)
-        headers = {str(k): str(v) for k, v in (raw.headers or {}).items()}
+        fields = {str(k): str(v) for k, v in (headers or {}).items()}
         return DlqEntry(
-            seq=raw.seq,
+            seq=seq,
             tenant=where[0],
-            time=raw.time,
-            reason=headers.get("Timer-Error", ""),
-            detail=headers.get("Timer-Error-Detail", ""),
-            original_subject=headers.get("Timer-Subject", ""),
-            headers=headers,
-            body=raw.data or b"",
+            time=time,
+            reason=fields.get("Timer-Error", ""),
+            detail=fields.get("Timer-Error-Detail", ""),
+            original_subject=fields.get("Timer-Subject", ""),
+            headers=fields,
+            body=data or b"",
         )
 
-    async def scan(self, f: DlqFilter, after: int = 0) -> AsyncIterator[tuple[int, DlqEntry | None]]:
-        """(sequence, entry when it matches) for every entry after `after` on the filter's subject."""
-        seq = after + 1
-        while True:
-            try:
-                raw = await self.js._jsm.get_msg(
-                    self.settings.dlq_stream, seq=seq, subject=self._subject(f.tenant), next=True
-                )
-            except NotFoundError:
-                return
-            entry = self._entry(raw)
-            at = raw.seq or seq
-            yield at, entry if entry is not None and f.matches(entry) else None
-            seq = at + 1
+    def _stored(self, raw: api.RawStreamMsg) -> DlqEntry | None:
+        return self._entry(raw.seq or 0, raw.subject or "", raw.time, raw.headers, raw.data or b"")
+
+    async def scan(self, f: DlqFilter, after: int = 0) -> AsyncGenerator[tuple[int, DlqEntry | None]]:
+        """(sequence, entry when it matches) for every entry after `after` on the filter's subject,
+        read SCAN_BATCH at a time."""
+        subject, stream = self._subject(f.tenant), self.settings.dlq_stream
+        name = f"dlq-scan-{uuid.uuid4().hex}"
+        config = api.ConsumerConfig(
+            name=name,
+            filter_subject=subject,
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=after + 1,
+            ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=60.0,  # seconds: the server's clean-up if we die before deleting it
+            mem_storage=True,
+            num_replicas=1,
+        )
+        try:
+            info = await self.js.add_consumer(stream, config=config)
+        except NotFoundError:
+            return  # no DLQ stream yet: nothing was ever rejected
+        try:
+            sub = await self.js.pull_subscribe_bind(consumer=name, stream=stream)
+            left = int(info.num_pending or 0)  # matching entries from the start sequence on
+            while left > 0:
+                try:
+                    batch = await sub.fetch(min(SCAN_BATCH, left), timeout=5)
+                except nats.errors.TimeoutError:
+                    break  # entries deleted meanwhile (a concurrent purge or replay)
+                for msg in batch:
+                    meta = msg.metadata
+                    seq = meta.sequence.stream
+                    entry = self._entry(seq, msg.subject, meta.timestamp, msg.headers, msg.data)
+                    left = int(meta.num_pending)
+                    yield seq, entry if entry is not None and f.matches(entry) else None
+            await sub.unsubscribe()
+        finally:
+            with contextlib.suppress(NotFoundError):
+                await self.js.delete_consumer(stream, name)
 
     async def page(self, f: DlqFilter, after: int = 0, limit: int = 50, max_scan: int = MAX_SCAN) -> DlqPage:
         """Up to `limit` matching entries after sequence `after`, oldest first."""
         found: list[DlqEntry] = []
         scanned = 0
-        async for seq, entry in self.scan(f, after):
-            scanned += 1
-            if entry is not None:
-                found.append(entry)
-            if len(found) == limit or scanned == max_scan:
-                return DlqPage(found, seq)
+        async with contextlib.aclosing(self.scan(f, after)) as entries:
+            async for seq, entry in entries:
+                scanned += 1
+                if entry is not None:
+                    found.append(entry)
+                if len(found) == limit or scanned == max_scan:
+                    return DlqPage(found, seq)
         return DlqPage(found, None)
 
     def validated_replay(self, entry: DlqEntry, body: bytes | None) -> tuple[str, bytes]:
@@ -230,16 +286,17 @@ class Dlq:
         if ack.stream != self.settings.command_stream:
             raise ReplayRefused(f"{subject} went to stream {ack.stream}, not {self.settings.command_stream}")
         with contextlib.suppress(NotFoundError):  # a concurrent replay deleted it first
-            await self.js._jsm.delete_msg(self.settings.dlq_stream, seq)
+            await self.js.delete_msg(self.settings.dlq_stream, seq)
         return Replayed(seq, subject, int(ack.seq), bool(ack.duplicate))
 
     async def purge(self, f: DlqFilter, *, confirmed: bool) -> list[int]:
         """The sequences of the matching entries; deleted only when `confirmed`."""
-        matched = [seq async for seq, entry in self.scan(f) if entry is not None]
+        async with contextlib.aclosing(self.scan(f)) as entries:
+            matched = [seq async for seq, entry in entries if entry is not None]
         if confirmed:
             for seq in matched:
                 with contextlib.suppress(NotFoundError):
-                    await self.js._jsm.delete_msg(self.settings.dlq_stream, seq)
+                    await self.js.delete_msg(self.settings.dlq_stream, seq)
         return matched
 
 
@@ -255,17 +312,18 @@ async def open_dlq(settings: Settings, **overrides: Any) -> AsyncIterator[Dlq]:
 
 
 def render_entries(page: DlqPage) -> str:
-    lines = [f"{'SEQ':>8} {'TIME':<26} {'TENANT':<16} {'REASON':<20} DETAIL"]
+    lines = [f"{'SEQ':>8} {'TIME':<24} {'TENANT':<16} {'SERVICE CALL ID':<24} {'REASON':<20} DETAIL"]
     for e in page.entries:
-        when = e.time.isoformat(timespec="seconds") if e.time else "-"
-        lines.append(f"{e.seq:>8} {when:<26} {e.tenant:<16} {e.reason:<20} {e.detail}")
+        sid = e.service_call_id or "-"
+        when = fmt_time(e.time) or "-"
+        lines.append(f"{e.seq:>8} {when:<24} {e.tenant:<16} {sid:<24} {e.reason:<20} {e.detail}")
     if page.next_seq is not None:
         lines.append(f"more: --after {page.next_seq}")
     return "\n".join(lines)
 
 
 def render_entry(e: DlqEntry) -> str:
-    lines = [f"seq        {e.seq}", f"time       {e.time.isoformat() if e.time else '-'}"]
+    lines = [f"seq        {e.seq}", f"time       {fmt_time(e.time) or '-'}"]
     lines += [f"{k}: {v}" for k, v in e.headers.items()]
     text = e.body_text()
     lines.append("")

@@ -22,12 +22,34 @@ from psycopg.rows import dict_row
 
 from worker.adapters import db
 from worker.adapters.queries import QUERIES
-from worker.contract import timer_view
+from worker.contract import iso, timer_view
 from worker.metrics import OVERDUE_CAP
 
 STATES = ("Scheduled", "Reached", "Cancelled")
 MAX_PAGE = 1000
 _EARLIEST = datetime.fromisoformat("0001-01-01T00:00:00+00:00")
+
+
+def fmt_time(value: datetime | None) -> str | None:
+    """The one way an operator tool shows a time: the contract's (UTC, milliseconds, `Z`)."""
+    return iso(value) if value is not None else None
+
+
+def camel(value: Any) -> Any:
+    """`value` with every dict key in the contract's camelCase and every time as fmt_time: the
+    JSON the CLI prints is in the contract's one style (`status --json`, `list --json`)."""
+    if isinstance(value, dict):
+        return {_camel_key(str(k)): camel(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [camel(v) for v in value]
+    if isinstance(value, datetime):
+        return fmt_time(value)
+    return value
+
+
+def _camel_key(key: str) -> str:
+    first, *rest = key.split("_")
+    return first + "".join(word[:1].upper() + word[1:] for word in rest)
 
 
 @contextmanager
@@ -138,10 +160,10 @@ def describe(conn: psycopg.Connection[Any], tenant_id: str, service_call_id: str
     view = timer_view(row)
     view.update(
         leaseOwner=row["lease_owner"],
-        leaseExpiresAt=row["lease_expires_at"].isoformat() if row["lease_expires_at"] else None,
+        leaseExpiresAt=fmt_time(row["lease_expires_at"]),
         leaseActive=bool(row["lease_active"]),
         overdue=bool(row["overdue"]),
-        updatedAt=row["updated_at"].isoformat(),
+        updatedAt=fmt_time(row["updated_at"]),
         commandTimestampMs=row["command_ts"],
         occurrenceIndex=row["occurrence_index"],
         why=diagnose(row),
@@ -183,7 +205,7 @@ def diagnose(row: dict[str, Any]) -> str:
 
 
 def _at(value: datetime | None) -> str:
-    return value.isoformat() if value is not None else "?"
+    return fmt_time(value) or "?"
 
 
 def _span(d: timedelta) -> str:
@@ -207,7 +229,7 @@ def tenant_summary(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, A
         "counts": {s: counts.get(s, 0) for s in STATES},
         "overdue": overdue or 0,
         "oldest_overdue_s": float(oldest) if oldest is not None else None,
-        "next_due_at": next_due.isoformat() if next_due else None,
+        "next_due_at": fmt_time(next_due),
     }
 
 
@@ -235,7 +257,7 @@ def render_summary(s: dict[str, Any]) -> str:
 
 
 def render_page(page: Page) -> str:
-    lines = [f"{'TENANT':<16} {'SERVICE CALL ID':<28} {'STATE':<10} {'DUE AT':<33} NOTE"]
+    lines = [f"{'TENANT':<16} {'SERVICE CALL ID':<28} {'STATE':<10} {'DUE AT':<25} NOTE"]
     for r in page.rows:
         note = []
         if r["overdue"]:
@@ -244,38 +266,53 @@ def render_page(page: Page) -> str:
             note.append(f"claimed by {r['lease_owner']}")
         if r["last_error"]:
             note.append(f"error: {r['last_error'][:60]}")
-        due = r["due_at"].isoformat() if r["due_at"] else "-"
+        due = fmt_time(r["due_at"]) or "-"
         key = f"{r['tenant_id']:<16} {r['service_call_id']:<28}"
-        lines.append(f"{key} {r['state']:<10} {due:<33} {', '.join(note)}")
+        lines.append(f"{key} {r['state']:<10} {due:<25} {', '.join(note)}")
     if page.next_cursor:
         lines.append(f"more: --after {page.next_cursor}")
     return "\n".join(lines)
 
 
 def row_json(r: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items()}
+    """A listed row as `list --json` prints it: the contract's names and times."""
+    out: dict[str, Any] = camel({_CONTRACT_NAMES.get(k, k): v for k, v in r.items()})
+    return out
 
 
-def cancel_outcome(conninfo: str, tenant_id: str, service_call_id: str, wait_s: float) -> str:
-    """What a CancelTimer just sent did, as the database shows it within `wait_s` seconds."""
+# Columns whose contract name is not their camelCase (timer_view's names).
+_CONTRACT_NAMES = {"fired_count": "occurrencesFired", "lease_owner": "leaseOwner"}
+
+
+def cancel_outcome(
+    conninfo: str, tenant_id: str, service_call_id: str, wait_s: float, before: dict[str, Any] | None
+) -> tuple[int, str]:
+    """What a CancelTimer just sent did, as the database shows it within `wait_s` seconds: (exit
+    code, one line). `before` is the timer as `describe` showed it before the cancel was sent:
+    a cancel for a timer that did not exist stores a tombstone (so that an older ScheduleTimer
+    still in flight cannot arm it), which is not a timer that was cancelled."""
+    key = f"{tenant_id}/{service_call_id}"
+    if before is not None and before["state"] == "Cancelled" and before["dueAt"] is not None:
+        return 0, f"already cancelled: {key} ({before['why']})"
     deadline = time.monotonic() + wait_s
     with connect(conninfo) as conn:
         while True:
             view = describe(conn, tenant_id, service_call_id)
             state = view["state"] if view else None
-            if state == "Cancelled":
-                return f"cancelled {tenant_id}/{service_call_id}"
-            if state == "Reached":
-                return f"not cancelled: {tenant_id}/{service_call_id} has fired ({view and view['why']})"
+            if view is not None and state == "Cancelled":
+                if view["dueAt"] is None:
+                    return 1, f"no such timer: {key}; nothing to cancel"
+                return 0, f"cancelled {key}"
+            if view is not None and state == "Reached":
+                return 1, f"not cancelled: {key} has fired ({view['why']})"
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)  # polling a replica's intake, which has no other signal to give
-    key = f"{tenant_id}/{service_call_id}"
     if view is None:
-        return f"cancel sent for {key}; no replica has applied it yet (are replicas running?)"
+        return 1, f"cancel sent for {key}; no replica has applied it yet (see `timer-service status`)"
     if view["leaseActive"]:
-        return f"cancel sent for {key}; it waits: the current occurrence is firing ({view['why']})"
-    return f"cancel sent for {key}; not applied yet, the timer is {state}: {view['why']}"
+        return 1, f"cancel sent for {key}; it waits: the current occurrence is firing ({view['why']})"
+    return 1, f"cancel sent for {key}; not applied yet, the timer is {state}: {view['why']}"
 
 
 # `timer-service status`: how the fleet stands, from the database.
@@ -285,35 +322,46 @@ def overview(conninfo: str, top: int = 10) -> dict[str, Any]:
     with db.connect(conninfo) as conn:
         counts = {state: n for state, n in conn.execute(QUERIES["status_counts"])}
         overdue_row = conn.execute(QUERIES["status_overdue"], {"cap": OVERDUE_CAP}).fetchone()
-        leases = [
-            {"owner": owner, "held": n, "soonest_expiry_s": expiry.total_seconds() if expiry else None}
-            for owner, n, expiry in conn.execute(QUERIES["status_leases"])
-        ]
+        leases = []
+        backing_off = 0
+        for owner, n, expiry in conn.execute(QUERIES["status_leases"]):
+            if owner is None:
+                # A lease without an owner is a failed publish's back-off (worker/core/firing.py):
+                # due, not fired, and retried by any replica when it runs out.
+                backing_off = n
+                continue
+            leases.append(
+                {"owner": owner, "held": n, "soonest_expiry_s": expiry.total_seconds() if expiry else None}
+            )
         tenants = [
             {"tenant": t, "scheduled": n}
             for t, n in conn.execute(QUERIES["status_top_tenants"], {"top": top})
         ]
     overdue, oldest = overdue_row if overdue_row else (0, None)
     return {
-        "counts": {s: counts.get(s, 0) for s in ("Scheduled", "Reached", "Cancelled")},
+        "counts": {s: counts.get(s, 0) for s in STATES},
         "overdue": overdue or 0,
         "oldest_overdue_s": float(oldest) if oldest is not None else None,
+        "backing_off": backing_off,
         "leases": leases,
         "top_tenants": tenants,
     }
 
 
-def render_overview(report: dict[str, Any]) -> str:
+def render_overview(report: dict[str, Any], commands: str | None = None) -> str:
+    """`status`; `commands` is the command backlog's line (worker/ops/fleet.py), when known."""
     c = report["counts"]
+    overdue = f"{report['overdue']}{'+' if report['overdue'] >= OVERDUE_CAP else ''} unclaimed"
+    if report["oldest_overdue_s"] is not None:
+        overdue += f", oldest {report['oldest_overdue_s']:.1f}s behind"
+    if report["backing_off"]:
+        overdue += f"; {report['backing_off']} more retried after failed publishes (back-off)"
     lines = [
         f"timers     scheduled={c['Scheduled']} reached={c['Reached']} cancelled={c['Cancelled']}",
-        f"overdue    {report['overdue']}{'+' if report['overdue'] >= OVERDUE_CAP else ''} unclaimed"
-        + (
-            f", oldest {report['oldest_overdue_s']:.1f}s behind"
-            if report["oldest_overdue_s"] is not None
-            else ""
-        ),
+        f"overdue    {overdue}",
     ]
+    if commands is not None:
+        lines.append(f"commands   {commands}")
     for lease in report["leases"]:
         lines.append(f"leases     {lease['owner']}: {lease['held']} held")
     if not report["leases"]:
@@ -324,4 +372,9 @@ def render_overview(report: dict[str, Any]) -> str:
 
 
 def one_timer(view: dict[str, Any]) -> str:
-    return "\n".join(f"{k:<17}{v}" for k, v in view.items() if v is not None)
+    """`describe` and `status --id`: one field a line, values as the JSON form shows them."""
+    shown = {k: v for k, v in view.items() if v is not None}
+    width = max(map(len, shown), default=0) + 2
+    return "\n".join(
+        f"{k:<{width}}{json.dumps(v) if isinstance(v, dict | list) else v}" for k, v in shown.items()
+    )

@@ -47,7 +47,7 @@ _env = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
 )
 _env.filters["q"] = lambda value: urllib.parse.quote(str(value), safe="")
-_env.filters["t"] = lambda v: v.isoformat(timespec="seconds") if isinstance(v, datetime) else (v or "-")
+_env.filters["t"] = lambda v: reads.fmt_time(v) if isinstance(v, datetime) else (v or "-")
 
 
 class Console:
@@ -198,7 +198,7 @@ class Console:
             return self.page(request, "dlq_entry.html", 422, e=entry, error=str(exc), body=posted)
         if done is None:
             return self.page(request, "gone.html", 404, seq=seq)
-        return self.page(request, "replayed.html", done=done, timer=_timer_of(edited or entry.body))
+        return self.page(request, "replayed.html", done=done, timer=dlq.command_key(edited or entry.body))
 
 
 # /login answers anyone: its body (a urlencoded form of credentials) is read up to this, no further.
@@ -221,17 +221,6 @@ async def _small_body(request: Request, limit: int) -> bytes | None:
 
 def _q(value: str) -> str:
     return urllib.parse.quote(value, safe="")
-
-
-def _timer_of(body: bytes) -> tuple[str, str] | None:
-    """(tenant, serviceCallId) a command names, to link to its page."""
-    with contextlib.suppress(ValueError, AttributeError, TypeError):
-        doc = json.loads(body)
-        payload = doc.get("payload") if isinstance(doc.get("payload"), dict) else doc
-        tenant, sid = doc.get("tenantId") or payload.get("tenantId"), payload.get("serviceCallId")
-        if isinstance(tenant, str) and isinstance(sid, str):
-            return tenant, sid
-    return None
 
 
 def create_app(settings: ConsoleSettings) -> Starlette:
