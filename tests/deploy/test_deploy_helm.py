@@ -887,3 +887,21 @@ def _scalar(text: str) -> Any:
     if re.fullmatch(r"-?\d+", text):
         return int(text)
     return text.strip("\"'")
+
+
+def test_chart_readme_values_table_is_current() -> None:
+    """The README's table is what deploy/helm/gen_values_table.py makes of today's schema and
+    values.yaml, and lists every key of the schema."""
+    import subprocess
+    import sys
+
+    script = CHART.parent / "gen_values_table.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    readme = (CHART / "README.md").read_text()
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    for key in ("console.ingress.tlsSecret", "networkPolicy.metricsNamespace", "image.registry", "sidecars"):
+        assert f"| `{key}` |" in readme
+    assert len(re.findall(r"^\| `", readme, re.M)) >= len(schema["properties"]) - 1  # all but `global`
