@@ -8,6 +8,7 @@ import time
 from prometheus_client import Counter, Gauge, Histogram
 
 from worker import __version__
+from worker.contract import REASONS
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # Sub-millisecond at the low end: lateness p50 is a few ms (docs/BENCHMARKS.md), which a first
@@ -31,6 +32,9 @@ COMMAND_SETTLE_FAILED = Counter(
     "timer_command_settle_failed_total",
     "Command acknowledgements NATS could not take (reconnecting); the command is redelivered",
 )
+for _reason in sorted(REASONS):
+    # At 0 from the start, so TimerCommandRejections' rate() has a series before the first rejection.
+    COMMANDS_REJECTED.labels(_reason)
 CARRIED_HEADERS_DROPPED = Counter(
     "timer_carried_headers_dropped_total",
     "Invalid traceparent, tracestate or allowed producer headers of a ScheduleTimer, not carried",

@@ -23,7 +23,10 @@ RUNBOOK = "https://docs.example.com/timer-service/OPERATIONS.md"
 CASES: dict[str, dict[str, Any]] = {
     "default": {},
     "rules": {"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "monitoring"}}}},
-    "rules_runbook": {"metrics": {"prometheusRule": {"enabled": True, "runbookUrl": RUNBOOK}}},
+    "rules_runbook": {"metrics": {"prometheusRule": {"enabled": True, "runbookBaseUrl": RUNBOOK}}},
+    "rules_relative_runbook": {
+        "metrics": {"prometheusRule": {"enabled": True, "runbookBaseUrl": "docs/OPERATIONS.md"}}
+    },
     "rules_typo": {"metrics": {"prometheusRule": {"enable": True}}},
 }
 
@@ -31,7 +34,13 @@ CASES: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def answer(deploy_tool: Tool) -> dict[str, Any]:
     return deploy_tool(
-        {"chart": str(CHART), "release": "demo", "namespace": "timers", "cases": CASES, "yaml": [str(RULES)]}
+        {
+            "chart": str(CHART),
+            "release": "demo",
+            "namespace": "timers",
+            "cases": CASES,
+            "yaml": [str(RULES), str(CHART / "values.yaml")],
+        }
     )
 
 
@@ -57,7 +66,7 @@ def _anchors(markdown: str) -> set[str]:
     return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
 
 
-def test_every_alert_is_complete(groups: list[dict[str, Any]]) -> None:
+def test_every_alert_is_complete(answer: dict[str, Any], groups: list[dict[str, Any]]) -> None:
     rules = _rules(groups)
     names = [r["alert"] for r in rules]
     assert len(names) == len(set(names)) >= 6
@@ -66,7 +75,15 @@ def test_every_alert_is_complete(groups: list[dict[str, Any]]) -> None:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         annotations = rule["annotations"]
         assert {"summary", "description", "runbook_url"} <= set(annotations), rule["alert"]
-        assert annotations["runbook_url"] == f"docs/OPERATIONS.md#{rule['alert'].lower()}"
+        # Absolute, so Alertmanager and Grafana can open it; the same base as the chart's default.
+        assert annotations["runbook_url"] == f"{_default_runbook_base(answer)}#{rule['alert'].lower()}"
+
+
+def _default_runbook_base(answer: dict[str, Any]) -> str:
+    (values,) = answer["yaml"][str(CHART / "values.yaml")]
+    base: str = values["metrics"]["prometheusRule"]["runbookBaseUrl"]
+    assert re.fullmatch(r"https://[^#\s]+/docs/OPERATIONS\.md", base), base
+    return base
 
 
 def test_issue_alerts_are_there(groups: list[dict[str, Any]]) -> None:
@@ -118,6 +135,9 @@ def test_runbook_links_follow_the_value(answer: dict[str, Any], groups: list[dic
 def test_schema_rejects_a_typo(answer: dict[str, Any]) -> None:
     error = answer["cases"]["rules_typo"]["error"]
     assert error is not None and "additional properties 'enable' not allowed" in error
+    # A relative link opens nothing from Alertmanager: the schema wants an absolute one.
+    error = answer["cases"]["rules_relative_runbook"]["error"]
+    assert error is not None and "/metrics/prometheusRule/runbookBaseUrl" in error, error
 
 
 def _rule(groups: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -148,3 +168,16 @@ def test_lateness_objective_is_an_alert(groups: list[dict[str, Any]]) -> None:
     assert float(m.group(1)) == 1.0
     assert 1.0 in LATENESS_SECONDS._upper_bounds
     assert rule["labels"]["severity"] == "warning"
+
+
+def test_rejection_alert_has_series_before_the_first_rejection(groups: list[dict[str, Any]]) -> None:
+    """TimerCommandRejections divides rate(timer_commands_rejected_total): a reason's series must
+    exist at 0 from start-up, or the first rejections make no rate (increase from nothing)."""
+    from prometheus_client import REGISTRY, generate_latest
+
+    from worker.contract import REASONS
+
+    assert "timer_commands_rejected_total" in _rule(groups, "TimerCommandRejections")["expr"]
+    exposed = generate_latest(REGISTRY).decode()
+    missing = [r for r in sorted(REASONS) if f'timer_commands_rejected_total{{reason="{r}"}}' not in exposed]
+    assert missing == []

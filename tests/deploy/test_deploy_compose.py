@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from worker.config import Settings
+from worker.config import ConsoleSettings, Settings
 from worker.ops.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_services(services: dict[str, dict[str, Any]]) -> None:
-    assert set(services) == {"postgres", "nats", "migrate", *REPLICAS, "demo"}
+    assert set(services) == {"postgres", "nats", "migrate", *REPLICAS, "console", "demo"}
     assert services["postgres"]["image"].startswith("postgres:17")
     assert re.fullmatch(r"nats:2\.12(\.\d+)?(-alpine)?", services["nats"]["image"])
     # Only the demo producer is opt-in.
@@ -63,7 +63,7 @@ def test_every_dependency_and_volume_exists(compose: dict[str, Any]) -> None:
 
 
 def test_one_image_built_from_the_dockerfile(services: dict[str, dict[str, Any]]) -> None:
-    ours = ["migrate", *REPLICAS, "demo"]
+    ours = ["migrate", *REPLICAS, "console", "demo"]
     assert {services[name]["image"] for name in ours} == {"timer-service:local"}
     assert {services[name]["build"] for name in ours} == {"."}
     assert (ROOT / "Dockerfile").exists()
@@ -100,11 +100,13 @@ def test_settings_point_at_the_compose_servers(services: dict[str, dict[str, Any
     postgres = services["postgres"]["environment"]
     dsn = f"postgresql://{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}@postgres:5432/"
     known = {f"TIMER_{name.upper()}" for name in Settings.model_fields}
-    for name in ["migrate", *REPLICAS, "demo"]:
+    console_known = {f"TIMER_{name.upper()}" for name in ConsoleSettings.model_fields}
+    for name in ["migrate", *REPLICAS, "console", "demo"]:
         env = services[name]["environment"]
+        known_here = console_known if name == "console" else known
         assert env["TIMER_DATABASE_URL"] == dsn + postgres["POSTGRES_DB"]
         assert env["TIMER_NATS_URL"] == "nats://nats:4222"
-        assert set(env) <= known, f"{name}: unknown settings {set(env) - known}"
+        assert set(env) <= known_here, f"{name}: unknown settings {set(env) - known_here}"
         assert all(isinstance(v, str) for v in env.values())
 
 
@@ -118,7 +120,7 @@ def test_health_checks(services: dict[str, dict[str, Any]]) -> None:
 def test_commands_parse_with_the_cli(services: dict[str, dict[str, Any]]) -> None:
     """Every timer-service command line in the file is one the CLI accepts."""
     parser = build_parser()
-    for name in ["migrate", *REPLICAS]:
+    for name in ["migrate", *REPLICAS, "console"]:
         parser.parse_args(services[name]["command"])
     script = services["demo"]["command"][0]
     lines = [line.strip() for line in script.splitlines() if line.strip().startswith("timer-service ")]
@@ -145,3 +147,30 @@ def _seconds(duration: str) -> float:
     m = re.fullmatch(r"(\d+)(ms|s|m)", duration)
     assert m, duration
     return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[m.group(2)]
+
+
+def _host_ports(service: dict[str, Any]) -> list[int]:
+    """Host ports a service publishes ("127.0.0.1:8091:8080" -> 8091)."""
+    return [int(str(p).split(":")[-2]) for p in service.get("ports", [])]
+
+
+def test_no_two_services_publish_one_host_port(services: dict[str, dict[str, Any]]) -> None:
+    published = [port for service in services.values() for port in _host_ports(service)]
+    assert len(published) == len(set(published)), sorted(published)
+
+
+def test_console_runs_on_its_default_port_clear_of_the_replicas(services: dict[str, dict[str, Any]]) -> None:
+    """Issue 22: the console's default port was timer-1's metrics port, so `timer-service
+    console` on the host could not start beside `docker compose up`."""
+    default_port = ConsoleSettings.model_fields["console_port"].default
+    replica_ports = {port for name in REPLICAS for port in _host_ports(services[name])}
+    assert default_port not in replica_ports
+    console = services["console"]
+    assert console["command"] == ["console"]
+    assert _host_ports(console) == [default_port]
+    assert console["ports"] == [f"127.0.0.1:{default_port}:{console['environment']['TIMER_CONSOLE_PORT']}"]
+    assert console["environment"]["TIMER_CONSOLE_HOST"] == "0.0.0.0"  # inside its container
+    assert console["environment"]["TIMER_CONSOLE_TOKEN"]  # it refuses to start without credentials
+    assert "/login" in " ".join(console["healthcheck"]["test"])
+    assert console["read_only"] is True and console["cap_drop"] == ["ALL"]
+    assert console["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from worker.config import Settings, parse_duration
+from worker.ops.cli import build_parser
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "timer-service"
 Tool = Callable[[dict[str, Any]], dict[str, Any]]
@@ -79,6 +80,50 @@ CASES: dict[str, dict[str, Any]] = {
     "keda": {"keda": {"enabled": True}},
     "keda_backlog_only": {"keda": {"enabled": True, "cpuUtilization": None, "query": "sum(timer_overdue)"}},
     "keda_and_hpa": {"keda": {"enabled": True}, "autoscaling": {"enabled": True}},
+    # Every optional extra of issue 22 on at once.
+    "extras": {
+        "image": {"registry": "registry.example.com:5000"},
+        "commonLabels": {"team": "payments", "app.kubernetes.io/component": "not-a-selector"},
+        "commonAnnotations": {"owner": "payments@example.com", "helm.sh/hook": "not-a-hook"},
+        "extraEnvFrom": [{"secretRef": {"name": "timer-otel"}}],
+        "initContainers": [{"name": "wait-for-proxy", "image": "busybox:1.37"}],
+        "sidecars": [{"name": "proxy", "image": "envoyproxy/envoy:v1.33"}],
+        "networkPolicy": {
+            "enabled": True,
+            "consoleFrom": [{"namespaceSelector": {"matchLabels": {"name": "ingress"}}}],
+        },
+        "secrets": {"existingSecret": "timer-secrets"},
+        "natsTls": {"existingSecret": "timer-nats-tls"},
+        "console": {
+            "enabled": True,
+            "existingSecret": "console-creds",
+            "user": "operator",
+            "tokenKey": "",  # user and password only
+            "passwordKey": "password",
+            "ingress": {"enabled": True, "className": "nginx", "tlsSecret": "console-tls"},
+        },
+        "metrics": {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}},
+        "podDisruptionBudget": {"enabled": True},
+        "autoscaling": {"enabled": True},
+    },
+    "console_trial": {
+        "secrets": {"databaseUrl": SECRET_STRINGS["databaseUrl"]},
+        "console": {"enabled": True, "token": "S3cret-console-token", "actions": True},
+    },
+    "console_no_credentials": {"console": {"enabled": True}},
+    "console_password_without_user": {"console": {"enabled": True, "password": "S3cret-console-pw"}},
+    "console_existing_secret_no_key": {"console": {"enabled": True, "existingSecret": "c", "tokenKey": ""}},
+    "network_policy_any_namespace": {
+        "networkPolicy": {
+            "enabled": True,
+            "metricsNamespace": "",
+            "metricsPodSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        },
+    },
+    "no_tests": {"tests": {"enabled": False}},
+    "typo_console": {"console": {"enable": True}},
+    "typo_network_policy": {"networkPolicy": {"metricsNamespaceSelectr": {}}},
+    "bad_registry": {"image": {"registry": "https://registry.example.com"}},
     "typo_top": {"replicaCout": 2},
     "typo_config": {"config": {"batchSzie": 10}},
     "typo_security": {"securityContext": {"readOnlyRootFileSystem": True}},
@@ -168,7 +213,7 @@ def production(rendered: dict[str, Any]) -> Release:
 # --- lint and shape ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["default", "production", "chart_secret", "ha"])
+@pytest.mark.parametrize("case", ["default", "production", "chart_secret", "ha", "extras", "console_trial"])
 def test_helm_lint_is_clean(rendered: dict[str, Any], case: str) -> None:
     serious = [m for m in rendered[case]["lint"] if m["severity"] in ("warning", "error")]
     assert serious == []
@@ -176,7 +221,16 @@ def test_helm_lint_is_clean(rendered: dict[str, Any], case: str) -> None:
 
 def test_default_release_objects(default: Release) -> None:
     kinds = sorted(o["kind"] for o in default.objects)
-    assert kinds == ["ConfigMap", "Deployment", "Job", "PodDisruptionBudget", "Service", "ServiceAccount"]
+    # The Pod is the `helm test` hook; the console and NetworkPolicy are off by default.
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "Job",
+        "Pod",
+        "PodDisruptionBudget",
+        "Service",
+        "ServiceAccount",
+    ]
     assert default.deployment["spec"]["replicas"] == 3
 
 
@@ -444,9 +498,15 @@ def test_replicas_spread_across_nodes(rendered: dict[str, Any], default: Release
     assert "topologySpreadConstraints" not in Release(rendered["not_config"]).pod
 
 
-@pytest.mark.parametrize("which", ["deployment", "job"])
-def test_restricted_security_context(default: Release, which: str) -> None:
-    pod = default.pod if which == "deployment" else default.job_pod
+@pytest.mark.parametrize("which", ["deployment", "job", "console", "test"])
+def test_restricted_security_context(rendered: dict[str, Any], which: str) -> None:
+    release = Release(rendered["console_trial"])
+    pod = {
+        "deployment": release.pod,
+        "job": release.job_pod,
+        "console": release.one("Deployment", "console")["spec"]["template"]["spec"],
+        "test": release.one("Pod", "test")["spec"],
+    }[which]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["automountServiceAccountToken"] is False
@@ -455,9 +515,11 @@ def test_restricted_security_context(default: Release, which: str) -> None:
         assert sc["readOnlyRootFilesystem"] is True
         assert sc["allowPrivilegeEscalation"] is False
         assert sc["capabilities"]["drop"] == ["ALL"]
-        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
         assert "resources" in container and container["resources"]["requests"]
-    assert {v["name"]: v for v in pod["volumes"]}["tmp"]["emptyDir"]
+        if which != "test":  # the test pod's Python writes nothing
+            assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    if which != "test":
+        assert {v["name"]: v for v in pod["volumes"]}["tmp"]["emptyDir"]
 
 
 def test_service_account(default: Release) -> None:
@@ -553,6 +615,203 @@ def test_monitors_scrape_the_http_port(production: Release) -> None:
     assert pod_monitor["selector"]["matchLabels"] == selector
 
 
+# --- issue 22: extras, NetworkPolicy, the console, `helm test` ---------------------------------
+
+
+def _pod_specs(release: Release) -> list[dict[str, Any]]:
+    """Every pod template: Deployments' and Jobs' (spec.template), and bare Pods."""
+    specs = []
+    for obj in release.objects:
+        if obj["kind"] in ("Deployment", "Job"):
+            specs.append(obj["spec"]["template"])
+        elif obj["kind"] == "Pod":
+            specs.append(obj)
+    return specs
+
+
+def test_common_labels_and_annotations_reach_every_object(rendered: dict[str, Any], default: Release) -> None:
+    extras = Release(rendered["extras"])
+    assert len(extras.objects) >= 15
+    for obj in extras.objects:
+        what = f"{obj['kind']} {obj['metadata']['name']}"
+        assert _labels(obj)["team"] == "payments", what
+        assert obj["metadata"]["annotations"]["owner"] == "payments@example.com", what
+        # The chart's own labels and annotations win: selectors and hooks stay what they are.
+        assert _labels(obj)["app.kubernetes.io/component"] != "not-a-selector", what
+        if obj["kind"] == "Job":
+            assert obj["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    for pod in _pod_specs(extras):
+        assert pod["metadata"]["labels"]["team"] == "payments"
+    assert extras.deployment["spec"]["selector"] == default.deployment["spec"]["selector"]
+    # Off: no stray keys (the default release's objects carry neither).
+    assert not any("team" in _labels(o) for o in default.objects)
+    assert not any("owner" in o["metadata"].get("annotations", {}) for o in default.objects)
+
+
+def test_image_registry_prefixes_every_image(rendered: dict[str, Any], default: Release) -> None:
+    extras = Release(rendered["extras"])
+    ours = [c for p in _pod_specs(extras) for c in p["spec"]["containers"] if c["name"] != "proxy"]
+    assert len(ours) == 4  # replica, migration, console, test
+    assert {c["image"] for c in ours} == {"registry.example.com:5000/timer-service:0.1.0"}
+    assert default.container["image"] == "timer-service:0.1.0"
+
+
+def test_extra_env_from_init_containers_and_sidecars(rendered: dict[str, Any], default: Release) -> None:
+    extras = Release(rendered["extras"])
+    env_from = {"secretRef": {"name": "timer-otel"}}
+    console = extras.one("Deployment", "console")["spec"]["template"]["spec"]["containers"][0]
+    for container in (extras.container, extras.job_container, console):
+        assert env_from in container["envFrom"], container["name"]
+    # The ConfigMap stays first: extraEnvFrom adds, it does not replace.
+    assert extras.container["envFrom"][0] == default.container["envFrom"][0]
+    assert [c["name"] for c in extras.pod["initContainers"]] == ["wait-for-proxy"]
+    assert [c["name"] for c in extras.pod["containers"]] == ["timer-service", "proxy"]
+    assert "initContainers" not in default.pod and len(default.pod["containers"]) == 1
+    assert "envFrom" not in default.job_container
+
+
+def test_network_policy_lets_only_monitoring_scrape(rendered: dict[str, Any], default: Release) -> None:
+    assert not default.all("NetworkPolicy")
+    extras = Release(rendered["extras"])
+    policy = extras.one("NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"] == extras.deployment["spec"]["selector"]["matchLabels"]
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    monitoring, test_pod = rule["from"]
+    # One peer, both selectors: Prometheus' pods in the monitoring namespace, nobody else there.
+    assert monitoring == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {},
+    }
+    # The `helm test` pod must get through, or the test fails only when the policy is on.
+    test_labels = _labels(extras.one("Pod", "test"))
+    assert test_pod["podSelector"]["matchLabels"].items() <= test_labels.items()
+    other = Release(rendered["network_policy_any_namespace"]).one("NetworkPolicy")["spec"]
+    assert other["ingress"][0]["from"][0] == {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+    # The console's own policy: its port only, from consoleFrom.
+    console = extras.one("NetworkPolicy", "console")["spec"]
+    console_pod = extras.one("Deployment", "console")["spec"]["template"]
+    assert console["podSelector"]["matchLabels"].items() <= _labels(console_pod).items()
+    assert console["ingress"] == [
+        {
+            "ports": [{"port": "console", "protocol": "TCP"}],
+            "from": [{"namespaceSelector": {"matchLabels": {"name": "ingress"}}}],
+        }
+    ]
+
+
+def test_console_is_off_by_default(default: Release) -> None:
+    assert [d["metadata"]["name"] for d in default.all("Deployment")] == ["demo-timer-service"]
+    assert not default.all("Ingress")
+
+
+def test_console_runs_beside_the_replicas(rendered: dict[str, Any]) -> None:
+    extras = Release(rendered["extras"])
+    deployment = extras.one("Deployment", "console")
+    assert deployment["spec"]["replicas"] == 1  # sessions live in the process
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["args"] == ["console"]
+    build_parser().parse_args(container["args"])
+    assert container["ports"] == [{"name": "console", "containerPort": 8081, "protocol": "TCP"}]
+    env = _env(container)
+    assert env["TIMER_CONSOLE_HOST"]["value"] == "0.0.0.0"
+    assert env["TIMER_CONSOLE_PORT"]["value"] == "8081"
+    assert env["TIMER_CONSOLE_ACTIONS"]["value"] == "false"
+    assert env["TIMER_CONSOLE_USER"]["value"] == "operator"
+    assert env["TIMER_CONSOLE_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "console-creds",
+        "key": "password",
+    }
+    assert "TIMER_CONSOLE_TOKEN" not in env  # tokenKey emptied: not read
+    # The replicas' settings: the ConfigMap, the DSN and the NATS files, as the replicas get them.
+    assert env["TIMER_DATABASE_URL"] == _env(extras.container)["TIMER_DATABASE_URL"]
+    assert env["TIMER_NATS_TLS_CA"] == _env(extras.container)["TIMER_NATS_TLS_CA"]
+    assert container["envFrom"][0] == extras.container["envFrom"][0]
+    assert "TIMER_WORKER_ID" not in env  # not a replica: it holds no lease
+    assert container["readinessProbe"]["httpGet"] == {"path": "/login", "port": "console"}
+    # Its Service selects the console only; the replicas' Service never selects the console.
+    service = extras.one("Service", "console")
+    assert service["spec"]["selector"].items() <= _labels(pod).items()
+    assert not extras.one("Service")["spec"]["selector"].items() <= _labels(pod).items()
+    assert service["spec"]["ports"] == [
+        {"name": "console", "port": 8081, "targetPort": "console", "protocol": "TCP"}
+    ]
+    ingress = extras.one("Ingress", "console")["spec"]
+    assert ingress["ingressClassName"] == "nginx"
+    assert ingress["tls"] == [{"hosts": ["timer-console.example.com"], "secretName": "console-tls"}]
+    (path,) = ingress["rules"][0]["http"]["paths"]
+    assert path["backend"]["service"] == {"name": service["metadata"]["name"], "port": {"name": "console"}}
+    assert not Release(rendered["console_trial"]).all("Ingress")  # off unless asked
+
+
+def test_console_trial_credentials_stay_in_a_secret(rendered: dict[str, Any]) -> None:
+    trial = Release(rendered["console_trial"])
+    secret = next(o for o in trial.all("Secret") if o["metadata"]["name"] == "demo-timer-service-console")
+    assert set(secret["data"]) == {"console-token"}
+    container = trial.one("Deployment", "console")["spec"]["template"]["spec"]["containers"][0]
+    env = _env(container)
+    assert env["TIMER_CONSOLE_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "demo-timer-service-console",
+        "key": "console-token",
+    }
+    assert env["TIMER_CONSOLE_ACTIONS"]["value"] == "true"
+    clear = json.dumps([o for o in trial.objects if o["kind"] != "Secret"]) + trial.notes
+    assert "S3cret-console-token" not in clear
+    assert not any("CONSOLE" in key for key in trial.config)  # never in the ConfigMap
+    # A new token rolls the console pod.
+    assert (
+        "checksum/console-secret"
+        in trial.one("Deployment", "console")["spec"]["template"]["metadata"]["annotations"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("console_no_credentials", "console.enabled needs credentials"),
+        ("console_existing_secret_no_key", "console.enabled needs credentials"),
+        ("console_password_without_user", "a password needs console.user"),
+    ],
+)
+def test_console_refuses_to_install_without_credentials(
+    rendered: dict[str, Any], case: str, message: str
+) -> None:
+    error = rendered[case]["error"]
+    assert error is not None and message in error, error
+
+
+def test_helm_test_pod_checks_readyz_through_the_service(rendered: dict[str, Any], default: Release) -> None:
+    pod = default.one("Pod", "test")
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "test"
+    assert "before-hook-creation" in annotations["helm.sh/hook-delete-policy"]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == default.container["image"]
+    service = default.one("Service")
+    url = f"http://{service['metadata']['name']}.timers.svc:{service['spec']['ports'][0]['port']}/readyz"
+    assert container["command"][:2] == ["python", "-c"] and container["command"][-1] == url
+    compile(container["command"][2], "readyz", "exec")  # the script at least parses
+    assert not Release(rendered["no_tests"]).all("Pod")
+
+
+def test_chart_links_match_the_package() -> None:
+    """Chart.yaml's home and sources, and pyproject's [project.urls], name one repository."""
+    import tomllib
+
+    chart = (CHART / "Chart.yaml").read_text()
+    home = re.search(r"^home: (\S+)$", chart, re.M)
+    sources = re.findall(r"^  - (https://\S+)$", chart, re.M)
+    assert home and sources, "Chart.yaml has no home or sources"
+    urls = tomllib.loads((CHART.parents[2] / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls["Source"] == home.group(1) == sources[0]
+
+
 # --- the values schema ------------------------------------------------------------------------
 
 
@@ -565,6 +824,9 @@ def test_monitors_scrape_the_http_port(production: Release) -> None:
         ("typo_probe", "additional properties 'periodSecond' not allowed"),
         ("wrong_type", "/config/leaseMs"),
         ("out_of_range", "/config/batchSize"),
+        ("typo_console", "additional properties 'enable' not allowed"),
+        ("typo_network_policy", "additional properties 'metricsNamespaceSelectr' not allowed"),
+        ("bad_registry", "/image/registry"),
     ],
 )
 def test_schema_rejects_bad_values(rendered: dict[str, Any], case: str, message: str) -> None:
@@ -625,3 +887,21 @@ def _scalar(text: str) -> Any:
     if re.fullmatch(r"-?\d+", text):
         return int(text)
     return text.strip("\"'")
+
+
+def test_chart_readme_values_table_is_current() -> None:
+    """The README's table is what deploy/helm/gen_values_table.py makes of today's schema and
+    values.yaml, and lists every key of the schema."""
+    import subprocess
+    import sys
+
+    script = CHART.parent / "gen_values_table.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    readme = (CHART / "README.md").read_text()
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    for key in ("console.ingress.tlsSecret", "networkPolicy.metricsNamespace", "image.registry", "sidecars"):
+        assert f"| `{key}` |" in readme
+    assert len(re.findall(r"^\| `", readme, re.M)) >= len(schema["properties"]) - 1  # all but `global`

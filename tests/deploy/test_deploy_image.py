@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 from worker.ops.cli import build_parser
 
@@ -58,7 +61,8 @@ def test_pinned_base() -> None:
 
 def test_multi_stage_build() -> None:
     build, runtime = _stages()
-    assert any("pip install ." in run for run in _args(build, "RUN"))
+    # The console extra (`timer-service console` runs from the image), at the pinned versions.
+    assert any("pip install --constraint constraints.txt '.[console]'" in run for run in _args(build, "RUN"))
     assert not any("pip install" in run for run in _args(runtime, "RUN")), (
         "the runtime stage installs nothing"
     )
@@ -97,3 +101,42 @@ def test_dockerignore_keeps_what_the_build_copies() -> None:
         for source in copy.split()[:-1]:
             assert source.rstrip("/") in allowed, f"COPY {source} is excluded by .dockerignore"
             assert (ROOT / source).exists()
+
+
+def test_constraints_pin_every_runtime_dependency() -> None:
+    """constraints.txt pins each dependency the image installs (the package's and the console
+    extra's), at a version pyproject.toml allows: an unpinned one would float between builds."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [
+        Requirement(r) for r in [*project["dependencies"], *project["optional-dependencies"]["console"]]
+    ]
+    pins: dict[str, Version] = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"not pinned with ==: {line}"
+            pins[_canonical(name)] = Version(version)
+    for req in wanted:
+        pin = pins.get(_canonical(req.name))
+        assert pin is not None, f"{req.name} is not in constraints.txt"
+        assert req.specifier.contains(pin, prereleases=True), f"{req.name}=={pin} outside {req.specifier}"
+    assert "timer-service" not in pins  # the package itself is built from the source, never pinned
+
+
+def test_oci_labels() -> None:
+    runtime = _stages()[-1]
+    labels = dict(
+        re.findall(r'(org\.opencontainers\.image\.\w+)="([^"]*)"', " ".join(_args(runtime, "LABEL")))
+    )
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert labels["org.opencontainers.image.title"] == project["name"]
+    assert labels["org.opencontainers.image.description"] == project["description"]
+    assert labels["org.opencontainers.image.licenses"] == project["license"]
+    assert labels["org.opencontainers.image.source"] == project["urls"]["Source"]
+    # The version comes from a build arg whose default is the package's version.
+    assert labels["org.opencontainers.image.version"] == "${VERSION}"
+    assert f"VERSION={project['version']}" in _args(runtime, "ARG")
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()

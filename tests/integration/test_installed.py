@@ -104,10 +104,39 @@ def test_bench_from_the_checkouts_console_script() -> None:
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """sdist and wheel, the wheel built from the sdist (python -m build), as a release makes them."""
+    """sdist and wheel, the wheel built from the sdist (python -m build), as a release makes them.
+    The build's output is kept in build.log for test_the_build_warns_of_nothing."""
     out = tmp_path_factory.mktemp("dist")
-    _run(sys.executable, "-m", "build", "--outdir", out, ROOT)
+    # From a copy without build leftovers: setuptools adds the files a stale *.egg-info/SOURCES.txt
+    # lists to the sdist, so a file MANIFEST.in leaves out could ship from this tree and no other.
+    tree = tmp_path_factory.mktemp("tree") / "src"
+    shutil.copytree(
+        ROOT, tree, ignore=shutil.ignore_patterns(".*", "*.egg-info", "build", "dist", "__pycache__")
+    )
+    # PYTHONDONTWRITEBYTECODE makes distutils warn that it skips byte-compiling: the machine's
+    # setting, not the project's, so the build runs without it.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    result = _run(sys.executable, "-m", "build", "--outdir", out, tree, env=env)
+    (out / "build.log").write_text(result.stdout + result.stderr)
     return out
+
+
+def test_the_build_warns_of_nothing(dist: Path) -> None:
+    """setuptools' warnings (a data directory left out of `packages`, a deprecated setting) are
+    how a file goes missing from the wheel or a release breaks on the next setuptools."""
+    warnings = [line for line in (dist / "build.log").read_text().splitlines() if "warn" in line.lower()]
+    assert warnings == []
+
+
+def test_the_sdist_carries_the_docs_and_changelog(dist: Path) -> None:
+    (sdist,) = dist.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert "CHANGELOG.md" in names
+    for path in (ROOT / "docs").rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts:
+            assert path.relative_to(ROOT).as_posix() in names, path
+    assert not any(n.startswith("tests/") for n in names)
 
 
 @pytest.fixture(scope="module")
@@ -286,3 +315,13 @@ def test_dockerfile_install_steps_in_a_fresh_venv(tmp_path: Path) -> None:
             _run("bash", "-ec", command, cwd=src, env=_clean_env(PATH=path))
     assert _run(prefix / "bin" / "timer-service", "--version").stdout.strip() == f"timer-service {VERSION}"
     assert not (prefix / "bin" / "pip").exists(), "the image's venv keeps no pip"
+    # The console extra is in (`timer-service console` runs from the image), and every
+    # dependency is at the version constraints.txt pins.
+    console = [Requirement(r).name for r in PYPROJECT["project"]["optional-dependencies"]["console"]]
+    pins = dict(
+        line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line
+    )
+    code = "import importlib.metadata as m, sys; print(*(m.version(n) for n in sys.argv[1:]))"
+    installed = _run(prefix / "bin" / "python", "-c", code, *pins, *console).stdout.split()
+    assert dict(zip(pins, installed[: len(pins)], strict=True)) == pins
+    assert len(installed) == len(pins) + len(console)  # importlib.metadata found each console package

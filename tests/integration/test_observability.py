@@ -229,7 +229,9 @@ async def test_replica_serves_health_and_every_documented_metric(settings: Setti
             return timer is not None and timer["state"] == "Reached"
 
         async def rejected() -> bool:
-            return "timer_commands_rejected_total" in scrape((await http_get(port, "/metrics"))[1])
+            # Every reason's series exists at 0 from start-up: wait for this one to count.
+            text = (await http_get(port, "/metrics"))[1]
+            return 'timer_commands_rejected_total{reason="invalid_json"} 1.0' in text
 
         await until(fired, what="the timer fired")
         await until(rejected, what="the bad command counted")

@@ -31,18 +31,37 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: server
 {{- end }}
 
+{{/*
+Labels on every object: the user's commonLabels, then the chart's (which win, so a commonLabel
+can never change what the selectors match). Arg: (dict "ctx" $ "component" <its component>).
+*/}}
 {{- define "timer-service.commonLabels" -}}
-helm.sh/chart: {{ include "timer-service.chart" . }}
-app.kubernetes.io/name: {{ include "timer-service.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-app.kubernetes.io/part-of: timer-service
+{{- $ctx := .ctx }}
+{{- $labels := dict
+  "helm.sh/chart" (include "timer-service.chart" $ctx)
+  "app.kubernetes.io/name" (include "timer-service.name" $ctx)
+  "app.kubernetes.io/instance" $ctx.Release.Name
+  "app.kubernetes.io/version" $ctx.Chart.AppVersion
+  "app.kubernetes.io/managed-by" $ctx.Release.Service
+  "app.kubernetes.io/part-of" "timer-service" }}
+{{- with .component }}{{ $_ := set $labels "app.kubernetes.io/component" . }}{{ end }}
+{{- toYaml (merge $labels (deepCopy ($ctx.Values.commonLabels | default dict))) }}
 {{- end }}
 
 {{- define "timer-service.labels" -}}
-{{ include "timer-service.commonLabels" . }}
-app.kubernetes.io/component: server
+{{ include "timer-service.commonLabels" (dict "ctx" . "component" "server") }}
+{{- end }}
+
+{{/*
+An object's `annotations:` block: commonAnnotations under the object's own (which win), nothing
+when both are empty. Arg: (dict "ctx" $ ["annotations" <the object's own: a dict, may be empty>]).
+*/}}
+{{- define "timer-service.annotations" -}}
+{{- $all := merge (deepCopy (get . "annotations" | default dict)) (deepCopy (.ctx.Values.commonAnnotations | default dict)) }}
+{{- with $all }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{- define "timer-service.serviceAccountName" -}}
@@ -53,11 +72,14 @@ app.kubernetes.io/component: server
 {{- end }}
 {{- end }}
 
+{{/* [registry/]repository, then @digest or :tag (the chart's appVersion when empty). */}}
 {{- define "timer-service.image" -}}
+{{- $repository := .Values.image.repository }}
+{{- with .Values.image.registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" .) $repository }}{{ end }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
 
@@ -215,5 +237,48 @@ Arg: (dict "ctx" $ "postgresOnly" <bool: just Postgres TLS, for the migration>).
   value: /etc/timer-service/nats-tls/{{ .keyKey }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The console's pods: component "console", so no replica selector ever matches them. */}}
+{{- define "timer-service.consoleSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "timer-service.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: console
+{{- end }}
+
+{{- define "timer-service.consoleName" -}}
+{{- printf "%s-console" (include "timer-service.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The console's credentials as env entries: from console.existingSecret the keys named in values,
+else from the chart-made <fullname>-console Secret the ones given. Fails when there are none, or a
+password without a user: the console would refuse to start, better the install says so.
+*/}}
+{{- define "timer-service.consoleSecretEnv" -}}
+{{- $c := .Values.console }}
+{{- $name := $c.existingSecret | default (include "timer-service.consoleName" .) }}
+{{- $token := ternary $c.tokenKey (ternary "console-token" "" (ne $c.token "")) (ne $c.existingSecret "") }}
+{{- $password := ternary $c.passwordKey (ternary "console-password" "" (ne $c.password "")) (ne $c.existingSecret "") }}
+{{- if not (or $token $password) }}
+{{- fail "console.enabled needs credentials: console.existingSecret with console.tokenKey (or console.user and console.passwordKey), or for a trial console.token (or console.user and console.password)" }}
+{{- end }}
+{{- if and $password (not $c.user) }}
+{{- fail "console: a password needs console.user" }}
+{{- end }}
+{{- if $token }}
+- name: TIMER_CONSOLE_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $name }}
+      key: {{ $token }}
+{{- end }}
+{{- if $password }}
+- name: TIMER_CONSOLE_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $name }}
+      key: {{ $password }}
 {{- end }}
 {{- end }}
