@@ -24,11 +24,12 @@ import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
@@ -40,6 +41,7 @@ from worker.core.commands import parse_command
 from worker.natsconn import nats_connect
 from worker.ops.reads import connect, fmt_time
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # An operator's listing reads at most this many entries before it stops and says where.
 MAX_SCAN = 10_000
 # Entries fetched per request while listing.
@@ -148,6 +150,20 @@ def read_fleet_secret(conninfo: str) -> bytes:
     return bytes(found[0])
 
 
+def _stored_time(msg: Msg) -> datetime | None:
+    """When the stream stored a message delivered by a consumer, truncated to the microsecond as
+    the message-get API's time is (nats-py's metadata rounds a float instead, which can differ by
+    a microsecond): a replay's Nats-Msg-Id is made from it, so an entry listed and an entry got
+    by its sequence must give the same one. The ack subject carries it in nanoseconds:
+    `$JS.ACK.<stream>.<consumer>.<delivered>.<seq>.<cseq>.<ns>.<pending>`, or with a domain and
+    account hash before the stream and a token after the pending count."""
+    tokens = (msg.reply or "").split(".")
+    nanos = tokens[7] if len(tokens) == 9 else tokens[9] if len(tokens) >= 11 else None
+    if nanos is None or not nanos.isdigit():
+        return msg.metadata.timestamp
+    return EPOCH + timedelta(microseconds=int(nanos) // 1000)
+
+
 class Dlq:
     def __init__(self, nc: NATS, settings: Settings) -> None:
         self.settings = settings
@@ -193,7 +209,7 @@ class Dlq:
             body=data or b"",
         )
 
-    def _stored(self, raw: api.RawStreamMsg) -> DlqEntry | None:
+    def _stored(self, raw: api.RawStreamMsg) -> DlqEntry | None:  # raw.time: truncated to microseconds
         return self._entry(raw.seq or 0, raw.subject or "", raw.time, raw.headers, raw.data or b"")
 
     async def scan(self, f: DlqFilter, after: int = 0) -> AsyncGenerator[tuple[int, DlqEntry | None]]:
@@ -226,7 +242,7 @@ class Dlq:
                 for msg in batch:
                     meta = msg.metadata
                     seq = meta.sequence.stream
-                    entry = self._entry(seq, msg.subject, meta.timestamp, msg.headers, msg.data)
+                    entry = self._entry(seq, msg.subject, _stored_time(msg), msg.headers, msg.data)
                     left = int(meta.num_pending)
                     yield seq, entry if entry is not None and f.matches(entry) else None
             await sub.unsubscribe()
