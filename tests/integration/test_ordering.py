@@ -63,7 +63,9 @@ async def test_a_restatement_delivered_early_keeps_a_stale_reschedule_out(store:
 
 async def test_a_newer_correlation_id_with_the_same_due_at_is_recorded(store: Store, db_url: str) -> None:
     await store.apply([ScheduleTimer("acme", "a", due(0), "first", 10, None)])
-    assert await store.apply([ScheduleTimer("acme", "a", due(0), "second", 30, None)]) == ["applied"]
+    assert (await store.apply([ScheduleTimer("acme", "a", due(0), "second", 30, None)])).outcomes == [
+        "applied"
+    ]
     assert state_of(db_url, "a") == ("Scheduled", due(0), "second", 30)
 
 
@@ -77,8 +79,10 @@ async def test_a_restatement_keeps_a_recurring_timers_progress(store: Store, db_
         " WHERE service_call_id = 'r'",
     )
     copy = ScheduleTimer("acme", "r", due(0), None, 10, hourly)
-    assert await store.apply([copy]) == ["ignored"]  # a redelivered copy writes nothing
-    assert await store.apply([ScheduleTimer("acme", "r", due(0), "new", 40, hourly)]) == ["applied"]
+    assert (await store.apply([copy])).outcomes == ["ignored"]  # a redelivered copy writes nothing
+    assert (await store.apply([ScheduleTimer("acme", "r", due(0), "new", 40, hourly)])).outcomes == [
+        "applied"
+    ]
     assert query(db_url, "SELECT occurrence_index, due_at, correlation_id, command_ts FROM timers") == [
         (3, due(180), "new", 40)
     ]
