@@ -26,17 +26,27 @@
 -- the waiting command itself, once applied, leaves deferred_seqs. A marker left unchanged for
 -- %(order_grace)s while the timer is not claimed is stale (its command will not come back: aged
 -- out, or applied by a release that ignores markers) and no longer holds anything up.
+-- Stream position: unless timestampMs decides (the command and the timer both have one), a
+-- command earlier in the stream than the last one applied to the timer (command_seq and
+-- command_stored_at) is older and left alone, like an older timestampMs: two replicas that
+-- fetched a timer's commands side by side may commit them in either order. Earlier means a
+-- smaller sequence AND a stored time no later: a recreated stream's sequences start again at 1,
+-- but its stored times are later, so its commands are never older; a redelivered command keeps
+-- its position, so it is not older than itself. A restatement from a later position records it
+-- (as a newer timestampMs does), or an earlier command arriving after it would win.
+-- RETURNING: the rows this statement changed, with their dueAt (intake's wake-up hint).
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts,
                          repeat_every, repeat_times, repeat_timezone, anchor_due_at, carried_headers,
-                         command_seq)
+                         command_seq, command_stored_at)
 SELECT i.tenant_id, i.service_call_id, 'Scheduled', i.due_at, i.correlation_id, i.command_ts,
-       i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at, i.carried_headers, i.command_seq
+       i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at, i.carried_headers, i.command_seq,
+       i.command_stored_at
 FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
             %(correlation_id)b::text[], %(command_ts)b::bigint[], %(repeat_every)b::text[],
             %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(carried_headers)b::jsonb[],
-            %(command_seq)b::bigint[])
+            %(command_seq)b::bigint[], %(command_stored_at)b::timestamptz[])
      AS i(tenant_id, service_call_id, due_at, correlation_id, command_ts, repeat_every,
-          repeat_times, repeat_timezone, carried_headers, command_seq)
+          repeat_times, repeat_timezone, carried_headers, command_seq, command_stored_at)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = 'Scheduled',
     -- A restatement keeps the timer's progress; anything else starts it afresh.
@@ -61,45 +71,57 @@ ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     lease_owner = NULL,
     lease_token = NULL,
     command_seq = coalesce(excluded.command_seq, t.command_seq),
+    command_stored_at = coalesce(excluded.command_stored_at, t.command_stored_at),
     deferred_seqs = CASE WHEN t.updated_at >= now() - %(order_grace)s::interval
                          THEN nullif(array_remove(t.deferred_seqs, excluded.command_seq), '{}') END,
     updated_at = now()
 WHERE t.state <> 'Reached'
   AND t.lease_expires_at IS NULL
   AND (excluded.command_ts IS NULL OR t.command_ts IS NULL OR excluded.command_ts >= t.command_ts)
+  AND ((excluded.command_ts IS NOT NULL AND t.command_ts IS NOT NULL)
+       OR excluded.command_seq IS NULL OR t.command_seq IS NULL OR t.command_stored_at IS NULL
+       OR excluded.command_seq >= t.command_seq OR excluded.command_stored_at > t.command_stored_at)
   AND (t.deferred_seqs IS NULL OR excluded.command_seq IS NULL OR excluded.command_seq <= t.deferred_seqs[1]
        OR t.updated_at < now() - %(order_grace)s::interval)
   AND NOT (t.state = 'Scheduled'
            AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone, t.correlation_id,
-                t.carried_headers, t.command_ts)
+                t.carried_headers, t.command_ts, t.command_seq, t.command_stored_at)
                IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every, excluded.repeat_times,
                                      excluded.repeat_timezone, excluded.correlation_id,
                                      excluded.carried_headers,
-                                     coalesce(excluded.command_ts, t.command_ts)))
-RETURNING t.tenant_id, t.service_call_id;
+                                     coalesce(excluded.command_ts, t.command_ts),
+                                     coalesce(excluded.command_seq, t.command_seq),
+                                     coalesce(excluded.command_stored_at, t.command_stored_at)))
+RETURNING t.tenant_id, t.service_call_id, t.due_at;
 
 -- name: cancel_timers
 -- Cancel while Scheduled and unclaimed. A cancel for an unknown key leaves a Cancelled
 -- tombstone carrying its timestampMs, so an older ScheduleTimer arriving later stays ignored.
--- Stream order and deferred_seqs as in upsert_schedules.
-INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts, command_seq)
-SELECT i.tenant_id, i.service_call_id, 'Cancelled', NULL, i.correlation_id, i.command_ts, i.command_seq
+-- Stream order, stream position and deferred_seqs as in upsert_schedules.
+INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts, command_seq,
+                         command_stored_at)
+SELECT i.tenant_id, i.service_call_id, 'Cancelled', NULL, i.correlation_id, i.command_ts, i.command_seq,
+       i.command_stored_at
 FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(correlation_id)b::text[],
-            %(command_ts)b::bigint[], %(command_seq)b::bigint[])
-     AS i(tenant_id, service_call_id, correlation_id, command_ts, command_seq)
+            %(command_ts)b::bigint[], %(command_seq)b::bigint[], %(command_stored_at)b::timestamptz[])
+     AS i(tenant_id, service_call_id, correlation_id, command_ts, command_seq, command_stored_at)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = 'Cancelled',
     command_ts = coalesce(excluded.command_ts, t.command_ts),
     command_seq = coalesce(excluded.command_seq, t.command_seq),
+    command_stored_at = coalesce(excluded.command_stored_at, t.command_stored_at),
     deferred_seqs = CASE WHEN t.updated_at >= now() - %(order_grace)s::interval
                          THEN nullif(array_remove(t.deferred_seqs, excluded.command_seq), '{}') END,
     updated_at = now()
 WHERE t.state <> 'Reached'
   AND t.lease_expires_at IS NULL
   AND (excluded.command_ts IS NULL OR t.command_ts IS NULL OR excluded.command_ts >= t.command_ts)
+  AND ((excluded.command_ts IS NOT NULL AND t.command_ts IS NOT NULL)
+       OR excluded.command_seq IS NULL OR t.command_seq IS NULL OR t.command_stored_at IS NULL
+       OR excluded.command_seq >= t.command_seq OR excluded.command_stored_at > t.command_stored_at)
   AND (t.deferred_seqs IS NULL OR excluded.command_seq IS NULL OR excluded.command_seq <= t.deferred_seqs[1]
        OR t.updated_at < now() - %(order_grace)s::interval)
-RETURNING t.tenant_id, t.service_call_id;
+RETURNING t.tenant_id, t.service_call_id, NULL::timestamptz AS due_at;
 
 -- name: held_among
 -- Of the given keys (commands the statements above left alone), those whose commands wait:
@@ -107,19 +129,23 @@ RETURNING t.tenant_id, t.service_call_id;
 -- %(stuck_after)s ago and still not recorded, a row that cannot be read or published, retried
 -- with back-off: its commands are given up, README, guarantees); `head`, the stream sequence of
 -- the oldest command waiting for it, unless stale (see upsert_schedules); `marked`, any is
--- recorded. OFFSET 0 keeps the state and lease tests out of the scan of timers (see mark_fired):
--- the keys drive, through the primary key.
+-- recorded; `due_at`, the dueAt of a Scheduled one no lease holds: the statements above locked it
+-- without changing it, so a claim meanwhile skipped it (SKIP LOCKED) and intake wakes the firing
+-- loops for it once this transaction commits. OFFSET 0 keeps the state and lease tests out of the
+-- scan of timers (see mark_fired): the keys drive, through the primary key.
 SELECT tenant_id, service_call_id,
        state = 'Scheduled' AND lease_expires_at IS NOT NULL AS claimed,
        coalesce(claimed_at < now() - %(stuck_after)s::interval, false) AS stuck,
        CASE WHEN updated_at >= now() - %(order_grace)s::interval THEN deferred_seqs[1] END AS head,
-       deferred_seqs IS NOT NULL AS marked
+       deferred_seqs IS NOT NULL AS marked,
+       CASE WHEN state = 'Scheduled' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+            THEN due_at END AS due_at
 FROM (SELECT t.tenant_id, t.service_call_id, t.state, t.lease_expires_at, t.claimed_at,
-             t.updated_at, t.deferred_seqs
+             t.updated_at, t.deferred_seqs, t.due_at
       FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[]) AS k(tenant_id, service_call_id)
       JOIN timers t ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
       OFFSET 0) AS t
-WHERE (t.state = 'Scheduled' AND t.lease_expires_at IS NOT NULL) OR t.deferred_seqs IS NOT NULL;
+WHERE t.state = 'Scheduled' OR t.deferred_seqs IS NOT NULL;
 
 -- name: settle_deferred
 -- Record which commands wait for their timer (`waits`: deferred, their stream sequence joins

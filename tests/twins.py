@@ -19,7 +19,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from worker.contract import CancelTimer, Command, MessageIds, Outgoing, ScheduleTimer, Subjects
-from worker.core.domain import Claimed, ClaimResult, Fired, Key, Leased, Outcome
+from worker.core.domain import Applied, Claimed, ClaimResult, Fired, Key, Leased, Outcome, Position
 
 
 def event_id(message: Outgoing) -> str:
@@ -80,6 +80,7 @@ class Row:
     last_error: str | None = None
     carried: dict[str, str] | None = None
     deferred: list[int] = field(default_factory=list)  # deferred_seqs (never stale here)
+    position: Position | None = None  # command_seq and command_stored_at
 
 
 class TwinStore:
@@ -98,18 +99,34 @@ class TwinStore:
     def _claimed(self, row: Row) -> bool:
         return row.state == "Scheduled" and row.lease_expires_at is not None
 
-    async def apply(self, commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[Outcome]:
+    async def apply(
+        self, commands: Sequence[Command], positions: Sequence[Position] | None = None
+    ) -> Applied:
         by_index: dict[int, Outcome] = {}
-        order = range(len(commands)) if seqs is None else sorted(range(len(commands)), key=seqs.__getitem__)
+        order = (
+            range(len(commands))
+            if positions is None
+            else sorted(range(len(commands)), key=lambda i: positions[i].seq)
+        )
         for i in order:
-            by_index[i] = self._apply_one(commands[i], None if seqs is None else seqs[i])
+            by_index[i] = self._apply_one(commands[i], None if positions is None else positions[i])
         self.log.append(("apply", list(commands)))
-        return [by_index[i] for i in range(len(commands))]
+        touched = [self.rows.get((c.tenant_id, c.service_call_id)) for c in commands]
+        dues = [
+            r.due_at
+            for r in touched
+            if r is not None
+            and r.state == "Scheduled"
+            and r.due_at is not None
+            and (r.lease_expires_at is None or r.lease_expires_at < self.now())
+        ]
+        return Applied([by_index[i] for i in range(len(commands))], min(dues, default=None))
 
-    def _apply_one(self, c: Command, seq: int | None) -> Outcome:
+    def _apply_one(self, c: Command, position: Position | None) -> Outcome:
         """One command, in stream order; a command waiting for its timer holds up the later ones."""
         key = (c.tenant_id, c.service_call_id)
         row = self.rows.get(key)
+        seq = None if position is None else position.seq
         waits: Outcome | None = None
         if row is not None and self._claimed(row):
             stuck = row.first_claimed_at is not None and (
@@ -126,38 +143,52 @@ class TwinStore:
                 )
             return waits
         before = [] if row is None else row.deferred
-        outcome = self._apply_free(c, row)
+        outcome = self._apply_free(c, row, position)
         if (now_row := self.rows.get(key)) is not None:  # a new Row keeps the others waiting
             now_row.deferred = [d for d in before if d != seq]
         return outcome
 
-    def _apply_free(self, c: Command, row: Row | None) -> Outcome:
+    def _apply_free(self, c: Command, row: Row | None, position: Position | None) -> Outcome:
         """A command for a timer nothing holds up: the state machine of upsert_schedules and
         cancel_timers."""
-        older = (
-            row is not None
-            and c.timestamp_ms is not None
-            and row.command_ts is not None
-            and c.timestamp_ms < row.command_ts
-        )
-        if (row is not None and row.state == "Reached") or older:
-            return "ignored"
+        ts, kept = c.timestamp_ms, position
+        if row is not None:
+            by_ts = c.timestamp_ms is not None and row.command_ts is not None
+            if row.state == "Reached" or (by_ts and c.timestamp_ms < row.command_ts):  # type: ignore[operator]
+                return "ignored"
+            earlier = (
+                position is not None
+                and row.position is not None
+                and position.seq < row.position.seq
+                and position.stored_at <= row.position.stored_at
+            )
+            if not by_ts and earlier:  # earlier in the stream than the last one applied
+                return "ignored"
+            ts = ts if ts is not None else row.command_ts
+            kept = kept or row.position
         if isinstance(c, ScheduleTimer):
             if (
                 row is not None
                 and row.state == "Scheduled"
-                and (row.anchor_due_at, row.repeat, row.correlation_id, row.carried)
-                == (c.due_at, c.repeat, c.correlation_id, c.carried)
-            ):
-                return "ignored"
+                and (row.anchor_due_at, row.repeat)
+                == (
+                    c.due_at,
+                    c.repeat,
+                )
+            ):  # a restatement keeps the timer's progress, and records what is newer
+                now = (c.correlation_id, c.carried, ts, kept)
+                if (row.correlation_id, row.carried, row.command_ts, row.position) == now:
+                    return "ignored"
+                row.correlation_id, row.carried, row.command_ts, row.position = now
+                return "applied"
             self.rows[c.tenant_id, c.service_call_id] = Row(
                 c.tenant_id, c.service_call_id, "Scheduled", c.due_at, c.correlation_id,
-                c.timestamp_ms, c.due_at, c.repeat, carried=c.carried,
+                ts, c.due_at, c.repeat, carried=c.carried, position=kept,
             )  # fmt: skip
             return "applied"
         assert isinstance(c, CancelTimer)
         self.rows[c.tenant_id, c.service_call_id] = Row(
-            c.tenant_id, c.service_call_id, "Cancelled", None, c.correlation_id, c.timestamp_ms
+            c.tenant_id, c.service_call_id, "Cancelled", None, c.correlation_id, ts, position=kept
         )
         return "applied"
 

@@ -17,7 +17,7 @@ from worker.adapters.broker import Broker, Outgoing
 from worker.adapters.store import Store
 from worker.config import Settings
 from worker.contract import CancelTimer, ScheduleTimer
-from worker.core.domain import Claimed, Fired
+from worker.core.domain import Claimed, Fired, Position
 from worker.core.ports import EventPublisher, FiringStore, IntakeStore
 
 
@@ -61,7 +61,10 @@ async def claim_one(store: Ports, owner: str, lease_ms: int = 10_000) -> list[Cl
 
 
 async def test_a_claim_takes_what_is_due_once_and_says_when_the_next_comes(ports: Ports) -> None:
-    assert await ports.apply([schedule("due", -1), schedule("later", 60)]) == ["applied", "applied"]
+    assert (await ports.apply([schedule("due", -1), schedule("later", 60)])).outcomes == [
+        "applied",
+        "applied",
+    ]
     result = await ports.claim("a", 10, 0, lease_ms=10_000, ahead_ms=100)
     assert [(c.service_call_id, c.attempts) for c in result.claimed] == [("due", 1)]
     assert not result.unreadable
@@ -106,13 +109,62 @@ async def test_a_released_occurrence_is_claimable_after_its_back_off(ports: Port
 async def test_commands_for_a_claimed_occurrence_wait_and_a_reached_timer_ignores_them(ports: Ports) -> None:
     await ports.apply([schedule("k", -1)])
     (claimed,) = await claim_one(ports, "a")
-    assert await ports.apply([CancelTimer("acme", "k", None, 2)]) == ["deferred"]
+    assert (await ports.apply([CancelTimer("acme", "k", None, 2)])).outcomes == ["deferred"]
     assert await ports.mark_fired([Fired(claimed, None, None)]) == 1
-    assert await ports.apply([schedule("k", 60, ts=3)]) == ["ignored"]  # Reached is final
-    assert await ports.apply([CancelTimer("other", "x", None, 2), schedule("y", 60, ts=1)]) == [
+    assert (await ports.apply([schedule("k", 60, ts=3)])).outcomes == ["ignored"]  # Reached is final
+    assert (await ports.apply([CancelTimer("other", "x", None, 2), schedule("y", 60, ts=1)])).outcomes == [
         "applied",
         "applied",
     ]
+
+
+def plain(key: str, seconds: float) -> ScheduleTimer:
+    """A ScheduleTimer without timestampMs: only its place in the stream orders it."""
+    return ScheduleTimer("acme", key, at(seconds).replace(microsecond=0), None, None, None)
+
+
+async def test_a_command_earlier_in_the_stream_than_the_last_applied_is_ignored(ports: Ports) -> None:
+    t0 = datetime.now(UTC)
+    first, second = Position(10, t0), Position(11, t0 + timedelta(microseconds=1))
+    # Two replicas took the key's commands side by side; the later one committed first.
+    assert (await ports.apply([CancelTimer("acme", "k", None, None)], [second])).outcomes == ["applied"]
+    assert (await ports.apply([plain("k", 60)], [first])).outcomes == ["ignored"]
+    # A redelivery keeps its position: not older than itself (a cancel rewrites, a no-op).
+    assert (await ports.apply([CancelTimer("acme", "k", None, None)], [second])).outcomes == ["applied"]
+    # A recreated stream starts at 1 again, at a later stored time: never older.
+    reborn = Position(1, t0 + timedelta(seconds=1))
+    assert (await ports.apply([plain("k", 60)], [reborn])).outcomes == ["applied"]
+    # A restatement from a later position records it, so an earlier command is still ignored.
+    same = plain("k", 60)
+    assert (await ports.apply([same], [Position(3, reborn.stored_at)])).outcomes == ["applied"]
+    assert (await ports.apply([same], [Position(3, reborn.stored_at)])).outcomes == ["ignored"]
+    cancel = CancelTimer("acme", "k", None, None)
+    assert (await ports.apply([cancel], [Position(2, reborn.stored_at)])).outcomes == ["ignored"]
+
+
+async def test_timestamps_order_commands_that_both_carry_one_whatever_their_stream_order(
+    ports: Ports,
+) -> None:
+    t0 = datetime.now(UTC)
+    assert (await ports.apply([schedule("k", 60, ts=20)], [Position(5, t0)])).outcomes == ["applied"]
+    # Earlier in the stream, newer by timestampMs: the timestamp decides.
+    later = CancelTimer("acme", "k", None, 30)
+    assert (await ports.apply([later], [Position(4, t0)])).outcomes == ["applied"]
+    # Without one, the stream decides: earlier than the last applied (4), ignored; later, applied.
+    assert (await ports.apply([plain("k", 60)], [Position(3, t0)])).outcomes == ["ignored"]
+    assert (await ports.apply([plain("k", 60)], [Position(6, t0)])).outcomes == ["applied"]
+
+
+async def test_the_soonest_due_among_the_rows_a_batch_left_claimable_is_reported(ports: Ports) -> None:
+    soon = schedule("soon", -1, ts=5)
+    assert (await ports.apply([soon, schedule("later", 60)])).soonest_due == soon.due_at
+    # An ignored command locked the row all the same: a claim meanwhile skipped it.
+    stale = await ports.apply([schedule("soon", 30, ts=1)])
+    assert stale.outcomes == ["ignored"] and stale.soonest_due == soon.due_at
+    # Cancelled or claimed rows are no one's to wake for.
+    assert (await ports.apply([CancelTimer("acme", "later", None, 2)])).soonest_due is None
+    await claim_one(ports, "a")
+    assert (await ports.apply([CancelTimer("acme", "soon", None, 9)])).soonest_due is None
 
 
 async def test_the_quota_view_counts_pending_timers_up_to_the_cap(ports: Ports) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -15,7 +15,17 @@ from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters.queries import QUERIES
 from worker.contract import CancelTimer, Command, ScheduleTimer
-from worker.core.domain import Claimed, ClaimResult, Failed, Fired, Key, Outcome, Unreadable
+from worker.core.domain import (
+    Applied,
+    Claimed,
+    ClaimResult,
+    Failed,
+    Fired,
+    Key,
+    Outcome,
+    Position,
+    Unreadable,
+)
 from worker.errors import DatabaseError, TransientError
 
 # How long a command waiting for its timer may hold up the later ones once the timer is no longer
@@ -80,6 +90,7 @@ class _Held:
     stuck: bool  # claimed for longer than TIMER_STUCK_AFTER: they are given up
     head: int | None  # the stream sequence of the oldest command waiting for it, if live
     marked: bool  # some command is recorded as waiting (live or stale)
+    due_at: datetime | None  # Scheduled and no lease holds it: a claim may have skipped it
 
 
 def _columns(rows: Sequence[Any], *names: str) -> dict[str, list[Any]]:
@@ -118,24 +129,35 @@ class Store:
         if write:
             self.write_failure = None
 
-    async def apply(self, commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[Outcome]:
-        """Apply a batch of commands in one transaction; the outcome of each, in order.
+    async def apply(
+        self, commands: Sequence[Command], positions: Sequence[Position] | None = None
+    ) -> Applied:
+        """Apply a batch of commands in one transaction; the outcome of each, in order, and the
+        soonest dueAt of the timers it locked and left claimable (domain.Applied).
 
-        `seqs`, the commands' stream sequences, keep each timer's commands in stream order: a
-        command deferred behind a claimed occurrence is recorded on the row (deferred_seqs), and
-        every later one for that timer waits behind it until it has applied (README, Ordering).
+        `positions`, the commands' places in the stream, keep each timer's commands in stream
+        order: one earlier than the last applied to the timer is ignored (sql/queries.sql,
+        upsert_schedules), and a command deferred behind a claimed occurrence is recorded on the
+        row (deferred_seqs), every later one for that timer waiting behind it until it has
+        applied (README, Ordering).
         """
+        seqs = None if positions is None else [p.seq for p in positions]
         outcomes: list[Outcome] = ["ignored"] * len(commands)
         waiting: dict[Key, Outcome] = {}  # keys whose commands wait: "deferred" or "stuck"
+        dues: list[datetime] = []
         with self._db(write=True):
             async with self.pool.connection() as conn, conn.transaction():
                 for indexes in _rounds(commands, seqs):
                     todo = [i for i in indexes if _key(commands[i]) not in waiting]
                     changed = await self._apply_round(
-                        conn, [commands[i] for i in todo], None if seqs is None else [seqs[i] for i in todo]
+                        conn,
+                        [commands[i] for i in todo],
+                        None if positions is None else [positions[i] for i in todo],
                     )
+                    dues += [d for d in changed.values() if d is not None]
                     untouched = [i for i in todo if _key(commands[i]) not in changed]
                     held = await self._held_among(conn, [_key(commands[i]) for i in untouched])
+                    dues += [h.due_at for h in held.values() if h.due_at is not None]
                     for i in untouched:
                         h = held.get(_key(commands[i]))
                         if h is not None and h.claimed:
@@ -155,17 +177,21 @@ class Store:
                             settle.append((key, seqs[i], False))  # ignored: it waits no more
                     if settle:
                         await self._settle_deferred(conn, settle)
-        return outcomes
+        return Applied(outcomes, min(dues, default=None))
 
     async def _apply_round(
-        self, conn: psycopg.AsyncConnection[Any], batch: list[Command], seqs: list[int] | None
-    ) -> set[Key]:
+        self, conn: psycopg.AsyncConnection[Any], batch: list[Command], positions: list[Position] | None
+    ) -> dict[Key, datetime | None]:
+        """The keys the round changed, each with its dueAt if it is now Scheduled."""
         schedules = [i for i, c in enumerate(batch) if isinstance(c, ScheduleTimer)]
         cancels = [i for i, c in enumerate(batch) if isinstance(c, CancelTimer)]
-        changed: set[Key] = set()
+        changed: dict[Key, datetime | None] = {}
 
-        def seq_of(indexes: list[int]) -> list[int] | None:  # NULLs (no order to keep) when unknown
-            return None if seqs is None else [seqs[i] for i in indexes]
+        def position_of(params: dict[str, Any], indexes: list[int]) -> None:
+            # NULLs (no order to keep) when unknown.
+            chosen = None if positions is None else [positions[i] for i in indexes]
+            params["command_seq"] = None if chosen is None else [p.seq for p in chosen]
+            params["command_stored_at"] = None if chosen is None else [p.stored_at for p in chosen]
 
         if schedules:
             sched = [c for i in schedules if isinstance(c := batch[i], ScheduleTimer)]
@@ -184,20 +210,20 @@ class Store:
                     if any(c.carried is not None for c in sched)
                     else None
                 ),
-                "command_seq": seq_of(schedules),
                 "order_grace": self.order_grace,
             }
+            position_of(params, schedules)
             cur = await conn.execute(QUERIES["upsert_schedules"], params)
-            changed |= {(t, s) for t, s in await cur.fetchall()}
+            changed |= {(t, s): d for t, s, d in await cur.fetchall()}
         if cancels:
             cancel_params: dict[str, Any] = _columns(
                 [batch[i] for i in cancels], "tenant_id", "service_call_id", "correlation_id", "timestamp_ms"
             )
             cancel_params["command_ts"] = cancel_params.pop("timestamp_ms")
-            cancel_params["command_seq"] = seq_of(cancels)
+            position_of(cancel_params, cancels)
             cancel_params["order_grace"] = self.order_grace
             cur = await conn.execute(QUERIES["cancel_timers"], cancel_params)
-            changed |= {(t, s) for t, s in await cur.fetchall()}
+            changed |= {(t, s): d for t, s, d in await cur.fetchall()}
         return changed
 
     async def _held_among(self, conn: psycopg.AsyncConnection[Any], keys: list[Key]) -> dict[Key, _Held]:

@@ -13,6 +13,26 @@ Outcome = Literal["applied", "ignored", "deferred", "stuck"]
 Key = tuple[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a command sits in the command stream: its sequence and the time JetStream stored it.
+    Together they order a timer's commands without timestampMs (sql/queries.sql, upsert_schedules):
+    the sequence alone starts again at 1 when the stream is recreated, the time tells the two apart."""
+
+    seq: int
+    stored_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What a batch of commands did: each one's outcome, in order, and the soonest dueAt of the
+    timers it left Scheduled and unclaimed (changed or only locked): a claim that ran while the
+    batch held their rows skipped them, so the firing loops are woken for it (Intake._hint)."""
+
+    outcomes: list[Outcome]
+    soonest_due: datetime | None
+
+
 class Leased(Protocol):
     """What the fence of a claimed occurrence needs."""
 

@@ -21,6 +21,7 @@ from worker.core import quota
 from worker.core.clock import Clock
 from worker.core.commands import carried_headers, parse_command
 from worker.core.crashpoints import crash_point
+from worker.core.domain import Applied, Position
 from worker.core.ports import IntakeBroker, IntakeStore
 from worker.core.waiting import wait_any
 from worker.core.wakeup import Wakeup
@@ -202,9 +203,9 @@ class Intake:
     async def apply(self, batch: list[tuple[Msg, Command]]) -> None:
         started = time.perf_counter()
         try:
-            # Their stream sequences keep each timer's commands in stream order (Store.apply).
-            seqs = [msg.metadata.sequence.stream for msg, _ in batch]
-            outcomes = await self._apply_retrying([c for _, c in batch], seqs)
+            # Their places in the stream keep each timer's commands in stream order (Store.apply).
+            positions = [Position(msg.metadata.sequence.stream, msg.metadata.timestamp) for msg, _ in batch]
+            applied = await self._apply_retrying([c for _, c in batch], positions)
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
             for msg, _ in batch:  # nothing committed, nothing acknowledged
@@ -213,7 +214,7 @@ class Intake:
         metrics.COMMAND_BATCH_SECONDS.observe(time.perf_counter() - started)
         crash_point("committed")
         stuck: list[tuple[Msg, Rejection]] = []
-        for (msg, command), outcome in zip(batch, outcomes, strict=True):
+        for (msg, command), outcome in zip(batch, applied.outcomes, strict=True):
             kind = "schedule" if isinstance(command, ScheduleTimer) else "cancel"
             if outcome == "stuck":  # waited past TIMER_STUCK_AFTER: give up, visibly
                 stuck.append((msg, Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id)))
@@ -229,9 +230,9 @@ class Intake:
                 extra={"action": "commands_stuck", "count": len(stuck), "detail": stuck[0][1].detail},
             )
             await self.reject(stuck)
-        await self._hint([c for (_, c), o in zip(batch, outcomes, strict=True) if o == "applied"])
+        await self._hint(applied.soonest_due)
 
-    async def _apply_retrying(self, commands: list[Command], seqs: list[int]) -> list[str]:
+    async def _apply_retrying(self, commands: list[Command], positions: list[Position]) -> Applied:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(TransientError),
             stop=stop_after_delay(5),
@@ -239,15 +240,17 @@ class Intake:
             reraise=True,
         ):
             with attempt:
-                return list(await self.store.apply(commands, seqs))
+                return await self.store.apply(commands, positions)
         raise AssertionError("unreachable: tenacity reraises")
 
-    async def _hint(self, applied: list[Command]) -> None:
-        """Tell every replica's firing loop when the soonest new timer comes due."""
-        dues = [c.due_at.timestamp() for c in applied if isinstance(c, ScheduleTimer)]
-        if not dues:
+    async def _hint(self, soonest_due: datetime | None) -> None:
+        """Tell every replica's firing loop when the soonest timer the batch committed, or only
+        locked, comes due. Locked counts too: a claim that ran meanwhile skipped the row (SKIP
+        LOCKED) and its next wake-up only counts rows beyond its reach, so without this hint an
+        already due row waited a whole poll interval (an ignored duplicate or restatement)."""
+        if soonest_due is None:
             return
-        soonest = min(dues)
+        soonest = soonest_due.timestamp()
         if soonest - self.clock.now() > self.s.poll_interval_ms / 1000:
             return  # the regular poll will see it in time
         self.wakeup.hint(soonest)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from nats.aio.msg import Msg
 
 from worker.contract import Command, MessageIds, Outgoing, Subjects
-from worker.core.domain import ClaimResult, Failed, Fired, Key, Outcome
+from worker.core.domain import Applied, ClaimResult, Failed, Fired, Key, Position
 
 
 class FiringStore(Protocol):
@@ -42,12 +42,12 @@ class FiringStore(Protocol):
 
 class IntakeStore(Protocol):
     """Intake's database: apply a batch of commands in one transaction, each timer's in the order
-    of their stream sequences (`seqs`), a command waiting for its timer holding up the later
-    ones; what the quota reads."""
+    of their places in the stream (`positions`): one earlier than the last applied to the timer
+    is ignored, a command waiting for its timer holds up the later ones; what the quota reads."""
 
     async def apply(
-        self, commands: Sequence[Command], seqs: Sequence[int] | None = None
-    ) -> list[Outcome]: ...
+        self, commands: Sequence[Command], positions: Sequence[Position] | None = None
+    ) -> Applied: ...
 
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
