@@ -19,7 +19,7 @@
 --     end Cancelled). A restatement that would change nothing writes nothing.
 -- ON CONFLICT locks the row even when the WHERE is false, so claimed_among below sees it as is.
 -- The restatement test reads the locked row (t): reading the row any earlier would race a mark.
--- carried_headers (trace context and allowed producer headers) is the command's, like its
+-- carried_headers (trace context and allowed producer headers) and data are the command's, like its
 -- correlationId: a newer restatement records it too, and an array of NULLs needs not be sent.
 -- Stream order (commands without timestampMs): a command whose stream sequence (command_seq) is
 -- past the oldest command waiting for the timer (deferred_seqs[1]) is left alone and waits too;
@@ -37,16 +37,18 @@
 -- RETURNING: the rows this statement changed, with their dueAt (intake's wake-up hint).
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts,
                          repeat_every, repeat_times, repeat_timezone, anchor_due_at, carried_headers,
-                         command_seq, command_stored_at)
+                         command_seq, command_stored_at, repeat_cron, repeat_until, data)
 SELECT i.tenant_id, i.service_call_id, 'Scheduled', i.due_at, i.correlation_id, i.command_ts,
        i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at, i.carried_headers, i.command_seq,
-       i.command_stored_at
+       i.command_stored_at, i.repeat_cron, i.repeat_until, i.data
 FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
             %(correlation_id)b::text[], %(command_ts)b::bigint[], %(repeat_every)b::text[],
             %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(carried_headers)b::jsonb[],
-            %(command_seq)b::bigint[], %(command_stored_at)b::timestamptz[])
+            %(command_seq)b::bigint[], %(command_stored_at)b::timestamptz[], %(repeat_cron)b::text[],
+            %(repeat_until)b::timestamptz[], %(data)b::jsonb[])
      AS i(tenant_id, service_call_id, due_at, correlation_id, command_ts, repeat_every,
-          repeat_times, repeat_timezone, carried_headers, command_seq, command_stored_at)
+          repeat_times, repeat_timezone, carried_headers, command_seq, command_stored_at,
+          repeat_cron, repeat_until, data)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = 'Scheduled',
     -- A restatement keeps the timer's progress; anything else starts it afresh.
@@ -55,9 +57,11 @@ ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
                CASE WHEN r.same THEN t.occurrence_index ELSE 0 END,
                CASE WHEN r.same THEN t.claimed_at END
         FROM (SELECT t.state = 'Scheduled'
-                     AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone)
+                     AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone,
+                          t.repeat_cron, t.repeat_until)
                          IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every,
-                                               excluded.repeat_times, excluded.repeat_timezone)
+                                               excluded.repeat_times, excluded.repeat_timezone,
+                                               excluded.repeat_cron, excluded.repeat_until)
                      AS same) AS r),
     anchor_due_at = excluded.due_at,
     correlation_id = excluded.correlation_id,
@@ -66,6 +70,9 @@ ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     repeat_every = excluded.repeat_every,
     repeat_times = excluded.repeat_times,
     repeat_timezone = excluded.repeat_timezone,
+    repeat_cron = excluded.repeat_cron,
+    repeat_until = excluded.repeat_until,
+    data = excluded.data,
     attempts = 0,
     last_error = NULL,
     lease_owner = NULL,
@@ -85,13 +92,15 @@ WHERE t.state <> 'Reached'
        OR t.updated_at < now() - %(order_grace)s::interval)
   AND NOT (t.state = 'Scheduled'
            AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone, t.correlation_id,
-                t.carried_headers, t.command_ts, t.command_seq, t.command_stored_at)
+                t.carried_headers, t.command_ts, t.command_seq, t.command_stored_at, t.repeat_cron,
+                t.repeat_until, t.data)
                IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every, excluded.repeat_times,
                                      excluded.repeat_timezone, excluded.correlation_id,
                                      excluded.carried_headers,
                                      coalesce(excluded.command_ts, t.command_ts),
                                      coalesce(excluded.command_seq, t.command_seq),
-                                     coalesce(excluded.command_stored_at, t.command_stored_at)))
+                                     coalesce(excluded.command_stored_at, t.command_stored_at),
+                                     excluded.repeat_cron, excluded.repeat_until, excluded.data))
 RETURNING t.tenant_id, t.service_call_id, t.due_at;
 
 -- name: cancel_timers
@@ -234,7 +243,9 @@ claimed AS (
     WHERE t.tenant_id = d.tenant_id AND t.service_call_id = d.service_call_id
     RETURNING t.tenant_id, t.service_call_id, t.due_at, t.correlation_id, t.lease_token,
               t.attempts, t.repeat_every, t.repeat_times, t.repeat_timezone, t.anchor_due_at,
-              t.occurrence_index, t.claimed_at, t.carried_headers AS carried
+              t.occurrence_index, t.claimed_at, t.carried_headers AS carried,
+              -- 0009: the cron schedule, the end, and `data` as text (spliced into the event).
+              t.repeat_cron, t.repeat_until, t.data::text AS data
 )
 -- Every row is a claimed occurrence with two named columns: the next occurrence beyond this
 -- claim's reach (NULL when none), and the clock read as the row is returned (the latest of those
@@ -305,7 +316,8 @@ WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
 -- name: get_timer
 SELECT tenant_id, service_call_id, state, due_at, registered_at, updated_at, reached_at,
        correlation_id, attempts, last_error, lease_owner, lease_expires_at,
-       repeat_every, repeat_times, repeat_timezone, anchor_due_at, occurrence_index, fired_count
+       repeat_every, repeat_times, repeat_timezone, anchor_due_at, occurrence_index, fired_count,
+       repeat_cron, repeat_until, data
 FROM timers
 WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s;
 

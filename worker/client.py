@@ -45,7 +45,12 @@ class TimerClient:
         *,
         correlation_id: str | None = None,
         repeat: dict[str, Any] | None = None,
+        data: Any = None,
     ) -> None:
+        """Schedule (or reschedule) a timer. `repeat`: {"every": "P1D"} or {"cron": "0 9 * * MON-FRI"},
+        with optional "times", "until" (a datetime or RFC 3339 text) and "timezone"
+        (docs/CONTRACT.md, Recurring timers). `data`: any JSON value, delivered in every
+        DueTimeReached of the timer; None sends none (and a reschedule without it clears it)."""
         payload: dict[str, Any] = {
             "tenantId": tenant_id,
             "serviceCallId": service_call_id,
@@ -54,7 +59,10 @@ class TimerClient:
         if correlation_id is not None:
             payload["correlationId"] = correlation_id
         if repeat is not None:
-            payload["repeat"] = repeat
+            until = repeat.get("until")
+            payload["repeat"] = {**repeat, "until": iso(until)} if isinstance(until, datetime) else repeat
+        if data is not None:
+            payload["data"] = data
         await self._send(self.subjects.schedule(_tenant(tenant_id)), "ScheduleTimer", payload, correlation_id)
 
     async def cancel(self, tenant_id: str, service_call_id: str) -> None:

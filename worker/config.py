@@ -16,7 +16,7 @@ from pydantic import BeforeValidator, Field, SecretStr, ValidationError, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import logs
-from worker.contract import TENANT_RE, TENANT_RULE
+from worker.contract import DEFAULT_MAX_PAYLOAD_BYTES, MAX_BODY_BYTES, TENANT_RE, TENANT_RULE
 from worker.errors import ConfigError
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 365 * 86400}
@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     # Producer headers a ScheduleTimer carries to its DueTimeReached events, besides traceparent and
     # tracestate: comma-separated names (docs/CONTRACT.md, Trace context).
     carry_headers: str = ""
+    # The largest `data` a ScheduleTimer may carry, in bytes of compact JSON (payload_too_large
+    # beyond). It is stored in each timer's row and sent in each of its events; 0 refuses any.
+    # A command body is at most MAX_BODY_BYTES, so more than that would never be reached.
+    max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=0, le=MAX_BODY_BYTES)
 
     http_port: int = Field(8080, ge=0, le=65535)
     http_host: str = "0.0.0.0"

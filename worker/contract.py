@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from json.encoder import encode_basestring_ascii as _json_str  # C, when available
 from typing import Any, Literal, Protocol, get_args
@@ -29,6 +30,9 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_ID_CHARS = 200  # serviceCallId, correlationId
 MAX_DETAIL_CHARS = 200  # Timer-Error-Detail
 MAX_TIMESTAMP_MS = 2**63 - 1  # stored in a Postgres bigint
+# A ScheduleTimer's `data`, its compact JSON encoding in UTF-8: the default of
+# TIMER_MAX_PAYLOAD_BYTES (worker/config.py), which may lower or raise it up to MAX_BODY_BYTES.
+DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024
 # Headers a ScheduleTimer may carry to its DueTimeReached events (docs/CONTRACT.md, Trace context):
 # W3C trace context, and the producer headers TIMER_CARRY_HEADERS allows, each value at most this.
 TRACEPARENT = "traceparent"
@@ -61,8 +65,10 @@ Reason = Literal[
     "bad_timestamp",
     "bad_due_at",  # also a dueAt outside EARLIEST_DUE_AT..LATEST_DUE_AT
     "beyond_horizon",
-    "bad_repeat",
+    "bad_repeat",  # also a bad repeat.cron or repeat.until; the detail names the field
     "unknown_timezone",
+    "payload_too_large",  # `data` encodes to more than TIMER_MAX_PAYLOAD_BYTES
+    "bad_data",  # `data` holds a string Postgres jsonb cannot store (U+0000, a lone surrogate)
     "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
     "timer_stuck",  # from intake: the timer's occurrence stayed claimed past TIMER_STUCK_AFTER
 ]
@@ -125,9 +131,12 @@ class Repeat:
     """A ScheduleTimer's `repeat` (docs/CONTRACT.md), as validated by worker.core.commands. The
     data only: the arithmetic (and its isodate, no client's business) is worker.core.recurrence."""
 
-    every: str  # the ISO 8601 duration as given (e.g. "PT1H", "P1D", "P1M", "P1Y")
+    every: str | None  # the ISO 8601 duration as given (e.g. "PT1H", "P1D", "P1M", "P1Y"); or cron
     times: int | None  # total number of occurrences including the first; None = forever
     timezone: str | None  # IANA zone name, checked with load_zone
+    # Exactly one of every and cron is set. Keyword-only: most repeats are `every` ones.
+    cron: str | None = field(default=None, kw_only=True)  # five-field cron expression, as given
+    until: datetime | None = field(default=None, kw_only=True)  # no occurrence after this instant (UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +150,9 @@ class ScheduleTimer:
     # Headers carried to every DueTimeReached of this timer (traceparent, tracestate, allowed
     # producer headers), already validated; None when the command carried none.
     carried: dict[str, str] | None = None
+    # The producer's opaque `data`, already validated and bounded; None when absent (or null).
+    # Delivered in every DueTimeReached of the timer; a newer ScheduleTimer replaces it.
+    data: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +261,13 @@ class Occurrence(Protocol):
     def correlation_id(self) -> str | None: ...
     @property
     def carried(self) -> dict[str, str] | None: ...
+    @property
+    def data(self) -> str | None: ...  # the stored `data` as JSON text (Postgres jsonb's), or None
+
+
+def data_json(value: Any) -> str:
+    """`data` as the compact JSON the bound is measured on (and the event of a twin carries)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int, ids: MessageIds) -> Outgoing:
@@ -267,8 +286,10 @@ def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int, id
         f'{{"id":{_json_str(event_id)},"type":"DueTimeReached","tenantId":{tenant},'
         f'"correlationId":{correlation},"timestampMs":{reached_ms},"payload":{{"tenantId":{tenant},'
         f'"serviceCallId":{_json_str(timer.service_call_id)},"dueAt":"{iso(timer.due_at)}",'
-        f'"reachedAt":"{reached}"}}}}'
+        f'"reachedAt":"{reached}"}}'
     )
+    # `data` is spliced as stored: jsonb's text output is always exactly one valid JSON value.
+    body += "}" if timer.data is None else f',"data":{timer.data}}}'
     # The carried headers never hold Nats-Msg-Id (commands.carried_headers), and it is set last.
     headers = {"Nats-Msg-Id": msg_id} if timer.carried is None else {**timer.carried, "Nats-Msg-Id": msg_id}
     return Outgoing(subject, body.encode(), headers)
@@ -281,10 +302,12 @@ def timer_view(row: dict[str, Any]) -> dict[str, Any]:
         return iso(value) if value is not None else None
 
     repeat = None
-    if row["repeat_every"]:
+    if row["repeat_every"] or row.get("repeat_cron"):
         repeat = {
             "every": row["repeat_every"],
+            "cron": row.get("repeat_cron"),
             "times": row["repeat_times"],
+            "until": t(row.get("repeat_until")),
             "timezone": row["repeat_timezone"],
         }
     scheduled = row["state"] == "Scheduled"
@@ -301,4 +324,5 @@ def timer_view(row: dict[str, Any]) -> dict[str, Any]:
         "repeat": repeat,
         "attempts": row["attempts"],
         "lastError": row["last_error"],
+        "data": row.get("data"),
     }

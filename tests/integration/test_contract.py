@@ -156,6 +156,11 @@ REPEATS: list[tuple[Any, str]] = [
     ({"every": 3600}, "bad_repeat"),
     ({"times": 3}, "bad_repeat"),
     ("PT1H", "bad_repeat"),
+    ({"every": "PT1H", "cron": "0 9 * * *"}, "bad_repeat"),  # exactly one of them
+    ({"cron": "0 0 9 * * *"}, "bad_repeat"),  # no seconds field
+    ({"cron": 9}, "bad_repeat"),
+    ({"cron": "0 9 * * *", "until": "2026-12-31"}, "bad_repeat"),
+    ({"every": "P1D", "until": 1798675200000}, "bad_repeat"),
 ]
 BAD_COMMANDS += [
     (
@@ -179,7 +184,9 @@ def test_the_schemas_refuse_what_the_parser_refuses(name: str, body: Any, reason
 
 
 async def test_a_real_due_time_reached_matches_the_schema(settings: Settings, db_url: str) -> None:
-    timers = {"plain": None, 'odd: id \u00e9 "quoted"': "corr-\u65e5\u672c", "traced": None}
+    timers = {"plain": None, 'odd: id \u00e9 "quoted"': "corr-\u65e5\u672c", "traced": None, "data": None}
+    # Any JSON value, delivered as an equal value (jsonb keeps neither key order nor spacing).
+    data = {"n": 1, "text": '\u00e9\n"', "list": [1, 2.5, None, True], "nested": {"a": {}}}
     trace = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "X-Request-Id": "r"}
     async with (
         running_replica(settings, carry_headers="X-Request-Id"),
@@ -190,6 +197,8 @@ async def test_a_real_due_time_reached_matches_the_schema(settings: Settings, db
             body = {"tenantId": "acme", "serviceCallId": service_call_id, "dueAt": iso_in(-1, db_url)}
             if correlation_id is not None:
                 body["correlationId"] = correlation_id
+            if service_call_id == "data":
+                body["data"] = data
             headers = trace if service_call_id == "traced" else None
             await js.publish(
                 f"{settings.subject_prefix}.acme.timer.schedule", json.dumps(body).encode(), headers=headers
@@ -209,6 +218,9 @@ async def test_a_real_due_time_reached_matches_the_schema(settings: Settings, db
         seen[event["payload"]["serviceCallId"]] = event["correlationId"]
         if event["payload"]["serviceCallId"] == "traced":
             assert msg.headers == {**trace, "Nats-Msg-Id": ids.event(event["id"])}
+        # `data` only on the timer that had some: absent, not null, on the others.
+        expected = data if event["payload"]["serviceCallId"] == "data" else "absent"
+        assert event.get("data", "absent") == expected
     assert seen == timers
 
 
@@ -229,7 +241,9 @@ async def test_real_get_replies_match_the_schema(settings: Settings, db_url: str
     for reply in replies:
         assert errors("GetReply", reply) == [], reply
     found, missing, bad = replies
-    assert found["state"] == "Scheduled" and found["repeat"] == {"every": "P1D", "times": 3, "timezone": None}
+    assert found["state"] == "Scheduled"
+    assert found["repeat"] == {"every": "P1D", "cron": None, "times": 3, "until": None, "timezone": None}
+    assert found["data"] is None
     assert missing == {"error": "not_found", "tenantId": "acme", "serviceCallId": "nope"}
     assert bad["error"] == "bad_request"
 

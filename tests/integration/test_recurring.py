@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-from datetime import datetime, timedelta
+import json
+from datetime import date, datetime, timedelta
 from itertools import pairwise
+from zoneinfo import ZoneInfo
 
+import nats
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
 from worker.adapters.store import Store
+from worker.client import TimerClient
 from worker.config import Settings
+from worker.core.domain import Claimed, Fired
+from worker.core.firing import next_of
 from worker.devkit.recorder import EventRecorder
 
 # Downtime is a timer left unclaimed for TIMER_DOWNTIME_AFTER (a minute by default): these
@@ -199,3 +206,138 @@ async def test_a_crash_followed_by_downtime_fires_once_for_the_missed_window(
     assert index[1] >= 4, f"missed occurrences fired: {index}"  # 1 to 3 came due in the downtime
     assert [b - a for a, b in pairwise(index[1:])] == [1] * (len(index) - 2)
     assert len({f.msg_id for f in rec.firings}) == len(rec.firings)
+
+
+# --- cron schedules and data (issue 23) ----------------------------------------------------------
+
+
+async def test_a_cron_timer_with_data_fires_through_nats_and_counts_the_minutes_it_started_behind(
+    settings: Settings, db_url: str
+) -> None:
+    """A minutely cron schedule that started 150 s ago: its first occurrence (the first minute at
+    or after dueAt) fires at once, with its data; then it is downtime's rule (no replica claimed
+    it for longer than TIMER_DOWNTIME_AFTER): the next is the first minute after the claim, and the
+    minutes skipped in between took their indexes."""
+    data = {"room": "blue", "attendees": ["ana", "bo"], "n": 1.5}
+    async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
+        start = iso_in(-150, db_url)
+        body = {
+            "tenantId": "acme",
+            "serviceCallId": "cron",
+            "dueAt": start,
+            "repeat": {"cron": "* * * * *", "times": 100},
+            "data": data,
+        }
+        await publish_raw(js, settings, "acme", "schedule", body)
+        await until(lambda: rec.keys()[("acme", "cron")] >= 1, what="first cron occurrence")
+        await until(lambda: (row(db_url, "acme", "cron") or {}).get("fired_count") == 1, what="recorded")
+        due = f"{settings.subject_prefix}.acme.timer.due"
+        sub = await js.pull_subscribe(due, stream=settings.event_stream)
+        (msg,) = await sub.fetch(1, timeout=5)
+    event = json.loads(msg.data)
+    first = datetime.fromisoformat(start).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    assert event["payload"]["dueAt"] == first.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    assert event["data"] == data
+    stored = row(db_url, "acme", "cron")
+    assert stored is not None and stored["state"] == "Scheduled"
+    assert (stored["repeat_cron"], stored["repeat_every"], stored["repeat_times"]) == ("* * * * *", None, 100)
+    assert stored["data"] == data
+    assert stored["anchor_due_at"] == first
+    # Every minute from the first to the next one due took an index.
+    assert stored["due_at"].second == 0 and stored["due_at"] > first
+    assert stored["occurrence_index"] == round((stored["due_at"] - first).total_seconds() / 60)
+
+
+async def test_the_get_reply_shows_cron_until_and_data(settings: Settings, db_url: str) -> None:
+    async with running_replica(settings), jetstream(settings) as js:
+        body = {
+            "tenantId": "acme",
+            "serviceCallId": "standup",
+            "dueAt": "2027-01-01T00:00:00Z",
+            "repeat": {
+                "cron": "0 9 * * MON-FRI",
+                "timezone": "Europe/Paris",
+                "until": "2027-12-31T23:59:00Z",
+            },
+            "data": {"room": "blue"},
+        }
+        await publish_raw(js, settings, "acme", "schedule", body)
+        await until(lambda: row(db_url, "acme", "standup") is not None, what="stored")
+        nc = await nats.connect(settings.nats_url)
+        async with TimerClient(nc, settings.subject_prefix, owns_connection=True) as client:
+            view = await client.get("acme", "standup")
+    assert view is not None
+    assert view["dueAt"] == "2027-01-01T08:00:00.000Z"  # Friday 09:00 CET: the first match after dueAt
+    assert view["repeat"] == {
+        "every": None,
+        "cron": "0 9 * * MON-FRI",
+        "times": None,
+        "until": "2027-12-31T23:59:00.000Z",
+        "timezone": "Europe/Paris",
+    }
+    assert view["data"] == {"room": "blue"}
+
+
+async def _walk_stored(db_url: str, service_call_id: str) -> list[datetime]:
+    """Fire a stored timer occurrence after occurrence, on time, by the real code path: the row as
+    claim_due returns it (its columns read back from Postgres, data as text), next_of, and
+    mark_fired under a lease set by hand (claim_due only takes occurrences due on the database
+    clock)."""
+    pool = AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False, kwargs={"autocommit": True})
+    await pool.open()
+    fired: list[datetime] = []
+    try:
+        store = Store(pool)
+        async with pool.connection() as conn:
+            while True:
+                token = len(fired) + 1
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(
+                    "UPDATE timers SET lease_token = %s, lease_expires_at = now() + interval '1 hour'"
+                    " WHERE tenant_id = 'acme' AND service_call_id = %s AND state = 'Scheduled'"
+                    " RETURNING *, data::text AS data_text",
+                    (token, service_call_id),
+                )
+                r = await cur.fetchone()
+                if r is None:
+                    return fired
+                claimed = Claimed(
+                    "acme", service_call_id, r["due_at"], r["correlation_id"], token, 1,
+                    r["repeat_every"], r["repeat_times"], r["repeat_timezone"], r["anchor_due_at"],
+                    r["occurrence_index"], r["due_at"],  # on time: the reference is the occurrence
+                    repeat_cron=r["repeat_cron"], repeat_until=r["repeat_until"], data=r["data_text"],
+                )  # fmt: skip
+                fired.append(claimed.due_at)
+                assert await store.mark_fired([Fired(claimed, *next_of(claimed))]) == 1
+    finally:
+        await pool.close()
+
+
+async def test_weekday_nine_oclock_in_paris_and_new_york_across_both_dst_changes_of_2027(
+    settings: Settings, db_url: str
+) -> None:
+    """Scheduled through NATS, stored by a replica, then walked through 2027 from the rows in
+    Postgres: every weekday at 09:00 local, 08:00Z / 07:00Z in Paris (CET / CEST: 2027-03-28 and
+    2027-10-31) and 14:00Z / 13:00Z in New York (EST / EDT: 2027-03-14 and 2027-11-07)."""
+    zones = {"paris": "Europe/Paris", "new-york": "America/New_York"}
+    async with running_replica(settings), jetstream(settings) as js:
+        for key, zone in zones.items():
+            repeat = {"cron": "0 9 * * MON-FRI", "timezone": zone, "until": "2027-12-31T23:59:59Z"}
+            start = "2027-01-01T00:00:00Z"
+            body = {"tenantId": "acme", "serviceCallId": key, "dueAt": start, "repeat": repeat}
+            await publish_raw(js, settings, "acme", "schedule", body)
+        await until(lambda: all(row(db_url, "acme", k) is not None for k in zones), what="both stored")
+    weekdays = [d for d in (date(2027, 1, 1) + timedelta(days=i) for i in range(365)) if d.weekday() < 5]
+    changes = {
+        "paris": (date(2027, 3, 28), date(2027, 10, 31), 8),
+        "new-york": (date(2027, 3, 14), date(2027, 11, 7), 14),
+    }
+    for key, zone in zones.items():
+        fired = await _walk_stored(db_url, key)
+        spring, autumn, winter_hour = changes[key]
+        assert [f.astimezone(ZoneInfo(zone)).date() for f in fired] == weekdays
+        assert all(f.astimezone(ZoneInfo(zone)).strftime("%H:%M") == "09:00" for f in fired)
+        assert [f.hour for f in fired] == [winter_hour - (spring <= f.date() < autumn) for f in fired]
+        stored = row(db_url, "acme", key)
+        assert stored is not None and stored["state"] == "Reached"  # `until` ended it
+        assert stored["occurrence_index"] == len(weekdays) - 1

@@ -550,3 +550,72 @@ def test_valid_cancels_round_trip(tenant: str, service_call_id: str, correlation
     body = json.dumps({"tenantId": tenant, "serviceCallId": service_call_id, "correlationId": correlation_id})
     expected = CancelTimer(tenant, service_call_id, correlation_id, None)
     assert parse_command("cancel", tenant, body.encode(), now=NOW, max_horizon=HORIZON) == expected
+
+
+# --- cron, until and data (issue 23) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("repeat", "names"),
+    [
+        ({"every": "P1D", "cron": "0 9 * * *"}, "exactly one of every"),
+        ({"cron": "0 9 * *"}, "repeat.cron '0 9 * *'"),
+        ({"cron": "0 25 * * *"}, "repeat.cron '0 25 * * *'"),
+        ({"cron": ["0", "9"]}, "repeat.cron must be"),
+        ({"cron": "0 9 * * *", "until": "tomorrow"}, "repeat.until 'tomorrow'"),
+        ({"cron": "0 9 * * *", "until": 1}, "repeat.until must be"),
+        ({"every": "P1D", "until": "2026-11-21T09:00:00Z"}, "repeat.until is before the first"),
+        ({"cron": "0 10 * * *", "until": "2026-11-22T09:30:00Z"}, "repeat.until is before the first"),
+    ],
+)
+def test_a_bad_cron_or_until_is_bad_repeat_naming_the_field(repeat: dict[str, Any], names: str) -> None:
+    rejected = parse(schedule(repeat=repeat))
+    assert isinstance(rejected, Rejection) and rejected.reason == "bad_repeat", rejected
+    assert names in rejected.detail
+
+
+def test_a_cron_timer_starts_at_the_first_match_at_or_after_due_at() -> None:
+    # dueAt 2026-11-22T09:00Z is a Sunday, 10:00 in Paris.
+    parsed = parse(schedule(repeat={"cron": "0 9 * * MON-FRI", "timezone": "Europe/Paris"}))
+    assert isinstance(parsed, ScheduleTimer) and parsed.repeat is not None
+    assert parsed.due_at == datetime(2026, 11, 23, 8, tzinfo=UTC)  # Monday 09:00 CET
+    assert parsed.repeat.cron == "0 9 * * MON-FRI" and parsed.repeat.every is None
+    exact = parse(schedule(repeat={"cron": "0 9 * * *"}))  # dueAt matches itself: it is the first
+    assert isinstance(exact, ScheduleTimer) and exact.due_at == datetime(2026, 11, 22, 9, tzinfo=UTC)
+    until = parse(schedule(repeat={"every": "PT1H", "until": "2026-11-22T10:00:00+01:00"}))
+    assert isinstance(until, ScheduleTimer) and until.repeat is not None
+    assert until.repeat.until == datetime(2026, 11, 22, 9, tzinfo=UTC)  # inclusive: dueAt itself
+
+
+@pytest.mark.parametrize("data", [{"a": [1, 2.5, None, True]}, [1], "t", 0, False, {"\u00e9": "\U0001f600"}])
+def test_data_is_any_json_value_kept_as_parsed(data: Any) -> None:
+    parsed = parse(schedule(data=data))
+    assert isinstance(parsed, ScheduleTimer) and parsed.data == data
+
+
+def test_null_data_is_no_data() -> None:
+    parsed = parse(schedule(data=None))
+    assert isinstance(parsed, ScheduleTimer) and parsed.data is None
+
+
+def test_data_over_the_bound_is_payload_too_large() -> None:
+    body = json.dumps(schedule(data="x" * 100)).encode()
+    ok = parse_command("schedule", "acme", body, now=NOW, max_horizon=HORIZON, max_payload_bytes=102)
+    assert isinstance(ok, ScheduleTimer)  # "xxx..." is 102 bytes as JSON
+    over = parse_command("schedule", "acme", body, now=NOW, max_horizon=HORIZON, max_payload_bytes=101)
+    assert isinstance(over, Rejection) and over.reason == "payload_too_large"
+    assert over.detail == "data is 102 bytes as JSON, more than 101"
+    # Measured in UTF-8 bytes, not characters.
+    wide = json.dumps(schedule(data="\u00e9" * 50)).encode()
+    wide_over = parse_command("schedule", "acme", wide, now=NOW, max_horizon=HORIZON, max_payload_bytes=101)
+    assert isinstance(wide_over, Rejection)
+
+
+@pytest.mark.parametrize("body", [b'"a\\u0000b"', b'{"k\\u0000": 1}', b'[["\\ud800"]]', b'{"\\udfff": 1}'])
+def test_data_postgres_cannot_store_is_bad_data(body: bytes) -> None:
+    rejected = parse(
+        b'{"tenantId": "acme", "serviceCallId": "sc-42", "dueAt": "2026-11-22T09:00:00Z", "data": '
+        + body
+        + b"}"
+    )
+    assert isinstance(rejected, Rejection) and rejected.reason == "bad_data", rejected

@@ -204,6 +204,14 @@ class Store:
                 "repeat_every": [c.repeat.every if c.repeat else None for c in sched],
                 "repeat_times": [c.repeat.times if c.repeat else None for c in sched],
                 "repeat_timezone": [c.repeat.timezone if c.repeat else None for c in sched],
+                "repeat_cron": [c.repeat.cron if c.repeat else None for c in sched],
+                "repeat_until": [c.repeat.until if c.repeat else None for c in sched],
+                # As carried_headers: NULL (no array at all) when none has data, so it costs nothing.
+                "data": (
+                    [None if c.data is None else Jsonb(c.data) for c in sched]
+                    if any(c.data is not None for c in sched)
+                    else None
+                ),
                 # A NULL array is padded with NULLs by unnest: nothing more to send when none has any.
                 "carried_headers": (
                     [None if c.carried is None else Jsonb(c.carried) for c in sched]
@@ -282,14 +290,23 @@ class Store:
                 cur = conn.cursor(binary=True)
                 await cur.execute(QUERIES["claim_due"], params)
                 rows = await cur.fetchall()
-        # Each row: Claimed's columns in order, carried, then the claim's next_due_at and db_now.
+        # Each row: Claimed's columns in order, carried, repeat_cron, repeat_until, data, then the
+        # claim's next_due_at and db_now.
         # The one row of a claim that took nothing has NULL in every timer column.
         taken = [r for r in rows if r[0] is not None]
         db_now = max(r[-1] for r in rows)  # the latest reading of the clock
         next_due_at = rows[0][-2]  # the same on every row
         return ClaimResult(
             claimed=[
-                Claimed(*r[:_CLAIMED_COLUMNS], carried=r[_CLAIMED_COLUMNS]) for r in taken if r[2] is not None
+                Claimed(
+                    *r[:_CLAIMED_COLUMNS],
+                    carried=r[_CLAIMED_COLUMNS],
+                    repeat_cron=r[_CLAIMED_COLUMNS + 1],
+                    repeat_until=r[_CLAIMED_COLUMNS + 2],
+                    data=r[_CLAIMED_COLUMNS + 3],
+                )
+                for r in taken
+                if r[2] is not None
             ],
             unreadable=[Unreadable(r[0], r[1], r[4], r[5]) for r in taken if r[2] is None],
             next_due_in_ms=None if next_due_at is None else (next_due_at - db_now).total_seconds() * 1000,

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from worker.contract import (
     COMMAND_TYPES,
+    DEFAULT_MAX_PAYLOAD_BYTES,
     DUE_AT_RANGE,
     EARLIEST_DUE_AT,
     INVALID_TENANT,
@@ -49,9 +50,10 @@ from worker.contract import (
     Rejection,
     Repeat,
     ScheduleTimer,
+    data_json,
     is_valid_tenant,
 )
-from worker.core.recurrence import MAX_INDEX, load_zone, parse_period
+from worker.core.recurrence import MAX_INDEX, first_cron_occurrence, load_zone, parse_cron, parse_period
 
 JsonObject = dict[str, Any]
 T = TypeVar("T")
@@ -70,17 +72,24 @@ def parse_command(
     *,
     now: datetime,
     max_horizon: timedelta,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> Command | Rejection:
-    """The command in `body`, received on `<prefix>.<subject_tenant>.timer.<kind>`, or why not."""
+    """The command in `body`, received on `<prefix>.<subject_tenant>.timer.<kind>`, or why not.
+    `max_payload_bytes` bounds a ScheduleTimer's `data` (TIMER_MAX_PAYLOAD_BYTES)."""
     token = subject_tenant if is_valid_tenant(subject_tenant) else INVALID_TENANT
     try:
-        return _parse(kind, subject_tenant, body, now, max_horizon)
+        return _parse(kind, subject_tenant, body, now, max_horizon, max_payload_bytes)
     except _Reject as why:
         return Rejection(why.reason, _one_line(why.detail), token)
 
 
 def _parse(
-    kind: CommandKind, subject_tenant: str, body: bytes, now: datetime, max_horizon: timedelta
+    kind: CommandKind,
+    subject_tenant: str,
+    body: bytes,
+    now: datetime,
+    max_horizon: timedelta,
+    max_payload_bytes: int,
 ) -> Command:
     # Size first: a 10 MB body is turned away before a byte of it is decoded.
     if len(body) > MAX_BODY_BYTES:
@@ -113,7 +122,10 @@ def _parse(
     if due_at - now > max_horizon:
         raise _Reject("beyond_horizon", f"dueAt is more than {max_horizon} ahead")
     repeat = _repeat(fields.get("repeat"))
-    return ScheduleTimer(tenant, service_call_id, due_at, correlation_id, timestamp_ms, repeat)
+    if repeat is not None:
+        due_at = _first_occurrence(repeat, due_at)
+    data = _data(fields.get("data"), max_payload_bytes)
+    return ScheduleTimer(tenant, service_call_id, due_at, correlation_id, timestamp_ms, repeat, data=data)
 
 
 def _load(body: bytes) -> JsonObject:
@@ -256,7 +268,7 @@ def _due_at(text: str) -> datetime:
     return due
 
 
-_REPEAT_KEYS = frozenset({"every", "times", "timezone"})
+_REPEAT_KEYS = frozenset({"every", "cron", "times", "until", "timezone"})
 
 
 def _repeat(value: Any) -> Repeat | None:
@@ -267,13 +279,32 @@ def _repeat(value: Any) -> Repeat | None:
     unknown = sorted(set(value) - _REPEAT_KEYS)
     if unknown:
         raise _Reject("bad_repeat", f"repeat has unknown key {_show(unknown[0])}")
-    every, times, zone = value.get("every"), value.get("times"), value.get("timezone")
-    if not isinstance(every, str):
+    every, cron = value.get("every"), value.get("cron")
+    times, zone = value.get("times"), value.get("timezone")
+    if (every is None) == (cron is None):
+        raise _Reject("bad_repeat", "repeat needs exactly one of every (a period) and cron (an expression)")
+    if cron is not None:
+        if not isinstance(cron, str):
+            raise _Reject("bad_repeat", "repeat.cron must be a cron expression string")
+        try:
+            parse_cron(cron)
+        except ValueError as exc:
+            raise _Reject("bad_repeat", f"repeat.cron {_show(cron)}: {exc}") from None
+    elif not isinstance(every, str):
         raise _Reject("bad_repeat", "repeat.every must be an ISO 8601 duration string")
-    try:
-        parse_period(every)
-    except ValueError as exc:
-        raise _Reject("bad_repeat", f"repeat.every {_show(every)}: {exc}") from None
+    else:
+        try:
+            parse_period(every)
+        except ValueError as exc:
+            raise _Reject("bad_repeat", f"repeat.every {_show(every)}: {exc}") from None
+    until = value.get("until")
+    if until is not None:
+        if not isinstance(until, str):
+            raise _Reject("bad_repeat", f"repeat.until must be an RFC 3339 string, not {_json_type(until)}")
+        try:
+            until = _due_at(until)
+        except _Reject as exc:
+            raise _Reject("bad_repeat", "repeat.until" + exc.detail.removeprefix("dueAt")) from None
     if times is not None and (type(times) is not int or not 1 <= times <= MAX_INDEX):
         raise _Reject("bad_repeat", f"repeat.times must be an integer within 1..{MAX_INDEX}")
     if zone is not None:
@@ -281,7 +312,48 @@ def _repeat(value: Any) -> Repeat | None:
             raise _Reject("bad_repeat", "repeat.timezone must be a string")
         if load_zone(zone) is None:
             raise _Reject("unknown_timezone", f"repeat.timezone {_show(zone)} is not an IANA time zone")
-    return Repeat(every, times, zone)
+    return Repeat(every, times, zone, cron=cron, until=until)
+
+
+def _first_occurrence(repeat: Repeat, due_at: datetime) -> datetime:
+    """The timer's first occurrence: dueAt for `every`; for `cron`, the first instant of the
+    schedule at or after dueAt (dueAt is when the schedule starts). Either must come by `until`."""
+    first = due_at
+    if repeat.cron is not None:
+        found = first_cron_occurrence(repeat, due_at)
+        if found is None:
+            raise _Reject("bad_repeat", f"repeat.cron {_show(repeat.cron)} matches no time after dueAt")
+        first = found
+    if repeat.until is not None and first > repeat.until:
+        raise _Reject("bad_repeat", "repeat.until is before the first occurrence: nothing would fire")
+    return first
+
+
+def _data(value: Any, limit: int) -> Any:
+    """`data`, any JSON value (null: absent), at most `limit` bytes as compact JSON in UTF-8.
+
+    Stored as jsonb, which holds any JSON but two kinds of string: U+0000 and (not UTF-8 at
+    all) a lone surrogate. Refused here, or the command would fail its whole batch's write.
+    """
+    if value is None:
+        return None
+    try:
+        size = len(data_json(value).encode("utf-8"))
+    except UnicodeEncodeError:
+        raise _Reject("bad_data", "data holds a lone surrogate (\\ud800-\\udfff): not text") from None
+    if size > limit:
+        raise _Reject("payload_too_large", f"data is {size} bytes as JSON, more than {limit}")
+    stack = [value]
+    while stack:  # no recursion: the nesting json.loads accepted may be deeper than Python's stack
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and "\x00" in item:
+            raise _Reject("bad_data", "data holds U+0000 in a string, which Postgres jsonb cannot store")
+    return value
 
 
 _JSON_NAMES: dict[type, str] = {str: "a string", int: "an integer", dict: "an object"}

@@ -70,6 +70,11 @@ class Claimed:
     # The ScheduleTimer's carried headers (trace context, allowed producer headers), or None.
     # Keyword-only with a default: most timers have none, and the rows' class adds fields after it.
     carried: dict[str, str] | None = field(default=None, kw_only=True)
+    # A cron schedule (instead of repeat_every) and the end of either kind (sql/migrations/0009).
+    repeat_cron: str | None = field(default=None, kw_only=True)
+    repeat_until: datetime | None = field(default=None, kw_only=True)
+    # The ScheduleTimer's `data` as JSON text (jsonb's output, spliced into the event), or None.
+    data: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,10 +56,18 @@ def next_of(timer: Claimed) -> tuple[datetime | None, int | None]:
     due during downtime is skipped, one that came due while a crashed replica's lease ran out is
     not (it fires, late; claim_due).
     """
-    if timer.repeat_every is None or timer.anchor_due_at is None:
+    if (timer.repeat_every is None and timer.repeat_cron is None) or timer.anchor_due_at is None:
         return None, None
-    repeat = Repeat(timer.repeat_every, timer.repeat_times, timer.repeat_timezone)
-    nxt = next_occurrence(repeat, timer.anchor_due_at, timer.occurrence_index, timer.recurrence_ref)
+    repeat = Repeat(
+        timer.repeat_every,
+        timer.repeat_times,
+        timer.repeat_timezone,
+        cron=timer.repeat_cron,
+        until=timer.repeat_until,
+    )
+    nxt = next_occurrence(
+        repeat, timer.anchor_due_at, timer.occurrence_index, timer.recurrence_ref, fired_at=timer.due_at
+    )
     return (nxt[0], nxt[1]) if nxt else (None, None)
 
 

@@ -135,7 +135,14 @@ class Intake:
             return Rejection("bad_subject", "subject is not <prefix>.<tenant>.timer.<kind>", INVALID_TENANT)
         tenant = where[0]
         metrics.COMMANDS_RECEIVED.labels(kind).inc()
-        command = parse_command(kind, tenant, msg.data, now=now, max_horizon=self.s.max_horizon)
+        command = parse_command(
+            kind,
+            tenant,
+            msg.data,
+            now=now,
+            max_horizon=self.s.max_horizon,
+            max_payload_bytes=self.s.max_payload_bytes,
+        )
         if msg.headers and isinstance(command, ScheduleTimer):
             carried, dropped = carried_headers(msg.headers, self._carry)
             if dropped:  # never a rejection: the timer is stored without them

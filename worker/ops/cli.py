@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 
 from worker import __version__, logs, tracing
 from worker.config import Settings, load_settings, parse_duration
-from worker.contract import REASONS, TENANT_RULE, Rejection, is_valid_tenant, iso
+from worker.contract import REASONS, TENANT_RULE, Rejection, ScheduleTimer, is_valid_tenant, iso
 from worker.errors import ConfigError
 
 # Options whose value may be a time before now: `--before -7d`. argparse takes `-7d` for an
@@ -117,6 +117,13 @@ def _when(value: str) -> datetime:
     return when
 
 
+def _json_value(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+
+
 def _due(args: argparse.Namespace) -> datetime:
     if args.due_in:
         return datetime.now(UTC) + parse_duration(args.due_in)
@@ -206,15 +213,27 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from worker.core.commands import parse_command
 
     settings = load_settings()
-    if args.every is None and (args.times is not None or args.timezone is not None):
-        raise ConfigError("--times and --timezone repeat a timer: they need --every")
-    due = _due(args)
+    repeats = args.every is not None or args.cron is not None
+    if not repeats and (args.times is not None or args.timezone is not None or args.until is not None):
+        raise ConfigError("--times, --until and --timezone repeat a timer: they need --every or --cron")
+    if args.due_at is None and args.due_in is None and args.cron is None:
+        raise ConfigError("schedule: --due-at or --due-in is needed (with --cron it defaults to now)")
+    # A cron schedule starts at dueAt: its first occurrence is the first match at or after it.
+    due = datetime.now(UTC) if args.due_at is None and args.due_in is None else _due(args)
     payload: dict[str, Any] = {"tenantId": args.tenant, "serviceCallId": args.id, "dueAt": iso(due)}
-    if args.every:
-        repeat = {"every": args.every, "times": args.times, "timezone": args.timezone}
+    if repeats:
+        repeat = {
+            "every": args.every,
+            "cron": args.cron,
+            "times": args.times,
+            "until": None if args.until is None else iso(args.until),
+            "timezone": args.timezone,
+        }
         payload["repeat"] = {k: v for k, v in repeat.items() if v is not None}
     if args.correlation_id is not None:
         payload["correlationId"] = args.correlation_id
+    if args.data is not None:
+        payload["data"] = args.data
     # The service's own check, before sending: a command it would only copy to the DLQ is not sent.
     checked = parse_command(
         "schedule",
@@ -222,18 +241,26 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         json.dumps(payload).encode(),
         now=datetime.now(UTC),
         max_horizon=settings.max_horizon,
+        max_payload_bytes=settings.max_payload_bytes,
     )
     if isinstance(checked, Rejection):
         raise ConfigError(f"not sent, the service would reject it: {checked.reason}: {checked.detail}")
+    assert isinstance(checked, ScheduleTimer)
     asyncio.run(
         _with_client(
             settings,
             lambda c: c.schedule(
-                args.tenant, args.id, due, correlation_id=args.correlation_id, repeat=payload.get("repeat")
+                args.tenant,
+                args.id,
+                due,
+                correlation_id=args.correlation_id,
+                repeat=payload.get("repeat"),
+                data=payload.get("data"),
             ),
         )
     )
-    print(f"scheduled {args.tenant}/{args.id} at {iso(due)}")
+    # The first occurrence: dueAt itself, or a cron schedule's first match at or after it.
+    print(f"scheduled {args.tenant}/{args.id} at {iso(checked.due_at)}")
     return 0
 
 
@@ -453,13 +480,17 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("schedule", help="schedule (or reschedule) a timer")
     s.add_argument("--tenant", required=True, type=_tenant)
     s.add_argument("--id", required=True, help="the serviceCallId")
-    when = s.add_mutually_exclusive_group(required=True)
+    when = s.add_mutually_exclusive_group()
     when.add_argument("--due-at", type=_when, help="RFC 3339 time with offset, e.g. 2026-11-22T09:00:00Z")
     when.add_argument("--due-in", type=_duration, help="a duration from now, e.g. 30s, 5m, PT1H")
     s.add_argument("--correlation-id")
-    s.add_argument("--every", help="repeat: ISO 8601 duration, e.g. PT1H, P1D")
+    how = s.add_mutually_exclusive_group()
+    how.add_argument("--every", help="repeat: ISO 8601 duration, e.g. PT1H, P1D")
+    how.add_argument("--cron", help="repeat: five-field cron expression, e.g. '0 9 * * MON-FRI'")
     s.add_argument("--times", type=_count, help="repeat: number of occurrences (default forever)")
+    s.add_argument("--until", type=_when, help="repeat: no occurrence after this (RFC 3339 or +duration)")
     s.add_argument("--timezone", help="repeat: IANA zone for wall-clock occurrences")
+    s.add_argument("--data", type=_json_value, help="JSON delivered with every DueTimeReached: '{\"a\":1}'")
     s.set_defaults(func=cmd_schedule)
 
     c = sub.add_parser("cancel", help="cancel a timer not yet claimed")

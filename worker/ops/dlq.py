@@ -284,7 +284,12 @@ class Dlq:
         tenant = where[0]
         # The body's tenantId (an envelope's too) must be this tenant: tenant_mismatch otherwise.
         parsed = parse_command(
-            kind, tenant, data, now=datetime.now(UTC), max_horizon=self.settings.max_horizon
+            kind,
+            tenant,
+            data,
+            now=datetime.now(UTC),
+            max_horizon=self.settings.max_horizon,
+            max_payload_bytes=self.settings.max_payload_bytes,
         )
         if isinstance(parsed, Rejection):
             which = "the edited body" if body is not None else f"entry {entry.seq} as it is"
