@@ -12,10 +12,11 @@ from nats.js import api
 from nats.js.errors import APIError
 
 from tests.helpers import until
-from worker.adapters.broker import ATOMIC_BATCH_MAX, ATOMIC_BATCH_MIN, Broker
+from worker.adapters.broker import ATOMIC_BATCH_MIN, Broker
 from worker.config import Settings
 from worker.contract import Outgoing
 from worker.devkit.embedded import EmbeddedNats
+from worker.natsconn import ATOMIC_BATCH_MAX
 
 
 @pytest.fixture
