@@ -6,21 +6,84 @@
 
 `schedule` and `cancel` return once JetStream has stored the command: from then on it is the
 service's job. Commands carry `timestampMs`, so an older command never overwrites a newer one.
+`schedule_many` and `cancel_many` send many in JetStream atomic batches (tens of thousands a
+second instead of one per round trip) and say for each whether it was stored. `due_events`
+consumes DueTimeReached events, acknowledged in batches.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import time
 import uuid
+from collections import deque
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import api
 
 from worker.contract import TENANT_RE, Subjects, iso
-from worker.natsconn import nats_connect
+from worker.natsconn import (
+    ATOMIC_BATCH_MAX,
+    ERR_ATOMIC_DISABLED,
+    atomic_batch_headers,
+    batch_ack_error,
+    nats_connect,
+)
+
+# Atomic batches of commands awaiting their PubAck at once: enough to keep the server busy while
+# the next one is sent, few enough to keep a slow server's backlog small.
+BATCHES_IN_FLIGHT = 4
+# One-by-one publishes awaiting their PubAck at once (a stream without allow_atomic, a batch
+# refused for a duplicate id).
+SINGLES_IN_FLIGHT = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """What became of one command of schedule_many or cancel_many."""
+
+    id: str  # the envelope id, also its Nats-Msg-Id
+    outcome: Literal["accepted", "duplicate", "error"]  # duplicate: JetStream already had this id
+    error: str | None = None
+
+
+class DueEvent:
+    """One DueTimeReached (docs/CONTRACT.md) from due_events: its envelope, and ack()."""
+
+    __slots__ = ("acked", "event", "msg")
+
+    def __init__(self, msg: Msg, event: dict[str, Any]) -> None:
+        self.msg = msg
+        self.event = event  # the envelope: id, type, tenantId, correlationId, timestampMs, payload
+        self.acked = False
+
+    @property
+    def id(self) -> str:
+        """One id per occurrence, however often it is delivered: drop one already handled."""
+        return str(self.event["id"])
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        payload: dict[str, Any] = self.event["payload"]
+        return payload
+
+    def ack(self) -> None:
+        """Handled: acknowledged with the next batch of acknowledgements (see due_events)."""
+        self.acked = True
+
+
+@dataclasses.dataclass(frozen=True)
+class _Command:
+    subject: str
+    id: str
+    body: bytes
 
 
 class TimerClient:
@@ -29,6 +92,7 @@ class TimerClient:
         self.js = nc.jetstream()
         self.subjects = Subjects(prefix)
         self._owns = owns_connection
+        self._atomic = True  # until the command stream says it takes no atomic batches
 
     @classmethod
     async def connect(
@@ -83,16 +147,157 @@ class TimerClient:
     async def _send(
         self, subject: str, kind: str, payload: dict[str, Any], correlation_id: str | None
     ) -> None:
-        envelope = {
-            "id": str(uuid.uuid4()),
-            "type": kind,
-            "tenantId": payload["tenantId"],
-            "correlationId": correlation_id,
-            "timestampMs": time.time_ns() // 1_000_000,
-            "payload": payload,
-        }
+        command = _command(subject, kind, payload, correlation_id)
         # The envelope id as Nats-Msg-Id: a retried publish of this same command is dropped.
-        await self.js.publish(subject, json.dumps(envelope).encode(), headers={"Nats-Msg-Id": envelope["id"]})
+        await self.js.publish(subject, command.body, headers={"Nats-Msg-Id": command.id})
+
+    async def schedule_many(self, timers: Iterable[Mapping[str, Any]], timeout: float = 10.0) -> list[Sent]:
+        """Send many ScheduleTimer commands, each a body as on the schedule subject
+        (`{"tenantId", "serviceCallId", "dueAt", "correlationId"?, "repeat"?}`; `dueAt` a string
+        or an aware datetime). For each, in order: accepted (stored), duplicate (JetStream had
+        its id already) or error (not stored: send it again). Nothing is checked here but the
+        tenant; a command the service rejects goes to the DLQ (worker.core.commands.parse_command
+        checks as the service does)."""
+        return await self._send_many(
+            [self._command("schedule", "ScheduleTimer", dict(t)) for t in timers], timeout
+        )
+
+    async def cancel_many(self, timers: Iterable[Mapping[str, Any]], timeout: float = 10.0) -> list[Sent]:
+        """Send many CancelTimer commands (`{"tenantId", "serviceCallId"}` each); as schedule_many."""
+        return await self._send_many(
+            [self._command("cancel", "CancelTimer", dict(t)) for t in timers], timeout
+        )
+
+    def _command(
+        self, kind: Literal["schedule", "cancel"], type_: str, payload: dict[str, Any]
+    ) -> _Command | Sent:
+        tenant = payload.get("tenantId")
+        if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
+            return Sent("", "error", f"tenantId must match {TENANT_RE.pattern}: {tenant!r}")
+        subject = self.subjects.schedule(tenant) if kind == "schedule" else self.subjects.cancel(tenant)
+        if isinstance(due := payload.get("dueAt"), datetime):
+            payload["dueAt"] = iso(due)
+        correlation = payload.get("correlationId")
+        return _command(subject, type_, payload, correlation if isinstance(correlation, str) else None)
+
+    async def _send_many(self, commands: list[_Command | Sent], timeout: float) -> list[Sent]:
+        results: list[Sent | None] = [c if isinstance(c, Sent) else None for c in commands]
+        todo = [(i, c) for i, c in enumerate(commands) if isinstance(c, _Command)]
+        chunks = [todo[i : i + ATOMIC_BATCH_MAX] for i in range(0, len(todo), ATOMIC_BATCH_MAX)]
+        batches, singles = asyncio.Semaphore(BATCHES_IN_FLIGHT), asyncio.Semaphore(SINGLES_IN_FLIGHT)
+
+        async def one(i: int, c: _Command) -> None:
+            async with singles:
+                try:
+                    ack = await self.js.publish(
+                        c.subject, c.body, timeout=timeout, headers={"Nats-Msg-Id": c.id}
+                    )
+                    results[i] = Sent(c.id, "duplicate" if ack.duplicate else "accepted")
+                except Exception as exc:  # each command's own outcome; none ends the others
+                    results[i] = Sent(c.id, "error", f"{type(exc).__name__}: {exc}")
+
+        async def chunk(part: list[tuple[int, _Command]]) -> None:
+            if self._atomic and len(part) > 1:
+                async with batches:
+                    error = await self._batch([c for _, c in part], timeout)
+                if error is None:
+                    for i, c in part:
+                        results[i] = Sent(c.id, "accepted")
+                    return
+                if error.get("err_code") == ERR_ATOMIC_DISABLED:
+                    self._atomic = False  # a command stream made before schedule_many
+            # Refused, lost or unanswered: one by one, with the same ids, so what the batch
+            # stored after all is reported as a duplicate and stored once.
+            await asyncio.gather(*(one(i, c) for i, c in part))
+
+        await asyncio.gather(*(chunk(part) for part in chunks))
+        return [r if r is not None else Sent("", "error", "not sent") for r in results]
+
+    async def _batch(self, part: list[_Command], timeout: float) -> dict[str, Any] | None:
+        """Send one atomic batch; None once its PubAck confirms every command, else why not."""
+        batch_id = uuid.uuid4().hex
+        try:
+            for seq, c in enumerate(part[:-1], start=1):
+                headers = atomic_batch_headers({"Nats-Msg-Id": c.id}, batch_id, seq, commit=False)
+                await self.nc.publish(c.subject, c.body, headers=headers)
+            last = part[-1]
+            headers = atomic_batch_headers({"Nats-Msg-Id": last.id}, batch_id, len(part), commit=True)
+            reply = await self.nc.request(last.subject, last.body, timeout=timeout, headers=headers)
+        except Exception as exc:  # not stored as a batch: the caller sends them one by one
+            return {"description": f"{type(exc).__name__}: {exc}"}
+        return batch_ack_error(reply.data, len(part))
+
+    async def due_events(
+        self,
+        tenant_id: str,
+        *,
+        durable: str,
+        stream: str = "TIMER_EVENTS",
+        ack_every: int = 256,
+        max_ack_pending: int = 4096,
+    ) -> AsyncGenerator[DueEvent, None]:
+        """The tenant's DueTimeReached events, oldest first, from the durable consumer `durable`
+        on `stream` (created when missing). Call `event.ack()` once an event is handled: events
+        not acknowledged come again after the consumer's ack wait (30 s), here or to the next
+        consumer of that name, so an event is handled at least once.
+
+        Cheaper per event than a pull subscription read with fetch(): the server pushes events
+        as they are stored (with flow control), and acknowledgements go in batches: the consumer
+        acknowledges "all up to here" (AckPolicy ALL) for the longest run of acknowledged events,
+        every `ack_every` events and whenever no more events are waiting. An event acknowledged
+        out of order is held back until those before it are acknowledged too.
+        """
+        subject = self.subjects.due(_tenant(tenant_id))
+        config = api.ConsumerConfig(
+            ack_policy=api.AckPolicy.ALL,
+            max_ack_pending=max_ack_pending,
+            flow_control=True,
+            idle_heartbeat=5.0,
+        )
+        # Our own queue, fed by nats-py's callback (which answers flow control and heartbeats):
+        # reading the subscription with next_msg() or `messages` costs a task per event.
+        arrived: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def put(msg: Msg) -> None:
+            arrived.put_nowait(msg)
+
+        sub = await self.js.subscribe(
+            subject,
+            durable=durable,
+            stream=stream,
+            cb=put,
+            manual_ack=True,
+            config=config,
+            pending_msgs_limit=max_ack_pending * 2,
+        )
+        unacked: deque[DueEvent] = deque()
+        last_done: Msg | None = None
+        since_ack = 0
+
+        async def flush() -> None:
+            nonlocal last_done, since_ack
+            while unacked and unacked[0].acked:
+                last_done = unacked.popleft().msg
+            if last_done is not None:
+                await last_done.ack()  # AckPolicy ALL: this one and every event before it
+                last_done, since_ack = None, 0
+
+        try:
+            while True:
+                if arrived.empty() or since_ack >= ack_every:
+                    await flush()
+                msg = arrived.get_nowait() if not arrived.empty() else await arrived.get()
+                while unacked and unacked[0].acked:
+                    last_done = unacked.popleft().msg
+                    since_ack += 1
+                event = DueEvent(msg, json.loads(msg.data))
+                unacked.append(event)
+                yield event
+        finally:
+            try:
+                await flush()
+            finally:
+                await sub.unsubscribe()
 
     async def close(self) -> None:
         if self._owns:
@@ -105,6 +310,18 @@ class TimerClient:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+def _command(subject: str, kind: str, payload: dict[str, Any], correlation_id: str | None) -> _Command:
+    envelope = {
+        "id": str(uuid.uuid4()),
+        "type": kind,
+        "tenantId": payload["tenantId"],
+        "correlationId": correlation_id,
+        "timestampMs": time.time_ns() // 1_000_000,
+        "payload": payload,
+    }
+    return _Command(subject, envelope["id"], json.dumps(envelope).encode())
 
 
 def _tenant(tenant_id: str) -> str:

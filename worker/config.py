@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     stream_replicas: int = Field(1, ge=1, le=5)
     # JetStream drops a re-published firing with the same Nats-Msg-Id inside this window.
     events_duplicate_window: Duration = timedelta(minutes=2)
+    # How events are published on nats-server 2.14+ (broker.Broker.publish_batch): fast-ingest
+    # batches ("on"), atomic batches ("off"), or fast-ingest only on a replicated events stream
+    # ("auto"): a single-server stream that keeps its guarantees runs under sync_interval: always,
+    # where fast ingest fsyncs every message and atomic batches fsync once per batch.
+    events_fast_ingest: str = "auto"
     # How long an unacknowledged command may stay in the command stream (its redelivery horizon).
     command_max_age: Duration = timedelta(days=1)
     # A command waiting behind an occurrence first claimed longer ago than this, and still not
@@ -154,6 +159,8 @@ class Settings(BaseSettings):
                     f"carry_headers: {name!r} is not a header name a producer may send "
                     "(letters, digits and -_.; not Nats-*, which NATS reserves)"
                 )
+        if self.events_fast_ingest not in ("auto", "on", "off"):
+            raise ValueError("events_fast_ingest: must be auto, on or off")
         if self.log_format not in ("json", "text"):
             raise ValueError("log_format: must be json or text")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -3,6 +3,7 @@ producer client alike (so this module needs nothing but nats-py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import nats.errors
@@ -28,3 +29,35 @@ async def nats_connect(servers: str | list[str], **options: Any) -> NATS:
     nc = _TlsEnforcingClient()
     await nc.connect(servers, **options)
     return nc
+
+
+# JetStream atomic batch publish (ADR-50, nats-server 2.12+), shared by the service's broker and
+# the producer client: each message of a batch carries the batch id and its place in it, the last
+# one the commit, and only the commit gets a reply, the batch's PubAck (all stored, or none).
+ATOMIC_BATCH_MAX = 1000  # JetStream's limit on messages in one atomic batch
+ERR_ATOMIC_DISABLED = 10174  # "atomic publish is disabled": the stream was made without allow_atomic
+
+
+def atomic_batch_headers(
+    headers: dict[str, str] | None, batch_id: str, seq: int, commit: bool
+) -> dict[str, str]:
+    """A message's headers as message `seq` (from 1) of atomic batch `batch_id`."""
+    out = {**(headers or {}), "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq)}
+    if commit:
+        out["Nats-Batch-Commit"] = "1"
+    return out
+
+
+def batch_ack_error(reply: bytes, size: int) -> dict[str, Any] | None:
+    """None when a batch's PubAck confirms all `size` messages; else the error it carries."""
+    try:
+        ack = json.loads(reply)
+    except ValueError:
+        return {"description": f"unreadable batch PubAck: {reply[:100]!r}"}
+    if not isinstance(ack, dict):
+        return {"description": f"unreadable batch PubAck: {reply[:100]!r}"}
+    if "error" in ack:
+        return dict(ack["error"])
+    if ack.get("count") != size:
+        return {"description": f"batch PubAck counts {ack.get('count')} of {size}"}
+    return None

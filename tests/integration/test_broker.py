@@ -9,12 +9,14 @@ from collections.abc import AsyncIterator
 import nats.errors
 import pytest
 from nats.js import api
+from nats.js.errors import APIError
 
 from tests.helpers import until
-from worker.adapters.broker import ATOMIC_BATCH_MAX, ATOMIC_BATCH_MIN, Broker
+from worker.adapters.broker import ATOMIC_BATCH_MIN, Broker
 from worker.config import Settings
 from worker.contract import Outgoing
 from worker.devkit.embedded import EmbeddedNats
+from worker.natsconn import ATOMIC_BATCH_MAX
 
 
 @pytest.fixture
@@ -127,3 +129,130 @@ async def test_waiting_for_a_permit_ends_with_the_publish_timeout(broker: Broker
     finally:
         for _ in range(held):
             broker.permits.release()
+
+
+# Fast-ingest batches (nats-server 2.14+, allow_batched): issue 21, item 2.
+
+
+@pytest.fixture
+async def fast(settings: Settings) -> AsyncIterator[Broker]:
+    b = Broker(settings.model_copy(update={"events_fast_ingest": "on"}))
+    await b.connect()
+    await b.ensure_streams()
+    yield b
+    await b.close()
+
+
+async def last_headers(broker: Broker, settings: Settings) -> dict[str, str]:
+    info = await broker.js.stream_info(settings.event_stream)
+    msg = await broker.js.get_msg(settings.event_stream, seq=int(info.state.last_seq))
+    return dict(msg.headers or {})
+
+
+async def test_events_go_in_fast_batches_and_carry_only_their_own_headers(
+    fast: Broker, settings: Settings
+) -> None:
+    assert fast._fast, "TIMER_EVENTS_FAST_INGEST=on on nats-server 2.14+ publishes fast batches"
+    n = ATOMIC_BATCH_MAX + 3
+    sent = events(settings, range(n))
+    assert await fast.publish_atomic(sent, timeout=5) == [None] * n
+    assert await stored(fast, settings) == n
+    # An atomic batch stores Nats-Batch-Id, -Sequence and -Commit with every event as well.
+    assert await last_headers(fast, settings) == {"Nats-Msg-Id": f"id-{n - 1}"}
+
+
+async def test_a_duplicate_in_a_fast_batch_is_skipped_not_the_batch(
+    fast: Broker, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert await fast.publish_atomic(events(settings, range(5, 7)), timeout=5) == [None, None]
+    one_by_one: list[int] = []
+    send_many = fast.publish_many
+
+    async def spy(messages: list[Outgoing], timeout: float) -> list[BaseException | None]:
+        one_by_one.append(len(messages))
+        return await send_many(messages, timeout)
+
+    monkeypatch.setattr(fast, "publish_many", spy)
+    results = await fast.publish_atomic(events(settings, range(10)), timeout=5)
+    assert results == [None] * 10, "a stored Nats-Msg-Id counts as stored"
+    assert await stored(fast, settings) == 10
+    assert one_by_one == [], "nothing had to go again one by one"
+
+
+async def test_a_refused_event_fails_alone_and_the_rest_of_its_fast_batch_is_stored(
+    settings: Settings,
+) -> None:
+    b = Broker(settings.model_copy(update={"events_fast_ingest": "on"}))
+    await b.connect()
+    config = b.stream_configs()[1]
+    config.max_msg_size = 200
+    await b.js.add_stream(config)
+    await b.ensure_streams()
+    try:
+        assert b._fast
+        sent = events(settings, range(6))
+        sent[2] = events(settings, range(2, 3), payload=b"x" * 300)[0]
+        results = await b.publish_atomic(sent, timeout=5)
+        assert [r is None for r in results] == [True, True, False, True, True, True]
+        assert "maximum" in str(results[2]).lower()
+        assert await stored(b, settings) == 5
+    finally:
+        await b.close()
+
+
+async def test_an_events_stream_without_allow_batched_is_left_alone_and_gets_atomic_batches(
+    settings: Settings,
+) -> None:
+    b = Broker(settings.model_copy(update={"events_fast_ingest": "on"}))
+    await b.connect()
+    config = b.stream_configs()[1]
+    config.allow_batched = False
+    await b.js.add_stream(config)
+    await b.ensure_streams()
+    try:
+        assert not b._fast
+        info = await b.js.stream_info(settings.event_stream)
+        assert not info.config.allow_batched, "an existing stream is never rewritten"
+        n = ATOMIC_BATCH_MIN
+        assert await b.publish_atomic(events(settings, range(n)), timeout=5) == [None] * n
+        assert "Nats-Batch-Id" in await last_headers(b, settings)
+    finally:
+        await b.close()
+
+
+async def test_auto_keeps_atomic_batches_on_a_single_replica_stream(
+    broker: Broker, settings: Settings
+) -> None:
+    # Under sync_interval: always (what a single server needs for durability) a fast batch
+    # fsyncs every event, an atomic batch once: auto takes fast batches on replicated streams only.
+    assert broker.settings.events_fast_ingest == "auto"
+    info = await broker.js.stream_info(settings.event_stream)
+    assert info.config.allow_batched, "the service creates its events stream ready for fast batches"
+    assert not broker._fast
+
+
+async def test_fast_ingest_off_after_its_flag_is_taken_away(fast: Broker, settings: Settings) -> None:
+    info = await fast.js.stream_info(settings.event_stream)
+    info.config.allow_batched = False
+    await fast.js.update_stream(info.config)
+    n = 20
+    assert await fast.publish_atomic(events(settings, range(n)), timeout=5) == [None] * n
+    assert not fast._fast
+    assert await stored(fast, settings) == n
+
+
+async def test_a_refused_publish_is_a_result_not_an_exception(settings: Settings) -> None:
+    # nats-py's APIError.from_error raises: one refused event took publish_many down with it.
+    b = Broker(settings)
+    await b.connect()
+    config = b.stream_configs()[1]
+    config.max_msg_size = 200
+    await b.js.add_stream(config)
+    await b.ensure_streams()
+    try:
+        sent = [*events(settings, range(2)), *events(settings, range(2, 3), payload=b"x" * 300)]
+        results = await b.publish_many(sent, timeout=5)
+        assert results[:2] == [None, None]
+        assert isinstance(results[2], APIError)
+    finally:
+        await b.close()

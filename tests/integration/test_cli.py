@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -158,3 +160,39 @@ def test_no_private_nats_py_api() -> None:
     root = Path(__file__).parents[2] / "worker"
     users = [str(p) for p in root.rglob("*.py") if "._jsm" in p.read_text(encoding="utf-8")]
     assert users == []
+
+
+async def test_schedule_from_file_sends_the_good_lines_and_names_the_bad_ones(
+    settings: Settings, tmp_path: Any
+) -> None:
+    """Issue 23: a bulk import, each line checked as the service would, sent in batches."""
+    import json as _json
+
+    from tests.helpers import settings_env
+    from worker.adapters.broker import Broker
+
+    broker = Broker(settings)
+    await broker.connect()
+    await broker.ensure_streams()
+    try:
+        lines = [
+            _json.dumps({"tenantId": "acme", "serviceCallId": f"f-{i}", "dueAt": "2030-01-01T00:00:00Z"})
+            for i in range(1500)
+        ]
+        lines.insert(2, '{"tenantId": "acme", "serviceCallId": "late", "dueAt": "tomorrow"}')
+        lines.insert(5, "not json")
+        lines.insert(7, "")
+        lines.insert(9, '{"serviceCallId": "no-tenant", "dueAt": "2030-01-01T00:00:00Z"}')
+        path = tmp_path / "timers.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        proc = await asyncio.to_thread(run, "schedule", "--from-file", str(path), **settings_env(settings))
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stdout.strip() == "accepted 1500, duplicate 0, rejected 3, not stored 0"
+        errors = proc.stderr.splitlines()
+        assert errors[0].startswith("line 3: bad_due_at: ")
+        assert errors[1].startswith("line 6: invalid_json: ")
+        assert errors[2] == "line 10: missing_field: tenantId is required (a string)"
+        info = await broker.js.stream_info(settings.command_stream)
+        assert info.state.messages == 1500
+    finally:
+        await broker.close()

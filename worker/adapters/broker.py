@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import json
@@ -22,7 +23,13 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from worker.contract import MessageIds, Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
-from worker.natsconn import nats_connect
+from worker.natsconn import (
+    ATOMIC_BATCH_MAX,
+    ERR_ATOMIC_DISABLED,
+    atomic_batch_headers,
+    batch_ack_error,
+    nats_connect,
+)
 
 if TYPE_CHECKING:
     from worker.config import Settings
@@ -31,12 +38,21 @@ log = logging.getLogger("worker.broker")
 
 # The command consumer's redelivery delay for an unacknowledged command (see ensure_streams).
 ACK_WAIT_S = 10
-# JetStream's limit on messages in one atomic batch.
-ATOMIC_BATCH_MAX = 1000
 # Fewer messages than this go one by one (see publish_atomic).
 ATOMIC_BATCH_MIN = 100
-# "atomic publish is disabled": the events stream was made without allow_atomic.
-ERR_ATOMIC_DISABLED = 10174
+# Fast-ingest batch publish (ADR-50's "fast" batches, allow_batched streams) came with this server.
+FAST_INGEST_SINCE = (2, 14)
+# "batch publish is disabled": the events stream has no allow_batched (any more).
+ERR_BATCH_DISABLED = 10205
+# Errors that say nothing against a message, only against its batch (disabled, pattern invalid,
+# batch id invalid or unknown, too many batches in flight): such a message goes again one by one.
+ERR_BATCH_ONLY = {ERR_BATCH_DISABLED, 10206, 10207, 10208, 10211}
+# The flow-control ack the server may send every N stored messages of a fast batch, at most: what
+# a batch cut short by a timeout keeps (see publish_fast). 500 is the server's own ceiling.
+FAST_FLOW = 500
+# nats-py knows the allow_batched stream setting since 2.13 (the oldest supported, 2.12, does not:
+# with it, events go in atomic batches).
+CLIENT_KNOWS_BATCHED = "allow_batched" in {f.name for f in dataclasses.fields(api.StreamConfig)}
 # After a failure a missing stream would explain, the streams are looked at no more often than this.
 CHECK_INTERVAL_S = 1.0
 
@@ -92,6 +108,9 @@ class Broker:
         self.nc: NATS | None = None
         self._js: JetStreamContext | None = None
         self._atomic = True  # until the event stream says it does not allow atomic batches
+        self._fast = False  # events in fast-ingest batches: decided by ensure_streams
+        self._fast_prefix = ""
+        self._fast_batches: dict[str, _FastBatch] = {}
         # Publishes awaiting their PubAck. Ours, not nats-py's publish_async: that one keeps a
         # permit for good when the publish itself raises (its outbound buffer full in an outage),
         # and after TIMER_MAX_IN_FLIGHT of those every publish waited forever.
@@ -125,6 +144,10 @@ class Broker:
         self._js = self.nc.jetstream(timeout=self.settings.publish_timeout_ms / 1000)
         self._reply_prefix = f"{self.nc.new_inbox()}."
         await self.nc.subscribe(f"{self._reply_prefix}*", cb=self._on_reply)
+        # A fast batch's replies come to the reply subject of the message that prompted them,
+        # which holds the batch's id, flow, gap mode, sequence and operation (publish_fast).
+        self._fast_prefix = f"{self.nc.new_inbox()}."
+        await self.nc.subscribe(f"{self._fast_prefix}>", cb=self._on_fast_reply)
 
     @property
     def js(self) -> JetStreamContext:
@@ -138,7 +161,7 @@ class Broker:
     def stream_configs(self) -> list[api.StreamConfig]:
         """The streams as this service creates them."""
         s = self.settings
-        return [
+        configs = [
             api.StreamConfig(
                 name=s.command_stream,
                 subjects=self.subjects.commands,
@@ -146,6 +169,8 @@ class Broker:
                 max_age=s.command_max_age.total_seconds(),
                 num_replicas=s.stream_replicas,
                 duplicate_window=120,
+                # Producers may send commands in atomic batches (TimerClient.schedule_many).
+                allow_atomic=True,
             ),
             api.StreamConfig(
                 name=s.event_stream,
@@ -162,6 +187,11 @@ class Broker:
                 num_replicas=s.stream_replicas,
             ),
         ]
+        # Fast-ingest batches only where the server knows them: a stream with allow_batched needs
+        # API level 4 (2.14), and an older server would ignore the flag anyway.
+        if self._server_has_fast_ingest():
+            configs[1].allow_batched = True
+        return configs
 
     async def ensure_streams(self) -> None:
         """Create the streams and the shared consumer when missing; never rewrite existing ones.
@@ -183,6 +213,7 @@ class Broker:
                 found[config.name] = (await jsm.add_stream(config)).config
                 log.info("stream created", extra={"action": "stream_created", "stream": config.name})
         self._check_limits(found)
+        self._choose_event_batches(found[s.event_stream])
         try:
             await jsm.consumer_info(s.command_stream, s.consumer)
         except NotFoundError:
@@ -223,6 +254,42 @@ class Broker:
                 f"stream {s.command_stream}: max age {_age(command_age)} must not exceed TIMER_RETENTION"
                 f" ({_age(s.retention)}), or a late duplicate ScheduleTimer re-arms a deleted timer"
             )
+
+    def _server_has_fast_ingest(self) -> bool:
+        if not CLIENT_KNOWS_BATCHED or self.nc is None or not self.nc.is_connected:
+            return False
+        try:
+            version = self.nc.connected_server_version
+            return (version.major, version.minor) >= FAST_INGEST_SINCE
+        except (TypeError, ValueError, AttributeError):  # no version in the server's INFO
+            return False
+
+    def _choose_event_batches(self, events: api.StreamConfig) -> None:
+        """Fast-ingest or atomic batches for events, from TIMER_EVENTS_FAST_INGEST, the server and
+        the stream as it exists. An events stream made before (or by hand) without allow_batched
+        is not changed: events go in atomic batches until its owner turns the flag on (docs/OPERATIONS.md).
+
+        A fast batch stores each message as it comes, so on a single server under
+        `sync_interval: always` it costs an fsync per event, where an atomic batch costs one per
+        batch; a replicated stream writes through its Raft log either way. "auto" therefore
+        takes fast batches on replicated streams only (on a single server that keeps its
+        guarantees, sync_interval is always: README, Guarantees).
+        """
+        mode = self.settings.events_fast_ingest
+        allowed = bool(getattr(events, "allow_batched", False)) and self._server_has_fast_ingest()
+        replicated = (events.num_replicas or 1) > 1
+        fast = allowed and (mode == "on" or (mode == "auto" and replicated))
+        if fast != self._fast or (mode == "on" and not allowed):
+            log.info(
+                "event batches",
+                extra={
+                    "action": "event_batches",
+                    "mode": "fast_ingest" if fast else "atomic",
+                    "stream": events.name,
+                    "allow_batched": bool(getattr(events, "allow_batched", False)),
+                },
+            )
+        self._fast = fast
 
     def _set_problem(self, problem: str | None) -> None:
         if problem != self.problem and problem is not None:
@@ -276,7 +343,8 @@ class Broker:
     async def publish_atomic(
         self, messages: Sequence[Outgoing], timeout: float
     ) -> list[BaseException | None]:
-        """Publish in JetStream atomic batches (one PubAck per batch of up to 1,000, all or nothing).
+        """Publish in batches: fast-ingest ones where ensure_streams chose them (publish_fast),
+        else JetStream atomic batches (one PubAck per batch of up to 1,000, all or nothing).
 
         An order of magnitude cheaper than one PubAck per message, above all with fsync on every
         write. A batch holding a Nats-Msg-Id the stream already has is refused whole, so only
@@ -287,6 +355,8 @@ class Broker:
         docs/BENCHMARKS.md, "Where the time went", step 5), so a few messages go one by one:
         batches are for throughput, small sends for latency.
         """
+        if self._fast and len(messages) > 1:
+            return await self.publish_fast(messages, timeout)
         if not self._atomic or len(messages) < ATOMIC_BATCH_MIN:
             return await self.publish_many(messages, timeout)
         chunks = [messages[i : i + ATOMIC_BATCH_MAX] for i in range(0, len(messages), ATOMIC_BATCH_MAX)]
@@ -303,7 +373,7 @@ class Broker:
         for chunk, reply in zip(chunks, replies, strict=True):
             if isinstance(reply, BaseException):
                 results += [reply] * len(chunk)
-            elif (error := _batch_error(reply.data, len(chunk))) is None:
+            elif (error := batch_ack_error(reply.data, len(chunk))) is None:
                 results += [None] * len(chunk)
             else:
                 # Only the stream's own refusal turns batching off. Any other error is this
@@ -318,19 +388,100 @@ class Broker:
         self._after(results)
         return results
 
+    async def publish_fast(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
+        """Publish in fast-ingest batches (nats-server 2.14+, allow_batched); for each message,
+        None once JetStream stored it (or already had its Nats-Msg-Id), else why not.
+
+        The batch information travels in each message's reply subject,
+        `<inbox>.<batch id>.<flow>.fail.<sequence>.<operation>.$FI` (0 start, 1 append, 2
+        commit), so a stored event carries only its own headers. The server stores each message
+        as it comes and skips a duplicate instead of refusing the batch, so retries may come here
+        too. Gap mode "fail": the first message the stream refuses (its error comes as
+        `{"type":"err","seq":N}`) ends the batch, and the PubAck of the commit says how many
+        were stored: `count`. Messages 1..count are stored, the refused one fails with its error,
+        and those after it never were: they go again one by one, as does a batch refused whole.
+        Without a PubAck by the timeout, the flow acks (`{"type":"ack","seq":N}`: 1..N stored)
+        still tell which were stored; the rest fail with TimeoutError and are retried later.
+        """
+        assert self.nc is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        batches: list[_FastBatch] = []
+        try:
+            for i in range(0, len(messages), ATOMIC_BATCH_MAX):
+                batches.append(await self._send_fast(messages[i : i + ATOMIC_BATCH_MAX]))
+            await asyncio.wait([b.done for b in batches], timeout=max(0.0, deadline - loop.time()))
+        finally:
+            for b in batches:
+                self._fast_batches.pop(b.id, None)
+                b.done.cancel()
+        results: list[BaseException | None] = []
+        again: list[int] = []  # places in `messages` of those to send one by one
+        for b in batches:
+            for seq in range(1, b.size + 1):
+                result = b.result(seq)
+                if result is _AGAIN:
+                    again.append(len(results))
+                    results.append(None)
+                else:
+                    results.append(result)
+            if b.disabled and self._fast:
+                self._fast = False  # the stream's owner took allow_batched away
+                log.warning(
+                    "fast ingest off",
+                    extra={"action": "fast_ingest_off", "stream": self.settings.event_stream},
+                )
+        if again:
+            retried = await self.publish_many([messages[i] for i in again], max(0.0, deadline - loop.time()))
+            for i, result in zip(again, retried, strict=True):
+                results[i] = result
+        self._after(results)
+        return results
+
+    async def _send_fast(self, chunk: Sequence[Outgoing]) -> _FastBatch:
+        """Send one fast batch; its state, which the replies fill in (see _on_fast_reply)."""
+        assert self.nc is not None
+        batch = _FastBatch(uuid.uuid4().hex, len(chunk), asyncio.get_running_loop().create_future())
+        self._fast_batches[batch.id] = batch
+        head = f"{self._fast_prefix}{batch.id}.{FAST_FLOW}.fail."
+        last = len(chunk)
+        try:
+            for seq, m in enumerate(chunk, start=1):
+                op = 2 if seq == last else 0 if seq == 1 else 1
+                await self.nc.publish(m.subject, m.payload, reply=f"{head}{seq}.{op}.$FI", headers=m.headers)
+        except Exception as exc:  # not connected and the outbound buffer full...: the server drops the rest
+            batch.fail(exc)
+        return batch
+
+    async def _on_fast_reply(self, msg: Msg) -> None:
+        tokens = msg.subject[len(self._fast_prefix) :].split(".")
+        batch = self._fast_batches.get(tokens[0])
+        if batch is None or batch.done.done():
+            return
+        if msg.headers and msg.headers.get(api.Header.STATUS) == "503":
+            batch.fail(NoStreamResponseError())  # no stream takes the subject
+            return
+        try:
+            reply = json.loads(msg.data)
+            seq = int(tokens[3])
+        except (ValueError, IndexError):
+            return
+        if isinstance(reply, dict):
+            batch.on_reply(reply, seq)
+
     async def _send_batch(self, chunk: Sequence[Outgoing]) -> asyncio.Future[Msg]:
-        """Send one batch; its commit's reply (failed at once if the batch could not be sent)."""
+        """Send one atomic batch; its commit's reply (failed at once if it could not be sent)."""
         assert self.nc is not None
         batch_id = uuid.uuid4().hex
         try:
             for seq, m in enumerate(chunk[:-1], start=1):
-                headers = {**m.headers, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq)}
+                headers = atomic_batch_headers(m.headers, batch_id, seq, commit=False)
                 await self.nc.publish(m.subject, m.payload, headers=headers)
         except Exception as exc:  # the server drops a batch never committed
             return _failed(exc)
         last = chunk[-1]
-        headers = {**last.headers, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(len(chunk))}
-        return await self._send(last.subject, last.payload, {**headers, "Nats-Batch-Commit": "1"})
+        headers = atomic_batch_headers(last.headers, batch_id, len(chunk), commit=True)
+        return await self._send(last.subject, last.payload, headers)
 
     async def _send(
         self, subject: str, payload: bytes, headers: dict[str, str], permit_by: float | None = None
@@ -421,20 +572,17 @@ def _pub_ack_error(msg: Msg | BaseException) -> BaseException | None:
         ack = json.loads(msg.data)
     except ValueError:
         return APIError(description=f"unreadable PubAck: {msg.data[:100]!r}")
-    return APIError.from_error(ack["error"]) if "error" in ack else None
+    return _api_error(ack["error"]) if "error" in ack else None
 
 
-def _batch_error(reply: bytes, size: int) -> dict[str, Any] | None:
-    """None when the commit's PubAck confirms the whole batch; else the error it carries."""
+def _api_error(error: dict[str, Any]) -> APIError:
+    """The error a PubAck carries. nats-py's APIError.from_error raises it rather than return it,
+    which took a publish_many down with one refused message."""
     try:
-        ack = json.loads(reply)
-    except ValueError:
-        return {"description": f"unreadable batch PubAck: {reply[:100]!r}"}
-    if "error" in ack:
-        return dict(ack["error"])
-    if ack.get("count") != size:
-        return {"description": f"batch PubAck counts {ack.get('count')} of {size}"}
-    return None
+        APIError.from_error(error)
+    except APIError as exc:
+        return exc
+    return APIError(description=str(error))  # pragma: no cover  # from_error always raises
 
 
 def _failed(exc: BaseException) -> asyncio.Future[Msg]:
@@ -445,3 +593,65 @@ def _failed(exc: BaseException) -> asyncio.Future[Msg]:
 
 def _age(d: timedelta) -> str:
     return f"{d.total_seconds():g}s" if d else "unlimited"
+
+
+# A message of a fast batch the server never stored, though it refused no message of its own
+# (a later one of a batch ended by another's error, or all of a batch refused whole): sent again.
+_AGAIN = Exception("send again")
+
+
+@dataclasses.dataclass
+class _FastBatch:
+    """What the server said so far of one fast batch (Broker.publish_fast)."""
+
+    id: str
+    size: int
+    done: asyncio.Future[None]
+    flowed: int = 0  # the highest flow ack: messages 1..flowed are stored
+    count: int | None = None  # the PubAck's: messages 1..count are stored, and the batch ended
+    failure: BaseException | None = None  # it could not be sent, or no stream takes it
+    errors: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # a refused message's
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.failure = exc
+            self.done.set_result(None)
+
+    def on_reply(self, reply: dict[str, Any], seq: int) -> None:
+        """One reply, sent to the reply subject of message `seq`."""
+        kind = reply.get("type")
+        if kind == "ack":
+            self.flowed = max(self.flowed, int(reply.get("seq", 0)))
+        elif kind == "err":
+            self.errors[int(reply.get("seq", 0))] = dict(reply.get("error") or {})
+        elif kind is None and "error" in reply:
+            # Message `seq` was refused before it joined the batch (too large, limits, the flag
+            # off), or the batch is gone (its first message refused: each later one is then
+            # "unknown batch"). The batch goes on without it; in gap mode "fail" the next
+            # message ends it, and its PubAck says how many were stored.
+            self.errors[seq] = dict(reply["error"])
+            if len(self.errors) >= self.size:
+                self.done.set_result(None)
+        elif kind is None and reply.get("batch") == self.id:
+            self.count = int(reply.get("count", 0))
+            self.done.set_result(None)
+        # "gap" is informational: in gap mode "fail" a gap ends the batch, and its PubAck says so.
+        # Anything else (a plain PubAck from a server that does not know fast ingest) proves
+        # nothing about the batch: its messages time out and are retried, deduplicated.
+
+    @property
+    def disabled(self) -> bool:
+        return any(e.get("err_code") == ERR_BATCH_DISABLED for e in self.errors.values())
+
+    def result(self, seq: int) -> BaseException | None:
+        """Message `seq`'s outcome: None (stored), its error, or _AGAIN."""
+        stored = self.count if self.count is not None else self.flowed
+        if seq <= stored:
+            return None
+        if (error := self.errors.get(seq)) is not None:
+            return _AGAIN if error.get("err_code") in ERR_BATCH_ONLY else _api_error(error)
+        if self.failure is not None:
+            return self.failure
+        if not self.done.done() or self.done.cancelled():
+            return TimeoutError("no PubAck before the publish timeout")
+        return _AGAIN

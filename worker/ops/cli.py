@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -213,6 +214,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from worker.core.commands import parse_command
 
     settings = load_settings()
+    if args.from_file is not None:
+        return _schedule_file(settings, args.from_file)
+    if args.tenant is None or args.id is None:
+        raise ConfigError("schedule needs --tenant and --id (or --from-file)")
     repeats = args.every is not None or args.cron is not None
     if not repeats and (args.times is not None or args.timezone is not None or args.until is not None):
         raise ConfigError("--times, --until and --timezone repeat a timer: they need --every or --cron")
@@ -262,6 +267,104 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     # The first occurrence: dueAt itself, or a cron schedule's first match at or after it.
     print(f"scheduled {args.tenant}/{args.id} at {iso(checked.due_at)}")
     return 0
+
+
+# Lines read, checked and sent at a time by `schedule --from-file`: memory stays flat for any file.
+IMPORT_CHUNK = 10_000
+
+
+def _schedule_file(settings: Settings, path: str) -> int:
+    """`schedule --from-file`: one ScheduleTimer body per line (the schedule subject's body, its
+    tenant from `tenantId`), checked as the service would (a line it would reject is reported
+    with its number and reason, and not sent), the rest sent with TimerClient.schedule_many.
+    A progress line on stderr while it runs (on a terminal); a summary on stdout. Exit 1 if
+    any line was rejected or not stored."""
+    from worker.core.commands import parse_command
+
+    stream = sys.stdin.buffer if path == "-" else Path(path).open("rb")  # noqa: SIM115  # closed below
+    progress = Progress(Path(path).stat().st_size if path != "-" else None)
+    counts = {"accepted": 0, "duplicate": 0, "error": 0, "rejected": 0}
+
+    def reject(number: int, why: str) -> None:
+        counts["rejected"] += 1
+        progress.clear()
+        print(f"line {number}: {why}", file=sys.stderr)
+
+    async def send(client: Any) -> None:
+        chunk: list[tuple[int, dict[str, Any]]] = []
+        for number, line in enumerate(stream, start=1):
+            progress.read(len(line))
+            if not line.strip():
+                continue
+            try:
+                body = json.loads(line)
+            except ValueError as exc:
+                reject(number, f"invalid_json: {exc}")
+                continue
+            tenant = body.get("tenantId") if isinstance(body, dict) else "_"
+            if not isinstance(tenant, str):  # the tenant a line's subject would have
+                reject(number, "missing_field: tenantId is required (a string)")
+                continue
+            checked = parse_command(
+                "schedule",
+                tenant,
+                line.strip(),
+                now=datetime.now(UTC),
+                max_horizon=settings.max_horizon,
+            )
+            if isinstance(checked, Rejection):
+                reject(number, f"{checked.reason}: {checked.detail}")
+                continue
+            chunk.append((number, body))
+            if len(chunk) >= IMPORT_CHUNK:
+                await flush(client, chunk)
+        await flush(client, chunk)
+
+    async def flush(client: Any, chunk: list[tuple[int, dict[str, Any]]]) -> None:
+        for (number, _), sent in zip(chunk, await client.schedule_many(b for _, b in chunk), strict=True):
+            counts[sent.outcome] += 1
+            if sent.outcome == "error":
+                progress.clear()
+                print(f"line {number}: not stored, send it again: {sent.error}", file=sys.stderr)
+        progress.sent(len(chunk))
+        chunk.clear()
+
+    try:
+        asyncio.run(_with_client(settings, send))
+    finally:
+        stream.close()
+        progress.clear()
+    print(
+        f"accepted {counts['accepted']}, duplicate {counts['duplicate']},"
+        f" rejected {counts['rejected']}, not stored {counts['error']}"
+    )
+    return 1 if counts["rejected"] or counts["error"] else 0
+
+
+class Progress:
+    """One line on stderr, rewritten at most 10 times a second, only on a terminal: bytes read
+    of the file (when its size is known) and commands stored. Not worth a dependency."""
+
+    def __init__(self, total: int | None) -> None:
+        self.total, self.done, self.stored = total, 0, 0
+        self.live = sys.stderr.isatty()
+        self.shown_at = 0.0
+
+    def read(self, n: int) -> None:
+        self.done += n
+
+    def sent(self, n: int) -> None:
+        self.stored += n
+        now = time.monotonic()
+        if self.live and now - self.shown_at >= 0.1:
+            self.shown_at = now
+            share = f" {100 * self.done / self.total:5.1f}%" if self.total else ""
+            print(f"\r{share} {self.stored:,} sent", end="", file=sys.stderr, flush=True)
+
+    def clear(self) -> None:
+        if self.live and self.shown_at:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+            self.shown_at = 0.0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -477,12 +580,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("schedule", help="schedule (or reschedule) a timer")
-    s.add_argument("--tenant", required=True, type=_tenant)
-    s.add_argument("--id", required=True, help="the serviceCallId")
+    s = sub.add_parser("schedule", help="schedule (or reschedule) a timer, or many from a file")
+    s.add_argument("--tenant", type=_tenant, help="required unless --from-file")
+    s.add_argument("--id", help="the serviceCallId; required unless --from-file")
     when = s.add_mutually_exclusive_group()
     when.add_argument("--due-at", type=_when, help="RFC 3339 time with offset, e.g. 2026-11-22T09:00:00Z")
     when.add_argument("--due-in", type=_duration, help="a duration from now, e.g. 30s, 5m, PT1H")
+    when.add_argument(
+        "--from-file",
+        metavar="FILE",
+        help="JSON Lines, one ScheduleTimer body per line (- for stdin): checked, sent in batches",
+    )
     s.add_argument("--correlation-id")
     how = s.add_mutually_exclusive_group()
     how.add_argument("--every", help="repeat: ISO 8601 duration, e.g. PT1H, P1D")
