@@ -93,6 +93,10 @@ class FiringLoop:
         self.downtime_ms = round(settings.downtime_after.total_seconds() * 1000)
         self._idle_s = settings.poll_interval_ms / 1000
         self._backlog = asyncio.Event()  # set while claims come back full
+        # Tests only (River's testsignal): told "claimed" after each of tick's claims, so a test
+        # proves that no claim went out by waiting for the signal with a deadline, not by
+        # yielding a few times and hoping. Production leaves it None.
+        self.test_signal: Callable[[str], None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until stop: claim, fire, sleep until the next occurrence. In-flight work finishes.
@@ -189,6 +193,8 @@ class FiringLoop:
             )
             span.set_attribute("timer.count", len(result.claimed) + len(result.unreadable))
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+        if self.test_signal is not None:
+            self.test_signal("claimed")
         self.clock.observe(result.db_now)
         poll_s = self.s.poll_interval_ms / 1000
         nxt = result.next_due_in_ms
