@@ -10,8 +10,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
-
 from worker import metrics, tracing
 from worker.config import Settings
 from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, Repeat, due_event, iso
@@ -21,9 +19,9 @@ from worker.core.crashpoints import crash_point
 from worker.core.domain import Claimed, Fired, Key, Leased, Unreadable
 from worker.core.ports import EventPublisher, FiringStore
 from worker.core.recurrence import next_occurrence
-from worker.core.waiting import wait_any
+from worker.core.waiting import retry_transient, wait_any
 from worker.core.wakeup import Wakeup
-from worker.errors import TransientError, verdict
+from worker.errors import verdict
 
 log = logging.getLogger("worker.firing")
 
@@ -359,12 +357,4 @@ class FiringLoop:
     async def _retrying(self, write: Callable[..., Awaitable[int]], *args: Any) -> int:
         # Retried only while the lease can still be valid; after that the write would be fenced
         # off anyway and another replica re-fires (same Nats-Msg-Id, so JetStream drops it).
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(TransientError),
-            stop=stop_after_delay(self.s.lease_ms / 1000),
-            wait=wait_exponential(multiplier=0.05, max=1),
-            reraise=True,
-        ):
-            with attempt:
-                return await write(*args)
-        raise AssertionError("unreachable: tenacity reraises")
+        return await retry_transient(lambda: write(*args), self.s.lease_ms / 1000, first_s=0.05, max_s=1)

@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 
 import nats.errors
 from nats.aio.msg import Msg
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from worker import metrics, tracing
 from worker.config import Settings
@@ -22,7 +21,7 @@ from worker.core.clock import Clock
 from worker.core.commands import carried_headers, parse_command
 from worker.core.crashpoints import crash_point
 from worker.core.ports import IntakeBroker, IntakeStore
-from worker.core.waiting import wait_any
+from worker.core.waiting import retry_transient, wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError, verdict
 
@@ -232,15 +231,7 @@ class Intake:
         await self._hint([c for (_, c), o in zip(batch, outcomes, strict=True) if o == "applied"])
 
     async def _apply_retrying(self, commands: list[Command], seqs: list[int]) -> list[str]:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(TransientError),
-            stop=stop_after_delay(5),
-            wait=wait_exponential(multiplier=0.1, max=2),
-            reraise=True,
-        ):
-            with attempt:
-                return list(await self.store.apply(commands, seqs))
-        raise AssertionError("unreachable: tenacity reraises")
+        return list(await retry_transient(lambda: self.store.apply(commands, seqs), 5, first_s=0.1, max_s=2))
 
     async def _hint(self, applied: list[Command]) -> None:
         """Tell every replica's firing loop when the soonest new timer comes due."""
