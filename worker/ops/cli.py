@@ -1,27 +1,30 @@
-"""The `timer-service` command. Thin: parse arguments, build settings, call the module that does it."""
+"""The `timer-service` command. Thin: parse arguments, build settings, call the module that does it.
+
+Here the parser and main(); the commands, by group: cli_timers.py (schedule, cancel, status,
+list, describe), cli_dlq.py (dlq), cli_service.py (migrate, run, console, dev, bench), and
+cli_nats.py, how any of them talks to NATS.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import json
 import os
 import re
 import sys
-from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, NoReturn
 
 import nats.errors
 import psycopg
-from nats.js import JetStreamContext
 
-from worker import __version__, logs, tracing
-from worker.config import Settings, load_settings, parse_duration
-from worker.contract import REASONS, TENANT_RULE, Rejection, is_valid_tenant, iso
+from worker import __version__, logs
+from worker.config import parse_duration
+from worker.contract import REASONS, TENANT_RULE, is_valid_tenant
 from worker.errors import ConfigError
+from worker.ops.cli_dlq import cmd_dlq
+from worker.ops.cli_nats import first_line
+from worker.ops.cli_service import cmd_bench, cmd_console, cmd_dev, cmd_migrate, cmd_run
+from worker.ops.cli_timers import cmd_cancel, cmd_describe, cmd_list, cmd_schedule, cmd_status
 
 # Options whose value may be a time before now: `--before -7d`. argparse takes `-7d` for an
 # option (only plain negative numbers are let through), so these are joined to their value
@@ -115,318 +118,6 @@ def _when(value: str) -> datetime:
     if when.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{value!r} needs a UTC offset, e.g. 2026-11-22T09:00:00Z")
     return when
-
-
-def _due(args: argparse.Namespace) -> datetime:
-    if args.due_in:
-        return datetime.now(UTC) + parse_duration(args.due_in)
-    due: datetime = args.due_at
-    return due
-
-
-async def _quiet(exc: Exception) -> None:
-    """nats-py's error callback: without one it logs every failed attempt with a traceback. The
-    failure itself is raised, and main() reports it once."""
-
-
-def _nats_options() -> dict[str, Any]:
-    # A command-line tool gives up at once on a NATS that is not there (a replica waits forever).
-    return {"allow_reconnect": False, "max_reconnect_attempts": 1, "error_cb": _quiet}
-
-
-async def _with_client(settings: Settings, action: Callable[[Any], Any]) -> Any:
-    from worker.adapters.broker import connect_options
-    from worker.client import TimerClient
-
-    opts = connect_options(settings) | _nats_options()
-    servers = opts.pop("servers")
-    async with await TimerClient.connect(servers, settings.subject_prefix, **opts) as client:
-        return await action(client)
-
-
-@contextlib.asynccontextmanager
-async def _jetstream(settings: Settings) -> AsyncIterator[JetStreamContext]:
-    from worker.adapters.broker import connect_options
-    from worker.natsconn import nats_connect
-
-    opts = connect_options(settings) | _nats_options()
-    nc = await nats_connect(opts.pop("servers"), **opts)
-    try:
-        yield nc.jetstream(timeout=5)
-    finally:
-        await nc.close()
-
-
-def _backlog(settings: Settings) -> tuple[Any, str | None]:
-    """(the command backlog or None, why it is unknown): for `status` and `describe`, which
-    answer from the database even when NATS is not there."""
-    from worker.ops.fleet import command_backlog
-
-    async def read() -> Any:
-        async with _jetstream(settings) as js:
-            return await command_backlog(js, settings)
-
-    try:
-        found = asyncio.run(read())
-    except (OSError, nats.errors.Error) as exc:
-        return None, f"unknown, NATS did not answer (TIMER_NATS_URL): {_first_line(exc)}"
-    return found, None if found is not None else "unknown: no replica has created the command consumer yet"
-
-
-def cmd_migrate(args: argparse.Namespace) -> int:
-    from worker.adapters import migrations
-    from worker.adapters.db import require_utf8
-
-    settings = load_settings()
-    url = settings.database_url.get_secret_value()
-    if args.status:
-        applied, pending = migrations.status(url)
-        print(f"applied: {', '.join(map(str, applied)) or 'none'}")
-        print(f"pending: {', '.join(f'{v} ({name})' for v, name in pending) or 'none'}")
-        return 1 if pending else 0
-    require_utf8(url)  # before anything is written to a database the replicas would refuse
-    applied = migrations.migrate(url)
-    print(f"migrations applied: {', '.join(map(str, applied))}" if applied else "schema up to date")
-    return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from worker.service import Replica
-
-    settings = load_settings(**({"migrate": False} if args.no_migrate else {}))
-    logs.setup(settings.log_level, settings.log_format)
-    tracing.setup()
-    try:
-        return asyncio.run(Replica(settings).run())
-    finally:
-        tracing.disable()  # flushes the spans still batched
-
-
-def cmd_schedule(args: argparse.Namespace) -> int:
-    from worker.core.commands import parse_command
-
-    settings = load_settings()
-    if args.every is None and (args.times is not None or args.timezone is not None):
-        raise ConfigError("--times and --timezone repeat a timer: they need --every")
-    due = _due(args)
-    payload: dict[str, Any] = {"tenantId": args.tenant, "serviceCallId": args.id, "dueAt": iso(due)}
-    if args.every:
-        repeat = {"every": args.every, "times": args.times, "timezone": args.timezone}
-        payload["repeat"] = {k: v for k, v in repeat.items() if v is not None}
-    if args.correlation_id is not None:
-        payload["correlationId"] = args.correlation_id
-    # The service's own check, before sending: a command it would only copy to the DLQ is not sent.
-    checked = parse_command(
-        "schedule",
-        args.tenant,
-        json.dumps(payload).encode(),
-        now=datetime.now(UTC),
-        max_horizon=settings.max_horizon,
-    )
-    if isinstance(checked, Rejection):
-        raise ConfigError(f"not sent, the service would reject it: {checked.reason}: {checked.detail}")
-    asyncio.run(
-        _with_client(
-            settings,
-            lambda c: c.schedule(
-                args.tenant, args.id, due, correlation_id=args.correlation_id, repeat=payload.get("repeat")
-            ),
-        )
-    )
-    print(f"scheduled {args.tenant}/{args.id} at {iso(due)}")
-    return 0
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    from worker.ops.reads import cancel_outcome, connect, describe
-
-    settings = load_settings()
-    url = settings.database_url.get_secret_value()
-    with connect(url) as conn:
-        before = describe(conn, args.tenant, args.id)
-    asyncio.run(_with_client(settings, lambda c: c.cancel(args.tenant, args.id)))
-    code, line = cancel_outcome(url, args.tenant, args.id, args.wait, before)
-    print(line, file=sys.stdout if code == 0 else sys.stderr)
-    return code
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from worker.ops.reads import camel, one_timer, overview, render_overview
-
-    settings = load_settings()
-    if args.id:
-        if not args.tenant:
-            raise ConfigError("status: --id needs --tenant")
-        view = asyncio.run(_with_client(settings, lambda c: c.get(args.tenant, args.id)))
-        if view is None:
-            print(f"not found: {args.tenant}/{args.id}", file=sys.stderr)
-            return 1
-        print(json.dumps(view, indent=2) if args.json else one_timer(view))
-        return 0
-    if args.tenant:  # a tenant without --id: that tenant's summary
-        from worker.ops.reads import connect, render_summary, tenant_summary
-
-        with connect(settings.database_url.get_secret_value()) as conn:
-            summary = tenant_summary(conn, args.tenant)
-        print(json.dumps(camel(summary), indent=2) if args.json else render_summary(summary))
-        return 0
-    report = overview(settings.database_url.get_secret_value(), top=args.top)
-    backlog, unknown = _backlog(settings)
-    if args.json:
-        report["commands"] = backlog.as_dict() if backlog is not None else {"unknown": unknown}
-        print(json.dumps(camel(report), indent=2))
-    else:
-        print(render_overview(report, backlog.line() if backlog is not None else unknown))
-    return 0
-
-
-def cmd_list(args: argparse.Namespace) -> int:
-    from worker.ops.reads import TimerFilter, connect, list_timers, render_page, row_json
-
-    try:
-        f = TimerFilter(
-            tenant_id=args.tenant,
-            state=args.state,
-            due_from=args.due_from,
-            due_to=args.due_to,
-            overdue=args.overdue,
-        )
-        with connect(load_settings().database_url.get_secret_value()) as conn:
-            page = list_timers(conn, f, args.after, args.limit)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if args.json:
-        print(json.dumps({"timers": [row_json(r) for r in page.rows], "next": page.next_cursor}, indent=2))
-    else:
-        print(render_page(page))
-    return 0
-
-
-def cmd_describe(args: argparse.Namespace) -> int:
-    from worker.ops.reads import connect, describe, one_timer
-
-    settings = load_settings()
-    with connect(settings.database_url.get_secret_value()) as conn:
-        view = describe(conn, args.tenant, args.id)
-    if view is None:
-        why = _why_missing(settings, args.tenant, args.id)
-        print(f"not found: {args.tenant}/{args.id}; {why}", file=sys.stderr)
-        return 1
-    print(json.dumps(view, indent=2) if args.json else one_timer(view))
-    return 0
-
-
-def _why_missing(settings: Settings, tenant: str, sid: str) -> str:
-    """A timer the database does not have: queued behind other commands, or rejected?"""
-    dlq_list = f"timer-service dlq list --tenant {tenant} --id {sid}"
-    backlog, unknown = _backlog(settings)
-    if backlog is None:
-        return f"the command backlog is {unknown}; if it was sent, it may have been rejected: {dlq_list}"
-    if backlog.waiting and not backlog.pullers:
-        return (
-            f"{backlog.waiting} command(s) wait in the command stream and no replica is taking them: "
-            "if it was sent, it is queued until a replica runs (timer-service status)"
-        )
-    if backlog.waiting:
-        return (
-            f"{backlog.waiting} command(s) are not applied yet ({backlog.pullers} replica(s) taking "
-            f"commands): if it was sent just now, ask again shortly; if it stays missing: {dlq_list}"
-        )
-    return f"no command waits to be applied: if it was sent, it was rejected: {dlq_list}"
-
-
-def cmd_dlq(args: argparse.Namespace) -> int:
-    from worker.ops import dlq
-
-    settings = load_settings()
-    f = dlq.DlqFilter(
-        tenant=getattr(args, "tenant", None),
-        reason=getattr(args, "reason", None),
-        since=getattr(args, "since", None),
-        before=getattr(args, "before", None),
-        service_call_id=getattr(args, "id", None),
-    )
-    body = None
-    if getattr(args, "body", None):
-        body = sys.stdin.buffer.read() if args.body == "-" else open(args.body, "rb").read()  # noqa: SIM115
-
-    async def act() -> int:
-        async with dlq.open_dlq(settings, **_nats_options()) as q:
-            if args.dlq_command == "list":
-                page = await q.page(f, args.after, args.limit)
-                out = {"entries": [e.as_dict(with_body=False) for e in page.entries], "next": page.next_seq}
-                print(json.dumps(out, indent=2) if args.json else dlq.render_entries(page))
-                return 0
-            if args.dlq_command == "show":
-                entry = await q.get(args.seq)
-                if entry is None:
-                    print(f"no DLQ entry {args.seq} (replayed, purged or aged out)", file=sys.stderr)
-                    return 1
-                print(json.dumps(entry.as_dict(), indent=2) if args.json else dlq.render_entry(entry))
-                return 0
-            if args.dlq_command == "replay":
-                try:
-                    done = await q.replay(args.seq, body)
-                except dlq.ReplayRefused as exc:
-                    raise ConfigError(f"not replayed: {exc}") from None
-                if done is None:
-                    print(f"no DLQ entry {args.seq}: replayed or purged; nothing sent", file=sys.stderr)
-                    return 1
-                again = " (the command stream had it already: replayed before)" if done.duplicate else ""
-                print(
-                    f"replayed DLQ entry {done.seq} to {done.subject} as command {done.command_seq}"
-                    f"{again}; removed from the DLQ"
-                )
-                return 0
-            if not any((f.tenant, f.reason, f.since, f.before, f.service_call_id)):
-                raise ConfigError(
-                    "dlq purge: give at least one of --tenant, --id, --reason, --since, --before"
-                )
-            seqs = await q.purge(f, confirmed=args.yes)
-            if args.yes:
-                print(f"purged {len(seqs)} DLQ entries")
-            else:
-                print(f"{len(seqs)} DLQ entries match; run again with --yes to delete them")
-            return 0
-
-    code: int = asyncio.run(act())
-    return code
-
-
-def cmd_console(args: argparse.Namespace) -> int:
-    from worker.config import load_console_settings
-
-    settings = load_console_settings()
-    try:
-        from worker.ops.console.app import serve
-    except ImportError as exc:
-        raise ConfigError(f"the console needs: pip install 'timer-service[console]' ({exc})") from None
-    logs.setup(settings.log_level, settings.log_format)
-    serve(settings)
-    return 0
-
-
-def cmd_dev(args: argparse.Namespace) -> int:
-    from worker.devkit.dev import run_dev
-
-    return run_dev(duration=args.duration, replicas=args.replicas, rate=args.rate)
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    """The benchmarks of the checkout this package runs from (tools/bench beside worker/, as in an
-    editable install): they are not in the wheel, so an installed package says where they are."""
-    import worker
-
-    checkout = Path(worker.__file__).resolve().parents[1]
-    if not (checkout / "tools" / "bench" / "__init__.py").is_file():
-        raise ConfigError(
-            "bench: the benchmarks run from a repository checkout, not an installed package: "
-            "`make bench` or `python -m tools.bench` there"
-        )
-    sys.path.insert(0, str(checkout))  # a console script's path has its bin/, not the checkout
-    from tools.bench import main as bench
-
-    return bench(args.arguments, prog="timer-service bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -565,18 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     except psycopg.Error as exc:
         # No SQLSTATE: the server was never reached (or went away), so say which setting names it.
         where = "" if exc.sqlstate else "Postgres (TIMER_DATABASE_URL): "
-        print(f"timer-service: {where}{logs.redact(_first_line(exc))}", file=sys.stderr)
+        print(f"timer-service: {where}{logs.redact(first_line(exc))}", file=sys.stderr)
         return 1
     except (OSError, nats.errors.Error) as exc:
         # A server not reachable, a file not found: a user's situation, not a bug. One line.
         where = "NATS (TIMER_NATS_URL): " if isinstance(exc, nats.errors.Error) else ""
-        print(f"timer-service: {where}{logs.redact(_first_line(exc))}", file=sys.stderr)
+        print(f"timer-service: {where}{logs.redact(first_line(exc))}", file=sys.stderr)
         return 1
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 if __name__ == "__main__":
