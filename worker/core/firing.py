@@ -87,7 +87,8 @@ class FiringLoop:
         self.wakeup = wakeup
         self.clock = clock  # the database clock: an occurrence is published once due on it
         # A live replica claims at least once a poll interval, so an expired lease is re-claimed
-        # within one; a timer left claimable a lease longer than that had no replica: downtime.
+        # within one; a timer left claimable for TIMER_DOWNTIME_AFTER (at least a lease plus a
+        # poll interval, config.py) had no replica: downtime, and a missed occurrence is skipped.
         self.downtime_ms = round(settings.downtime_after.total_seconds() * 1000)
         self._idle_s = settings.poll_interval_ms / 1000
         self._backlog = asyncio.Event()  # set while claims come back full
