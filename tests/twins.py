@@ -146,9 +146,9 @@ class TwinStore:
             if (
                 row is not None
                 and row.state == "Scheduled"
-                and (row.anchor_due_at, row.repeat, row.correlation_id, row.carried)
-                == (c.due_at, c.repeat, c.correlation_id, c.carried)
-            ):
+                and (row.anchor_due_at, row.repeat, row.correlation_id, row.carried, row.command_ts)
+                == (c.due_at, c.repeat, c.correlation_id, c.carried, c.timestamp_ms or row.command_ts)
+            ):  # a restatement ignored, unless it is newer: then its command_ts is recorded
                 return "ignored"
             self.rows[c.tenant_id, c.service_call_id] = Row(
                 c.tenant_id, c.service_call_id, "Scheduled", c.due_at, c.correlation_id,
