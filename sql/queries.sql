@@ -1,4 +1,4 @@
--- Every statement the service runs, by name. worker/queries.py loads them once.
+-- Every statement the service runs, by name. worker/adapters/queries.py loads them once.
 -- Times always come from the database clock (now()), never from a replica.
 -- Array parameters travel in binary (%(name)b): encoding 1,000-element arrays as text cost
 -- a replica six times more CPU than the binary form.
@@ -225,7 +225,7 @@ claimed AS (
         lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond',
         -- Saturates: `+ 1` past integer's maximum would fail the whole claim, one row stopping the fleet.
         attempts = least(t.attempts, 2147483646) + 1,
-        -- A recurring timer's next occurrence is the first due after this (worker/recurrence.py).
+        -- A recurring timer's next occurrence is the first due after this (worker/core/recurrence.py).
         -- Downtime is the only reason to skip one: the timer sat claimable and unclaimed for
         -- %(downtime_ms)s (since it came due, its lease ran out, or mark_fired carried the
         -- reference to it), and then the reference is now, so the missed window fires once.
@@ -250,7 +250,7 @@ claimed AS (
 -- Every row is a claimed occurrence with two named columns: the next occurrence beyond this
 -- claim's reach (NULL when none), and the clock read as the row is returned (the latest of those
 -- is as late in the statement as it can be read, after the whole UPDATE; the replica keeps that
--- one for its estimate of this clock, worker/clock.py). A claim that took nothing still returns
+-- one for its estimate of this clock, worker/core/clock.py). A claim that took nothing still returns
 -- one row, its timer columns NULL (the LEFT JOIN), so an idle replica needs this single statement
 -- per wake-up; nothing depends on the order of the rows.
 SELECT c.*, n.next_due_at, clock_timestamp() AS db_now
@@ -390,7 +390,7 @@ SELECT k.tenant_id,
                               LIMIT %(cap)s) AS c) AS pending
 FROM unnest(%(tenant_id)s::text[]) AS k(tenant_id);
 
--- Inspection (worker/inspect.py: `timer-service list`, `describe`, `status --tenant` and the
+-- Inspection (worker/ops/reads.py: `timer-service list`, `describe`, `status --tenant` and the
 -- console). Operator reads, one at a time: never in a loop of the service.
 
 -- name: inspect_tenant_timers

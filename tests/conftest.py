@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from psycopg_pool import AsyncConnectionPool
 
 from tests.servers import (
     Servers,
@@ -27,6 +26,7 @@ from tests.servers import (
     own_names,
 )
 from worker import tracing
+from worker.adapters import db
 from worker.adapters.store import Store
 from worker.config import Settings, load_settings
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
@@ -79,7 +79,7 @@ def db_url(servers: Servers, template_db: str) -> Iterator[str]:
 @pytest.fixture
 async def store(db_url: str) -> AsyncIterator[Store]:
     """A Store on this test's database, for tests of single statements."""
-    pool = AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False, kwargs={"autocommit": True})
+    pool = db.pool(db_url, "tests", min_size=1, max_size=2)  # the replica's, session pins and all
     await pool.open()
     yield Store(pool)
     await pool.close()

@@ -7,7 +7,7 @@ PostgreSQL's own parser (pglast) and refused when, on a table an earlier migrati
   * rewrites the table (ADD COLUMN with a volatile default, ALTER COLUMN ... TYPE) or scans it
     under its lock (SET NOT NULL, ADD COLUMN ... NOT NULL, a CHECK or foreign key without
     NOT VALID);
-  * sets lock_timeout: the runner (worker/migrations.py) waits a short one per attempt and
+  * sets lock_timeout: the runner (worker/adapters/migrations.py) waits a short one per attempt and
     retries, so an ALTER behind a long transaction never queues claims and commands for longer;
     a file's own would replace it (the 5 s the old rule asked for held the fleet up for 5 s).
 A CONCURRENTLY statement cannot run in a transaction: its file starts `-- migration:

@@ -3,13 +3,13 @@ loops' unit tests assume of a twin is what Postgres and JetStream do."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import pytest
-from psycopg_pool import AsyncConnectionPool
 
 from tests.helpers import until
 from tests.twins import TwinPublisher, TwinStore
@@ -26,14 +26,11 @@ class Ports(FiringStore, IntakeStore, Protocol):
 
 
 @pytest.fixture(params=["twin", "postgres"])
-async def ports(request: pytest.FixtureRequest, db_url: str) -> AsyncIterator[Ports]:
+async def ports(request: pytest.FixtureRequest, store: Store) -> AsyncIterator[Ports]:
     if request.param == "twin":
         yield TwinStore(time.time)  # on the wall clock, as the database is
         return
-    pool = AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False, kwargs={"autocommit": True})
-    await pool.open()
-    yield Store(pool)
-    await pool.close()
+    yield store  # tests/conftest.py: on the replica's pool and this test's database
 
 
 @pytest.fixture(params=["twin", "jetstream"])
@@ -165,6 +162,19 @@ async def test_the_soonest_due_among_the_rows_a_batch_left_claimable_is_reported
     assert (await ports.apply([CancelTimer("acme", "later", None, 2)])).soonest_due is None
     await claim_one(ports, "a")
     assert (await ports.apply([CancelTimer("acme", "soon", None, 9)])).soonest_due is None
+
+
+async def test_a_newer_restatement_is_recorded_so_an_older_change_after_it_is_ignored(ports: Ports) -> None:
+    """The same schedule again with a newer timestampMs changes nothing the timer does, but its
+    timestamp is kept: a change stamped between the two arrives late and must lose to it."""
+    first = schedule("k", 60, ts=2)
+    assert (await ports.apply([first])).outcomes == ["applied"]
+    assert (await ports.apply([first])).outcomes == ["ignored"]  # the same command again: nothing to do
+    assert (await ports.apply([dataclasses.replace(first, timestamp_ms=5)])).outcomes == ["applied"]
+    assert (await ports.apply([dataclasses.replace(first, due_at=at(120), timestamp_ms=3)])).outcomes == [
+        "ignored"
+    ]
+    assert (await ports.apply([CancelTimer("acme", "k", None, 4)])).outcomes == ["ignored"]
 
 
 async def test_the_quota_view_counts_pending_timers_up_to_the_cap(ports: Ports) -> None:

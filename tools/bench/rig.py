@@ -37,7 +37,6 @@ FROM generate_series(0, %(n)s - 1) AS i,
      LATERAL (SELECT now() + make_interval(secs => %(start_s)s + i / %(rate)s::float8)) AS t(d)
 """
 COUNT_SCHEDULED_SQL = "SELECT count(*) FROM timers WHERE state = 'Scheduled' AND service_call_id LIKE %s"
-LEASED_SQL = "SELECT count(*) FROM timers WHERE lease_expires_at > now()"
 XACTS_SQL = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s"
 
 

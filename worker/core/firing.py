@@ -10,8 +10,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
-
 from worker import metrics, tracing
 from worker.config import Settings
 from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, Repeat, due_event, iso
@@ -21,9 +19,9 @@ from worker.core.crashpoints import crash_point
 from worker.core.domain import Claimed, Fired, Key, Leased, Unreadable
 from worker.core.ports import EventPublisher, FiringStore
 from worker.core.recurrence import next_occurrence
-from worker.core.waiting import wait_any
+from worker.core.waiting import retry_transient, wait_any
 from worker.core.wakeup import Wakeup
-from worker.errors import TransientError, verdict
+from worker.errors import verdict
 
 log = logging.getLogger("worker.firing")
 
@@ -97,10 +95,15 @@ class FiringLoop:
         self.wakeup = wakeup
         self.clock = clock  # the database clock: an occurrence is published once due on it
         # A live replica claims at least once a poll interval, so an expired lease is re-claimed
-        # within one; a timer left claimable a lease longer than that had no replica: downtime.
+        # within one; a timer left claimable for TIMER_DOWNTIME_AFTER (at least a lease plus a
+        # poll interval, config.py) had no replica: downtime, and a missed occurrence is skipped.
         self.downtime_ms = round(settings.downtime_after.total_seconds() * 1000)
         self._idle_s = settings.poll_interval_ms / 1000
         self._backlog = asyncio.Event()  # set while claims come back full
+        # Tests only (River's testsignal): told "claimed" after each of tick's claims, so a test
+        # proves that no claim went out by waiting for the signal with a deadline, not by
+        # yielding a few times and hoping. Production leaves it None.
+        self.test_signal: Callable[[str], None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until stop: claim, fire, sleep until the next occurrence. In-flight work finishes.
@@ -197,6 +200,8 @@ class FiringLoop:
             )
             span.set_attribute("timer.count", len(result.claimed) + len(result.unreadable))
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+        if self.test_signal is not None:
+            self.test_signal("claimed")
         self.clock.observe(result.db_now)
         poll_s = self.s.poll_interval_ms / 1000
         nxt = result.next_due_in_ms
@@ -361,12 +366,4 @@ class FiringLoop:
     async def _retrying(self, write: Callable[..., Awaitable[int]], *args: Any) -> int:
         # Retried only while the lease can still be valid; after that the write would be fenced
         # off anyway and another replica re-fires (same Nats-Msg-Id, so JetStream drops it).
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(TransientError),
-            stop=stop_after_delay(self.s.lease_ms / 1000),
-            wait=wait_exponential(multiplier=0.05, max=1),
-            reraise=True,
-        ):
-            with attempt:
-                return await write(*args)
-        raise AssertionError("unreachable: tenacity reraises")
+        return await retry_transient(lambda: write(*args), self.s.lease_ms / 1000, first_s=0.05, max_s=1)

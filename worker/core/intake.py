@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 
 import nats.errors
 from nats.aio.msg import Msg
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from worker import metrics, tracing
 from worker.config import Settings
@@ -23,7 +22,7 @@ from worker.core.commands import carried_headers, parse_command
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Applied, Position
 from worker.core.ports import IntakeBroker, IntakeStore
-from worker.core.waiting import wait_any
+from worker.core.waiting import retry_transient, wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError, verdict
 
@@ -240,15 +239,7 @@ class Intake:
         await self._hint(applied.soonest_due)
 
     async def _apply_retrying(self, commands: list[Command], positions: list[Position]) -> Applied:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(TransientError),
-            stop=stop_after_delay(5),
-            wait=wait_exponential(multiplier=0.1, max=2),
-            reraise=True,
-        ):
-            with attempt:
-                return await self.store.apply(commands, positions)
-        raise AssertionError("unreachable: tenacity reraises")
+        return await retry_transient(lambda: self.store.apply(commands, positions), 5, first_s=0.1, max_s=2)
 
     async def _hint(self, soonest_due: datetime | None) -> None:
         """Tell every replica's firing loop when the soonest timer the batch committed, or only

@@ -1,8 +1,17 @@
-"""The one way a loop waits: until one of some events is set, or a timeout passes."""
+"""How a loop waits: until one of some events is set or a timeout passes, and between the
+attempts of a write a transient failure interrupted."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from worker.errors import TransientError
+
+T = TypeVar("T")
 
 
 async def wait_any(timeout: float | None, *events: asyncio.Event) -> bool:
@@ -20,3 +29,22 @@ async def wait_any(timeout: float | None, *events: asyncio.Event) -> bool:
         for w in waiters:
             w.cancel()
     return any(e.is_set() for e in events)
+
+
+async def retry_transient(
+    call: Callable[[], Awaitable[T]], within_s: float, first_s: float, max_s: float
+) -> T:
+    """`call()`, tried again after each TransientError until `within_s` seconds have passed; then
+    that error is raised. The waits double from `first_s` up to `max_s`. Any other error is raised
+    at once (errors.verdict decided what is transient)."""
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(TransientError),
+        stop=stop_after_delay(within_s),
+        wait=wait_exponential(multiplier=first_s, max=max_s),
+        reraise=True,
+    )
+
+    async def attempt() -> T:  # a coroutine function: tenacity would not await a lambda's result
+        return await call()
+
+    return await retrying(attempt)

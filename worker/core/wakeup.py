@@ -3,10 +3,11 @@
 The database decides what is due (its clock, its rows). A replica only needs to know when to
 ask again: the claim statement tells it how far away the next occurrence is, and intake (local
 or on another replica, through a core-NATS hint) tells it when a sooner one was just stored.
-A replica's own wall clock is never used. Its monotonic clock measures intervals, and the
+Wakeup never reads the replica's wall clock. Its monotonic clock measures intervals, and the
 database clock is estimated from every claim's reading of clock_timestamp() (worker/core/clock.py),
 never ahead of it. Wakeup only schedules: what time it is on the database clock, and whether an
-occurrence may be published yet, is the clock's business.
+occurrence may be published yet, is the clock's business. (Intake checks a command's horizon,
+TIMER_MAX_HORIZON, against the wall clock: that check is about years, not seconds.)
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Where is my timer, how does the fleet stand? The operator's reads, as functions the CLI
 (`status`, `list`, `describe`, `cancel`) and the console share.
 
-Each takes an open psycopg connection (one-off for the CLI, from a pool for the console) and
-returns plain data; every statement is named in sql/queries.sql and reads on the database clock.
-`overview` opens its own (adapters/db.py).
+Each takes an open psycopg connection (a one-off read-only one from `connect`, for the CLI and
+the console alike: there is no pool) and returns plain data; every statement is named in
+sql/queries.sql and reads on the database clock. `overview` opens its own (adapters/db.py).
 """
 
 from __future__ import annotations

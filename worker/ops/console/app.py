@@ -20,6 +20,7 @@ import jinja2
 import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -48,6 +49,12 @@ _env = jinja2.Environment(
 )
 _env.filters["q"] = lambda value: urllib.parse.quote(str(value), safe="")
 _env.filters["t"] = lambda v: reads.fmt_time(v) if isinstance(v, datetime) else (v or "-")
+
+
+async def _checked_form(request: Request) -> FormData | None:
+    """A post's form, or None when it lacks its session's CSRF token (the caller answers 403)."""
+    form = await request.form()
+    return form if csrf_ok(request, form.get("csrf")) else None
 
 
 class Console:
@@ -103,8 +110,7 @@ class Console:
         return response
 
     async def logout(self, request: Request) -> Response:
-        form = await request.form()
-        if not csrf_ok(request, form.get("csrf")):
+        if await _checked_form(request) is None:
             return Response(status_code=403)
         self.sessions.drop(request.cookies.get(COOKIE))
         response = RedirectResponse("/login", status_code=303)
@@ -118,8 +124,7 @@ class Console:
         return self.page(request, "overview.html", report=report, late=late)
 
     async def search(self, request: Request) -> Response:
-        form = await request.form()
-        if not csrf_ok(request, form.get("csrf")):
+        if (form := await _checked_form(request)) is None:
             return Response(status_code=403)
         tenant = str(form.get("tenant") or "").strip()
         sid = str(form.get("id") or "").strip()
@@ -181,8 +186,7 @@ class Console:
 
     async def dlq_replay(self, request: Request) -> Response:
         seq = request.path_params["seq"]
-        form = await request.form()
-        if not csrf_ok(request, form.get("csrf")):
+        if (form := await _checked_form(request)) is None:
             return Response(status_code=403)
         if not self.s.console_actions:
             return Response("actions are off (TIMER_CONSOLE_ACTIONS)", status_code=403, headers=HEADERS)

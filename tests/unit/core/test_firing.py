@@ -39,6 +39,11 @@ async def schedule(store: TwinStore, time: FakeTime, *offsets_s: float, tenant: 
     )
 
 
+# How long a negative check waits for a claim that must not come. Everything here is in memory,
+# so a claim that the pipeline failed to hold back would signal within a few loop turns.
+NO_CLAIM_WITHIN_S = 0.2
+
+
 def counter(name: str) -> float:
     return REGISTRY.get_sample_value(name) or 0.0
 
@@ -72,12 +77,17 @@ async def test_while_claims_come_back_full_the_next_claim_overlaps_the_publishes
     await schedule(store, time, *(-60.0 + i / 1000 for i in range(10)))  # older than the fresh lane's window
     publisher.gate = asyncio.Event()
     loop = firing(settings.model_copy(update={"batch_size": 2}), store, publisher, FakeClock(time))
+    claims: asyncio.Queue[str] = asyncio.Queue()
+    loop.test_signal = claims.put_nowait
     stop = asyncio.Event()
     task = asyncio.create_task(loop.run(stop))
     try:
         await until(lambda: len(publisher.calls) == PIPELINE_DEPTH, what="the first batches on the wire")
-        for _ in range(20):  # every other task has its turns: none claims a batch more
-            await asyncio.sleep(0)
+        assert [claims.get_nowait() for _ in range(PIPELINE_DEPTH)] == ["claimed"] * PIPELINE_DEPTH
+        # The negative check: a claim more would signal at once (the store and publisher are
+        # in-memory); none comes while every batch in flight is held at the publisher.
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(claims.get(), timeout=NO_CLAIM_WITHIN_S)
         assert len(publisher.calls) == PIPELINE_DEPTH
         assert sum(r.lease_expires_at is not None for r in store.rows.values()) == 2 * PIPELINE_DEPTH
         publisher.gate.set()
@@ -85,6 +95,7 @@ async def test_while_claims_come_back_full_the_next_claim_overlaps_the_publishes
             lambda: all(r.state == "Reached" for r in store.rows.values()), what="the backlog drained"
         )
     finally:
+        publisher.gate.set()  # a failed check above must not leave the loop held forever
         stop.set()
         await task
     assert sorted(event_id(m) for c in publisher.calls for m in c.messages) == sorted(
