@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import socket
+import time
 from collections.abc import Iterator
+from typing import Any
 
+import psycopg
 import pytest
 from starlette.testclient import TestClient
 
-from tests.helpers import query
+from tests.helpers import jetstream, publish_raw, query, running_replica, until
 from tests.integration.test_cli import run
+from worker.adapters.queries import QUERIES
 from worker.config import ConsoleSettings, Settings, load_console_settings
+from worker.ops import dlq
 from worker.ops.console.app import create_app
 
 TOKEN = "console-token-0123456789"
@@ -118,3 +125,148 @@ def test_a_login_body_larger_than_a_form_of_credentials_is_refused_unread(client
     assert client.post("/login", content=streamed).status_code == 413
     refused = client.post("/login", data={"token": TOKEN[:-1]})  # a normal form is still read
     assert refused.status_code == 401
+
+
+# --- issue 22's defects ---------------------------------------------------------------------
+
+
+def _csrf(page: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert match, page
+    return match.group(1)
+
+
+def _reject(settings: Settings, tenant: str, ids: list[str]) -> None:
+    """ScheduleTimers with an unreadable dueAt, one per id, sent to a replica: DLQ entries."""
+
+    async def send() -> None:
+        async with running_replica(settings), jetstream(settings) as js:
+            for sid in ids:
+                body = {"tenantId": tenant, "serviceCallId": sid, "dueAt": "2030-01-01 09:00"}
+                await publish_raw(js, settings, tenant, "schedule", body)
+            async with dlq.open_dlq(settings) as q:
+
+                async def stored() -> bool:
+                    page = await q.page(dlq.DlqFilter(tenant=tenant), limit=len(ids) + 1)
+                    return len(page.entries) == len(ids)
+
+                await until(stored, what="DLQ copies")
+
+    asyncio.run(send())
+
+
+def test_rejected_commands_naming_a_timer_match_its_id_exactly_and_say_when_the_scan_stopped(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22: the timer's page matched the id as a substring of the body (bulk-3 listed
+    bulk-30 ... bulk-39), and read only a tenant's first 1,000 entries without saying so."""
+    _reject(settings, "acme", ["bulk-3", *(f"bulk-3{i}" for i in range(10)), "other"])
+    with TestClient(create_app(console_settings(settings)), follow_redirects=False) as client:
+        _login(client)
+        page = client.get("/timers/acme/bulk-3").text
+        rejected = page.split("Rejected commands naming this timer")[1].split("</table>")[0]
+        assert rejected.count("bad_due_at") == 1, rejected
+        assert "stopped" not in page
+        for module in ("worker.ops.console.views", "worker.ops.console.app"):
+            monkeypatch.setattr(module + ".TIMER_DLQ_SCAN", 5, raising=False)
+        cut = client.get("/timers/acme/other").text
+        assert 'id="cut"' in cut and "stopped after 5 entries" in cut, cut
+
+
+def test_pages_show_no_python_values_and_the_contracts_times(client: TestClient, db_url: str) -> None:
+    """Issue 22: pages showed Python's None, True and False, and times with microseconds."""
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, repeat_every, lease_expires_at, "
+        "attempts, last_error) VALUES ('acme', 'hourly', 'Scheduled', "
+        "'2030-01-01 09:00:00.123456+00', 'PT1H', now() + interval '1 minute', 2, 'publish timed out')",
+    )
+    _login(client)
+    for path in ("/", "/tenants/acme", "/timers/acme/hourly", "/timers/acme/secret-timer"):
+        page = client.get(path)
+        assert page.status_code == 200, path
+        text = re.sub(r"<script.*?</script>", "", page.text, flags=re.S)
+        assert not re.search(r"\b(None|True|False)\b", text), (
+            path,
+            re.findall(r".{60}\b(?:None|True|False)\b.{20}", text),
+        )
+        assert not re.search(r"\d\d:\d\d:\d\d\.\d{4,}", text), path
+        assert not re.search(r"\d\d:\d\d:\d\d\+00:00", text), path
+    timer = client.get("/timers/acme/hourly").text
+    assert '<time datetime="2030-01-01T09:00:00.123Z">' in timer
+    assert "every PT1H" in timer
+
+
+def test_a_port_in_use_is_one_line(settings: Settings, db_url: str) -> None:
+    """Issue 22: a taken port ended the console with uvicorn's JSON log lines, each carrying an
+    ANSI-coloured `color_message` twin."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run(
+            "console",
+            TIMER_CONSOLE_TOKEN=TOKEN,
+            TIMER_DATABASE_URL=db_url,
+            TIMER_NATS_URL=settings.nats_url,
+            TIMER_CONSOLE_PORT=str(port),
+        )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert "\x1b" not in result.stderr and "color_message" not in result.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "TIMER_CONSOLE_PORT" in lines[0], lines[0]
+
+
+def test_the_session_cookie_is_secure_when_served_over_tls(client: TestClient) -> None:
+    """Issue 22: behind the TLS proxy it is meant to sit behind (the chart's Ingress), the console
+    saw plain HTTP and set the session cookie without Secure."""
+    plain = client.post("/login", data={"token": TOKEN})
+    assert "secure" not in plain.headers["set-cookie"].lower()  # http://localhost still works
+    proxied = client.post("/login", data={"token": TOKEN}, headers={"X-Forwarded-Proto": "https"})
+    assert "; secure" in proxied.headers["set-cookie"].lower(), proxied.headers["set-cookie"]
+    forwarded = client.post("/login", data={"token": TOKEN}, headers={"Forwarded": "for=1.2.3.4;proto=https"})
+    assert "; secure" in forwarded.headers["set-cookie"].lower()
+
+
+def test_failed_logins_are_throttled_per_user_and_per_address(client: TestClient) -> None:
+    """Issue 22: nothing slowed down guessing. After 5 failures for a user (or the token), or 20
+    from one address, the next try waits, 1 s doubling; the wait is answered 429 with
+    Retry-After, without checking the credentials."""
+    clock = [1000.0]
+    client.app.state.console.throttle.clock = lambda: clock[0]  # type: ignore[attr-defined]
+    for _ in range(5):
+        assert client.post("/login", data={"token": "wrong-token-0000000"}).status_code == 401
+    held = client.post("/login", data={"token": TOKEN})
+    assert (
+        held.status_code == 429 and held.headers["retry-after"] == "1" and "timer_console" not in held.cookies
+    )
+    clock[0] += 1.5
+    assert client.post("/login", data={"token": "wrong-token-0000000"}).status_code == 401
+    assert client.post("/login", data={"token": TOKEN}).headers["retry-after"] == "2"  # doubled
+    clock[0] += 2.5
+    assert client.post("/login", data={"token": TOKEN}).status_code == 303  # and a success clears it
+    # Per address: many user names from one client.
+    for i in range(20):
+        client.post("/login", data={"user": f"guess{i}", "password": "x" * 12})
+    assert client.post("/login", data={"user": "someone-new", "password": "x" * 12}).status_code == 429
+
+
+def test_the_overview_does_not_count_the_whole_table_on_every_look(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22: every overview ran `SELECT state, count(*) FROM timers GROUP BY state`, a scan of
+    the whole table; now it is read at most every 30 s and shown with its age."""
+    counted = []
+    execute = psycopg.Connection.execute
+
+    def spy(self: psycopg.Connection[Any], statement: Any, *args: Any, **kwargs: Any) -> Any:
+        if statement == QUERIES["status_counts"]:
+            counted.append(1)
+        return execute(self, statement, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", spy)
+    _login(client)
+    for _ in range(3):
+        assert client.get("/").status_code == 200
+        assert client.get("/?live=1").status_code == 200
+    assert len(counted) == 1
