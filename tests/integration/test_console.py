@@ -232,14 +232,14 @@ def test_failed_logins_are_throttled_per_user_and_per_address(client: TestClient
     """Issue 22: nothing slowed down guessing. After 5 failures for a user (or the token), or 20
     from one address, the next try waits, 1 s doubling; the wait is answered 429 with
     Retry-After, without checking the credentials."""
-    clock = [1000.0]
-    client.app.state.console.throttle.clock = lambda: clock[0]  # type: ignore[attr-defined]
     for _ in range(5):
         assert client.post("/login", data={"token": "wrong-token-0000000"}).status_code == 401
     held = client.post("/login", data={"token": TOKEN})
     assert (
         held.status_code == 429 and held.headers["retry-after"] == "1" and "timer_console" not in held.cookies
     )
+    clock = [time.monotonic()]  # from here on the throttle's clock is this test's
+    client.app.state.console.throttle.clock = lambda: clock[0]  # type: ignore[attr-defined]
     clock[0] += 1.5
     assert client.post("/login", data={"token": "wrong-token-0000000"}).status_code == 401
     assert client.post("/login", data={"token": TOKEN}).headers["retry-after"] == "2"  # doubled
