@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import re
 import socket
 import time
@@ -15,6 +17,7 @@ from starlette.testclient import TestClient
 
 from tests.helpers import jetstream, publish_raw, query, running_replica, until
 from tests.integration.test_cli import run
+from worker import logs
 from worker.adapters.queries import QUERIES
 from worker.config import ConsoleSettings, Settings, load_console_settings
 from worker.ops import dlq
@@ -270,3 +273,16 @@ def test_the_overview_does_not_count_the_whole_table_on_every_look(
         assert client.get("/").status_code == 200
         assert client.get("/?live=1").status_code == 200
     assert len(counted) == 1
+
+
+def test_uvicorn_lines_carry_no_ansi_twin(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22: every uvicorn line of the console's log carried `color_message`, the message
+    again with ANSI colour codes, into the JSON."""
+    logs.setup("INFO", "json")
+    logging.getLogger("uvicorn.error").info(
+        "Started server process [%d]",
+        7,
+        extra={"color_message": "Started server process [\x1b[36m%d\x1b[0m]"},
+    )
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert json.loads(line)["msg"] == "Started server process [7]" and "color_message" not in line
