@@ -13,12 +13,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 from starlette.testclient import TestClient
 
 from tests.helpers import jetstream, publish_raw, query, running_replica, until
 from tests.integration.test_cli import run
-from worker import logs
+from worker import logs, metrics
+from worker.adapters.broker import Broker
 from worker.adapters.queries import QUERIES
+from worker.adapters.stats import StatsRollup
 from worker.config import ConsoleSettings, Settings, load_console_settings
 from worker.ops import dlq
 from worker.ops.console.app import create_app
@@ -286,3 +289,135 @@ def test_uvicorn_lines_carry_no_ansi_twin(capsys: pytest.CaptureFixture[str]) ->
     )
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert json.loads(line)["msg"] == "Started server process [7]" and "color_message" not in line
+
+
+# --- what issue 22 asked the console to become ------------------------------------------------
+
+
+def test_replicas_write_minute_stats_that_the_overview_charts(settings: Settings, db_url: str) -> None:
+    """A replica's rollup adds its counters to its minute's row; the overview draws them and
+    lists the replica as alive, holding a lease or not."""
+
+    async def two_writes() -> None:
+        async with AsyncConnectionPool(db_url, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool:
+            rollup = StatsRollup(pool, "replica-a")
+            metrics.FIRED.inc(120)
+            metrics.LATENESS_SECONDS.observe(0.004)
+            await rollup.write()
+            metrics.FIRED.inc(30)
+            await rollup.write()
+
+    asyncio.run(two_writes())
+    ((fired, buckets),) = query(
+        db_url, "SELECT fired, lateness FROM timer_stats WHERE worker_id = 'replica-a'"
+    )
+    assert fired == 150 and sum(buckets) == 1
+    with TestClient(create_app(console_settings(settings)), follow_redirects=False) as client:
+        _login(client)
+        page = client.get("/").text
+    replicas = page.split('id="replicas"')[1].split("</table>")[0]
+    assert "replica-a" in replicas and "alive" in replicas
+    assert ('id="chart-fires"' in page and "<polyline" in page) or "<circle" in page
+    assert re.search(r"fires/s \d", page), page
+    assert "p50 4 ms" in page or "p50 3 ms" in page, re.findall(r"p50 [^<]*", page)
+
+
+def test_search_finds_timers_of_any_tenant_by_service_call_or_correlation_id(
+    client: TestClient, db_url: str
+) -> None:
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, correlation_id) VALUES "
+        "('globex', 'secret-timer', 'Scheduled', now() + interval '1 hour', NULL), "
+        "('initech', 'order-7-reminder', 'Scheduled', now() + interval '1 hour', 'order-7')",
+    )
+    csrf = _login(client)
+    both = client.post("/search", data={"id": "secret-timer", "csrf": csrf})
+    assert both.status_code == 200
+    found = both.text.split('id="found"')[1]
+    assert "/timers/acme/secret-timer" in found and "/timers/globex/secret-timer" in found
+    one = client.post("/search", data={"id": "order-7", "csrf": csrf})
+    assert one.status_code == 303 and one.headers["location"] == "/timers/initech/order-7-reminder"
+    none = client.post("/search", data={"id": "nothing-like-it", "csrf": csrf})
+    assert "no timer has this serviceCallId or correlationId" in none.text
+
+
+def test_a_tenants_timers_sort_either_way_and_page_back_and_forth_with_a_total(
+    client: TestClient, db_url: str
+) -> None:
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at) "
+        "SELECT 'acme', 't-' || lpad(i::text, 3, '0'), 'Scheduled', now() + i * interval '1 minute' "
+        "FROM generate_series(1, 120) AS i",
+    )
+    _login(client)
+
+    def ids(page: str) -> list[str]:
+        return re.findall(r'href="/timers/acme/([^"]+)"', page.split('id="timers"')[1])
+
+    first = client.get("/tenants/acme").text
+    assert "50 shown of 121 timers" in first and ids(first)[0] == "secret-timer"
+    assert 'rel="prev"' not in first
+    nxt = re.search(r'href="([^"]+)" rel="next"', first)
+    assert nxt
+    second = client.get("/tenants/acme" + nxt.group(1).replace("&amp;", "&")).text
+    assert ids(second)[0] == "t-050" and 'rel="prev"' in second
+    prev = re.search(r'href="([^"]+)" rel="prev"', second)
+    assert prev
+    back = client.get("/tenants/acme" + prev.group(1).replace("&amp;", "&")).text
+    assert ids(back) == ids(first)
+    assert ids(client.get("/tenants/acme?sort=-id").text)[0] == "t-120"
+    by_due = client.get("/tenants/acme?sort=due").text
+    assert ids(by_due)[:2] == ["secret-timer", "t-001"] and "121 Scheduled timers" in by_due
+    assert ids(client.get("/tenants/acme?sort=-due").text)[0] == "t-120"
+
+
+async def _streams(settings: Settings) -> None:
+    """The streams, as a replica creates them, with no replica to apply what is sent."""
+    broker = Broker(settings)
+    await broker.connect()
+    try:
+        await broker.ensure_streams()
+    finally:
+        await broker.close()
+
+
+def test_actions_are_refused_when_off_confirmed_first_and_audited(
+    settings: Settings, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at) "
+        "VALUES ('acme', 'secret-timer', 'Scheduled', now() + interval '1 hour')",
+    )
+    asyncio.run(_streams(settings))
+    with TestClient(create_app(console_settings(settings)), follow_redirects=False) as off:
+        csrf = _login(off)
+        assert (
+            off.post("/act/cancel/acme/secret-timer", data={"csrf": csrf, "confirm": "yes"}).status_code
+            == 403
+        )
+        assert (
+            off.post(
+                "/dlq/bulk", data={"csrf": csrf, "op": "purge", "confirm": "yes", "upto": "9"}
+            ).status_code
+            == 403
+        )
+    with (
+        TestClient(
+            create_app(console_settings(settings, console_actions=True)), follow_redirects=False
+        ) as on,
+        caplog.at_level(logging.INFO, logger="worker.console"),
+    ):
+        csrf = _login(on)
+        assert on.post("/act/cancel/acme/secret-timer", data={"confirm": "yes"}).status_code == 403  # no CSRF
+        asked = on.post("/act/cancel/acme/secret-timer", data={"csrf": csrf})
+        assert asked.status_code == 200 and "Yes, cancel" in asked.text
+        assert not [r for r in caplog.records if getattr(r, "action", None) == "console_action"]
+        bad = on.post("/act/reschedule/acme/secret-timer", data={"csrf": csrf, "dueAt": "tomorrow"})
+        assert bad.status_code == 422
+        done = on.post("/act/cancel/acme/secret-timer", data={"csrf": csrf, "confirm": "yes"})
+        assert done.status_code == 303 and done.headers["location"] == "/timers/acme/secret-timer?done=cancel"
+    (line,) = [r for r in caplog.records if getattr(r, "action", None) == "console_action"]
+    assert (line.user, line.what, line.tenant, line.id) == ("token", "cancel", "acme", "secret-timer")  # type: ignore[attr-defined]
