@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from worker.adapters.queries import QUERIES
+from worker.adapters.stats import STATS_EVERY_S
 
 # A replica that has not written its stats for this long is not listed as alive (it writes every
 # 15 s: three missed writes).
@@ -55,8 +56,10 @@ def series(conn: psycopg.Connection[Any], window_min: int = 60) -> list[Minute]:
         for r in rows:
             if list(r[5]) == bounds:
                 merged = [a + b for a, b in zip(merged, r[6], strict=True)]
-        covered = min(60.0, max(1.0, (max(r[7] for r in rows) - at).total_seconds()))
-        covered = 60.0 if (rows[0][8] - at).total_seconds() >= 60 else covered
+        # A minute's first write carries what was fired since the previous one, up to
+        # STATS_EVERY_S before the minute began: the current minute's counts cover that much more.
+        elapsed = (max(r[7] for r in rows) - at).total_seconds() + STATS_EVERY_S
+        covered = 60.0 if (rows[0][8] - at).total_seconds() >= 60 else min(60.0, max(1.0, elapsed))
         out.append(
             Minute(
                 at=at,
