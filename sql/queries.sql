@@ -468,3 +468,94 @@ FROM pg_database WHERE datname = current_database();
 -- name: fleet_secret
 -- The key of every Nats-Msg-Id (worker/contract.py, MessageIds); read once per replica or CLI run.
 SELECT secret FROM fleet_secret;
+
+-- The replicas' minute stats (worker/adapters/stats.py) and the console's reads of them.
+
+-- name: stats_add
+-- Add a replica's counters since its last write to the current minute's row (the database's
+-- minute); the lateness buckets add element by element. overdue is a level: the latest wins.
+INSERT INTO timer_stats AS s (minute, worker_id, fired, rejected, overdue, lateness_le, lateness)
+VALUES (date_trunc('minute', now()), %(worker_id)s, %(fired)s, %(rejected)s, %(overdue)s,
+        %(lateness_le)s, %(lateness)s)
+ON CONFLICT (minute, worker_id) DO UPDATE SET
+    fired = s.fired + excluded.fired,
+    rejected = s.rejected + excluded.rejected,
+    overdue = excluded.overdue,
+    lateness_le = excluded.lateness_le,
+    lateness = CASE WHEN s.lateness_le = excluded.lateness_le
+                    THEN ARRAY(SELECT a + b FROM unnest(s.lateness, excluded.lateness) AS u(a, b))
+                    ELSE excluded.lateness END,
+    written_at = now();
+
+-- name: stats_trim
+-- Retention of timer_stats: rows older than %(keep)s, oldest first through the primary key.
+DELETE FROM timer_stats WHERE minute < now() - %(keep)s::interval;
+
+-- name: console_stats
+-- Every replica's rows of the last %(window)s minutes, for the console's charts.
+SELECT minute, worker_id, fired, rejected, overdue, lateness_le, lateness, written_at, now() AS db_now
+FROM timer_stats
+WHERE minute >= date_trunc('minute', now()) - make_interval(mins => %(window)s)
+ORDER BY minute;
+
+-- name: console_replicas
+-- The replicas that wrote stats lately: alive, whether or not they hold a lease now.
+SELECT worker_id, max(written_at) AS last_seen, extract(epoch FROM now() - max(written_at)) AS ago_s
+FROM timer_stats
+WHERE minute >= date_trunc('minute', now()) - interval '10 minutes'
+GROUP BY worker_id
+ORDER BY worker_id;
+
+-- name: console_find_correlation
+-- Timers of any tenant with this correlationId: the partial index timers_correlation.
+SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+       last_error, fired_count, repeat_every, correlation_id,
+       state = 'Scheduled' AND due_at <= now() AS overdue
+FROM timers
+WHERE correlation_id = %(correlation_id)s AND correlation_id IS NOT NULL
+ORDER BY tenant_id, service_call_id
+LIMIT %(limit)s;
+
+-- name: console_find_id
+-- The timers of any tenant with this serviceCallId, without an index of its own: a loose scan of
+-- the primary key steps from one tenant to the next (one index probe per tenant), and a key
+-- lookup in each. Costs about two probes per tenant, whatever the number of timers.
+WITH RECURSIVE tenants(tenant_id) AS (
+    (SELECT tenant_id FROM timers ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.tenant_id FROM timers t WHERE t.tenant_id > tenants.tenant_id
+            ORDER BY t.tenant_id LIMIT 1)
+    FROM tenants WHERE tenants.tenant_id IS NOT NULL
+)
+SELECT t.tenant_id, t.service_call_id, t.state, t.due_at, t.lease_owner, t.lease_expires_at,
+       t.attempts, t.last_error, t.fired_count, t.repeat_every, t.correlation_id,
+       t.state = 'Scheduled' AND t.due_at <= now() AS overdue
+FROM tenants
+JOIN timers t ON t.tenant_id = tenants.tenant_id AND t.service_call_id = %(service_call_id)s
+ORDER BY t.tenant_id
+LIMIT %(limit)s;
+
+-- name: console_tenant_back
+-- One tenant's timers in reverse key order, before %(before)s: the console's previous page (and
+-- its descending sort); otherwise as inspect_tenant_timers.
+SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+       last_error, fired_count, repeat_every,
+       state = 'Scheduled' AND due_at <= now() AS overdue
+FROM timers
+WHERE tenant_id = %(tenant_id)s AND service_call_id < %(before)s
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+ORDER BY service_call_id DESC
+LIMIT %(limit)s;
+
+-- name: console_due_back
+-- One tenant's Scheduled timers in reverse due order, before the key: the previous page of
+-- inspect_due_timers (and its descending sort), a range of the due index walked backwards.
+SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+       last_error, fired_count, repeat_every,
+       due_at <= now() AS overdue
+FROM timers
+WHERE state = 'Scheduled'
+  AND (due_at, tenant_id, service_call_id) < (%(before_due)s::timestamptz, %(before_tenant)s, %(before_id)s)
+  AND tenant_id = %(tenant_id)s
+ORDER BY due_at DESC, tenant_id DESC, service_call_id DESC
+LIMIT %(limit)s;

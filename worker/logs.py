@@ -10,7 +10,8 @@ from typing import Any
 
 from worker import tracing
 
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+# Not extras of ours: uvicorn adds `color_message`, its message again with ANSI colour codes.
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
 _hidden: set[str] = set()
 
 

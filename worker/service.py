@@ -17,6 +17,7 @@ from worker import metrics
 from worker.adapters import db, migrations
 from worker.adapters.broker import Broker
 from worker.adapters.probes import HttpServer
+from worker.adapters.stats import StatsRollup
 from worker.adapters.store import ORDER_GRACE, Store
 from worker.config import Settings, mask_url
 from worker.contract import MessageIds
@@ -136,6 +137,8 @@ class Replica:
             asyncio.create_task(self.firing.run(self.stop), name="firing"),
             asyncio.create_task(self._gauges(), name="gauges"),
             asyncio.create_task(Retention(self.store, self.s.retention).run(self.stop), name="retention"),
+            # The console's charts and its list of live replicas (table timer_stats).
+            asyncio.create_task(StatsRollup(self.pool, self.s.worker_id).run(self.stop), name="stats"),
         }
         stopper = asyncio.create_task(self.stop.wait(), name="stop")
         done, _ = await asyncio.wait(tasks | {stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import re
+import socket
+import time
 from collections.abc import Iterator
+from typing import Any
 
+import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 from starlette.testclient import TestClient
 
-from tests.helpers import query
+from tests.helpers import jetstream, publish_raw, query, running_replica, until
 from tests.integration.test_cli import run
+from worker import logs, metrics
+from worker.adapters.broker import Broker
+from worker.adapters.queries import QUERIES
+from worker.adapters.stats import StatsRollup
 from worker.config import ConsoleSettings, Settings, load_console_settings
+from worker.ops import dlq
 from worker.ops.console.app import create_app
 
 TOKEN = "console-token-0123456789"
@@ -118,3 +131,293 @@ def test_a_login_body_larger_than_a_form_of_credentials_is_refused_unread(client
     assert client.post("/login", content=streamed).status_code == 413
     refused = client.post("/login", data={"token": TOKEN[:-1]})  # a normal form is still read
     assert refused.status_code == 401
+
+
+# --- issue 22's defects ---------------------------------------------------------------------
+
+
+def _csrf(page: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert match, page
+    return match.group(1)
+
+
+def _reject(settings: Settings, tenant: str, ids: list[str]) -> None:
+    """ScheduleTimers with an unreadable dueAt, one per id, sent to a replica: DLQ entries."""
+
+    async def send() -> None:
+        async with running_replica(settings), jetstream(settings) as js:
+            for sid in ids:
+                body = {"tenantId": tenant, "serviceCallId": sid, "dueAt": "2030-01-01 09:00"}
+                await publish_raw(js, settings, tenant, "schedule", body)
+            async with dlq.open_dlq(settings) as q:
+
+                async def stored() -> bool:
+                    page = await q.page(dlq.DlqFilter(tenant=tenant), limit=len(ids) + 1)
+                    return len(page.entries) == len(ids)
+
+                await until(stored, what="DLQ copies")
+
+    asyncio.run(send())
+
+
+def test_rejected_commands_naming_a_timer_match_its_id_exactly_and_say_when_the_scan_stopped(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22: the timer's page matched the id as a substring of the body (bulk-3 listed
+    bulk-30 ... bulk-39), and read only a tenant's first 1,000 entries without saying so."""
+    _reject(settings, "acme", ["bulk-3", *(f"bulk-3{i}" for i in range(10)), "other"])
+    with TestClient(create_app(console_settings(settings)), follow_redirects=False) as client:
+        _login(client)
+        page = client.get("/timers/acme/bulk-3").text
+        rejected = page.split("Rejected commands naming this timer")[1].split("</table>")[0]
+        assert rejected.count("bad_due_at") == 1, rejected
+        assert "stopped" not in page
+        for module in ("worker.ops.console.views", "worker.ops.console.app"):
+            monkeypatch.setattr(module + ".TIMER_DLQ_SCAN", 5, raising=False)
+        cut = client.get("/timers/acme/other").text
+        assert 'id="cut"' in cut and "stopped after 5 entries" in cut, cut
+
+
+def test_pages_show_no_python_values_and_the_contracts_times(client: TestClient, db_url: str) -> None:
+    """Issue 22: pages showed Python's None, True and False, and times with microseconds."""
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, repeat_every, lease_expires_at, "
+        "attempts, last_error) VALUES ('acme', 'hourly', 'Scheduled', "
+        "'2030-01-01 09:00:00.123456+00', 'PT1H', now() + interval '1 minute', 2, 'publish timed out')",
+    )
+    _login(client)
+    for path in ("/", "/tenants/acme", "/timers/acme/hourly", "/timers/acme/secret-timer"):
+        page = client.get(path)
+        assert page.status_code == 200, path
+        text = re.sub(r"<script.*?</script>", "", page.text, flags=re.S)
+        assert not re.search(r"\b(None|True|False)\b", text), (
+            path,
+            re.findall(r".{60}\b(?:None|True|False)\b.{20}", text),
+        )
+        assert not re.search(r"\d\d:\d\d:\d\d\.\d{4,}", text), path
+        assert not re.search(r"\d\d:\d\d:\d\d\+00:00", text), path
+    timer = client.get("/timers/acme/hourly").text
+    assert '<time datetime="2030-01-01T09:00:00.123Z">' in timer
+    assert "every PT1H" in timer
+
+
+def test_a_port_in_use_is_one_line(settings: Settings, db_url: str) -> None:
+    """Issue 22: a taken port ended the console with uvicorn's JSON log lines, each carrying an
+    ANSI-coloured `color_message` twin."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run(
+            "console",
+            TIMER_CONSOLE_TOKEN=TOKEN,
+            TIMER_DATABASE_URL=db_url,
+            TIMER_NATS_URL=settings.nats_url,
+            TIMER_CONSOLE_PORT=str(port),
+        )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert "\x1b" not in result.stderr and "color_message" not in result.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "TIMER_CONSOLE_PORT" in lines[0], lines[0]
+
+
+def test_the_session_cookie_is_secure_when_served_over_tls(client: TestClient) -> None:
+    """Issue 22: behind the TLS proxy it is meant to sit behind (the chart's Ingress), the console
+    saw plain HTTP and set the session cookie without Secure."""
+    plain = client.post("/login", data={"token": TOKEN})
+    assert "secure" not in plain.headers["set-cookie"].lower()  # http://localhost still works
+    proxied = client.post("/login", data={"token": TOKEN}, headers={"X-Forwarded-Proto": "https"})
+    assert "; secure" in proxied.headers["set-cookie"].lower(), proxied.headers["set-cookie"]
+    forwarded = client.post("/login", data={"token": TOKEN}, headers={"Forwarded": "for=1.2.3.4;proto=https"})
+    assert "; secure" in forwarded.headers["set-cookie"].lower()
+
+
+def test_failed_logins_are_throttled_per_user_and_per_address(client: TestClient) -> None:
+    """Issue 22: nothing slowed down guessing. After 5 failures for a user (or the token), or 20
+    from one address, the next try waits, 1 s doubling; the wait is answered 429 with
+    Retry-After, without checking the credentials."""
+    for _ in range(5):
+        assert client.post("/login", data={"token": "wrong-token-0000000"}).status_code == 401
+    held = client.post("/login", data={"token": TOKEN})
+    assert (
+        held.status_code == 429 and held.headers["retry-after"] == "1" and "timer_console" not in held.cookies
+    )
+    clock = [time.monotonic()]  # from here on the throttle's clock is this test's
+    client.app.state.console.throttle.clock = lambda: clock[0]  # type: ignore[attr-defined]
+    clock[0] += 1.5
+    assert client.post("/login", data={"token": "wrong-token-0000000"}).status_code == 401
+    assert client.post("/login", data={"token": TOKEN}).headers["retry-after"] == "2"  # doubled
+    clock[0] += 2.5
+    assert client.post("/login", data={"token": TOKEN}).status_code == 303  # and a success clears it
+    # Per address: many user names from one client.
+    for i in range(20):
+        client.post("/login", data={"user": f"guess{i}", "password": "x" * 12})
+    assert client.post("/login", data={"user": "someone-new", "password": "x" * 12}).status_code == 429
+
+
+def test_the_overview_does_not_count_the_whole_table_on_every_look(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22: every overview ran `SELECT state, count(*) FROM timers GROUP BY state`, a scan of
+    the whole table; now it is read at most every 30 s and shown with its age."""
+    counted = []
+    execute = psycopg.Connection.execute
+
+    def spy(self: psycopg.Connection[Any], statement: Any, *args: Any, **kwargs: Any) -> Any:
+        if statement == QUERIES["status_counts"]:
+            counted.append(1)
+        return execute(self, statement, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", spy)
+    _login(client)
+    for _ in range(3):
+        assert client.get("/").status_code == 200
+        assert client.get("/?live=1").status_code == 200
+    assert len(counted) == 1
+
+
+def test_uvicorn_lines_carry_no_ansi_twin(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22: every uvicorn line of the console's log carried `color_message`, the message
+    again with ANSI colour codes, into the JSON."""
+    logs.setup("INFO", "json")
+    logging.getLogger("uvicorn.error").info(
+        "Started server process [%d]",
+        7,
+        extra={"color_message": "Started server process [\x1b[36m%d\x1b[0m]"},
+    )
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert json.loads(line)["msg"] == "Started server process [7]" and "color_message" not in line
+
+
+# --- what issue 22 asked the console to become ------------------------------------------------
+
+
+def test_replicas_write_minute_stats_that_the_overview_charts(settings: Settings, db_url: str) -> None:
+    """A replica's rollup adds its counters to its minute's row; the overview draws them and
+    lists the replica as alive, holding a lease or not."""
+
+    async def two_writes() -> None:
+        async with AsyncConnectionPool(db_url, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool:
+            rollup = StatsRollup(pool, "replica-a")
+            metrics.FIRED.inc(120)
+            metrics.LATENESS_SECONDS.observe(0.004)
+            await rollup.write()
+            metrics.FIRED.inc(30)
+            await rollup.write()
+
+    asyncio.run(two_writes())
+    ((fired, buckets),) = query(
+        db_url, "SELECT fired, lateness FROM timer_stats WHERE worker_id = 'replica-a'"
+    )
+    assert fired == 150 and sum(buckets) == 1
+    with TestClient(create_app(console_settings(settings)), follow_redirects=False) as client:
+        _login(client)
+        page = client.get("/").text
+    replicas = page.split('id="replicas"')[1].split("</table>")[0]
+    assert "replica-a" in replicas and "alive" in replicas
+    assert ('id="chart-fires"' in page and "<polyline" in page) or "<circle" in page
+    assert re.search(r"fires/s \d", page), page
+    assert "p50 4 ms" in page or "p50 3 ms" in page, re.findall(r"p50 [^<]*", page)
+
+
+def test_search_finds_timers_of_any_tenant_by_service_call_or_correlation_id(
+    client: TestClient, db_url: str
+) -> None:
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, correlation_id) VALUES "
+        "('globex', 'secret-timer', 'Scheduled', now() + interval '1 hour', NULL), "
+        "('initech', 'order-7-reminder', 'Scheduled', now() + interval '1 hour', 'order-7')",
+    )
+    csrf = _login(client)
+    both = client.post("/search", data={"id": "secret-timer", "csrf": csrf})
+    assert both.status_code == 200
+    found = both.text.split('id="found"')[1]
+    assert "/timers/acme/secret-timer" in found and "/timers/globex/secret-timer" in found
+    one = client.post("/search", data={"id": "order-7", "csrf": csrf})
+    assert one.status_code == 303 and one.headers["location"] == "/timers/initech/order-7-reminder"
+    none = client.post("/search", data={"id": "nothing-like-it", "csrf": csrf})
+    assert "no timer has this serviceCallId or correlationId" in none.text
+
+
+def test_a_tenants_timers_sort_either_way_and_page_back_and_forth_with_a_total(
+    client: TestClient, db_url: str
+) -> None:
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at) "
+        "SELECT 'acme', 't-' || lpad(i::text, 3, '0'), 'Scheduled', now() + i * interval '1 minute' "
+        "FROM generate_series(1, 120) AS i",
+    )
+    _login(client)
+
+    def ids(page: str) -> list[str]:
+        return re.findall(r'href="/timers/acme/([^"]+)"', page.split('id="timers"')[1])
+
+    first = client.get("/tenants/acme").text
+    assert "50 shown of 121 timers" in first and ids(first)[0] == "secret-timer"
+    assert 'rel="prev"' not in first
+    nxt = re.search(r'href="([^"]+)" rel="next"', first)
+    assert nxt
+    second = client.get("/tenants/acme" + nxt.group(1).replace("&amp;", "&")).text
+    assert ids(second)[0] == "t-050" and 'rel="prev"' in second
+    prev = re.search(r'href="([^"]+)" rel="prev"', second)
+    assert prev
+    back = client.get("/tenants/acme" + prev.group(1).replace("&amp;", "&")).text
+    assert ids(back) == ids(first)
+    assert ids(client.get("/tenants/acme?sort=-id").text)[0] == "t-120"
+    by_due = client.get("/tenants/acme?sort=due").text
+    assert ids(by_due)[:2] == ["secret-timer", "t-001"] and "121 Scheduled timers" in by_due
+    assert ids(client.get("/tenants/acme?sort=-due").text)[0] == "t-120"
+
+
+async def _streams(settings: Settings) -> None:
+    """The streams, as a replica creates them, with no replica to apply what is sent."""
+    broker = Broker(settings)
+    await broker.connect()
+    try:
+        await broker.ensure_streams()
+    finally:
+        await broker.close()
+
+
+def test_actions_are_refused_when_off_confirmed_first_and_audited(
+    settings: Settings, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at) "
+        "VALUES ('acme', 'secret-timer', 'Scheduled', now() + interval '1 hour')",
+    )
+    asyncio.run(_streams(settings))
+    with TestClient(create_app(console_settings(settings)), follow_redirects=False) as off:
+        csrf = _login(off)
+        assert (
+            off.post("/act/cancel/acme/secret-timer", data={"csrf": csrf, "confirm": "yes"}).status_code
+            == 403
+        )
+        assert (
+            off.post(
+                "/dlq/bulk", data={"csrf": csrf, "op": "purge", "confirm": "yes", "upto": "9"}
+            ).status_code
+            == 403
+        )
+    with (
+        TestClient(
+            create_app(console_settings(settings, console_actions=True)), follow_redirects=False
+        ) as on,
+        caplog.at_level(logging.INFO, logger="worker.console"),
+    ):
+        csrf = _login(on)
+        assert on.post("/act/cancel/acme/secret-timer", data={"confirm": "yes"}).status_code == 403  # no CSRF
+        asked = on.post("/act/cancel/acme/secret-timer", data={"csrf": csrf})
+        assert asked.status_code == 200 and "Yes, cancel" in asked.text
+        assert not [r for r in caplog.records if getattr(r, "action", None) == "console_action"]
+        bad = on.post("/act/reschedule/acme/secret-timer", data={"csrf": csrf, "dueAt": "tomorrow"})
+        assert bad.status_code == 422
+        done = on.post("/act/cancel/acme/secret-timer", data={"csrf": csrf, "confirm": "yes"})
+        assert done.status_code == 303 and done.headers["location"] == "/timers/acme/secret-timer?done=cancel"
+    (line,) = [r for r in caplog.records if getattr(r, "action", None) == "console_action"]
+    assert (line.user, line.what, line.tenant, line.id) == ("token", "cancel", "acme", "secret-timer")  # type: ignore[attr-defined]

@@ -6,15 +6,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import re
 import shutil
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 import uvicorn
 from playwright.async_api import Page, async_playwright, expect
 
 from tests.helpers import iso_in, jetstream, publish_raw, row, running_replica, until
 from tests.integration.test_console import TOKEN, console_settings
+from worker.adapters.stats import StatsRollup
+from worker.client import TimerClient
 from worker.config import Settings
 from worker.ops.console.app import create_app
 
@@ -113,3 +119,116 @@ async def test_find_a_timer_and_replay_a_fixed_command_in_a_browser(settings: Se
             await page.goto(base + "/dlq")
             await expect(page).to_have_url(base + "/login")
             await browser.close()
+
+
+async def _click(page: Page, name: str) -> None:
+    await page.get_by_role("button", name=name).click()
+
+
+async def test_live_updates_charts_search_history_and_every_action_in_a_browser(
+    settings: Settings, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 22: the console as an operator uses it. The overview's charts (from the replica's own
+    minute stats), a tenant's page updating in place as a timer arrives, a search by correlationId
+    across tenants landing on a timer whose firing shows in its history, then each action, each
+    confirmed first and each audited with who did it."""
+    caplog.set_level(logging.INFO, logger="worker.console")
+    async with running_replica(settings) as replica, console(settings) as base, jetstream(settings) as js:
+        rollup = StatsRollup(replica.pool, replica.s.worker_id)
+        client = TimerClient(js._nc, settings.subject_prefix)
+        await client.schedule(
+            "globex", "order-1", datetime.now(UTC) + timedelta(seconds=1), correlation_id="corr-42"
+        )
+        for sid in ("act-cancel", "act-fire", "act-move"):
+            await client.schedule("acme", sid, datetime.now(UTC) + timedelta(hours=1))
+        for sid in ("bad-1", "bad-2"):
+            body = {"tenantId": "acme", "serviceCallId": sid, "dueAt": "2030-01-01 09:00"}
+            await publish_raw(js, settings, "acme", "schedule", body)
+        await until(
+            lambda: (row(db_url, "globex", "order-1") or {}).get("state") == "Reached", what="order-1 fired"
+        )
+        await until(lambda: row(db_url, "acme", "act-move") is not None, what="timers stored")
+        await rollup.write()  # what the replica does every 15 s
+
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = await browser.new_page(viewport={"width": 1280, "height": 900})
+            await page.goto(base + "/login")
+            await page.fill("input[name=token]", TOKEN)
+            await _click(page, "Log in")
+
+            # The overview's charts and the replica, alive.
+            await expect(page.locator("#chart-fires figcaption")).to_contain_text("fires/s")
+            await expect(page.locator("#chart-lateness svg")).to_be_visible()
+            await expect(page.locator("#replicas")).to_contain_text(replica.s.worker_id)
+            await expect(page.locator("#replicas")).to_contain_text("alive")
+            await shot(page, "5-overview-charts")
+
+            # Live: a timer scheduled while the tenant's page is open shows up without a reload.
+            await page.goto(base + "/tenants/acme")
+            await page.evaluate("window.notReloaded = true")
+            await expect(page.locator("#timers")).not_to_contain_text("arrived-later")
+            await client.schedule("acme", "arrived-later", datetime.now(UTC) + timedelta(hours=2))
+            await expect(page.locator("#timers")).to_contain_text("arrived-later", timeout=20_000)
+            assert await page.evaluate("window.notReloaded") is True
+            await expect(page.locator("#updated")).to_contain_text("updated")
+            await shot(page, "6-tenant-live")
+
+            # Search by correlationId, no tenant given: its one timer, and its firing in the history.
+            await page.fill("header input[name=id]", "corr-42")
+            await _click(page, "Find")
+            await expect(page.locator("h1")).to_contain_text("order-1")
+            await expect(page.locator("#history")).to_contain_text("2")  # an event sequence
+            assert await page.locator("#history tr").count() == 2  # its one firing under the heading
+            await expect(page.locator("#history time").first).to_have_attribute("title", re.compile(r"Z$"))
+            await shot(page, "7-timer-history")
+
+            # Fire now: confirmed, then the page follows it to fired.
+            await page.goto(f"{base}/timers/acme/act-fire")
+            await _click(page, "Fire now…")
+            await expect(page.locator("h1")).to_contain_text("Fire now")
+            await shot(page, "8-confirm-fire")
+            await _click(page, "Yes, fire now")
+            await expect(page.get_by_role("status")).to_contain_text("fire now")
+            await expect(page.locator("#why")).to_contain_text("fired", timeout=20_000)
+
+            # Reschedule, then cancel.
+            await page.goto(f"{base}/timers/acme/act-move")
+            await page.fill("input[name=dueAt]", "2031-02-03T04:05:06Z")
+            await _click(page, "Reschedule…")
+            await _click(page, "Yes, reschedule")
+            await expect(page.locator("#fields")).to_contain_text("2031", timeout=20_000)
+            await page.goto(f"{base}/timers/acme/act-cancel")
+            await _click(page, "Cancel…")
+            await _click(page, "Yes, cancel")
+            await expect(page.locator("#why")).to_contain_text("cancelled", timeout=20_000)
+            await shot(page, "9-cancelled")
+
+            # The DLQ: replay every bad_due_at entry (both refused: they would come back), then purge.
+            await page.goto(base + "/dlq?tenant=acme&reason=bad_due_at")
+            await _click(page, "Replay all…")
+            await expect(page.locator("h1")).to_contain_text("Replay 2 DLQ entries")
+            await _click(page, "Yes, replay 2")
+            await expect(page.get_by_role("status")).to_contain_text("0 DLQ entries replayed")
+            await expect(page.locator("body")).to_contain_text("would be rejected again")
+            await page.goto(base + "/dlq?tenant=acme&reason=bad_due_at")
+            await _click(page, "Purge all…")
+            await _click(page, "Yes, purge 2")
+            await expect(page.get_by_role("status")).to_contain_text("2 DLQ entries deleted")
+            await page.goto(base + "/dlq?tenant=acme")
+            await expect(page.locator("#entries")).to_contain_text("no entries")
+            await shot(page, "10-dlq-purged")
+            await browser.close()
+
+    audited = [
+        (r.what, r.tenant, r.id, r.user)  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "action", None) == "console_action"
+    ]
+    assert audited == [
+        ("fire", "acme", "act-fire", "token"),
+        ("reschedule", "acme", "act-move", "token"),
+        ("cancel", "acme", "act-cancel", "token"),
+        ("dlq_replay_bulk", "acme", None, "token"),
+        ("dlq_purge", "acme", None, "token"),
+    ]

@@ -310,10 +310,13 @@ class Dlq:
             await self.js.delete_msg(self.settings.dlq_stream, seq)
         return Replayed(seq, subject, int(ack.seq), bool(ack.duplicate))
 
-    async def purge(self, f: DlqFilter, *, confirmed: bool) -> list[int]:
-        """The sequences of the matching entries; deleted only when `confirmed`."""
+    async def purge(self, f: DlqFilter, *, confirmed: bool, upto: int | None = None) -> list[int]:
+        """The sequences of the matching entries (up to sequence `upto`: those an operator was
+        shown before confirming, not ones stored since); deleted only when `confirmed`."""
         async with contextlib.aclosing(self.scan(f)) as entries:
-            matched = [seq async for seq, entry in entries if entry is not None]
+            matched = [
+                seq async for seq, entry in entries if entry is not None and (upto is None or seq <= upto)
+            ]
         if confirmed:
             for seq in matched:
                 with contextlib.suppress(NotFoundError):

@@ -320,31 +320,40 @@ def cancel_outcome(
 
 def overview(conninfo: str, top: int = 10) -> dict[str, Any]:
     with db.connect(conninfo) as conn:
-        counts = {state: n for state, n in conn.execute(QUERIES["status_counts"])}
-        overdue_row = conn.execute(QUERIES["status_overdue"], {"cap": OVERDUE_CAP}).fetchone()
-        leases = []
-        backing_off = 0
-        for owner, n, expiry in conn.execute(QUERIES["status_leases"]):
-            if owner is None:
-                # A lease without an owner is a failed publish's back-off (worker/core/firing.py):
-                # due, not fired, and retried by any replica when it runs out.
-                backing_off = n
-                continue
-            leases.append(
-                {"owner": owner, "held": n, "soonest_expiry_s": expiry.total_seconds() if expiry else None}
-            )
-        tenants = [
-            {"tenant": t, "scheduled": n}
-            for t, n in conn.execute(QUERIES["status_top_tenants"], {"top": top})
-        ]
+        return {**fleet_counts(conn, top), **fleet_now(conn)}
+
+
+def fleet_counts(conn: psycopg.Connection[Any], top: int = 10) -> dict[str, Any]:
+    """Timers by state and the tenants with the most Scheduled ones: counts that read the whole
+    table (or the whole due index), so the console keeps them a while (console/base.py)."""
+    counts = {state: n for state, n in conn.execute(QUERIES["status_counts"])}
+    tenants = [
+        {"tenant": t, "scheduled": n} for t, n in conn.execute(QUERIES["status_top_tenants"], {"top": top})
+    ]
+    return {"counts": {s: counts.get(s, 0) for s in STATES}, "top_tenants": tenants}
+
+
+def fleet_now(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """Overdue occurrences (capped), failed publishes backing off and the leases held: bounded
+    reads of the due index, cheap enough for every look."""
+    overdue_row = conn.execute(QUERIES["status_overdue"], {"cap": OVERDUE_CAP}).fetchone()
+    leases = []
+    backing_off = 0
+    for owner, n, expiry in conn.execute(QUERIES["status_leases"]):
+        if owner is None:
+            # A lease without an owner is a failed publish's back-off (worker/core/firing.py):
+            # due, not fired, and retried by any replica when it runs out.
+            backing_off = n
+            continue
+        leases.append(
+            {"owner": owner, "held": n, "soonest_expiry_s": expiry.total_seconds() if expiry else None}
+        )
     overdue, oldest = overdue_row if overdue_row else (0, None)
     return {
-        "counts": {s: counts.get(s, 0) for s in STATES},
         "overdue": overdue or 0,
         "oldest_overdue_s": float(oldest) if oldest is not None else None,
         "backing_off": backing_off,
         "leases": leases,
-        "top_tenants": tenants,
     }
 
 

@@ -1,5 +1,7 @@
-"""The web console (`timer-service console`): server-rendered pages over worker.ops.reads and
-worker.ops.dlq. Read-only unless TIMER_CONSOLE_ACTIONS; every route behind worker.ops.console.auth.
+"""The web console (`timer-service console`): server-rendered pages over worker.ops (reads,
+browse, stats, history, dlq). Read-only unless TIMER_CONSOLE_ACTIONS; every route behind
+worker.ops.console.auth. The pages: views.py (overview, search, tenant, timer), dlq_views.py,
+actions.py (a timer's actions); what they share: base.py.
 
 URLs carry ids only (tenant ids, serviceCallIds, DLQ sequences, state names, cursors of ids):
 searches are posted, so access logs hold nothing else.
@@ -9,204 +11,70 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import errno
+import socket
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
-from datetime import datetime
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
 
-import jinja2
 import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import FormData
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from worker.adapters.broker import connect_options
+from worker.client import TimerClient
 from worker.config import ConsoleSettings
-from worker.contract import TENANT_RE
+from worker.errors import ConfigError
+from worker.natsconn import nats_connect
 from worker.ops import dlq, reads
-from worker.ops.console.auth import COOKIE, Credentials, RequireLogin, Sessions, csrf_ok
-
-T = TypeVar("T")
-# The DLQ entries of a tenant scanned for the ones that name a timer, on the timer's page.
-TIMER_DLQ_SCAN = 1000
-HEADERS = {
-    "Cache-Control": "no-store",
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
-    "form-action 'self'; frame-ancestors 'none'",
-    "Referrer-Policy": "no-referrer",
-    "X-Content-Type-Options": "nosniff",
-}
-
-_env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
-    autoescape=True,
-    undefined=jinja2.StrictUndefined,
-)
-_env.filters["q"] = lambda value: urllib.parse.quote(str(value), safe="")
-_env.filters["t"] = lambda v: reads.fmt_time(v) if isinstance(v, datetime) else (v or "-")
-
-
-async def _checked_form(request: Request) -> FormData | None:
-    """A post's form, or None when it lacks its session's CSRF token (the caller answers 403)."""
-    form = await request.form()
-    return form if csrf_ok(request, form.get("csrf")) else None
-
-
-class Console:
-    def __init__(self, settings: ConsoleSettings) -> None:
-        self.s = settings
-        self.conninfo = settings.database_url.get_secret_value()
-        self.sessions = Sessions()
-        self.credentials = Credentials(settings)
-        self.queue: dlq.Dlq | None = None
-
-    async def db(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(conn, *args)` on a one-off read-only connection, off the event loop."""
-
-        def run() -> T:
-            with reads.connect(self.conninfo) as conn:
-                return fn(conn, *args)
-
-        return await run_in_threadpool(run)
-
-    @property
-    def q(self) -> dlq.Dlq:
-        assert self.queue is not None, "the console's lifespan opens the DLQ"
-        return self.queue
-
-    def page(self, request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
-        session = getattr(request.state, "session", None)
-        html = _env.get_template(template).render(
-            csrf=session.csrf if session else "", actions=self.s.console_actions, **context
-        )
-        return HTMLResponse(html, status_code=status_code, headers=HEADERS)
-
-    # --- login -------------------------------------------------------------------------------
-    async def login(self, request: Request) -> Response:
-        if request.method == "GET":
-            return self.page(request, "login.html", error=None, basic=bool(self.s.console_user))
-        body = await _small_body(request, LOGIN_MAX_BYTES)
-        if body is None:
-            return Response(status_code=413, headers=HEADERS)
-        form = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=10)
-        fields = {k: (form.get(k) or [""])[0] for k in ("token", "user", "password")}
-        if not self.credentials.admits(**fields):
-            return self.page(
-                request, "login.html", 401, error="not recognised", basic=bool(self.s.console_user)
-            )
-        response = RedirectResponse("/", status_code=303, headers=HEADERS)
-        response.set_cookie(
-            COOKIE,
-            self.sessions.create(),
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-        )
-        return response
-
-    async def logout(self, request: Request) -> Response:
-        if await _checked_form(request) is None:
-            return Response(status_code=403)
-        self.sessions.drop(request.cookies.get(COOKIE))
-        response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(COOKIE)
-        return response
-
-    # --- timers ------------------------------------------------------------------------------
-    async def overview(self, request: Request) -> Response:
-        report = await run_in_threadpool(reads.overview, self.conninfo)
-        late = await self.db(reads.lateness)
-        return self.page(request, "overview.html", report=report, late=late)
-
-    async def search(self, request: Request) -> Response:
-        if (form := await _checked_form(request)) is None:
-            return Response(status_code=403)
-        tenant = str(form.get("tenant") or "").strip()
-        sid = str(form.get("id") or "").strip()
-        if not TENANT_RE.match(tenant):
-            return RedirectResponse("/?bad=tenant", status_code=303)
-        where = f"/timers/{_q(tenant)}/{_q(sid)}" if sid else f"/tenants/{_q(tenant)}"
-        return RedirectResponse(where, status_code=303)
-
-    async def tenant(self, request: Request) -> Response:
-        tenant = request.path_params["tenant"]
-        p = request.query_params
-        try:
-            f = reads.TimerFilter(
-                tenant_id=tenant, state=p.get("state") or None, overdue=p.get("overdue") == "1"
-            )
-        except ValueError:
-            return Response("bad filter", status_code=400, headers=HEADERS)
-        summary = await self.db(reads.tenant_summary, tenant)
-        try:
-            page = await self.db(reads.list_timers, f, p.get("after") or None, 50)
-        except ValueError:
-            return Response("bad cursor", status_code=400, headers=HEADERS)
-        return self.page(request, "tenant.html", summary=summary, page=page, f=f)
-
-    async def timer(self, request: Request) -> Response:
-        tenant, sid = request.path_params["tenant"], request.path_params["sid"]
-        view = await self.db(reads.describe, tenant, sid)
-        rejected = await self._rejected(tenant, sid)
-        return self.page(
-            request, "timer.html", 200 if view else 404, tenant=tenant, sid=sid, view=view, rejected=rejected
-        )
-
-    async def _rejected(self, tenant: str, sid: str) -> list[dlq.DlqEntry]:
-        """This tenant's DLQ entries whose body names the timer (among the first TIMER_DLQ_SCAN)."""
-        if not TENANT_RE.match(tenant):
-            return []
-        f = dlq.DlqFilter(tenant=tenant)
-        page = await self.q.page(f, limit=TIMER_DLQ_SCAN, max_scan=TIMER_DLQ_SCAN)
-        needle = json.dumps(sid)[1:-1].encode()  # as it appears inside a JSON string
-        return [e for e in page.entries if needle in e.body]
-
-    # --- DLQ ---------------------------------------------------------------------------------
-    async def dlq_list(self, request: Request) -> Response:
-        p = request.query_params
-        tenant = p.get("tenant") or None
-        if tenant is not None and not TENANT_RE.match(tenant):
-            return Response("bad tenant", status_code=400, headers=HEADERS)
-        f = dlq.DlqFilter(tenant=tenant, reason=p.get("reason") or None)
-        after = int(p["after"]) if p.get("after", "").isdigit() else 0
-        page = await self.q.page(f, after, 50)
-        return self.page(request, "dlq.html", page=page, f=f)
-
-    async def dlq_entry(self, request: Request) -> Response:
-        seq = request.path_params["seq"]
-        entry = await self.q.get(seq)
-        if entry is None:
-            return self.page(request, "gone.html", 404, seq=seq)
-        return self.page(request, "dlq_entry.html", e=entry, error=None, body=entry.body_text())
-
-    async def dlq_replay(self, request: Request) -> Response:
-        seq = request.path_params["seq"]
-        if (form := await _checked_form(request)) is None:
-            return Response(status_code=403)
-        if not self.s.console_actions:
-            return Response("actions are off (TIMER_CONSOLE_ACTIONS)", status_code=403, headers=HEADERS)
-        entry = await self.q.get(seq)
-        if entry is None:
-            return self.page(request, "gone.html", 404, seq=seq)
-        posted = form.get("body")
-        body = str(posted).replace("\r\n", "\n").encode() if isinstance(posted, str) else None
-        edited = body if body is not None and body != entry.body else None
-        try:
-            done = await self.q.replay(seq, edited)
-        except dlq.ReplayRefused as exc:
-            return self.page(request, "dlq_entry.html", 422, e=entry, error=str(exc), body=posted)
-        if done is None:
-            return self.page(request, "gone.html", 404, seq=seq)
-        return self.page(request, "replayed.html", done=done, timer=dlq.command_key(edited or entry.body))
-
+from worker.ops.console import actions, dlq_views, views
+from worker.ops.console.auth import COOKIE, LoginThrottle, RequireLogin, served_over_tls
+from worker.ops.console.base import Console, checked_form, console_of, headers
 
 # /login answers anyone: its body (a urlencoded form of credentials) is read up to this, no further.
 LOGIN_MAX_BYTES = 8192
+
+
+async def login(request: Request) -> Response:
+    c = console_of(request)
+    basic = bool(c.s.console_user)
+    if request.method == "GET":
+        return c.page(request, "login.html", error=None, basic=basic)
+    body = await _small_body(request, LOGIN_MAX_BYTES)
+    if body is None:
+        return Response(status_code=413, headers=headers())
+    form = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=10)
+    fields = {k: (form.get(k) or [""])[0] for k in ("token", "user", "password")}
+    address = request.client.host if request.client else "?"
+    wait = c.throttle.wait_s(address, fields["user"])
+    if wait > 0:  # not even checked: a guess made now tells nothing
+        refused = c.page(request, "login.html", 429, error=f"tried too often: wait {wait:.0f} s", basic=basic)
+        refused.headers["Retry-After"] = LoginThrottle.retry_after(wait)
+        return refused
+    if not c.credentials.admits(**fields):
+        c.throttle.failed(address, fields["user"])
+        return c.page(request, "login.html", 401, error="not recognised", basic=basic)
+    c.throttle.succeeded(address, fields["user"])
+    response = RedirectResponse("/", status_code=303, headers=headers())
+    response.set_cookie(
+        COOKIE,
+        c.sessions.create(c.credentials.who(fields["token"], fields["user"])),
+        httponly=True,
+        samesite="strict",
+        secure=served_over_tls(request),
+    )
+    return response
+
+
+async def logout(request: Request) -> Response:
+    await checked_form(request)
+    console_of(request).sessions.drop(request.cookies.get(COOKIE))
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(COOKIE)
+    return response
 
 
 async def _small_body(request: Request, limit: int) -> bytes | None:
@@ -223,33 +91,38 @@ async def _small_body(request: Request, limit: int) -> bytes | None:
     return bytes(body)
 
 
-def _q(value: str) -> str:
-    return urllib.parse.quote(value, safe="")
-
-
 def create_app(settings: ConsoleSettings) -> Starlette:
     console = Console(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Give up on a NATS that is not there (the replicas' default is to wait forever).
-        async with dlq.open_dlq(settings, max_reconnect_attempts=60) as queue:
-            console.queue = queue
+        opts = connect_options(settings) | {"max_reconnect_attempts": 60}
+        nc = await nats_connect(opts.pop("servers"), **opts)
+        console.nc, console.queue = nc, dlq.Dlq(nc, settings)
+        console.client = TimerClient(nc, settings.subject_prefix)
+        try:
             yield
+        finally:
+            await nc.close()
 
     routes = [
-        Route("/login", console.login, methods=["GET", "POST"]),
-        Route("/logout", console.logout, methods=["POST"]),
-        Route("/", console.overview),
-        Route("/search", console.search, methods=["POST"]),
-        Route("/tenants/{tenant}", console.tenant),
-        Route("/timers/{tenant}/{sid:path}", console.timer),
-        Route("/dlq", console.dlq_list),
-        Route("/dlq/{seq:int}", console.dlq_entry),
-        Route("/dlq/{seq:int}/replay", console.dlq_replay, methods=["POST"]),
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/", views.overview),
+        Route("/search", views.search, methods=["POST"]),
+        Route("/tenants/{tenant}", views.tenant),
+        Route("/timers/{tenant}/{sid:path}", views.timer),
+        Route("/act/{what}/{tenant}/{sid:path}", actions.timer_action, methods=["POST"]),
+        Route("/dlq", dlq_views.dlq_list),
+        Route("/dlq/bulk", dlq_views.dlq_bulk, methods=["POST"]),
+        Route("/dlq/{seq:int}", dlq_views.dlq_entry),
+        Route("/dlq/{seq:int}/replay", dlq_views.dlq_replay, methods=["POST"]),
     ]
     middleware = [Middleware(RequireLogin, sessions=console.sessions, credentials=console.credentials)]
-    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.console = console
+    return app
 
 
 async def _reachable(settings: ConsoleSettings) -> None:
@@ -264,13 +137,33 @@ async def _reachable(settings: ConsoleSettings) -> None:
         pass
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The console's socket, bound here rather than by uvicorn: a port in use is one line of ours
+    (uvicorn would log it as a JSON line carrying its ANSI-coloured twin, then exit)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        why = (
+            "in use (another console, or a replica's metrics port?)"
+            if exc.errno == errno.EADDRINUSE
+            else exc.strerror
+        )
+        raise ConfigError(f"the console cannot listen on {host}:{port} (TIMER_CONSOLE_PORT): {why}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(settings: ConsoleSettings) -> None:
     """Run until interrupted. Plain HTTP: put TLS in front of it (or an SSH tunnel) off localhost."""
+    sock = listen(settings.console_host, settings.console_port)
     asyncio.run(_reachable(settings))
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
-        host=settings.console_host,
-        port=settings.console_port,
         log_config=None,  # the service's own log setup (worker.logs)
         server_header=False,
     )
+    uvicorn.Server(config).run(sockets=[sock])

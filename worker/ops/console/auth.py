@@ -5,13 +5,18 @@ random session id in an HttpOnly, SameSite=Strict cookie; the session holds a CS
 each form posts back. A program may send `Authorization: Bearer <token>` instead (no browser sends
 that on its own, so it needs no CSRF token). Sessions live in this process: restarting the console
 logs everyone out, which for an operator tool is a feature.
+
+Failed logins are throttled in this process (the console runs as one pod): LoginThrottle.
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 import secrets
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -34,6 +39,7 @@ def _same(given: str, expected: str) -> bool:
 class Session:
     csrf: str
     expires: float
+    user: str  # who logged in, for the audit lines of actions: the user name, or "token"
 
 
 class Sessions:
@@ -41,11 +47,11 @@ class Sessions:
         self.ttl_s = ttl_s
         self._by_id: dict[str, Session] = {}
 
-    def create(self) -> str:
+    def create(self, user: str) -> str:
         now = time.monotonic()
         self._by_id = {k: v for k, v in self._by_id.items() if v.expires > now}  # forget stale ones
         sid = secrets.token_urlsafe(32)
-        self._by_id[sid] = Session(secrets.token_urlsafe(32), now + self.ttl_s)
+        self._by_id[sid] = Session(secrets.token_urlsafe(32), now + self.ttl_s, user)
         return sid
 
     def get(self, sid: str | None) -> Session | None:
@@ -74,6 +80,10 @@ class Credentials:
         if self.user is not None and self.password is not None:
             ok |= _same(user, self.user) & _same(password, self.password) and bool(user)
         return ok
+
+    def who(self, token: str = "", user: str = "") -> str:
+        """The name an admitted login is audited under."""
+        return user if user and self.user is not None and _same(user, self.user) else "token"
 
     def bearer(self, header: str | None) -> bool:
         scheme, _, value = (header or "").partition(" ")
@@ -116,3 +126,69 @@ def csrf_ok(request: Request, posted: object) -> bool:
     if session is None:
         return True
     return isinstance(posted, str) and _same(posted, session.csrf)
+
+
+def served_over_tls(request: Request) -> bool:
+    """Whether the browser reached us over HTTPS: directly, or through a proxy that ended TLS and
+    says so (X-Forwarded-Proto, Forwarded: proto=https; the chart's Ingress does). The headers are
+    not checked against a list of proxies: they only ever add Secure to the cookie, and a client
+    that lies about them only keeps its own cookie from being sent back over plain HTTP."""
+    if request.url.scheme == "https":
+        return True
+    forwarded_proto = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    forwarded = request.headers.get("forwarded", "").split(",")[0].lower().replace(" ", "")
+    return forwarded_proto == "https" or "proto=https" in forwarded.split(";")
+
+
+class LoginThrottle:
+    """Failed logins, per client address and per user name: after FREE failures a key must wait
+    before its next try, 1 s doubling with each further failure up to MAX_WAIT_S. A success clears
+    both of its keys; a key forgotten after FORGET_S without failures. Kept in this process (the
+    console runs as one pod), at most MAX_KEYS keys (the oldest go first).
+
+    Behind a proxy every client has the proxy's address: the address key then throttles everyone
+    together, which is why its allowance is the larger one."""
+
+    FREE_PER_USER = 5
+    FREE_PER_ADDRESS = 20
+    MAX_WAIT_S = 300.0
+    FORGET_S = 3600.0
+    MAX_KEYS = 10_000
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        # key -> (failures, when the last one was)
+        self._failed: OrderedDict[str, tuple[int, float]] = OrderedDict()
+
+    @staticmethod
+    def keys(address: str, user: str) -> list[tuple[str, int]]:
+        return [
+            (f"addr:{address}", LoginThrottle.FREE_PER_ADDRESS),
+            (f"user:{user or 'token'}", LoginThrottle.FREE_PER_USER),
+        ]
+
+    def wait_s(self, address: str, user: str) -> float:
+        """Seconds before this address or user may try again (0: now)."""
+        now, longest = self.clock(), 0.0
+        for key, free in self.keys(address, user):
+            failures, last = self._failed.get(key, (0, 0.0))
+            if failures >= free and now - last < self.FORGET_S:
+                wait = min(self.MAX_WAIT_S, 2.0 ** (failures - free))
+                longest = max(longest, last + wait - now)
+        return max(0.0, longest)
+
+    def failed(self, address: str, user: str) -> None:
+        now = self.clock()
+        for key, _ in self.keys(address, user):
+            failures, last = self._failed.pop(key, (0, now))
+            self._failed[key] = (failures + 1 if now - last < self.FORGET_S else 1, now)
+        while len(self._failed) > self.MAX_KEYS:
+            self._failed.popitem(last=False)
+
+    def succeeded(self, address: str, user: str) -> None:
+        for key, _ in self.keys(address, user):
+            self._failed.pop(key, None)
+
+    @staticmethod
+    def retry_after(wait_s: float) -> str:
+        return str(max(1, math.ceil(wait_s)))

@@ -1,0 +1,92 @@
+"""The console's browsing reads: a tenant's timers sorted either way with previous and next pages,
+and the search across tenants (by serviceCallId, by correlationId). Keyset paging as in
+worker/ops/reads.py: a page costs what it reads, however deep; cursors are opaque."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from worker.adapters.queries import QUERIES
+from worker.ops.reads import _EARLIEST, _decode, _encode
+
+# by serviceCallId (the primary key) or by dueAt (Scheduled timers only: the due index); "-" for
+# descending.
+SORTS = ("id", "-id", "due", "-due")
+FOUND_MAX = 200
+_LATEST = datetime.fromisoformat("9999-12-31T23:59:59+00:00")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPage:
+    rows: list[dict[str, Any]]
+    sort: str
+    prev_cursor: str | None  # pass back as `before`
+    next_cursor: str | None  # pass back as `after`
+
+
+def _key(row: dict[str, Any], by_due: bool) -> str:
+    if by_due:
+        return _encode([row["due_at"].isoformat(), row["tenant_id"], row["service_call_id"]])
+    return _encode([row["service_call_id"]])
+
+
+def tenant_page(
+    conn: psycopg.Connection[Any],
+    tenant: str,
+    state: str | None,
+    sort: str = "id",
+    after: str | None = None,
+    before: str | None = None,
+    limit: int = 50,
+) -> TenantPage:
+    """A page of one tenant's timers in `sort` order, after (or before) a cursor of this sort."""
+    if sort not in SORTS:
+        raise ValueError(f"sort: one of {', '.join(SORTS)}")
+    by_due, descending = sort.endswith("due"), sort.startswith("-")
+    # Walking the index forwards (ascending order, next page) or backwards.
+    forwards = (before is None) != descending
+    cursor = before if before is not None else after
+    key = _decode(cursor) if cursor else None
+    cur = conn.cursor(row_factory=dict_row)
+    if by_due:
+        if key is None:
+            due, tid, sid = (_EARLIEST, "", "") if forwards else (_LATEST, "\U0010ffff", "\U0010ffff")
+        else:
+            due, tid, sid = datetime.fromisoformat(key[0]), key[1], key[2]
+        if forwards:
+            args = {"after_due": due, "after_tenant": tid, "after_id": sid, "due_to": None}
+            cur.execute(QUERIES["inspect_due_timers"], {**args, "tenant_id": tenant, "limit": limit + 1})
+        else:
+            args = {"before_due": due, "before_tenant": tid, "before_id": sid}
+            cur.execute(QUERIES["console_due_back"], {**args, "tenant_id": tenant, "limit": limit + 1})
+    else:
+        common = {"tenant_id": tenant, "state": state, "limit": limit + 1}
+        if forwards:
+            common |= {"after": key[0] if key else "", "due_from": None, "due_to": None}
+            cur.execute(QUERIES["inspect_tenant_timers"], common)
+        else:
+            cur.execute(QUERIES["console_tenant_back"], {**common, "before": key[0] if key else "\U0010ffff"})
+    rows = cur.fetchall()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    if before is not None:
+        rows.reverse()  # read walking back from the cursor: shown in the page's order
+    first, last = (_key(rows[0], by_due), _key(rows[-1], by_due)) if rows else (None, None)
+    if before is not None:
+        return TenantPage(rows, sort, first if more else None, last)
+    return TenantPage(rows, sort, first if after is not None else None, last if more else None)
+
+
+def find(conn: psycopg.Connection[Any], text: str) -> list[dict[str, Any]]:
+    """Timers of any tenant whose serviceCallId or correlationId is `text`."""
+    cur = conn.cursor(row_factory=dict_row)
+    cur.execute(QUERIES["console_find_id"], {"service_call_id": text, "limit": FOUND_MAX})
+    rows = cur.fetchall()
+    cur.execute(QUERIES["console_find_correlation"], {"correlation_id": text, "limit": FOUND_MAX})
+    seen = {(r["tenant_id"], r["service_call_id"]) for r in rows}
+    return rows + [r for r in cur.fetchall() if (r["tenant_id"], r["service_call_id"]) not in seen]

@@ -1,0 +1,198 @@
+"""What every page of the console shares: the Console (settings, sessions, connections, the
+cached counts), rendering (templates, times, the live region), the CSRF-checked form, the gate
+in front of every action and its audit line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+import urllib.parse
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import jinja2
+from markupsafe import Markup
+from nats.aio.client import Client as NATS
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from worker.client import TimerClient
+from worker.config import ConsoleSettings
+from worker.ops import dlq, reads
+from worker.ops.console.auth import Credentials, LoginThrottle, Sessions, csrf_ok
+
+log = logging.getLogger("worker.console")
+T = TypeVar("T")
+
+# The counts that read the whole table (timers by state, top tenants) are read at most this often;
+# every page in between shows them with their age. Everything else is read on each look.
+COUNTS_TTL_S = 30.0
+# How often a page's live region is fetched again while the page is visible.
+LIVE_EVERY_S = 5
+
+
+def _csp(nonce: str) -> str:
+    # The one script is inline and carries this response's nonce; it may fetch this origin only.
+    return (
+        f"default-src 'none'; script-src 'nonce-{nonce}'; connect-src 'self'; style-src 'unsafe-inline'; "
+        "img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    )
+
+
+def headers(nonce: str = "") -> dict[str, str]:
+    return {
+        "Cache-Control": "no-store",
+        "Content-Security-Policy": _csp(nonce or secrets.token_urlsafe(16)),
+        "Referrer-Policy": "no-referrer",
+        "X-Content-Type-Options": "nosniff",
+    }
+
+
+def fmt_time(value: object) -> Markup | str:
+    """A time as the contract writes it (reads.fmt_time), in a <time> the page's script shows in
+    the reader's zone and relative to now. Takes a datetime or the contract's string form."""
+    text = reads.fmt_time(value) if isinstance(value, datetime) else value
+    if not text:
+        return "-"
+    return Markup('<time datetime="{0}">{0}</time>').format(text)
+
+
+def fmt_value(value: object) -> Markup | str:
+    """A value on a page: never Python's None, True or False, nor a dict's repr."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, datetime):
+        return fmt_time(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {fmt_value(v)}" for k, v in value.items() if v is not None) or "-"
+    if isinstance(value, list):
+        return json.dumps(value)
+    return str(value)
+
+
+def fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.1f} ms"
+    return f"{value:.1f} s" if value < 120 else f"{value / 60:.1f} min"
+
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+)
+_env.filters["q"] = lambda value: urllib.parse.quote(str(value), safe="")
+_env.filters["t"] = fmt_time
+_env.filters["v"] = fmt_value
+_env.filters["secs"] = fmt_seconds
+
+
+class Console:
+    def __init__(self, settings: ConsoleSettings) -> None:
+        self.s = settings
+        self.conninfo = settings.database_url.get_secret_value()
+        self.sessions = Sessions()
+        self.credentials = Credentials(settings)
+        self.throttle = LoginThrottle()
+        self.nc: NATS | None = None
+        self.queue: dlq.Dlq | None = None
+        self.client: TimerClient | None = None
+        self._counts: tuple[float, dict[str, Any]] | None = None
+
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(conn, *args)` on a one-off read-only connection, off the event loop."""
+
+        def run() -> T:
+            with reads.connect(self.conninfo) as conn:
+                return fn(conn, *args)
+
+        return await run_in_threadpool(run)
+
+    async def counts(self) -> tuple[dict[str, Any], float]:
+        """(timers by state and top tenants, their age in seconds): read again past COUNTS_TTL_S."""
+        now = time.monotonic()
+        if self._counts is None or now - self._counts[0] > COUNTS_TTL_S:
+            self._counts = (now, await self.db(reads.fleet_counts))
+        return self._counts[1], now - self._counts[0]
+
+    @property
+    def q(self) -> dlq.Dlq:
+        assert self.queue is not None, "the console's lifespan opens the DLQ"
+        return self.queue
+
+    def page(self, request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        """The page, or only its live region when the page's script asks for it (?live=1)."""
+        session = getattr(request.state, "session", None)
+        nonce = secrets.token_urlsafe(16)
+        ctx = {
+            "csrf": session.csrf if session else "",
+            "actions": self.s.console_actions,
+            "nonce": nonce,
+            "live_every_s": LIVE_EVERY_S,
+            **context,
+        }
+        tpl = _env.get_template(template)
+        if request.query_params.get("live") == "1" and "live" in tpl.blocks:
+            html = "".join(tpl.blocks["live"](tpl.new_context(ctx)))
+        else:
+            html = tpl.render(ctx)
+        return HTMLResponse(html, status_code=status_code, headers=headers(nonce))
+
+
+def console_of(request: Request) -> Console:
+    console: Console = request.app.state.console
+    return console
+
+
+async def checked_form(request: Request) -> FormData:
+    """The posted form, when it carries the session's CSRF token (a bearer request needs none);
+    403 otherwise. Every post goes through here."""
+    form = await request.form()
+    if not csrf_ok(request, form.get("csrf")):
+        raise HTTPException(403, "the form's CSRF token is missing or not this session's")
+    return form
+
+
+def field(form: FormData, name: str) -> str:
+    value = form.get(name)
+    return value.strip() if isinstance(value, str) else ""
+
+
+async def action_form(request: Request) -> FormData:
+    """An action's form: CSRF-checked, and refused unless TIMER_CONSOLE_ACTIONS is on."""
+    form = await checked_form(request)
+    if not console_of(request).s.console_actions:
+        raise HTTPException(403, "actions are off (TIMER_CONSOLE_ACTIONS)")
+    return form
+
+
+def who(request: Request) -> str:
+    session = getattr(request.state, "session", None)
+    return session.user if session is not None else "bearer-token"
+
+
+def audit(request: Request, what: str, tenant: str | None, id: str | None, **detail: Any) -> None:
+    """One `console_action` line per action taken: who, from where, on what, with what outcome."""
+    log.info(
+        f"console action {what}",
+        extra={
+            "action": "console_action",
+            "user": who(request),
+            "client": request.client.host if request.client else None,
+            "what": what,
+            "tenant": tenant,
+            "id": id,
+            **detail,
+        },
+    )

@@ -1,0 +1,136 @@
+"""The console's reading pages: the overview, the search, a tenant's timers and a timer's page."""
+
+from __future__ import annotations
+
+import urllib.parse
+from datetime import datetime
+from typing import Any
+
+import nats.errors
+import psycopg
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from worker.contract import TENANT_RE
+from worker.ops import browse, dlq, fleet, history, reads, stats
+from worker.ops.console.base import checked_form, console_of, field, headers
+from worker.ops.console.charts import overview_charts
+
+# The DLQ entries of a tenant read for the ones naming a timer, on the timer's page; the page
+# says when the scan stopped there. DLQ entries naming one timer shown at most.
+TIMER_DLQ_SCAN = dlq.MAX_SCAN
+TIMER_DLQ_SHOWN = 50
+
+
+def _q(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
+
+
+def _overview_reads(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    return {
+        "now": reads.fleet_now(conn),
+        "late": reads.lateness(conn),
+        "minutes": stats.series(conn),
+        "replicas": stats.replicas_seen(conn),
+    }
+
+
+async def overview(request: Request) -> Response:
+    c = console_of(request)
+    counts, counted_s = await c.counts()
+    found = await c.db(_overview_reads)
+    backlog = None
+    if c.nc is not None:
+        try:
+            backlog = await fleet.command_backlog(c.nc.jetstream(timeout=2), c.s)
+        except (nats.errors.Error, TimeoutError):
+            backlog = None
+    return c.page(
+        request,
+        "overview.html",
+        counts=counts,
+        counted_s=counted_s,
+        backlog=backlog,
+        charts=overview_charts(found.pop("minutes")),
+        **found,
+    )
+
+
+async def search(request: Request) -> Response:
+    """A posted search (so the text stays out of URLs and access logs): a tenant goes to its page,
+    a tenant and serviceCallId to the timer's; text alone is looked up across tenants, as a
+    serviceCallId and as a correlationId, and the matches are listed here."""
+    c = console_of(request)
+    form = await checked_form(request)
+    tenant, text = field(form, "tenant"), field(form, "id")
+    if tenant and not TENANT_RE.match(tenant):
+        return RedirectResponse("/?bad=tenant", status_code=303)
+    if tenant:
+        where = f"/timers/{_q(tenant)}/{_q(text)}" if text else f"/tenants/{_q(tenant)}"
+        return RedirectResponse(where, status_code=303)
+    if not text:
+        return RedirectResponse("/", status_code=303)
+    rows = await c.db(browse.find, text)
+    if len(rows) == 1:
+        r = rows[0]
+        return RedirectResponse(f"/timers/{_q(r['tenant_id'])}/{_q(r['service_call_id'])}", status_code=303)
+    return c.page(request, "found.html", text=text, rows=rows, most=browse.FOUND_MAX)
+
+
+async def tenant(request: Request) -> Response:
+    c = console_of(request)
+    tenant = request.path_params["tenant"]
+    p = request.query_params
+    state = p.get("state") or None
+    sort = p.get("sort") or "id"
+    if state not in (None, *reads.STATES) or sort not in browse.SORTS:
+        return Response("bad filter", status_code=400, headers=headers())
+    if sort.endswith("due"):
+        state = "Scheduled"  # the due index holds Scheduled timers only
+    summary = await c.db(reads.tenant_summary, tenant)
+    try:
+        page = await c.db(browse.tenant_page, tenant, state, sort, p.get("after"), p.get("before"), 50)
+    except (ValueError, KeyError, IndexError, TypeError):
+        return Response("bad cursor", status_code=400, headers=headers())
+    total = summary["counts"][state] if state else sum(summary["counts"].values())
+    return c.page(request, "tenant.html", summary=summary, page=page, state=state, sort=sort, total=total)
+
+
+async def timer(request: Request) -> Response:
+    c = console_of(request)
+    tenant, sid = request.path_params["tenant"], request.path_params["sid"]
+    view = await c.db(reads.describe, tenant, sid)
+    rejected, cut_at = await _rejected(request, tenant, sid)
+    fired = None
+    if view is not None and c.nc is not None:
+        since = datetime.fromisoformat(view["registeredAt"]) if view["registeredAt"] else None
+        try:
+            fired = await history.firings(
+                c.nc.jetstream(timeout=5), c.s.event_stream, c.s.subject_prefix, tenant, sid, since
+            )
+        except (nats.errors.Error, TimeoutError):
+            fired = None
+    return c.page(
+        request,
+        "timer.html",
+        200 if view else 404,
+        tenant=tenant,
+        sid=sid,
+        view=view,
+        rejected=rejected,
+        cut_at=cut_at,
+        scan=TIMER_DLQ_SCAN,
+        history=fired,
+        done=request.query_params.get("done"),
+    )
+
+
+async def _rejected(request: Request, tenant: str, sid: str) -> tuple[list[dlq.DlqEntry], int | None]:
+    """This tenant's DLQ entries naming exactly this serviceCallId (the DLQ's --id filter), and
+    the sequence the scan stopped at when it read TIMER_DLQ_SCAN entries without reaching the end."""
+    if not TENANT_RE.match(tenant):
+        return [], None
+    f = dlq.DlqFilter(tenant=tenant, service_call_id=sid)
+    page = await console_of(request).q.page(f, limit=TIMER_DLQ_SHOWN, max_scan=TIMER_DLQ_SCAN)
+    cut = page.next_seq if page.next_seq is not None and len(page.entries) < TIMER_DLQ_SHOWN else None
+    return page.entries, cut

@@ -1,0 +1,82 @@
+"""The fleet over time, from the replicas' minute stats (table timer_stats, worker/adapters/
+stats.py): fires per second, lateness p50 and p99, overdue and rejections a minute, and the
+replicas that wrote lately. For the console's charts; plain data, on an open connection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from worker.adapters.queries import QUERIES
+from worker.adapters.stats import STATS_EVERY_S
+
+# A replica that has not written its stats for this long is not listed as alive (it writes every
+# 15 s: three missed writes).
+ALIVE_S = 45.0
+
+
+@dataclass(frozen=True, slots=True)
+class Minute:
+    at: datetime
+    fires_per_s: float
+    rejected: int
+    overdue: int
+    p50_s: float | None
+    p99_s: float | None
+    replicas: int
+
+
+def quantile(bounds: list[float], counts: list[int], q: float) -> float | None:
+    """The q-quantile of a histogram (per-bucket counts), interpolated inside its bucket as
+    Prometheus's histogram_quantile does; None without observations."""
+    total = sum(counts)
+    if total <= 0:
+        return None
+    rank, seen, lower = q * total, 0, 0.0
+    for upper, n in zip(bounds, counts, strict=True):
+        if n and seen + n >= rank:
+            return lower + (upper - lower) * (rank - seen) / n
+        seen, lower = seen + n, upper
+    return bounds[-1] if bounds else None  # beyond the last bound: at least that late
+
+
+def series(conn: psycopg.Connection[Any], window_min: int = 60) -> list[Minute]:
+    """The last `window_min` minutes, oldest first, all replicas added up (minutes no replica
+    wrote are left out). The current minute's rate is over the part of it that has passed."""
+    by_minute: dict[datetime, list[tuple[Any, ...]]] = {}
+    for row in conn.execute(QUERIES["console_stats"], {"window": window_min}):
+        by_minute.setdefault(row[0], []).append(row)
+    out = []
+    for at, rows in sorted(by_minute.items()):
+        bounds = list(rows[-1][5])
+        merged = [0] * len(bounds)
+        for r in rows:
+            if list(r[5]) == bounds:
+                merged = [a + b for a, b in zip(merged, r[6], strict=True)]
+        # A minute's first write carries what was fired since the previous one, up to
+        # STATS_EVERY_S before the minute began: the current minute's counts cover that much more.
+        elapsed = (max(r[7] for r in rows) - at).total_seconds() + STATS_EVERY_S
+        covered = 60.0 if (rows[0][8] - at).total_seconds() >= 60 else min(60.0, max(1.0, elapsed))
+        out.append(
+            Minute(
+                at=at,
+                fires_per_s=sum(r[2] for r in rows) / covered,
+                rejected=sum(r[3] for r in rows),
+                overdue=max(r[4] for r in rows),
+                p50_s=quantile(bounds, merged, 0.5),
+                p99_s=quantile(bounds, merged, 0.99),
+                replicas=len(rows),
+            )
+        )
+    return out
+
+
+def replicas_seen(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    """Replicas that wrote stats in the last 10 minutes: worker id, last seen, alive or not."""
+    return [
+        {"worker_id": w, "last_seen": seen, "ago_s": float(ago), "alive": float(ago) <= ALIVE_S}
+        for w, seen, ago in conn.execute(QUERIES["console_replicas"])
+    ]
