@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -696,7 +697,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError as exc:
+        if not _stdout_closed():  # a server's socket (NATS refusing TLS without a certificate)
+            print(f"timer-service: {logs.redact(_first_line(exc))}", file=sys.stderr)
+            return 1
         # `timer-service dlq list | head`: the reader has what it wanted. Python's own advice
         # (docs, signal): point stdout at devnull so the flush at exit cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -711,6 +715,16 @@ def main(argv: list[str] | None = None) -> int:
         where = "NATS (TIMER_NATS_URL): " if isinstance(exc, nats.errors.Error) else ""
         print(f"timer-service: {where}{logs.redact(_first_line(exc))}", file=sys.stderr)
         return 1
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone: its write end polls as an error."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError):  # no stdout to poll (closed, or not a file)
+        return False
 
 
 def _first_line(exc: BaseException) -> str:
