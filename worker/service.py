@@ -136,6 +136,8 @@ class Replica:
             asyncio.create_task(self.firing.run(self.stop), name="firing"),
             asyncio.create_task(self._gauges(), name="gauges"),
             asyncio.create_task(Retention(self.store, self.s.retention).run(self.stop), name="retention"),
+            # Purges acknowledged commands (limits retention) and follows a cut-over (migrate-streams).
+            asyncio.create_task(self.broker.tend_commands(self.stop), name="command-stream"),
         }
         stopper = asyncio.create_task(self.stop.wait(), name="stop")
         done, _ = await asyncio.wait(tasks | {stopper}, return_when=asyncio.FIRST_COMPLETED)
