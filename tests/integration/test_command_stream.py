@@ -4,14 +4,22 @@ older release (`timer-service migrate-streams`) while producers and replicas run
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import time
+from collections import Counter
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 from nats.js import api
+from prometheus_client import REGISTRY
 
-from tests.helpers import iso_in, jetstream, publish_raw, query, running_replica, until
-from worker.adapters.broker import Broker
+from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, running_replica, until
+from worker.adapters.broker import SUCCESSOR, Broker
 from worker.config import Settings
+from worker.ops.streams import migrate_streams
 
 
 async def messages(js: Any, stream: str) -> int:
@@ -104,3 +112,126 @@ async def test_purging_keeps_every_command_not_yet_acknowledged(settings: Settin
 async def _ack_floor(js: Any, settings: Settings) -> int:
     info = await js.consumer_info(settings.command_stream, settings.consumer)
     return int(info.ack_floor.stream_seq)
+
+
+def commands_taken() -> float:
+    """Every valid command a replica of this process took through Store.apply, whatever came of it."""
+    return sum(
+        REGISTRY.get_sample_value("timer_commands_applied_total", {"kind": k, "outcome": o}) or 0.0
+        for k in ("schedule", "cancel")
+        for o in ("applied", "ignored", "deferred")
+    )
+
+
+async def old_release_streams(settings: Settings) -> None:
+    """The streams as a release before this one made them: the command stream a work queue."""
+    broker = Broker(settings)
+    await broker.connect()
+    try:
+        for config in broker.stream_configs():
+            if config.name == settings.command_stream:
+                config = dataclasses.replace(config, retention=api.RetentionPolicy.WORK_QUEUE)
+            await broker.js.add_stream(config)
+    finally:
+        await broker.close()
+
+
+async def test_cut_over_from_a_work_queue_loses_no_command_and_applies_none_twice(
+    settings: Settings, db_url: str
+) -> None:
+    """Two replicas run on a work-queue command stream while a producer sends schedules and
+    cancels without pause; migrate-streams cuts over in the middle. Every command reaches the
+    replicas exactly once, every timer fires once or (cancelled) never."""
+    await old_release_streams(settings)
+    new = f"{settings.command_stream}_V2"
+    n = 1500
+    cancelled = {f"k-{i}" for i in range(0, n, 7)}
+    published = 0
+    refused = 0  # publishes that met no stream (the cut-over's one request) and were sent again
+    moved = asyncio.Event()
+
+    async def produce(js: Any) -> None:
+        nonlocal published, refused
+        due = iso_in(4, db_url)
+        for i in range(n):
+            if i % 50 == 0:
+                due = iso_in(4, db_url)
+            key = f"k-{i}"
+            commands = [("schedule", {"tenantId": "acme", "serviceCallId": key, "dueAt": due})]
+            if key in cancelled:
+                commands.append(("cancel", {"tenantId": "acme", "serviceCallId": key}))
+            sent_ms = int(time.time() * 1000)
+            for later, (kind, payload) in enumerate(commands):
+                envelope = {
+                    "id": f"{key}-{kind}",
+                    "type": "ScheduleTimer" if kind == "schedule" else "CancelTimer",
+                    "tenantId": "acme",
+                    # The cancel is the later command (equal times would let a schedule win the tie).
+                    "timestampMs": sent_ms + later,
+                    "payload": payload,
+                }
+                while True:  # a producer retries a failed publish; Nats-Msg-Id drops a copy
+                    try:
+                        await js.publish(
+                            f"{settings.subject_prefix}.acme.timer.{kind}",
+                            json.dumps(envelope).encode(),
+                            headers={"Nats-Msg-Id": envelope["id"]},
+                            timeout=2,
+                        )
+                        break
+                    except (nats.js.errors.NoStreamResponseError, nats.errors.TimeoutError):
+                        refused += 1
+                published += 1
+            if i == n // 3:
+                moved.set()  # a third sent to the work queue: cut over while the rest comes
+            if i % 10 == 0:
+                await asyncio.sleep(0.02)  # pacing the load (~500 commands/s), not waiting for anything
+
+    before = commands_taken()
+    async with (
+        running_replica(settings, worker_id="a") as a,
+        running_replica(settings, worker_id="b") as b,
+        recorder(settings) as rec,
+        jetstream(settings) as js,
+    ):
+        load = asyncio.create_task(produce(js))
+        await moved.wait()
+        said: list[str] = []
+        assert await migrate_streams(settings, wait=30, say=said.append), said
+        await load
+
+        old = await js.stream_info(settings.command_stream)
+        assert old.config.subjects == [settings.command_stream]
+        assert (old.config.metadata or {})[SUCCESSOR] == new
+        successor = await js.stream_info(new)
+        assert successor.config.retention == api.RetentionPolicy.LIMITS
+        assert successor.config.subjects == [
+            f"{settings.subject_prefix}.*.timer.schedule",
+            f"{settings.subject_prefix}.*.timer.cancel",
+        ]
+        # Its sequence numbers continue the old stream's, so they still order a timer's commands.
+        assert f"first sequence {old.state.last_seq + 1})" in " ".join(said)
+        await until(
+            lambda: a.broker.command_stream == new == b.broker.command_stream, what="both replicas moved"
+        )
+
+        fire = [f"k-{i}" for i in range(n) if f"k-{i}" not in cancelled]
+        await until(lambda: len(rec.keys()) >= len(fire), timeout=60, what="every timer fired")
+        await until(lambda: commands_taken() - before >= published, timeout=30, what="every command taken")
+        await until(equals(lambda: messages(js, new), 0), timeout=10, what="the new stream purged")
+        await until(lambda: a.broker.draining is None and b.broker.draining is None, what="drain noticed")
+    assert rec.keys() == Counter(dict.fromkeys((("acme", k) for k in fire), 1))
+    assert commands_taken() - before == published  # none twice: no redelivery, no copy
+    states = dict(query(db_url, "SELECT service_call_id, state FROM timers"))
+    assert {k for k, s in states.items() if s == "Cancelled"} == cancelled
+    assert len(states) == n
+    print(f"publishes refused during the cut-over and sent again: {refused}")
+
+    # A replica started later, still configured with the old name, follows it too.
+    follower = Broker(settings)
+    await follower.connect()
+    try:
+        await follower.ensure_streams()
+        assert (follower.command_stream, follower.draining) == (new, None)
+    finally:
+        await follower.close()
