@@ -32,6 +32,10 @@ COMMAND_SETTLE_FAILED = Counter(
     "timer_command_settle_failed_total",
     "Command acknowledgements NATS could not take (reconnecting); the command is redelivered",
 )
+COMMANDS_PURGED = Counter(
+    "timer_commands_purged_total",
+    "Acknowledged commands purged from a limits command stream (below the consumer's ack floor)",
+)
 for _reason in sorted(REASONS):
     # At 0 from the start, so TimerCommandRejections' rate() has a series before the first rejection.
     COMMANDS_REJECTED.labels(_reason)

@@ -139,6 +139,8 @@ class Replica:
             asyncio.create_task(Retention(self.store, self.s.retention).run(self.stop), name="retention"),
             # The console's charts and its list of live replicas (table timer_stats).
             asyncio.create_task(StatsRollup(self.pool, self.s.worker_id).run(self.stop), name="stats"),
+            # Purges acknowledged commands (limits retention) and follows a cut-over (migrate-streams).
+            asyncio.create_task(self.broker.tend_commands(self.stop), name="command-stream"),
         }
         stopper = asyncio.create_task(self.stop.wait(), name="stop")
         done, _ = await asyncio.wait(tasks | {stopper}, return_when=asyncio.FIRST_COMPLETED)

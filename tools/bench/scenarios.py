@@ -7,6 +7,7 @@ the event's dueAt (both on this machine's clock, the database's machine).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 import time
@@ -17,7 +18,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from nats.js import api
+
 from tools.bench.rig import COUNT_SCHEDULED_SQL, Rig
+from worker.adapters.broker import consumer_config
+from worker.contract import Subjects
 from worker.devkit.harness import percentile
 from worker.devkit.recorder import Firing
 
@@ -182,8 +187,25 @@ def schedule_command(prefix: str, tenant: str, key: str, due: datetime) -> tuple
 
 async def intake(ctx: Context) -> Metrics:
     """Commands already waiting in the stream (one in ten a duplicate): committed and acknowledged."""
+    return await _intake(ctx, work_queue=False)
+
+
+async def intake_work_queue(ctx: Context) -> Metrics:
+    """`intake` on a work-queue command stream, as releases before limits retention made it: the
+    A of an A/B (every acknowledgement deletes a message, one durable write each)."""
+    return await _intake(ctx, work_queue=True)
+
+
+async def _intake(ctx: Context, work_queue: bool) -> Metrics:
     unique = ctx.n(200_000)
     async with ctx.rig() as rig:
+        if work_queue:
+            jsm = rig.nc_.jetstream()
+            name = rig.names["command_stream"]
+            config = (await jsm.stream_info(name)).config
+            await jsm.delete_stream(name)
+            await jsm.add_stream(dataclasses.replace(config, retention=api.RetentionPolicy.WORK_QUEUE))
+            await jsm.add_consumer(name, consumer_config(rig.settings, Subjects(rig.settings.subject_prefix)))
         prefix = rig.names["subject_prefix"]
         due = datetime.now(UTC) + timedelta(days=1)
         bodies = [schedule_command(prefix, f"t{i % 10}", f"i-{i}", due) for i in range(unique)]
@@ -346,6 +368,7 @@ SCENARIOS = {
         ),
         Scenario("lateness-5k", lateness_5k, (("lateness_p99_ms", "<=", 250),)),
         Scenario("intake", intake, (("commands_per_s", ">=", 20_000),)),
+        Scenario("intake-workqueue", intake_work_queue, ()),  # on request: the A/B's old stream
         Scenario("failover", failover, (("orphan_lateness_p99_ms", "<=", 5000),)),
         Scenario("catchup", catchup, (("fresh_lateness_p99_ms", "<=", 1000),)),
         Scenario("fairness", fairness, (("fresh_lateness_p99_ms", "<=", 1000),)),

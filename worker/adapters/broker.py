@@ -16,11 +16,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError
 
+from worker import metrics
 from worker.contract import MessageIds, Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
 from worker.natsconn import (
@@ -55,6 +57,13 @@ FAST_FLOW = 500
 CLIENT_KNOWS_BATCHED = "allow_batched" in {f.name for f in dataclasses.fields(api.StreamConfig)}
 # After a failure a missing stream would explain, the streams are looked at no more often than this.
 CHECK_INTERVAL_S = 1.0
+# How often each replica purges acknowledged commands from a limits command stream (tend_commands).
+PURGE_INTERVAL_S = 1.0
+# Stream metadata a retired command stream carries: the stream that took its subjects over
+# (timer-service migrate-streams). Replicas follow it, and drain the old stream meanwhile.
+SUCCESSOR = "timer-service.successor"
+# While an old command stream drains, each fetch looks at it this long before the new one.
+DRAIN_FETCH_S = 0.05
 
 
 def _tls_context(s: Settings) -> ssl.SSLContext | None:
@@ -122,6 +131,13 @@ class Broker:
         self.problem: str | None = None
         self._check: asyncio.Task[None] | None = None
         self._checked_at = float("-inf")
+        # The command stream intake reads (ensure_streams: the configured one or its successor),
+        # and the old one it still drains after a cut-over (None when there is none).
+        self.command_stream = settings.command_stream
+        self.draining: str | None = None
+        self._purging = False  # a limits command stream: acknowledged commands are ours to purge
+        self._purged = 0  # the ack floor up to which this replica last purged
+        self._told_work_queue = False
 
     async def connect(self) -> None:
         async def on_error(exc: Exception) -> None:
@@ -165,7 +181,11 @@ class Broker:
             api.StreamConfig(
                 name=s.command_stream,
                 subjects=self.subjects.commands,
-                retention=api.RetentionPolicy.WORK_QUEUE,
+                # Limits, not a work queue: there every acknowledgement deletes its message, one
+                # durable write (a fsync under sync_interval: always) per command; here an
+                # acknowledgement only moves the consumer's ack floor, flushed a few times a
+                # second, and tend_commands purges below the floor about once a second.
+                retention=api.RetentionPolicy.LIMITS,
                 max_age=s.command_max_age.total_seconds(),
                 num_replicas=s.stream_replicas,
                 duplicate_window=120,
@@ -202,40 +222,77 @@ class Broker:
         s = self.settings
         jsm = self.js  # a JetStreamContext is a JetStreamManager (public API)
         found: dict[str, api.StreamConfig] = {}
+        messages: dict[str, int] = {}
         for config in self.stream_configs():
             assert config.name is not None
             try:
-                found[config.name] = (await jsm.stream_info(config.name)).config
+                info = await jsm.stream_info(config.name)
             except NotFoundError:
                 if not s.create_streams:
                     self._set_problem(f"stream {config.name} does not exist (TIMER_CREATE_STREAMS=false)")
                     raise TransientError(self.problem) from None
-                found[config.name] = (await jsm.add_stream(config)).config
+                try:
+                    info = await jsm.add_stream(config)
+                except BadRequestError as exc:
+                    raise ConfigError(f"stream {config.name}: cannot be created: {exc.description}") from None
                 log.info("stream created", extra={"action": "stream_created", "stream": config.name})
-        self._check_limits(found)
+            found[config.name] = info.config
+            messages[config.name] = info.state.messages
+        command = await self._resolve_commands(found, messages)
+        self._check_limits(found, command)
         self._choose_event_batches(found[s.event_stream])
         try:
-            await jsm.consumer_info(s.command_stream, s.consumer)
+            await jsm.consumer_info(command, s.consumer)
         except NotFoundError:
-            await jsm.add_consumer(
-                s.command_stream,
-                api.ConsumerConfig(
-                    durable_name=s.consumer,
-                    ack_policy=api.AckPolicy.EXPLICIT,
-                    # Commands a replica fetched and then died with (or lost its connection
-                    # before acknowledging) go to another after this: their timers are stored
-                    # that much later. A batch takes at most ~8 s (5 s of retries, a DLQ publish);
-                    # a redelivery of one still in hand changes nothing (commands are idempotent).
-                    ack_wait=ACK_WAIT_S,
-                    max_ack_pending=50_000,
-                    max_deliver=-1,
-                    filter_subjects=self.subjects.commands,
-                ),
+            await jsm.add_consumer(command, consumer_config(self.settings, self.subjects))
+            log.info(
+                "consumer created",
+                extra={"action": "consumer_created", "consumer": s.consumer, "stream": command},
             )
-            log.info("consumer created", extra={"action": "consumer_created", "consumer": s.consumer})
         self._set_problem(None)
 
-    def _check_limits(self, streams: dict[str, api.StreamConfig]) -> None:
+    async def _resolve_commands(self, found: dict[str, api.StreamConfig], messages: dict[str, int]) -> str:
+        """The stream intake reads: the configured one, or the one `timer-service migrate-streams`
+        moved its subjects to (named in its metadata). The old one is drained while it holds
+        commands. Adds the successor's config to `found`; never creates it (its sequence numbers
+        must continue the old stream's, which only the migration knows to do)."""
+        s = self.settings
+        configured = found[s.command_stream]
+        successor = (configured.metadata or {}).get(SUCCESSOR)
+        if successor is None:
+            self.command_stream, self.draining = s.command_stream, None
+        else:
+            try:
+                found[successor] = (await self.js.stream_info(successor)).config
+            except NotFoundError:
+                self._set_problem(
+                    f"stream {successor}, which took over {s.command_stream}'s subjects, does not exist"
+                    " (run timer-service migrate-streams again)"
+                )
+                raise TransientError(self.problem) from None
+            if self.command_stream != successor:
+                log.info(
+                    "command stream moved",
+                    extra={"action": "command_stream_moved", "stream": successor, "from": s.command_stream},
+                )
+            self.command_stream = successor
+            self.draining = s.command_stream if messages[s.command_stream] else None
+        retention = found[self.command_stream].retention
+        self._purging = retention == api.RetentionPolicy.LIMITS
+        if retention == api.RetentionPolicy.WORK_QUEUE and not self._told_work_queue:
+            self._told_work_queue = True
+            log.warning(
+                "command stream is a work queue",
+                extra={
+                    "action": "command_stream_work_queue",
+                    "stream": self.command_stream,
+                    "detail": "one durable write per acknowledged command; timer-service migrate-streams"
+                    " moves it to limits retention (docs/OPERATIONS.md, Upgrading)",
+                },
+            )
+        return self.command_stream
+
+    def _check_limits(self, streams: dict[str, api.StreamConfig], command: str) -> None:
         """The guarantees that rest on the streams' own limits, which may not be what settings say
         (a stream made by hand, or before a setting changed): refuse, naming the stream, if one fails."""
         s = self.settings
@@ -248,10 +305,10 @@ class Broker:
                 f" + 3 x TIMER_PUBLISH_TIMEOUT_MS ({_age(horizon)}), or a re-fired timer is published twice"
             )
         # A finished timer's row must outlive every copy of the command that made it (retention.py).
-        command_age = timedelta(seconds=streams[s.command_stream].max_age or 0)
+        command_age = timedelta(seconds=streams[command].max_age or 0)
         if not command_age or command_age > s.retention:
             raise ConfigError(
-                f"stream {s.command_stream}: max age {_age(command_age)} must not exceed TIMER_RETENTION"
+                f"stream {command}: max age {_age(command_age)} must not exceed TIMER_RETENTION"
                 f" ({_age(s.retention)}), or a late duplicate ScheduleTimer re-arms a deleted timer"
             )
 
@@ -316,8 +373,82 @@ class Broker:
         except Exception as exc:  # NATS cannot answer now (a leader election, a lost connection)
             log.warning("stream check failed", extra={"action": "stream_check_failed", "error": str(exc)})
 
-    async def command_subscription(self) -> JetStreamContext.PullSubscription:
-        return await self.js.pull_subscribe_bind(self.settings.consumer, self.settings.command_stream)
+    async def command_subscription(self) -> CommandFeed:
+        return CommandFeed(self)
+
+    async def tend_commands(self, stop: asyncio.Event) -> None:
+        """Until stop, about once a second: purge acknowledged commands from a limits command
+        stream, follow a cut-over (migrate-streams) and notice when the old stream has drained.
+        Never ends on an error: the next round tries again."""
+        while not stop.is_set():
+            try:
+                await self.tend_once()
+            except Exception as exc:  # NATS cannot answer now: nothing is lost by waiting
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("command stream upkeep failed", extra={"action": "purge_failed", "error": error})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), PURGE_INTERVAL_S)
+
+    async def tend_once(self) -> None:
+        if not self.connected:
+            return
+        s = self.settings
+        if self.command_stream == s.command_stream and not self._purging:
+            # A work queue made by an older release: watch it for a cut-over.
+            info = await self.js.stream_info(s.command_stream)
+            if (info.config.metadata or {}).get(SUCCESSOR):
+                await self.ensure_streams()
+        if self.draining is not None:
+            try:
+                left = (await self.js.stream_info(self.draining)).state.messages
+            except NotFoundError:
+                left = 0
+            if not left:  # a retired stream takes no new commands: empty is final
+                log.info(
+                    "command stream drained",
+                    extra={"action": "command_stream_drained", "stream": self.draining},
+                )
+                self.draining = None
+        if self._purging:
+            await self.purge_acknowledged()
+
+    async def purge_acknowledged(self) -> int:
+        """Remove the commands below the shared consumer's ack floor; how many went.
+
+        The floor is the newest command before which every command is acknowledged, by whichever
+        replica; one NAKed with a delay (deferred) or in a replica's hands holds it, so nothing
+        unacknowledged is ever purged. Every replica may do this at once: each purges up to a
+        floor it read, and floors only move forward. Nothing is sent while the floor stands still.
+        """
+        try:
+            info = await self.js.consumer_info(self.command_stream, self.settings.consumer)
+        except NotFoundError:  # intake's failed fetch puts it back
+            return 0
+        floor = int(info.ack_floor.stream_seq if info.ack_floor else 0)
+        if floor <= self._purged:
+            return 0
+        assert self.nc is not None
+        reply = await self.nc.request(
+            f"$JS.API.STREAM.PURGE.{self.command_stream}",
+            json.dumps({"seq": floor + 1}).encode(),
+            timeout=self.settings.publish_timeout_ms / 1000,
+        )
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            raise APIError.from_error(answer["error"])
+        self._purged = floor
+        purged = int(answer.get("purged", 0))
+        metrics.COMMANDS_PURGED.inc(purged)
+        log.debug(
+            "commands purged",
+            extra={
+                "action": "commands_purged",
+                "stream": self.command_stream,
+                "count": purged,
+                "floor": floor,
+            },
+        )
+        return purged
 
     async def publish_many(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
         """Publish with bounded pipelining; for each message, None once JetStream acknowledged it.
@@ -551,6 +682,69 @@ class Broker:
             except Exception:  # drain on a broken connection: closing is all that is left
                 with contextlib.suppress(Exception):  # and it may fail the same way
                     await self.nc.close()
+
+
+def consumer_config(settings: Settings, subjects: Subjects) -> api.ConsumerConfig:
+    """The shared command consumer, as the service creates it."""
+    return api.ConsumerConfig(
+        durable_name=settings.consumer,
+        # Explicit acks, never AckAll: the consumer is shared, so acknowledging "everything up to
+        # this one" would acknowledge other replicas' commands still being applied.
+        ack_policy=api.AckPolicy.EXPLICIT,
+        # Commands a replica fetched and then died with (or lost its connection before
+        # acknowledging) go to another after this: their timers are stored that much later. A
+        # batch takes at most ~8 s (5 s of retries, a DLQ publish); a redelivery of one still in
+        # hand changes nothing (commands are idempotent).
+        ack_wait=ACK_WAIT_S,
+        max_ack_pending=50_000,
+        max_deliver=-1,
+        filter_subjects=subjects.commands,
+    )
+
+
+async def command_stream_now(js: JetStreamContext, settings: Settings) -> str:
+    """The stream that takes commands now: the configured one, or its successor after a cut-over."""
+    try:
+        info = await js.stream_info(settings.command_stream)
+    except NotFoundError:
+        return settings.command_stream
+    return (info.config.metadata or {}).get(SUCCESSOR) or settings.command_stream
+
+
+class CommandFeed:
+    """The shared consumer's commands, from the stream the broker reads now. After a cut-over,
+    while the old stream still holds commands (in flight, or deferred), each fetch looks there
+    first, briefly: the old stream's commands come before the new one's in stream order too."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._subs: dict[str, JetStreamContext.PullSubscription] = {}
+
+    async def _sub(self, stream: str) -> JetStreamContext.PullSubscription:
+        if stream not in self._subs:
+            self._subs[stream] = await self._broker.js.pull_subscribe_bind(
+                self._broker.settings.consumer, stream
+            )
+        return self._subs[stream]
+
+    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+        b = self._broker
+        for gone in [name for name in self._subs if name not in (b.command_stream, b.draining)]:
+            with contextlib.suppress(nats.errors.Error):  # fetched commands can still be acknowledged
+                await self._subs.pop(gone).unsubscribe()
+        if b.draining is not None:
+            try:
+                if msgs := await (await self._sub(b.draining)).fetch(batch, timeout=DRAIN_FETCH_S):
+                    return msgs
+            except (TimeoutError, nats.errors.Error):  # nothing there now; tend_commands sees it go
+                pass
+        return await (await self._sub(b.command_stream)).fetch(batch, timeout=timeout)
+
+    async def unsubscribe(self) -> None:
+        for sub in self._subs.values():
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        self._subs.clear()
 
 
 def _reply(reply: asyncio.Future[Msg]) -> Msg | BaseException:

@@ -199,6 +199,15 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate_streams(args: argparse.Namespace) -> int:
+    from worker.ops.streams import migrate_streams
+
+    settings = load_settings()
+    wait = 0.0 if args.no_wait else args.timeout
+    done = asyncio.run(migrate_streams(settings, to=args.to, wait=wait))
+    return 0 if done else 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from worker.service import Replica
 
@@ -573,6 +582,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--status", action="store_true", help="list applied and pending migrations; exit 1 if any is pending"
     )
     m.set_defaults(func=cmd_migrate)
+    ms = sub.add_parser(
+        "migrate-streams",
+        help="move a work-queue command stream to limits retention (safe while replicas and producers run)",
+    )
+    ms.add_argument("--to", help="the new command stream's name (default: <TIMER_COMMAND_STREAM>_V2)")
+    ms.add_argument("--no-wait", action="store_true", help="do not wait for the old stream to drain")
+    ms.add_argument(
+        "--timeout", type=float, default=None, help="wait at most this many seconds for it to drain (exit 1)"
+    )
+    ms.set_defaults(func=cmd_migrate_streams)
     r = sub.add_parser("run", help="run one replica until SIGTERM")
     r.add_argument(
         "--no-migrate",

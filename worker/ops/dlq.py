@@ -33,7 +33,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from worker.adapters.broker import connect_options
+from worker.adapters.broker import command_stream_now, connect_options
 from worker.adapters.queries import QUERIES
 from worker.config import Settings
 from worker.contract import MessageIds, Rejection, Subjects
@@ -304,8 +304,9 @@ class Dlq:
             return None
         subject, data = self.validated_replay(entry, body)
         ack = await self.js.publish(subject, data, headers={"Nats-Msg-Id": await self.replay_id(entry)})
-        if ack.stream != self.settings.command_stream:
-            raise ReplayRefused(f"{subject} went to stream {ack.stream}, not {self.settings.command_stream}")
+        expected = await command_stream_now(self.js, self.settings)  # its successor after a cut-over
+        if ack.stream != expected:
+            raise ReplayRefused(f"{subject} went to stream {ack.stream}, not {expected}")
         with contextlib.suppress(NotFoundError):  # a concurrent replay deleted it first
             await self.js.delete_msg(self.settings.dlq_stream, seq)
         return Replayed(seq, subject, int(ack.seq), bool(ack.duplicate))

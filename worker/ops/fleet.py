@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from worker.adapters.broker import command_stream_now
 from worker.config import Settings
 
 
@@ -41,13 +42,26 @@ class CommandBacklog:
 
 
 async def command_backlog(js: JetStreamContext, settings: Settings) -> CommandBacklog | None:
-    """The shared command consumer's backlog, or None when no replica has created it yet."""
+    """The shared command consumer's backlog, or None when no replica has created it yet. After a
+    cut-over (migrate-streams), the new stream's, plus what the old one still holds."""
+    now = await command_stream_now(js, settings)
     try:
-        info = await js.consumer_info(settings.command_stream, settings.consumer)
+        info = await js.consumer_info(now, settings.consumer)
     except NotFoundError:
         return None
-    return CommandBacklog(
+    backlog = CommandBacklog(
         pending=int(info.num_pending or 0),
         in_flight=int(info.num_ack_pending or 0),
         pullers=int(info.num_waiting or 0),
     )
+    if now != settings.command_stream:
+        try:
+            old = await js.consumer_info(settings.command_stream, settings.consumer)
+        except NotFoundError:
+            return backlog
+        backlog = CommandBacklog(
+            pending=backlog.pending + int(old.num_pending or 0),
+            in_flight=backlog.in_flight + int(old.num_ack_pending or 0),
+            pullers=backlog.pullers,
+        )
+    return backlog
