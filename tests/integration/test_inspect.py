@@ -240,7 +240,13 @@ def test_describe_prints_json_values_aligned_and_one_time_format(db_url: str) ->
     )
     out = run("describe", "--tenant", "acme", "--id", "rec", TIMER_DATABASE_URL=db_url).stdout
     lines = dict(line.split(None, 1) for line in out.splitlines())
-    assert json.loads(lines["repeat"]) == {"every": "PT1H", "times": 3, "timezone": None}
+    assert json.loads(lines["repeat"]) == {
+        "every": "PT1H",
+        "cron": None,
+        "times": 3,
+        "until": None,
+        "timezone": None,
+    }
     assert lines["commandTimestampMs"] == "1795000000000"
     times = [v for k, v in lines.items() if k.endswith("At")]
     assert times and all(v.endswith("Z") and "+00:00" not in v for v in times), times
