@@ -32,6 +32,8 @@ from typing import Literal, Self
 
 import psycopg
 
+from worker.devkit.polling import until
+
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
 POLL_S = 0.05
@@ -138,16 +140,26 @@ class _Server:
 
     def _wait_ready(self, ready: Callable[[], bool], deadline: float) -> bool:
         """Poll `ready` until it holds (True) or the process exits (False); kill and raise at deadline."""
-        while True:
+
+        def state() -> Literal["ready", "exited"] | None:
             if not self.running:
-                self._forget()
-                return False
-            if ready():
-                return True
-            if time.monotonic() > deadline:
-                self.kill()
-                raise TimeoutError(f"{self.name} not ready after {START_TIMEOUT_S}s; {self._log_tail()}")
-            time.sleep(POLL_S)
+                return "exited"
+            return "ready" if ready() else None
+
+        try:
+            found = until(
+                state,
+                deadline - time.monotonic(),
+                lambda: f"{self.name} to be ready; {self._log_tail()}",
+                POLL_S,
+            )
+        except TimeoutError:
+            self.kill()
+            raise
+        if found == "exited":
+            self._forget()
+            return False
+        return True
 
     def _signal_and_wait(self, sig: int) -> None:
         """Send `sig`, wait for the exit; kill() if it takes longer than STOP_TIMEOUT_S."""
