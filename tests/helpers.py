@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -15,8 +14,12 @@ import psycopg
 
 from worker.config import Settings
 from worker.contract import MessageIds
+from worker.devkit.polling import until_async
 from worker.devkit.recorder import EventRecorder
 from worker.service import Replica
+
+# The devkit's poll-until, under the name the tests have always called it by.
+until = until_async
 
 
 @contextlib.asynccontextmanager
@@ -66,22 +69,6 @@ async def consumer_idle(settings: Settings) -> bool:
 async def publish_raw(js: Any, settings: Settings, tenant: str, kind: str, body: Any) -> None:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     await js.publish(f"{settings.subject_prefix}.{tenant}.timer.{kind}", data)
-
-
-async def until(
-    check: Callable[[], bool | Awaitable[bool]], timeout: float = 20.0, what: str = "condition"
-) -> None:
-    """Poll `check` until it holds; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def query(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:

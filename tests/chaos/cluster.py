@@ -20,16 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 from worker.devkit.embedded import EmbeddedNats, free_port
+from worker.devkit.polling import until
 
 START_TIMEOUT_S = 60.0
 LEADER_TIMEOUT_S = 30.0
 POLL_S = 0.1
 CLUSTER_NAME = "chaos"
-
-T = TypeVar("T")
 
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an HTTP proxy
 
@@ -118,7 +117,7 @@ class NatsCluster:
         try:
             for node in self.nodes:
                 node.start()
-            self._poll("cluster not formed", self._formed, START_TIMEOUT_S)
+            until(self._formed, START_TIMEOUT_S, self._waiting_for("the cluster to form"), POLL_S)
         except BaseException:
             self._kill_all()  # a failed __enter__ gets no __exit__
             raise
@@ -137,10 +136,11 @@ class NatsCluster:
         with the leader of every stream and consumer it hosts."""
         since = time.monotonic()
         self.nodes[i].start()
-        self._poll(
-            f"{self.names[i]} not caught up after restart",
-            lambda: (self._healthy(i) and self._caught_up(i, since)) or None,
+        until(
+            lambda: self._healthy(i) and self._caught_up(i, since),
             START_TIMEOUT_S,
+            self._waiting_for(f"{self.names[i]} to catch up after restart"),
+            POLL_S,
         )
 
     def stream_leader(self, stream: str, timeout: float = LEADER_TIMEOUT_S) -> int:
@@ -158,7 +158,7 @@ class NatsCluster:
 
         where = "" if not_on is None else f" off {self.names[not_on]}"
         try:
-            return self._poll(f"no leader of stream {stream!r}{where}", elected, timeout)
+            return until(elected, timeout, self._waiting_for(f"a leader of stream {stream!r}{where}"), POLL_S)
         except TimeoutError as err:
             raise TimeoutError(f"{err}; leader each node names: {self._named(stream)}") from None
 
@@ -281,13 +281,9 @@ class NatsCluster:
                 return False
         return True
 
-    def _poll(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
-        deadline = time.monotonic() + timeout
-        while (found := check()) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what} after {timeout}s; {self._states()}")
-            time.sleep(POLL_S)
-        return found
+    def _waiting_for(self, what: str) -> Callable[[], str]:
+        """A timeout's message: what was awaited, and each node's state at the deadline."""
+        return lambda: f"{what}; {self._states()}"
 
     def _states(self) -> str:
         """Each node's /healthz answer and log, for a timeout's message."""

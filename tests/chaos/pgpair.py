@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import LiteralString, Self
@@ -29,6 +27,7 @@ import psycopg
 
 from tests.chaos.proxy import Proxy
 from worker.devkit.embedded import EmbeddedPostgres, postgres_bin, system_user_for
+from worker.devkit.polling import until
 
 DBNAME = "timers"
 STALL_HOLD_S = 60.0  # held back longer than any scenario waits: until the primary dies
@@ -63,7 +62,12 @@ class PgPair:
                 conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
                 conn.execute("SELECT pg_reload_conf()")
         want = "sync" if self.synchronous else "async"
-        self._until(lambda: self._sync_state() == want, f"the standby streaming ({want})")
+        until(
+            lambda: self._sync_state() == want,
+            timeout=30,
+            what=f"the standby streaming ({want})",
+            interval=POLL_S,
+        )
 
     def _base_backup(self) -> None:
         target = self.standby.data_dir
@@ -113,12 +117,6 @@ class PgPair:
         """The standby becomes the primary; returns once it accepts writes."""
         with psycopg.connect(self.standby.url, autocommit=True) as conn:
             conn.execute("SELECT pg_promote(wait => true, wait_seconds => 30)")
-
-    def _until(self, cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"no {what} after {timeout}s"
-            time.sleep(POLL_S)
 
     def __enter__(self) -> Self:
         try:

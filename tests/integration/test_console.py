@@ -203,6 +203,28 @@ def test_pages_show_no_python_values_and_the_contracts_times(client: TestClient,
     assert "every PT1H" in timer
 
 
+def test_the_timer_page_shows_cron_until_and_data(client: TestClient, db_url: str) -> None:
+    """The cron/data feature (repeat.cron, repeat.until, data): the page showed the data as a
+    key-value line, not the JSON a DueTimeReached delivers, and until as bare text."""
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, repeat_cron, "
+        "repeat_until, repeat_timezone, data) VALUES ('acme', 'weekdays', 'Scheduled', "
+        "'2030-01-07 08:00:00+00', '2030-01-07 08:00:00+00', '0 9 * * MON-FRI', "
+        '\'2030-06-30 00:00:00+00\', \'Europe/Paris\', \'{"invoice": 42, "tags": ["a", "b"]}\')',
+    )
+    _login(client)
+    page = client.get("/timers/acme/weekdays").text
+    repeat = page.split("<th>repeat</th><td>")[1].split("</td>")[0]
+    assert repeat == (
+        "cron 0 9 * * MON-FRI, "
+        'until <time datetime="2030-06-30T00:00:00.000Z">2030-06-30T00:00:00.000Z</time>, '
+        "timezone Europe/Paris"
+    ), repeat
+    data = page.split('<pre id="data">')[1].split("</pre>")[0]
+    assert json.loads(data) == {"invoice": 42, "tags": ["a", "b"]}, data
+
+
 def test_a_port_in_use_is_one_line(settings: Settings, db_url: str) -> None:
     """Issue 22: a taken port ended the console with uvicorn's JSON log lines, each carrying an
     ANSI-coloured `color_message` twin."""

@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, LiteralString
 
@@ -19,14 +17,7 @@ import pytest
 from tests.servers import delete_streams, fresh_database
 from worker.config import Settings
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
-
-
-def poll(check: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+from worker.devkit.polling import until
 
 
 def scalar(url: str, query: LiteralString, *params: Any) -> Any:
@@ -154,7 +145,7 @@ def test_servers_die_with_the_process_that_started_them(tmp_path: Path) -> None:
     assert len(pids) == 2 and all(_alive(p) for p in pids)
     owner.kill()  # SIGKILL: no atexit, no context manager; only the kernel can clean up
     owner.wait()
-    poll(lambda: not any(_alive(p) for p in pids), what="servers to die with their parent")
+    until(lambda: not any(_alive(p) for p in pids), timeout=15, what="servers to die with their parent")
 
 
 async def test_settings_are_per_test_and_their_streams_are_deleted(settings: Settings, nats_url: str) -> None:

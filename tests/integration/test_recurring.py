@@ -10,9 +10,9 @@ from zoneinfo import ZoneInfo
 
 import nats
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
+from worker.adapters import db
 from worker.adapters.store import Store
 from worker.client import TimerClient
 from worker.config import Settings
@@ -151,12 +151,8 @@ async def _claimed_by_a_replica_that_dies(db_url: str, lease_ms: int) -> None:
         "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, repeat_every)"
         " VALUES ('acme', 'tick', 'Scheduled', now(), now(), 'PT1S')",
     )
-    pool = AsyncConnectionPool(db_url, min_size=1, max_size=1, open=False, kwargs={"autocommit": True})
-    await pool.open()
-    try:
+    async with db.pool(db_url, "tests", min_size=1, max_size=1) as pool:  # the replica's session pins
         claim = await Store(pool).claim("crashed", 10, 0, lease_ms=lease_ms)
-    finally:
-        await pool.close()
     assert [c.service_call_id for c in claim.claimed] == ["tick"]
 
 
@@ -283,10 +279,8 @@ async def _walk_stored(db_url: str, service_call_id: str) -> list[datetime]:
     claim_due returns it (its columns read back from Postgres, data as text), next_of, and
     mark_fired under a lease set by hand (claim_due only takes occurrences due on the database
     clock)."""
-    pool = AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False, kwargs={"autocommit": True})
-    await pool.open()
     fired: list[datetime] = []
-    try:
+    async with db.pool(db_url, "tests", min_size=1, max_size=2) as pool:  # the replica's session pins
         store = Store(pool)
         async with pool.connection() as conn:
             while True:
@@ -309,8 +303,6 @@ async def _walk_stored(db_url: str, service_call_id: str) -> list[datetime]:
                 )  # fmt: skip
                 fired.append(claimed.due_at)
                 assert await store.mark_fired([Fired(claimed, *next_of(claimed))]) == 1
-    finally:
-        await pool.close()
 
 
 async def test_weekday_nine_oclock_in_paris_and_new_york_across_both_dst_changes_of_2027(

@@ -9,10 +9,8 @@ row that makes that hold, since settings refuse TIMER_RETENTION < TIMER_COMMAND_
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from prometheus_client import REGISTRY
-from psycopg_pool import AsyncConnectionPool
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
 from worker.adapters.store import Store
@@ -92,7 +90,7 @@ async def test_a_replica_deletes_expired_finished_timers_and_keeps_the_rest(
     assert _deleted_so_far() - before == 2
 
 
-async def test_a_sweep_deletes_in_small_batches_until_none_is_left(settings: Settings, db_url: str) -> None:
+async def test_a_sweep_deletes_in_small_batches_until_none_is_left(db_url: str, store: Store) -> None:
     query(
         db_url,
         """INSERT INTO timers (tenant_id, service_call_id, state, due_at, updated_at)
@@ -106,21 +104,15 @@ async def test_a_sweep_deletes_in_small_batches_until_none_is_left(settings: Set
            SELECT 'acme', 's' || i, 'Scheduled', now() + interval '1 hour', now() - interval '10 days'
            FROM generate_series(1, 10) AS i""",
     )
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False)
-    await pool.open(wait=True)
-    try:
-        store = Store(pool)
-        # One statement deletes one batch, the oldest first.
-        assert await store.delete_finished(timedelta(days=7), 1000) == 1000
-        assert query(
-            db_url, "SELECT min(substr(service_call_id, 2)::int) FROM timers WHERE state <> 'Scheduled'"
-        ) == [(1001,)]
-        # A sweep goes on batch after batch until one comes back short.
-        sweeper = Retention(store, timedelta(days=7), batch=1000)
-        assert await sweeper.sweep() == 1500
-        assert await sweeper.sweep() == 0
-    finally:
-        await pool.close()
+    # One statement deletes one batch, the oldest first.
+    assert await store.delete_finished(timedelta(days=7), 1000) == 1000
+    assert query(
+        db_url, "SELECT min(substr(service_call_id, 2)::int) FROM timers WHERE state <> 'Scheduled'"
+    ) == [(1001,)]
+    # A sweep goes on batch after batch until one comes back short.
+    sweeper = Retention(store, timedelta(days=7), batch=1000)
+    assert await sweeper.sweep() == 1500
+    assert await sweeper.sweep() == 0
     assert query(db_url, "SELECT state, count(*) FROM timers GROUP BY state") == [("Scheduled", 10)]
 
 

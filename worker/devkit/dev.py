@@ -19,6 +19,7 @@ from worker.adapters.migrations import migrate
 from worker.client import TimerClient
 from worker.config import load_settings, mask_url
 from worker.devkit.harness import ReplicaSet, replica_env_from, summary
+from worker.devkit.polling import until_async
 from worker.devkit.recorder import EventRecorder
 from worker.errors import ConfigError
 
@@ -123,12 +124,19 @@ async def _demo(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.25 if sys.stdout.isatty() else 1.0)
         if duration is not None and not stop.is_set():
-            # Let every scheduled timer come due and fire, then stop.
-            deadline = time.monotonic() + SETTLE_S
-            while time.monotonic() < deadline and not scheduled <= set(recorder.keys()):
+            # Let every scheduled timer come due and fire (SETTLE_S at most), then stop.
+
+            async def settled() -> bool:
+                if stop.is_set() or scheduled <= set(recorder.keys()):
+                    return True
                 _live(scheduled, recorder, time.monotonic() - started)
+                # The pause between looks is this wait, so that a signal ends it at once.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=0.25 if sys.stdout.isatty() else 1.0)
+                return False
+
+            with contextlib.suppress(TimeoutError):  # what has not fired by then, the summary counts
+                await until_async(settled, SETTLE_S, "every scheduled timer to fire", interval=0)
     finally:
         await client.close()
         await recorder.stop()

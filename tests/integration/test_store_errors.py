@@ -1,5 +1,6 @@
-"""A failing or hostile database never stops the replicas: errors are classified (retry and report
-not ready, or stop with one line), and a row that cannot be read or published fails alone."""
+"""A failing or hostile database never stops the replicas: errors are classified (store.py's classify:
+retry and report not ready, or stop with one line), and a row that cannot be read or published fails
+alone."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Where is my timer? `list`, `describe`, `status --tenant` and `cancel`'s report, on a real database."""
+"""worker/ops/reads.py: where is my timer? `list`, `describe`, `status --tenant` and `cancel`'s report,
+on a real database."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Trace context end to end: a ScheduleTimer's traceparent, tracestate and allowed producer headers
-reach each of its DueTimeReached events (docs/CONTRACT.md, Trace context), on real Postgres and NATS."""
+"""worker/tracing.py, trace context end to end: a ScheduleTimer's traceparent, tracestate and allowed
+producer headers reach each of its DueTimeReached events (docs/CONTRACT.md, Trace context), on real
+Postgres and NATS."""
 
 from __future__ import annotations
 

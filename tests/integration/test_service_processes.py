@@ -1,4 +1,5 @@
-"""Replicas as real processes: many timers, a SIGKILL, a full restart, a SIGTERM."""
+"""The replica (worker/service.py) as real processes, through devkit/harness.py: many timers, a
+SIGKILL, a full restart, a SIGTERM."""
 
 from __future__ import annotations
 

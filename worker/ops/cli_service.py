@@ -1,0 +1,86 @@
+"""The `timer-service` commands that run something: migrate, run, console, dev, and the benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from worker import logs, tracing
+from worker.config import load_settings
+from worker.errors import ConfigError
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from worker.adapters import migrations
+    from worker.adapters.db import require_utf8
+
+    settings = load_settings()
+    url = settings.database_url.get_secret_value()
+    if args.status:
+        applied, pending = migrations.status(url)
+        print(f"applied: {', '.join(map(str, applied)) or 'none'}")
+        print(f"pending: {', '.join(f'{v} ({name})' for v, name in pending) or 'none'}")
+        return 1 if pending else 0
+    require_utf8(url)  # before anything is written to a database the replicas would refuse
+    applied = migrations.migrate(url)
+    print(f"migrations applied: {', '.join(map(str, applied))}" if applied else "schema up to date")
+    return 0
+
+
+def cmd_migrate_streams(args: argparse.Namespace) -> int:
+    from worker.ops.streams import migrate_streams
+
+    settings = load_settings()
+    wait = 0.0 if args.no_wait else args.timeout
+    done = asyncio.run(migrate_streams(settings, to=args.to, wait=wait))
+    return 0 if done else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from worker.service import Replica
+
+    settings = load_settings(**({"migrate": False} if args.no_migrate else {}))
+    logs.setup(settings.log_level, settings.log_format)
+    tracing.setup()
+    try:
+        return asyncio.run(Replica(settings).run())
+    finally:
+        tracing.disable()  # flushes the spans still batched
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    from worker.config import load_console_settings
+
+    settings = load_console_settings()
+    try:
+        from worker.ops.console.app import serve
+    except ImportError as exc:
+        raise ConfigError(f"the console needs: pip install 'timer-service[console]' ({exc})") from None
+    logs.setup(settings.log_level, settings.log_format)
+    serve(settings)
+    return 0
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from worker.devkit.dev import run_dev
+
+    return run_dev(duration=args.duration, replicas=args.replicas, rate=args.rate)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """The benchmarks of the checkout this package runs from (tools/bench beside worker/, as in an
+    editable install): they are not in the wheel, so an installed package says where they are."""
+    import worker
+
+    checkout = Path(worker.__file__).resolve().parents[1]
+    if not (checkout / "tools" / "bench" / "__init__.py").is_file():
+        raise ConfigError(
+            "bench: the benchmarks run from a repository checkout, not an installed package: "
+            "`make bench` or `python -m tools.bench` there"
+        )
+    sys.path.insert(0, str(checkout))  # a console script's path has its bin/, not the checkout
+    from tools.bench import main as bench
+
+    return bench(args.arguments, prog="timer-service bench")

@@ -1,0 +1,280 @@
+"""The `timer-service` commands on timers: schedule (one, or many --from-file), cancel, status,
+list, describe."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from worker.config import Settings, load_settings, parse_duration
+from worker.contract import Rejection, ScheduleTimer, iso
+from worker.errors import ConfigError
+from worker.ops.cli_nats import _backlog, _with_client
+
+
+def _due(args: argparse.Namespace) -> datetime:
+    if args.due_in:
+        return datetime.now(UTC) + parse_duration(args.due_in)
+    due: datetime = args.due_at
+    return due
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from worker.core.commands import parse_command
+
+    settings = load_settings()
+    if args.from_file is not None:
+        return _schedule_file(settings, args.from_file)
+    if args.tenant is None or args.id is None:
+        raise ConfigError("schedule needs --tenant and --id (or --from-file)")
+    repeats = args.every is not None or args.cron is not None
+    if not repeats and (args.times is not None or args.timezone is not None or args.until is not None):
+        raise ConfigError("--times, --until and --timezone repeat a timer: they need --every or --cron")
+    if args.due_at is None and args.due_in is None and args.cron is None:
+        raise ConfigError("schedule: --due-at or --due-in is needed (with --cron it defaults to now)")
+    # A cron schedule starts at dueAt: its first occurrence is the first match at or after it.
+    due = datetime.now(UTC) if args.due_at is None and args.due_in is None else _due(args)
+    payload: dict[str, Any] = {"tenantId": args.tenant, "serviceCallId": args.id, "dueAt": iso(due)}
+    if repeats:
+        repeat = {
+            "every": args.every,
+            "cron": args.cron,
+            "times": args.times,
+            "until": None if args.until is None else iso(args.until),
+            "timezone": args.timezone,
+        }
+        payload["repeat"] = {k: v for k, v in repeat.items() if v is not None}
+    if args.correlation_id is not None:
+        payload["correlationId"] = args.correlation_id
+    if args.data is not None:
+        payload["data"] = args.data
+    # The service's own check, before sending: a command it would only copy to the DLQ is not sent.
+    checked = parse_command(
+        "schedule",
+        args.tenant,
+        json.dumps(payload).encode(),
+        now=datetime.now(UTC),
+        max_horizon=settings.max_horizon,
+        max_payload_bytes=settings.max_payload_bytes,
+    )
+    if isinstance(checked, Rejection):
+        raise ConfigError(f"not sent, the service would reject it: {checked.reason}: {checked.detail}")
+    assert isinstance(checked, ScheduleTimer)
+    asyncio.run(
+        _with_client(
+            settings,
+            lambda c: c.schedule(
+                args.tenant,
+                args.id,
+                due,
+                correlation_id=args.correlation_id,
+                repeat=payload.get("repeat"),
+                data=payload.get("data"),
+            ),
+        )
+    )
+    # The first occurrence: dueAt itself, or a cron schedule's first match at or after it.
+    print(f"scheduled {args.tenant}/{args.id} at {iso(checked.due_at)}")
+    return 0
+
+
+# Lines read, checked and sent at a time by `schedule --from-file`: memory stays flat for any file.
+IMPORT_CHUNK = 10_000
+
+
+def _schedule_file(settings: Settings, path: str) -> int:
+    """`schedule --from-file`: one ScheduleTimer body per line (the schedule subject's body, its
+    tenant from `tenantId`), checked as the service would (a line it would reject is reported
+    with its number and reason, and not sent), the rest sent with TimerClient.schedule_many.
+    A progress line on stderr while it runs (on a terminal); a summary on stdout. Exit 1 if
+    any line was rejected or not stored."""
+    from worker.core.commands import parse_command
+
+    stream = sys.stdin.buffer if path == "-" else Path(path).open("rb")  # noqa: SIM115  # closed below
+    progress = Progress(Path(path).stat().st_size if path != "-" else None)
+    counts = {"accepted": 0, "duplicate": 0, "error": 0, "rejected": 0}
+
+    def reject(number: int, why: str) -> None:
+        counts["rejected"] += 1
+        progress.clear()
+        print(f"line {number}: {why}", file=sys.stderr)
+
+    async def send(client: Any) -> None:
+        chunk: list[tuple[int, dict[str, Any]]] = []
+        for number, line in enumerate(stream, start=1):
+            progress.read(len(line))
+            if not line.strip():
+                continue
+            try:
+                body = json.loads(line)
+            except ValueError as exc:
+                reject(number, f"invalid_json: {exc}")
+                continue
+            tenant = body.get("tenantId") if isinstance(body, dict) else "_"
+            if not isinstance(tenant, str):  # the tenant a line's subject would have
+                reject(number, "missing_field: tenantId is required (a string)")
+                continue
+            checked = parse_command(
+                "schedule",
+                tenant,
+                line.strip(),
+                now=datetime.now(UTC),
+                max_horizon=settings.max_horizon,
+            )
+            if isinstance(checked, Rejection):
+                reject(number, f"{checked.reason}: {checked.detail}")
+                continue
+            chunk.append((number, body))
+            if len(chunk) >= IMPORT_CHUNK:
+                await flush(client, chunk)
+        await flush(client, chunk)
+
+    async def flush(client: Any, chunk: list[tuple[int, dict[str, Any]]]) -> None:
+        for (number, _), sent in zip(chunk, await client.schedule_many(b for _, b in chunk), strict=True):
+            counts[sent.outcome] += 1
+            if sent.outcome == "error":
+                progress.clear()
+                print(f"line {number}: not stored, send it again: {sent.error}", file=sys.stderr)
+        progress.sent(len(chunk))
+        chunk.clear()
+
+    try:
+        asyncio.run(_with_client(settings, send))
+    finally:
+        stream.close()
+        progress.clear()
+    print(
+        f"accepted {counts['accepted']}, duplicate {counts['duplicate']},"
+        f" rejected {counts['rejected']}, not stored {counts['error']}"
+    )
+    return 1 if counts["rejected"] or counts["error"] else 0
+
+
+class Progress:
+    """One line on stderr, rewritten at most 10 times a second, only on a terminal: bytes read
+    of the file (when its size is known) and commands stored. Not worth a dependency."""
+
+    def __init__(self, total: int | None) -> None:
+        self.total, self.done, self.stored = total, 0, 0
+        self.live = sys.stderr.isatty()
+        self.shown_at = 0.0
+
+    def read(self, n: int) -> None:
+        self.done += n
+
+    def sent(self, n: int) -> None:
+        self.stored += n
+        now = time.monotonic()
+        if self.live and now - self.shown_at >= 0.1:
+            self.shown_at = now
+            share = f" {100 * self.done / self.total:5.1f}%" if self.total else ""
+            print(f"\r{share} {self.stored:,} sent", end="", file=sys.stderr, flush=True)
+
+    def clear(self) -> None:
+        if self.live and self.shown_at:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+            self.shown_at = 0.0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from worker.ops.reads import cancel_outcome, connect, describe
+
+    settings = load_settings()
+    url = settings.database_url.get_secret_value()
+    with connect(url) as conn:
+        before = describe(conn, args.tenant, args.id)
+    asyncio.run(_with_client(settings, lambda c: c.cancel(args.tenant, args.id)))
+    code, line = cancel_outcome(url, args.tenant, args.id, args.wait, before)
+    print(line, file=sys.stdout if code == 0 else sys.stderr)
+    return code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from worker.ops.reads import camel, one_timer, overview, render_overview
+
+    settings = load_settings()
+    if args.id:
+        if not args.tenant:
+            raise ConfigError("status: --id needs --tenant")
+        view = asyncio.run(_with_client(settings, lambda c: c.get(args.tenant, args.id)))
+        if view is None:
+            print(f"not found: {args.tenant}/{args.id}", file=sys.stderr)
+            return 1
+        print(json.dumps(view, indent=2) if args.json else one_timer(view))
+        return 0
+    if args.tenant:  # a tenant without --id: that tenant's summary
+        from worker.ops.reads import connect, render_summary, tenant_summary
+
+        with connect(settings.database_url.get_secret_value()) as conn:
+            summary = tenant_summary(conn, args.tenant)
+        print(json.dumps(camel(summary), indent=2) if args.json else render_summary(summary))
+        return 0
+    report = overview(settings.database_url.get_secret_value(), top=args.top)
+    backlog, unknown = _backlog(settings)
+    if args.json:
+        report["commands"] = backlog.as_dict() if backlog is not None else {"unknown": unknown}
+        print(json.dumps(camel(report), indent=2))
+    else:
+        print(render_overview(report, backlog.line() if backlog is not None else unknown))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from worker.ops.reads import TimerFilter, connect, list_timers, render_page, row_json
+
+    try:
+        f = TimerFilter(
+            tenant_id=args.tenant,
+            state=args.state,
+            due_from=args.due_from,
+            due_to=args.due_to,
+            overdue=args.overdue,
+        )
+        with connect(load_settings().database_url.get_secret_value()) as conn:
+            page = list_timers(conn, f, args.after, args.limit)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if args.json:
+        print(json.dumps({"timers": [row_json(r) for r in page.rows], "next": page.next_cursor}, indent=2))
+    else:
+        print(render_page(page))
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    from worker.ops.reads import connect, describe, one_timer
+
+    settings = load_settings()
+    with connect(settings.database_url.get_secret_value()) as conn:
+        view = describe(conn, args.tenant, args.id)
+    if view is None:
+        why = _why_missing(settings, args.tenant, args.id)
+        print(f"not found: {args.tenant}/{args.id}; {why}", file=sys.stderr)
+        return 1
+    print(json.dumps(view, indent=2) if args.json else one_timer(view))
+    return 0
+
+
+def _why_missing(settings: Settings, tenant: str, sid: str) -> str:
+    """A timer the database does not have: queued behind other commands, or rejected?"""
+    dlq_list = f"timer-service dlq list --tenant {tenant} --id {sid}"
+    backlog, unknown = _backlog(settings)
+    if backlog is None:
+        return f"the command backlog is {unknown}; if it was sent, it may have been rejected: {dlq_list}"
+    if backlog.waiting and not backlog.pullers:
+        return (
+            f"{backlog.waiting} command(s) wait in the command stream and no replica is taking them: "
+            "if it was sent, it is queued until a replica runs (timer-service status)"
+        )
+    if backlog.waiting:
+        return (
+            f"{backlog.waiting} command(s) are not applied yet ({backlog.pullers} replica(s) taking "
+            f"commands): if it was sent just now, ask again shortly; if it stays missing: {dlq_list}"
+        )
+    return f"no command waits to be applied: if it was sent, it was rejected: {dlq_list}"
