@@ -330,11 +330,15 @@ def timer_view(row: dict[str, Any]) -> dict[str, Any]:
             "until": t(row.get("repeat_until")),
             "timezone": row["repeat_timezone"],
         }
-    scheduled = row["state"] == "Scheduled"
+    # Paused is a stored state only (sql/migrations/0011): the contract shows a paused timer as
+    # Scheduled, with paused true; it fires once resumed.
+    paused = row["state"] == "Paused"
+    scheduled = row["state"] == "Scheduled" or paused
     return {
         "tenantId": row["tenant_id"],
         "serviceCallId": row["service_call_id"],
-        "state": row["state"],
+        "state": "Scheduled" if paused else row["state"],
+        "paused": paused,
         "dueAt": t(row["due_at"]),
         "nextOccurrence": t(row["due_at"]) if scheduled else None,
         "registeredAt": t(row["registered_at"]),

@@ -21,6 +21,7 @@ from tests.helpers import (
 )
 from worker.config import Settings
 from worker.devkit.recorder import EventRecorder
+from worker.ops.reads import connect, describe, fleet_counts, render_overview, tenant_summary
 
 SCALE = int(os.environ.get("TIMER_PAUSE_SCALE", "20000"))
 
@@ -40,6 +41,10 @@ def _big_tenant(db_url: str, tenant: str, n: int, due_s_ago: int) -> None:
         due_s_ago,
         n,
     )
+
+
+def fleet_now_empty() -> dict[str, object]:
+    return {"overdue": 0, "oldest_overdue_s": None, "backing_off": 0, "leases": []}
 
 
 def _count(db_url: str, sql: str, *params: object) -> int:
@@ -182,6 +187,16 @@ async def test_a_timer_paused_by_itself_stays_paused_when_its_tenant_resumes(
         await until(lambda: consumer_idle(settings), what="command stream drained")
         assert (row(db_url, "acme", "one") or {})["state"] == "Paused"
         assert rec.keys()[("acme", "one")] == 0
+        # describe and status show it; the contract says Scheduled, paused.
+        with connect(db_url) as conn:
+            view = describe(conn, "acme", "one") or {}
+            counts = fleet_counts(conn)
+            summary = tenant_summary(conn, "acme")
+        assert (view["state"], view["paused"]) == ("Scheduled", True)
+        assert view["pausedAt"] is not None and view["why"].startswith("paused by itself")
+        assert counts["paused"] == 1 and counts["paused_tenants"][0]["tenant"] == "acme"
+        assert "acme: 1 timers" in render_overview({**counts, **fleet_now_empty()})
+        assert summary["paused"] == 1 and summary["tenant_paused_at"] is None
         await publish_raw(js, settings, "acme", "resume", {"tenantId": "acme", "serviceCallId": "one"})
         await until(lambda: rec.keys()[("acme", "one")] == 1, what="its own resume fired it")
 

@@ -380,6 +380,28 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_pause(args: argparse.Namespace) -> int:
+    """`pause` and `resume` (README, Pause and resume): the command on the tenant's own subject, as a
+    producer would send it; replicas apply it (a tenant's rows in chunks). Returns once JetStream
+    stored it; `status --tenant` shows when it took effect."""
+    settings = load_settings()
+    resume = args.func is cmd_resume
+    action = "resume" if resume else "pause"
+    asyncio.run(
+        _with_client(
+            settings,
+            lambda c: (c.resume if resume else c.pause)(args.tenant, args.id),
+        )
+    )
+    what = f"{args.tenant}/{args.id}" if args.id else f"tenant {args.tenant}"
+    print(f"{action} sent for {what}; `timer-service status --tenant {args.tenant}` shows it applied")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    return cmd_pause(args)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from worker.ops.reads import camel, one_timer, overview, render_overview
 
@@ -606,6 +628,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--id", required=True)
     c.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the outcome (default 5)")
     c.set_defaults(func=cmd_cancel)
+
+    for name, func, text in (
+        ("pause", cmd_pause, "pause a tenant's timers, or one (--id): they do not fire until resumed"),
+        ("resume", cmd_resume, "resume a paused tenant, or one timer paused by itself (--id)"),
+    ):
+        pr = sub.add_parser(name, help=text)
+        pr.add_argument("--tenant", required=True, type=_tenant)
+        pr.add_argument("--id", help="one timer only (default: every timer of the tenant)")
+        pr.set_defaults(func=func)
 
     st = sub.add_parser(
         "status", help="counts by state, overdue, leases; a tenant's with --tenant; one timer with --id"
