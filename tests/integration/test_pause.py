@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from nats.js import api
+
 from tests.helpers import (
     consumer_idle,
     iso_in,
@@ -222,3 +224,42 @@ async def test_a_tenant_cannot_pause_another_tenants_timers(settings: Settings, 
     assert sorted(reasons) == ["bad_service_call_id", "tenant_mismatch"]
     assert (row(db_url, "victim", "v") or {})["state"] == "Scheduled"
     assert query(db_url, "SELECT count(*) FROM paused_tenants WHERE paused_at IS NOT NULL") == [(0,)]
+
+
+async def test_a_command_stream_and_consumer_made_before_pause_get_its_subjects(
+    settings: Settings, db_url: str
+) -> None:
+    """A deployment's command stream and shared consumer were created with schedule and cancel only:
+    a replica of this release adds pause and resume to both (and nothing else changes), so a pause
+    is stored and delivered."""
+    old = [f"{settings.subject_prefix}.*.timer.schedule", f"{settings.subject_prefix}.*.timer.cancel"]
+    async with jetstream(settings) as js:
+        await js.add_stream(
+            api.StreamConfig(
+                name=settings.command_stream,
+                subjects=old,
+                retention=api.RetentionPolicy.WORK_QUEUE,
+                max_age=settings.command_max_age.total_seconds(),
+                duplicate_window=120,
+            )
+        )
+        await js.add_consumer(
+            settings.command_stream,
+            api.ConsumerConfig(
+                durable_name=settings.consumer,
+                ack_policy=api.AckPolicy.EXPLICIT,
+                ack_wait=30,
+                max_deliver=-1,
+                filter_subjects=old,
+            ),
+        )
+        async with running_replica(settings):
+            stream = (await js.stream_info(settings.command_stream)).config
+            consumer = (await js.consumer_info(settings.command_stream, settings.consumer)).config
+            await publish_raw(js, settings, "acme", "pause", {"tenantId": "acme"})
+            await until(
+                lambda: query(db_url, "SELECT count(*) FROM paused_tenants") == [(1,)], what="applied"
+            )
+    wanted = [*old, f"{settings.subject_prefix}.*.timer.pause", f"{settings.subject_prefix}.*.timer.resume"]
+    assert stream.subjects == wanted and consumer.filter_subjects == wanted
+    assert stream.max_age == settings.command_max_age.total_seconds() and stream.duplicate_window == 120
