@@ -34,11 +34,18 @@
 -- but its stored times are later, so its commands are never older; a redelivered command keeps
 -- its position, so it is not older than itself. A restatement from a later position records it
 -- (as a newer timestampMs does), or an earlier command arriving after it would win.
--- RETURNING: the rows this statement changed, with their dueAt (intake's wake-up hint).
+-- Pause (0011): a new timer of a paused tenant is stored Paused (its state column, as excluded.state,
+-- carries that into DO UPDATE); a rescheduled one is Paused while it (paused_at) or its tenant is
+-- paused. The IN (SELECT ... paused_tenants) is a hashed subplan, one read of that tiny table per
+-- statement. Paused rows are restated like Scheduled ones (they keep their progress).
+-- RETURNING: the rows this statement changed, with their dueAt (intake's wake-up hint); a Paused
+-- one's too (a needless wake-up at worst).
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts,
                          repeat_every, repeat_times, repeat_timezone, anchor_due_at, carried_headers,
                          command_seq, command_stored_at, repeat_cron, repeat_until, data)
-SELECT i.tenant_id, i.service_call_id, 'Scheduled', i.due_at, i.correlation_id, i.command_ts,
+SELECT i.tenant_id, i.service_call_id,
+       CASE WHEN i.tenant_id IN (SELECT p.tenant_id FROM paused_tenants p WHERE p.paused_at IS NOT NULL) THEN 'Paused' ELSE 'Scheduled' END,
+       i.due_at, i.correlation_id, i.command_ts,
        i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at, i.carried_headers, i.command_seq,
        i.command_stored_at, i.repeat_cron, i.repeat_until, i.data
 FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
@@ -50,13 +57,13 @@ FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::time
           repeat_times, repeat_timezone, carried_headers, command_seq, command_stored_at,
           repeat_cron, repeat_until, data)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
-    state = 'Scheduled',
+    state = CASE WHEN t.paused_at IS NOT NULL THEN 'Paused' ELSE excluded.state END,
     -- A restatement keeps the timer's progress; anything else starts it afresh.
     (due_at, occurrence_index, claimed_at) = (
         SELECT CASE WHEN r.same THEN t.due_at ELSE excluded.due_at END,
                CASE WHEN r.same THEN t.occurrence_index ELSE 0 END,
                CASE WHEN r.same THEN t.claimed_at END
-        FROM (SELECT t.state = 'Scheduled'
+        FROM (SELECT t.state IN ('Scheduled', 'Paused')
                      AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone,
                           t.repeat_cron, t.repeat_until)
                          IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every,
@@ -90,7 +97,7 @@ WHERE t.state <> 'Reached'
        OR excluded.command_seq >= t.command_seq OR excluded.command_stored_at > t.command_stored_at)
   AND (t.deferred_seqs IS NULL OR excluded.command_seq IS NULL OR excluded.command_seq <= t.deferred_seqs[1]
        OR t.updated_at < now() - %(order_grace)s::interval)
-  AND NOT (t.state = 'Scheduled'
+  AND NOT (t.state = CASE WHEN t.paused_at IS NOT NULL THEN 'Paused' ELSE excluded.state END
            AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone, t.correlation_id,
                 t.carried_headers, t.command_ts, t.command_seq, t.command_stored_at, t.repeat_cron,
                 t.repeat_until, t.data)
@@ -106,7 +113,9 @@ RETURNING t.tenant_id, t.service_call_id, t.due_at;
 -- name: cancel_timers
 -- Cancel while Scheduled and unclaimed. A cancel for an unknown key leaves a Cancelled
 -- tombstone carrying its timestampMs, so an older ScheduleTimer arriving later stays ignored.
--- Stream order, stream position and deferred_seqs as in upsert_schedules.
+-- Stream order, stream position and deferred_seqs as in upsert_schedules. A Paused timer is cancelled
+-- like a Scheduled one, and the cancel ends its own pause (paused_at): a later ScheduleTimer of the key
+-- starts unpaused, unless its tenant is paused.
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts, command_seq,
                          command_stored_at)
 SELECT i.tenant_id, i.service_call_id, 'Cancelled', NULL, i.correlation_id, i.command_ts, i.command_seq,
@@ -116,6 +125,7 @@ FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(correlation_id
      AS i(tenant_id, service_call_id, correlation_id, command_ts, command_seq, command_stored_at)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = 'Cancelled',
+    paused_at = NULL,
     command_ts = coalesce(excluded.command_ts, t.command_ts),
     command_seq = coalesce(excluded.command_seq, t.command_seq),
     command_stored_at = coalesce(excluded.command_stored_at, t.command_stored_at),
@@ -362,31 +372,33 @@ LIMIT %(top)s;
 -- index is untouched: finished rows are not in it). SKIP LOCKED: replicas sweeping side by side
 -- take disjoint rows, and a row a command is changing right now is left for the next sweep. Each
 -- statement holds its row locks only for the few milliseconds one small batch takes.
+-- Paused rows (0011) are in timers_finished too (state <> 'Scheduled') and are never deleted: pausing
+-- sets their updated_at, so a sweep reads past them only once a pause outlasts TIMER_RETENTION.
 DELETE FROM timers t
 USING (SELECT tenant_id, service_call_id FROM timers
-       WHERE state <> 'Scheduled' AND updated_at < now() - %(retention)s::interval
+       WHERE state <> 'Scheduled' AND state <> 'Paused' AND updated_at < now() - %(retention)s::interval
        ORDER BY updated_at
        LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED) AS d
 WHERE t.tenant_id = d.tenant_id AND t.service_call_id = d.service_call_id
-  AND t.state <> 'Scheduled';
+  AND t.state <> 'Scheduled' AND t.state <> 'Paused';
 
 -- name: quota_known_keys
 -- Quota: of the given keys, those a ScheduleTimer would not turn into a new pending timer:
--- Scheduled (a reschedule) or Reached (ignored). Primary-key lookups.
+-- Scheduled or Paused (a reschedule) or Reached (ignored). Primary-key lookups.
 SELECT t.tenant_id, t.service_call_id
 FROM timers t
 JOIN unnest(%(tenant_id)s::text[], %(service_call_id)s::text[]) AS k(tenant_id, service_call_id)
   ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
-WHERE t.state IN ('Scheduled', 'Reached');
+WHERE t.state IN ('Scheduled', 'Paused', 'Reached');
 
 -- name: quota_pending_counts
--- Quota: Scheduled timers of each given tenant, counted up to %(cap)s and no further. Walks the
+-- Quota: Scheduled and Paused (pending all the same) timers of each given tenant, counted up to %(cap)s and no further. Walks the
 -- primary key's range for the tenant (tenant_id leads it): cost grows with the tenant's rows up to
 -- the cap, plus its finished rows kept for TIMER_RETENTION (see README, Tenant quota).
 SELECT k.tenant_id,
        (SELECT count(*) FROM (SELECT 1 FROM timers t
-                              WHERE t.tenant_id = k.tenant_id AND t.state = 'Scheduled'
+                              WHERE t.tenant_id = k.tenant_id AND t.state IN ('Scheduled', 'Paused')
                               LIMIT %(cap)s) AS c) AS pending
 FROM unnest(%(tenant_id)s::text[]) AS k(tenant_id);
 
@@ -559,3 +571,125 @@ WHERE state = 'Scheduled'
   AND tenant_id = %(tenant_id)s
 ORDER BY due_at DESC, tenant_id DESC, service_call_id DESC
 LIMIT %(limit)s;
+
+-- Pause and resume (0011; README, Pause and resume). A paused timer is stored Paused: out of the due
+-- index, so no claim sees it and claim_due is unchanged. Only rows no lease holds are paused: a
+-- claimed occurrence fires, and the timer is paused after it (intake offers the command again).
+-- Pausing or resuming clears claimed_at, the recurrence reference, so claim_due applies the downtime
+-- rule on resume: a recurring timer paused across occurrences fires once for the missed window (it
+-- sat unclaimed longer than TIMER_DOWNTIME_AFTER), a one-shot due meanwhile fires once, late.
+-- updated_at is set: retention does not read past a paused row before TIMER_RETENTION has passed.
+
+-- name: pause_tenant
+-- Record the tenant as paused (%(pause)s) or resumed, unless a command later in the stream already
+-- set it (stream position as in upsert_schedules; a redelivered copy is not later than itself).
+-- A row when it changed (`first`: this command's first application): new and rescheduled timers of
+-- the tenant follow it from its commit on (upsert_schedules).
+INSERT INTO paused_tenants AS p (tenant_id, paused_at, command_seq, command_stored_at)
+VALUES (%(tenant_id)s, CASE WHEN %(pause)s THEN now() END, %(command_seq)s, %(command_stored_at)s)
+ON CONFLICT (tenant_id) DO UPDATE SET
+    paused_at = CASE WHEN %(pause)s THEN coalesce(p.paused_at, now()) END,
+    command_seq = excluded.command_seq,
+    command_stored_at = excluded.command_stored_at
+WHERE excluded.command_seq IS NULL OR p.command_seq IS NULL OR p.command_stored_at IS NULL
+   OR excluded.command_seq > p.command_seq OR excluded.command_stored_at > p.command_stored_at
+RETURNING true AS first;
+
+-- name: pause_tenant_rows
+-- One chunk of a paused tenant's Scheduled, unclaimed rows moved to Paused, in key order after
+-- %(after)s: a range of the primary key, so chunk after chunk reads each row once. Only while the
+-- tenant is still paused (a resume that committed meanwhile wins). SKIP LOCKED: a row a claim or a
+-- command holds now is left, and counted by tenant_left_scheduled, so the command comes back for it.
+WITH c AS MATERIALIZED (
+    SELECT tenant_id, service_call_id FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id > %(after)s
+      AND state = 'Scheduled' AND lease_expires_at IS NULL
+      AND EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = %(tenant_id)s AND p.paused_at IS NOT NULL)
+    ORDER BY service_call_id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE timers t SET state = 'Paused', claimed_at = NULL, updated_at = now()
+FROM c
+WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id
+RETURNING t.service_call_id;
+
+-- name: tenant_left_scheduled
+-- The paused tenant's rows still Scheduled (claimed occurrences, rows locked as a chunk passed, a
+-- ScheduleTimer committed side by side with the pause): while any is, the pause is offered again.
+-- Zero when the tenant is no longer paused. A range of the primary key.
+SELECT count(*) AS n FROM timers
+WHERE tenant_id = %(tenant_id)s AND state = 'Scheduled'
+  AND EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = %(tenant_id)s AND p.paused_at IS NOT NULL);
+
+-- name: resume_tenant_rows
+-- One chunk of the tenant's Paused rows back to Scheduled, in key order after %(after)s, through
+-- timers_paused; those paused one by one (paused_at) stay paused. Only while the tenant is not paused
+-- again. RETURNING their dueAt: intake wakes the firing loops for the soonest.
+WITH c AS MATERIALIZED (
+    SELECT tenant_id, service_call_id FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id > %(after)s
+      AND state = 'Paused' AND paused_at IS NULL
+      AND NOT EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = %(tenant_id)s AND p.paused_at IS NOT NULL)
+    ORDER BY service_call_id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE timers t SET state = 'Scheduled', claimed_at = NULL, updated_at = now()
+FROM c
+WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id
+RETURNING t.service_call_id, t.due_at;
+
+-- name: tenant_left_paused
+-- The resumed tenant's rows still Paused that its resume should have moved (locked as a chunk passed,
+-- a ScheduleTimer committed side by side with the resume): zero when the tenant is paused again.
+SELECT count(*) AS n FROM timers
+WHERE tenant_id = %(tenant_id)s AND state = 'Paused' AND paused_at IS NULL
+  AND NOT EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = %(tenant_id)s AND p.paused_at IS NOT NULL);
+
+-- name: pause_timer
+-- Pause one timer (Scheduled or already Paused with its tenant), unless a lease holds its occurrence.
+-- `claimed`: it is claimed, so the command waits for that occurrence to be recorded.
+WITH k AS MATERIALIZED (
+    SELECT state, lease_expires_at FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s
+    FOR UPDATE
+), u AS (
+    UPDATE timers t SET state = 'Paused', paused_at = coalesce(t.paused_at, now()), claimed_at = NULL,
+                        updated_at = now()
+    WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s
+      AND t.state IN ('Scheduled', 'Paused') AND t.lease_expires_at IS NULL
+    RETURNING true
+)
+SELECT EXISTS (SELECT FROM u) AS changed,
+       EXISTS (SELECT FROM k WHERE k.state = 'Scheduled' AND k.lease_expires_at IS NOT NULL) AS claimed;
+
+-- name: resume_timer
+-- End one timer's own pause: Scheduled again, unless its tenant is paused (then it stays Paused and
+-- the tenant's resume frees it). RETURNING its dueAt when it is claimable again.
+UPDATE timers t SET
+    state = CASE WHEN EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = t.tenant_id AND p.paused_at IS NOT NULL)
+                 THEN 'Paused' ELSE 'Scheduled' END,
+    paused_at = NULL,
+    claimed_at = NULL,
+    updated_at = now()
+WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s AND t.paused_at IS NOT NULL
+RETURNING CASE WHEN t.state = 'Scheduled' THEN t.due_at END AS due_at;
+
+-- name: paused_gauges
+-- The timer_paused and timer_paused_tenants gauges: paused timers counted up to %(cap)s through
+-- timers_paused (a huge paused tenant stays cheap to count), and the paused tenants.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM timers WHERE state = 'Paused' LIMIT %(cap)s) AS p) AS paused,
+       (SELECT count(*) FROM paused_tenants WHERE paused_at IS NOT NULL) AS tenants;
+
+-- name: status_paused
+-- `status`: paused timers per tenant (timers_paused) and the paused tenants with when; at most %(top)s.
+SELECT coalesce(c.tenant_id, p.tenant_id) AS tenant_id, coalesce(c.n, 0) AS paused, p.paused_at
+FROM (SELECT tenant_id, count(*) AS n FROM timers WHERE state = 'Paused' GROUP BY tenant_id) AS c
+FULL JOIN (SELECT * FROM paused_tenants WHERE paused_at IS NOT NULL) p ON p.tenant_id = c.tenant_id
+ORDER BY coalesce(c.n, 0) DESC, 1
+LIMIT %(top)s;
+
+-- name: tenant_paused
+-- Whether one tenant is paused, and since when (`status --tenant`, describe, the console).
+SELECT paused_at FROM paused_tenants WHERE tenant_id = %(tenant_id)s AND paused_at IS NOT NULL;

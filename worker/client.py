@@ -133,6 +133,23 @@ class TimerClient:
         payload = {"tenantId": tenant_id, "serviceCallId": service_call_id}
         await self._send(self.subjects.cancel(_tenant(tenant_id)), "CancelTimer", payload, None)
 
+    async def pause(self, tenant_id: str, service_call_id: str | None = None) -> None:
+        """Pause every timer of the tenant, or only the one named (README, Pause and resume): they
+        stay Scheduled (read model: paused) and do not fire until resumed."""
+        await self._control("pause", "PauseTimers", tenant_id, service_call_id)
+
+    async def resume(self, tenant_id: str, service_call_id: str | None = None) -> None:
+        """Resume the tenant, or the one timer paused by itself: what came due meanwhile fires, late."""
+        await self._control("resume", "ResumeTimers", tenant_id, service_call_id)
+
+    async def _control(self, kind: str, name: str, tenant_id: str, service_call_id: str | None) -> None:
+        tenant = _tenant(tenant_id)
+        payload = {"tenantId": tenant_id}
+        if service_call_id is not None:
+            payload["serviceCallId"] = service_call_id
+        subject = self.subjects.pause(tenant) if kind == "pause" else self.subjects.resume(tenant)
+        await self._send(subject, name, payload, None)
+
     async def get(self, tenant_id: str, service_call_id: str, timeout: float = 5.0) -> dict[str, Any] | None:
         """The timer's read model, or None when the service knows no such timer."""
         body = json.dumps({"serviceCallId": service_call_id}).encode()

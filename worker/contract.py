@@ -75,8 +75,12 @@ Reason = Literal[
 REASONS: frozenset[str] = frozenset(get_args(Reason))
 
 CommandKind = Literal["schedule", "cancel"]
-Kind = Literal["schedule", "cancel", "due", "dlq", "get"]
+# Pause and resume (README, Pause and resume): commands on the tenant's pause/resume subjects, for the
+# whole tenant or one timer of it; parsed by worker.core.commands.parse_control.
+ControlKind = Literal["pause", "resume"]
+Kind = Literal["schedule", "cancel", "pause", "resume", "due", "dlq", "get"]
 COMMAND_TYPES: dict[CommandKind, str] = {"schedule": "ScheduleTimer", "cancel": "CancelTimer"}
+CONTROL_TYPES: dict[ControlKind, str] = {"pause": "PauseTimers", "resume": "ResumeTimers"}
 
 
 def is_valid_tenant(token: str) -> bool:
@@ -94,6 +98,12 @@ class Subjects:
 
     def cancel(self, tenant: str) -> str:
         return f"{self.prefix}.{tenant}.timer.cancel"
+
+    def pause(self, tenant: str) -> str:
+        return f"{self.prefix}.{tenant}.timer.pause"
+
+    def resume(self, tenant: str) -> str:
+        return f"{self.prefix}.{tenant}.timer.resume"
 
     def due(self, tenant: str) -> str:
         return f"{self.prefix}.{tenant}.timer.due"
@@ -115,7 +125,7 @@ class Subjects:
 
     @property
     def commands(self) -> list[str]:
-        return [self.schedule("*"), self.cancel("*")]
+        return [self.schedule("*"), self.cancel("*"), self.pause("*"), self.resume("*")]
 
     @property
     def wake(self) -> str:
@@ -177,6 +187,16 @@ class Rejection:
 
 
 Command = ScheduleTimer | CancelTimer
+
+
+@dataclass(frozen=True, slots=True)
+class PauseTimers:
+    """PauseTimers (resume False) or ResumeTimers (True): the tenant's timers, or only the one named."""
+
+    tenant_id: str
+    service_call_id: str | None  # None: every timer of the tenant
+    resume: bool
+    correlation_id: str | None = None
 
 
 def iso(dt: datetime) -> str:
@@ -310,11 +330,15 @@ def timer_view(row: dict[str, Any]) -> dict[str, Any]:
             "until": t(row.get("repeat_until")),
             "timezone": row["repeat_timezone"],
         }
-    scheduled = row["state"] == "Scheduled"
+    # Paused is a stored state only (sql/migrations/0011): the contract shows a paused timer as
+    # Scheduled, with paused true; it fires once resumed.
+    paused = row["state"] == "Paused"
+    scheduled = row["state"] == "Scheduled" or paused
     return {
         "tenantId": row["tenant_id"],
         "serviceCallId": row["service_call_id"],
-        "state": row["state"],
+        "state": "Scheduled" if paused else row["state"],
+        "paused": paused,
         "dueAt": t(row["due_at"]),
         "nextOccurrence": t(row["due_at"]) if scheduled else None,
         "registeredAt": t(row["registered_at"]),

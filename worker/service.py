@@ -189,6 +189,9 @@ class Replica:
                     metrics.OVERDUE.set(overdue)
                     metrics.OLDEST_OVERDUE_SECONDS.set(oldest or 0.0)
                     metrics.SCHEDULED.set(scheduled)
+                    paused, paused_tenants = await self.store.paused_gauges(metrics.OVERDUE_CAP)
+                    metrics.PAUSED.set(paused)
+                    metrics.PAUSED_TENANTS.set(paused_tenants)
                 ok, _ = await self.ready()
                 metrics.READY.set(1 if ok else 0)
             rounds += 1

@@ -21,8 +21,8 @@ from referencing.jsonschema import DRAFT7
 
 from tests.helpers import iso_in, jetstream, message_ids, publish_raw, recorder, row, running_replica, until
 from worker.config import Settings
-from worker.contract import REASONS, Rejection
-from worker.core.commands import parse_command
+from worker.contract import REASONS, PauseTimers, Rejection
+from worker.core.commands import parse_command, parse_control
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "docs" / "CONTRACT.md"
@@ -257,3 +257,27 @@ async def test_a_real_dlq_copy_matches_the_schema(settings: Settings) -> None:
     assert errors("DlqHeaders", copy.headers) == [], copy.headers
     assert copy.headers is not None and copy.headers["Timer-Error"] == "bad_due_at"
     assert copy.data == bad
+
+
+def test_pause_and_resume_examples_are_valid_and_taken_and_bad_ones_refused_by_both() -> None:
+    taken = 0
+    for name, kind in (("PauseTimers", "pause"), ("ResumeTimers", "resume")):
+        for example in spec()["components"]["messages"][name]["examples"]:
+            assert errors(name, example["payload"]) == [], example["name"]
+            parsed = parse_control(kind, "acme", json.dumps(example["payload"]).encode())  # type: ignore[arg-type]
+            assert isinstance(parsed, PauseTimers) and parsed.resume == (kind == "resume"), parsed
+            taken += 1
+    assert taken >= 4
+    bad: list[tuple[Any, str]] = [
+        ({}, "missing_field"),
+        ({"tenantId": "acme", "serviceCallId": ""}, "bad_service_call_id"),
+        ({"tenantId": "acme", "serviceCallId": 7}, "wrong_type"),
+        ({"type": "PauseTimers", "payload": {"tenantId": "acme"}}, "type_mismatch"),  # on resume
+    ]
+    for body, reason in bad:
+        assert errors("ResumeTimers", body) != [], body
+        parsed = parse_control("resume", "acme", json.dumps(body).encode())
+        assert isinstance(parsed, Rejection) and parsed.reason == reason, (body, parsed)
+    # The subject's tenant must be the body's: a tenant pauses only its own timers.
+    other = parse_control("pause", "mallory", b'{"tenantId": "acme"}')
+    assert isinstance(other, Rejection) and other.reason == "tenant_mismatch"

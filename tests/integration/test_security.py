@@ -519,8 +519,9 @@ async def test_a_tenant_with_the_documented_permissions_does_its_own_work_and_no
     settings: Settings, db_url: str, tmp_path: Path
 ) -> None:
     """A nats-server whose tenants have exactly the permissions docs/SECURITY.md recommends: acme
-    schedules, cancels, gets, and consumes its own `due` and `dlq`; it cannot publish on `due` or
-    `dlq` (its own included), on zeta's subjects, nor read zeta's events through a consumer."""
+    schedules, cancels, gets, pauses and resumes, and consumes its own `due` and `dlq`; it cannot
+    publish on `due` or `dlq` (its own included), on zeta's subjects, nor read zeta's events through
+    a consumer."""
     pw = {user: secrets.token_hex(8) for user in ("timer", "acme", "zeta")}
     users = [f'{{ user: timer, password: "{pw["timer"]}" }}'] + [
         f'{{ user: {t}, password: "{pw[t]}", {tenant_permissions(t)} }}' for t in ("acme", "zeta")
@@ -564,6 +565,16 @@ async def test_a_tenant_with_the_documented_permissions_does_its_own_work_and_no
             )
             view = await acme.get("acme", "cancelled")
             assert view is not None and view["state"] == "Cancelled"
+            # Pause and resume its own timers, as a producer (docs/SECURITY.md's block allows it).
+            await acme.pause("acme")
+            await until(lambda: query(db_url, "SELECT count(*) FROM paused_tenants") == [(1,)], what="paused")
+            await acme.resume("acme")
+            await until(
+                lambda: (
+                    query(db_url, "SELECT count(*) FROM paused_tenants WHERE paused_at IS NULL") == [(1,)]
+                ),
+                what="resumed",
+            )
             await acme.nc.publish("svc.acme.timer.schedule", b"not json")  # one for its DLQ
             # Its own due and dlq, each through a consumer named after it, filtered on its subject.
             for stream, kind, expected in (
@@ -598,6 +609,8 @@ async def test_a_tenant_with_the_documented_permissions_does_its_own_work_and_no
                 "svc.zeta.timer.schedule",
                 "svc.zeta.timer.cancel",
                 "svc.zeta.timer.get",
+                "svc.zeta.timer.pause",
+                "svc.zeta.timer.resume",
                 "$JS.API.CONSUMER.CREATE.TIMER_EVENTS.acme.svc.zeta.timer.due",
                 "$JS.API.CONSUMER.CREATE.TIMER_EVENTS.zeta.svc.zeta.timer.due",
                 "$JS.API.CONSUMER.DURABLE.CREATE.TIMER_EVENTS.acme",
@@ -630,4 +643,4 @@ async def test_a_tenant_with_the_documented_permissions_does_its_own_work_and_no
         finally:
             await nc.close()
         assert events.state.last_seq == 1 and dlq.state.last_seq == 1, "one event, one DLQ copy"
-        assert commands.state.last_seq == 4, "acme's two schedules, its cancel and its bad command"
+        assert commands.state.last_seq == 6, "acme's two schedules, its cancel, pause, resume and bad command"

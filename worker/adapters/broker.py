@@ -241,8 +241,10 @@ class Broker:
         command = await self._resolve_commands(found, messages)
         self._check_limits(found, command)
         self._choose_event_batches(found[s.event_stream])
+        await self._add_command_subjects(jsm, found[command])  # the stream intake reads
         try:
-            await jsm.consumer_info(command, s.consumer)
+            consumer = (await jsm.consumer_info(command, s.consumer)).config
+            await self._add_consumer_subjects(jsm, command, consumer)
         except NotFoundError:
             await jsm.add_consumer(command, consumer_config(self.settings, self.subjects))
             log.info(
@@ -291,6 +293,39 @@ class Broker:
                 },
             )
         return self.command_stream
+
+    async def _add_command_subjects(self, jsm: JetStreamContext, commands: api.StreamConfig) -> None:
+        """The pause and resume subjects came after schedule and cancel: a command stream created
+        before them binds only those two, and a pause sent to it would be refused by JetStream (no
+        stream). Its subject list is the one setting changed in place (JetStream allows it; nothing
+        stored moves);
+        every other limit stays as the operator left it. Only with TIMER_CREATE_STREAMS (otherwise
+        the operator adds them: docs/OPERATIONS.md)."""
+        have = list(commands.subjects or [])
+        missing = [x for x in self.subjects.commands if x not in have]
+        if not missing or not self.settings.create_streams:
+            return
+        commands.subjects = [*have, *missing]
+        await jsm.update_stream(commands)
+        log.info("stream subjects added", extra={"action": "stream_updated", "stream": commands.name})
+
+    async def _add_consumer_subjects(
+        self, jsm: JetStreamContext, stream: str, consumer: api.ConsumerConfig
+    ) -> None:
+        """The shared consumer's filter, likewise: created before pause and resume, it would never
+        deliver a pause. A durable's filter_subjects may change in place (NATS 2.10); its pending
+        commands stay."""
+        have = list(
+            consumer.filter_subjects or ([consumer.filter_subject] if consumer.filter_subject else [])
+        )
+        missing = [x for x in self.subjects.commands if x not in have]
+        if not have or not missing or not self.settings.create_streams:
+            return  # no filter at all: it takes every subject of the stream already
+        await jsm.add_consumer(stream, consumer, filter_subject=None, filter_subjects=[*have, *missing])
+        log.info(
+            "consumer subjects added",
+            extra={"action": "consumer_updated", "consumer": self.settings.consumer},
+        )
 
     def _check_limits(self, streams: dict[str, api.StreamConfig], command: str) -> None:
         """The guarantees that rest on the streams' own limits, which may not be what settings say

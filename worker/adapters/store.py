@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters.queries import QUERIES
-from worker.contract import CancelTimer, Command, ScheduleTimer
+from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
 from worker.core.domain import (
     Applied,
     Claimed,
@@ -57,6 +57,10 @@ def classify(exc: psycopg.Error) -> TransientError | DatabaseError:
         return TransientError(f"postgres: {state} {first}")
     return DatabaseError(f"postgres refused ({state} {type(exc).__name__}): {first}")
 
+
+# Rows one statement of a tenant's pause or resume moves: each chunk is its own short transaction, so a
+# tenant of 100,000 timers never holds their locks (and the claims and commands behind them) at once.
+PAUSE_CHUNK = 5000
 
 _CLAIMED_COLUMNS = 12  # Claimed's positional fields, as claim_due returns them
 
@@ -371,6 +375,14 @@ class Store:
         age = float(oldest) if oldest is not None else None
         return int(overdue["overdue"]), age, int(estimate["scheduled"])
 
+    async def paused_gauges(self, cap: int) -> tuple[int, int]:
+        """(paused timers, capped at `cap`; tenants paused as a whole): through timers_paused."""
+        with self._db():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(QUERIES["paused_gauges"], {"cap": cap})
+                found = await cur.fetchone()
+        return (int(found[0]), int(found[1])) if found else (0, 0)
+
     async def delete_finished(self, retention: timedelta, limit: int) -> int:
         """Delete up to `limit` Reached/Cancelled rows older than `retention`; how many went."""
         return await self._execute_count("delete_finished", {"retention": retention, "limit": limit})
@@ -391,6 +403,62 @@ class Store:
                 await cur.execute(QUERIES["quota_pending_counts"], {"tenant_id": list(tenants), "cap": cap})
                 pending = {r["tenant_id"]: int(r["pending"]) for r in await cur.fetchall()}
         return known, pending
+
+    async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
+        """Pause or resume a tenant's timers, or one (README, Pause and resume); its outcome and, for
+        a resume, the soonest dueAt it made claimable again.
+
+        "deferred": offer the command again later, as a command waiting for a claimed occurrence.
+        A tenant's pause or resume is committed first (paused_tenants: new and rescheduled timers
+        follow it from then on), unless a command later in the stream (`position`) set the tenant
+        already, and its rows are moved chunk by chunk, each chunk committed. Rows
+        left behind (claimed occurrences, which fire first; rows locked as a chunk passed) and a
+        first delivery defer it: its next delivery moves what a ScheduleTimer committed side by side
+        with the first left in the old state. Every step can run again, so a crash half-way loses
+        nothing: the command was not acknowledged, and comes back."""
+        with self._db(write=True):
+            async with self.pool.connection() as conn:
+                if command.service_call_id is not None:
+                    key = (command.tenant_id, command.service_call_id)
+                    return await self._pause_one(conn, key, command.resume)
+                tenant = {"tenant_id": command.tenant_id}
+                flip = {
+                    **tenant,
+                    "pause": not command.resume,
+                    "command_seq": None if position is None else position.seq,
+                    "command_stored_at": None if position is None else position.stored_at,
+                }
+                async with conn.transaction():
+                    first = (await (await conn.execute(QUERIES["pause_tenant"], flip)).fetchone()) is not None
+                after, dues = "", []
+                while True:
+                    async with conn.transaction():
+                        cur = await conn.execute(
+                            QUERIES["resume_tenant_rows" if command.resume else "pause_tenant_rows"],
+                            {**tenant, "after": after, "limit": PAUSE_CHUNK},
+                        )
+                        rows = await cur.fetchall()
+                    if command.resume:
+                        dues += [r[1] for r in rows]
+                    if len(rows) < PAUSE_CHUNK:
+                        break
+                    after = max(r[0] for r in rows)  # RETURNING is in no order
+                async with conn.transaction():
+                    left_query = QUERIES["tenant_left_paused" if command.resume else "tenant_left_scheduled"]
+                    found = await (await conn.execute(left_query, tenant)).fetchone()
+                left = int(found[0]) if found else 0
+        return Applied(["deferred" if first or left else "applied"], min(dues, default=None))
+
+    async def _pause_one(self, conn: psycopg.AsyncConnection[Any], key: Key, resume: bool) -> Applied:
+        params = {"tenant_id": key[0], "service_call_id": key[1]}
+        async with conn.transaction():
+            cur = await conn.execute(QUERIES["resume_timer" if resume else "pause_timer"], params)
+            found = await cur.fetchone()
+        if resume:
+            return Applied(["ignored" if found is None else "applied"], None if found is None else found[0])
+        changed, claimed = found if found is not None else (False, False)
+        # A claimed occurrence fires; the pause waits for it to be recorded, as a ScheduleTimer would.
+        return Applied(["deferred" if claimed else "applied" if changed else "ignored"], None)
 
     async def fleet_secret(self) -> bytes:
         """The key of every Nats-Msg-Id (contract.MessageIds), made by migration 0005."""

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from worker.contract import (
     COMMAND_TYPES,
+    CONTROL_TYPES,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DUE_AT_RANGE,
     EARLIEST_DUE_AT,
@@ -46,6 +47,8 @@ from worker.contract import (
     CancelTimer,
     Command,
     CommandKind,
+    ControlKind,
+    PauseTimers,
     Reason,
     Rejection,
     Repeat,
@@ -126,6 +129,50 @@ def _parse(
         due_at = _first_occurrence(repeat, due_at)
     data = _data(fields.get("data"), max_payload_bytes)
     return ScheduleTimer(tenant, service_call_id, due_at, correlation_id, timestamp_ms, repeat, data=data)
+
+
+def parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> PauseTimers | Rejection:
+    """The PauseTimers or ResumeTimers in `body`, received on `<prefix>.<subject_tenant>.timer.<kind>`
+    (kind pause or resume), or why not. The same boundary as parse_command: size, UTF-8, strict
+    JSON, the flat or the envelope form, and the body's tenantId must be the subject's, so a tenant
+    allowed to publish only on its own subjects can pause only its own timers. Without a
+    serviceCallId it is about every timer of the tenant."""
+    token = subject_tenant if is_valid_tenant(subject_tenant) else INVALID_TENANT
+    try:
+        return _parse_control(kind, subject_tenant, body)
+    except _Reject as why:
+        return Rejection(why.reason, _one_line(why.detail), token)
+
+
+def _parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> PauseTimers:
+    if len(body) > MAX_BODY_BYTES:
+        raise _Reject("body_too_large", f"body is {len(body)} bytes, more than {MAX_BODY_BYTES}")
+    if not is_valid_tenant(subject_tenant):
+        raise _Reject("bad_tenant", f"subject tenant {_show(subject_tenant)} does not match {TENANT_RULE}")
+    if kind not in CONTROL_TYPES:
+        raise _Reject("unknown_type", f"no command is sent on the {_show(kind)} subject")
+    doc = _load(body)
+    envelope: JsonObject = {}
+    fields = doc
+    if "payload" in doc or "type" in doc:
+        name = _required(doc, "type", str)
+        if name not in CONTROL_TYPES.values():
+            raise _Reject("unknown_type", f"type {_show(name)} is not a pause or resume command")
+        if name != CONTROL_TYPES[kind]:
+            raise _Reject("type_mismatch", f"type {name} was sent on the {kind} subject")
+        fields, envelope = _required(doc, "payload", dict), doc
+    tenant = _required(fields, "tenantId", str)
+    if not is_valid_tenant(tenant):
+        raise _Reject("bad_tenant", f"tenantId {_show(tenant)} does not match {TENANT_RULE}")
+    if tenant != subject_tenant:
+        raise _Reject("tenant_mismatch", f"tenantId {_show(tenant)} is not the subject's {subject_tenant}")
+    outer_tenant = _optional(envelope, "tenantId", str)
+    if outer_tenant is not None and outer_tenant != tenant:
+        raise _Reject("tenant_mismatch", f"envelope tenantId {_show(outer_tenant)} is not the payload's")
+    raw_id = _optional(fields, "serviceCallId", str)
+    service_call_id = None if raw_id is None else _identifier(raw_id, "serviceCallId", "bad_service_call_id")
+    correlation_id = _first(_correlation(envelope), _correlation(fields))
+    return PauseTimers(tenant, service_call_id, kind == "resume", correlation_id)
 
 
 def _load(body: bytes) -> JsonObject:

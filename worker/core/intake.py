@@ -15,10 +15,10 @@ from nats.aio.msg import Msg
 
 from worker import metrics, tracing
 from worker.config import Settings
-from worker.contract import INVALID_TENANT, Command, Outgoing, Rejection, ScheduleTimer
+from worker.contract import INVALID_TENANT, Command, Outgoing, PauseTimers, Rejection, ScheduleTimer
 from worker.core import quota
 from worker.core.clock import Clock
-from worker.core.commands import carried_headers, parse_command
+from worker.core.commands import carried_headers, parse_command, parse_control
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Applied, Position
 from worker.core.ports import IntakeBroker, IntakeStore
@@ -86,7 +86,7 @@ class Intake:
     async def handle(self, msgs: Sequence[Msg]) -> None:
         with tracing.span("timer.intake", **{"timer.count": len(msgs)}) as span:
             now = datetime.now(UTC)
-            commands: list[tuple[Msg, Command]] = []
+            commands: list[tuple[Msg, Command | PauseTimers]] = []
             rejected: list[tuple[Msg, Rejection]] = []
             for msg in msgs:
                 parsed = self.parse(msg, now)
@@ -103,7 +103,9 @@ class Intake:
             if commands:
                 await self.apply(commands)
 
-    async def _within_quota(self, batch: list[tuple[Msg, Command]]) -> list[tuple[Msg, Command]]:
+    async def _within_quota(
+        self, batch: list[tuple[Msg, Command | PauseTimers]]
+    ) -> list[tuple[Msg, Command | PauseTimers]]:
         """The batch without the ScheduleTimers over their tenant's limit; those go to the DLQ."""
         limit = self.s.tenant_max_pending
         try:
@@ -127,13 +129,15 @@ class Intake:
             )
         return [b for i, b in enumerate(batch) if i not in over]
 
-    def parse(self, msg: Msg, now: datetime) -> Command | Rejection:
+    def parse(self, msg: Msg, now: datetime) -> Command | PauseTimers | Rejection:
         where = self.broker.subjects.split(msg.subject)
         # The stream only binds our command subjects; anything else is foreign.
-        if where is None or (kind := where[1]) not in ("schedule", "cancel"):
+        if where is None or (kind := where[1]) not in ("schedule", "cancel", "pause", "resume"):
             return Rejection("bad_subject", "subject is not <prefix>.<tenant>.timer.<kind>", INVALID_TENANT)
         tenant = where[0]
         metrics.COMMANDS_RECEIVED.labels(kind).inc()
+        if kind == "pause" or kind == "resume":
+            return parse_control(kind, tenant, msg.data)
         command = parse_command(
             kind,
             tenant,
@@ -206,7 +210,49 @@ class Intake:
         headers["Timer-Body-Truncated"] = str(len(data))
         return data[: max(0, limit - header_bytes)]
 
-    async def apply(self, batch: list[tuple[Msg, Command]]) -> None:
+    async def apply(self, batch: list[tuple[Msg, Command | PauseTimers]]) -> None:
+        """Apply the batch in stream order: its ScheduleTimers and CancelTimers in one transaction
+        between each pause or resume, and those one by one (each moves a whole tenant, or one timer)."""
+        run: list[tuple[Msg, Command]] = []
+        for msg, command in batch:
+            if isinstance(command, PauseTimers):
+                if run:
+                    await self._apply_commands(run)
+                    run = []
+                await self._pause(msg, command)
+            else:
+                run.append((msg, command))
+        if run:
+            await self._apply_commands(run)
+
+    async def _pause(self, msg: Msg, command: PauseTimers) -> None:
+        kind = "resume" if command.resume else "pause"
+        try:
+            # Retried like a batch: every step of a pause or resume can run again.
+            # Its place in the stream: an older pause or resume never undoes a newer one.
+            where = Position(msg.metadata.sequence.stream, msg.metadata.timestamp)
+            done = await retry_transient(lambda: self.store.pause(command, where), 5, first_s=0.1, max_s=2)
+        except TransientError as exc:
+            log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
+            await settle(msg, RETRY_DELAY_S)  # nothing acknowledged: it comes back
+            return
+        outcome = done.outcomes[0]
+        metrics.COMMANDS_APPLIED.labels(kind, outcome).inc()
+        log.info(
+            f"{kind} applied",
+            extra={
+                "action": f"timers_{kind}d",
+                "tenant": command.tenant_id,
+                "service_call_id": command.service_call_id,
+                "outcome": outcome,
+            },
+        )
+        # Deferred: a claimed occurrence fires first, or this was a tenant's first delivery; either
+        # way the command comes back after a lease and finishes what is left (Store.pause).
+        await settle(msg, self.s.lease_ms / 1000 if outcome == "deferred" else None)
+        await self._hint(done.soonest_due)
+
+    async def _apply_commands(self, batch: list[tuple[Msg, Command]]) -> None:
         started = time.perf_counter()
         try:
             # Their places in the stream keep each timer's commands in stream order (Store.apply).

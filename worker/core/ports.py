@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from nats.aio.msg import Msg
 
-from worker.contract import Command, MessageIds, Outgoing, Subjects
+from worker.contract import Command, MessageIds, Outgoing, PauseTimers, Subjects
 from worker.core.domain import Applied, ClaimResult, Failed, Fired, Key, Position
 
 
@@ -52,6 +52,11 @@ class IntakeStore(Protocol):
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
     ) -> tuple[set[Key], dict[str, int]]: ...
+
+    async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
+        """Pause or resume a tenant or one timer: its one outcome ("deferred": offer it again later)
+        and the soonest dueAt a resume made claimable again."""
+        ...
 
 
 class TimerReader(Protocol):

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from worker.contract import Command, ScheduleTimer
+from worker.contract import Command, PauseTimers, ScheduleTimer
 from worker.core.domain import Key
 from worker.core.ports import IntakeStore
 
 
 def over_quota(
-    commands: Sequence[Command], known: set[Key], pending: dict[str, int], limit: int
+    commands: Sequence[Command | PauseTimers], known: set[Key], pending: dict[str, int], limit: int
 ) -> list[int]:
     """Indexes of the commands to reject, walking the batch in stream order.
 
@@ -46,7 +46,7 @@ def over_quota(
     return rejected
 
 
-async def over_limit(store: IntakeStore, commands: Sequence[Command], limit: int) -> list[int]:
+async def over_limit(store: IntakeStore, commands: Sequence[Command | PauseTimers], limit: int) -> list[int]:
     """Indexes of the ScheduleTimers over their tenant's limit: two short reads per batch."""
     schedules = [c for c in commands if isinstance(c, ScheduleTimer)]
     if not schedules:

@@ -24,7 +24,15 @@ from worker.errors import ConfigError
 from worker.ops.cli_dlq import cmd_dlq
 from worker.ops.cli_nats import _first_line
 from worker.ops.cli_service import cmd_bench, cmd_console, cmd_dev, cmd_migrate, cmd_migrate_streams, cmd_run
-from worker.ops.cli_timers import cmd_cancel, cmd_describe, cmd_list, cmd_schedule, cmd_status
+from worker.ops.cli_timers import (
+    cmd_cancel,
+    cmd_describe,
+    cmd_list,
+    cmd_pause,
+    cmd_resume,
+    cmd_schedule,
+    cmd_status,
+)
 
 # Options whose value may be a time before now: `--before -7d`. argparse takes `-7d` for an
 # option (only plain negative numbers are let through), so these are joined to their value
@@ -184,6 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--id", required=True)
     c.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the outcome (default 5)")
     c.set_defaults(func=cmd_cancel)
+
+    for name, func, text in (
+        ("pause", cmd_pause, "pause a tenant's timers, or one (--id): they do not fire until resumed"),
+        ("resume", cmd_resume, "resume a paused tenant, or one timer paused by itself (--id)"),
+    ):
+        pr = sub.add_parser(name, help=text)
+        pr.add_argument("--tenant", required=True, type=_tenant)
+        pr.add_argument("--id", help="one timer only (default: every timer of the tenant)")
+        pr.set_defaults(func=func)
 
     st = sub.add_parser(
         "status", help="counts by state, overdue, leases; a tenant's with --tenant; one timer with --id"

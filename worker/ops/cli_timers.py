@@ -195,6 +195,28 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_pause(args: argparse.Namespace) -> int:
+    """`pause` and `resume` (README, Pause and resume): the command on the tenant's own subject, as a
+    producer would send it; replicas apply it (a tenant's rows in chunks). Returns once JetStream
+    stored it; `status --tenant` shows when it took effect."""
+    settings = load_settings()
+    resume = args.func is cmd_resume
+    action = "resume" if resume else "pause"
+    asyncio.run(
+        _with_client(
+            settings,
+            lambda c: (c.resume if resume else c.pause)(args.tenant, args.id),
+        )
+    )
+    what = f"{args.tenant}/{args.id}" if args.id else f"tenant {args.tenant}"
+    print(f"{action} sent for {what}; `timer-service status --tenant {args.tenant}` shows it applied")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    return cmd_pause(args)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from worker.ops.reads import camel, one_timer, overview, render_overview
 

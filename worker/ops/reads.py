@@ -25,7 +25,9 @@ from worker.adapters.queries import QUERIES
 from worker.contract import iso, timer_view
 from worker.metrics import OVERDUE_CAP
 
-STATES = ("Scheduled", "Reached", "Cancelled")
+# Paused: the stored state of a paused timer (sql/migrations/0011), which the contract shows as
+# Scheduled with paused true; `list --state Paused` finds them.
+STATES = ("Scheduled", "Paused", "Reached", "Cancelled")
 MAX_PAGE = 1000
 _EARLIEST = datetime.fromisoformat("0001-01-01T00:00:00+00:00")
 
@@ -166,6 +168,7 @@ def describe(conn: psycopg.Connection[Any], tenant_id: str, service_call_id: str
         updatedAt=fmt_time(row["updated_at"]),
         commandTimestampMs=row["command_ts"],
         occurrenceIndex=row["occurrence_index"],
+        pausedAt=fmt_time(row.get("paused_at")),
         why=diagnose(row),
     )
     return view
@@ -181,6 +184,9 @@ def diagnose(row: dict[str, Any]) -> str:
             return "cancelled before any ScheduleTimer arrived (a tombstone keeping the order)"
         return f"cancelled at {_at(row['updated_at'])}; it will not fire"
     due: datetime | None = row["due_at"]
+    if state == "Paused":
+        by = f"by itself since {_at(row['paused_at'])}" if row.get("paused_at") else "with its tenant"
+        return f"paused {by}: it does not fire until resumed (`timer-service resume`); due {_at(due)}"
     if due is None:
         return "its dueAt cannot be read (outside 0001..9999): it fails alone, see lastError"
     expires: datetime | None = row["lease_expires_at"]
@@ -224,9 +230,12 @@ def tenant_summary(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, A
     counts = {s: n for s, n in conn.execute(QUERIES["inspect_tenant_counts"], {"tenant_id": tenant_id})}
     row = conn.execute(QUERIES["inspect_tenant_due"], {"tenant_id": tenant_id, "cap": OVERDUE_CAP}).fetchone()
     overdue, oldest, next_due = row if row else (0, None, None)
+    paused_at = conn.execute(QUERIES["tenant_paused"], {"tenant_id": tenant_id}).fetchone()
     return {
         "tenant": tenant_id,
         "counts": {s: counts.get(s, 0) for s in STATES},
+        "paused": counts.get("Paused", 0),
+        "tenant_paused_at": fmt_time(paused_at[0]) if paused_at else None,
         "overdue": overdue or 0,
         "oldest_overdue_s": float(oldest) if oldest is not None else None,
         "next_due_at": fmt_time(next_due),
@@ -253,6 +262,9 @@ def render_summary(s: dict[str, Any]) -> str:
         + (f", oldest {s['oldest_overdue_s']:.1f}s behind" if s["oldest_overdue_s"] is not None else ""),
         f"next due   {s['next_due_at'] or 'none'}",
     ]
+    if s["tenant_paused_at"] or s["paused"]:
+        since = f"the tenant since {s['tenant_paused_at']}" if s["tenant_paused_at"] else "timers one by one"
+        lines.append(f"paused     {s['paused']} timers ({since})")
     return "\n".join(lines)
 
 
@@ -330,7 +342,16 @@ def fleet_counts(conn: psycopg.Connection[Any], top: int = 10) -> dict[str, Any]
     tenants = [
         {"tenant": t, "scheduled": n} for t, n in conn.execute(QUERIES["status_top_tenants"], {"top": top})
     ]
-    return {"counts": {s: counts.get(s, 0) for s in STATES}, "top_tenants": tenants}
+    paused = [
+        {"tenant": t, "paused": n, "tenant_paused_at": fmt_time(at)}
+        for t, n, at in conn.execute(QUERIES["status_paused"], {"top": top})
+    ]
+    return {
+        "counts": {s: counts.get(s, 0) for s in STATES},
+        "paused": counts.get("Paused", 0),
+        "paused_tenants": paused,
+        "top_tenants": tenants,
+    }
 
 
 def fleet_now(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -377,6 +398,9 @@ def render_overview(report: dict[str, Any], commands: str | None = None) -> str:
         lines.append("leases     none held")
     for t in report["top_tenants"]:
         lines.append(f"tenant     {t['tenant']}: {t['scheduled']} scheduled")
+    for p in report.get("paused_tenants", []):
+        since = f", the tenant since {p['tenant_paused_at']}" if p["tenant_paused_at"] else ""
+        lines.append(f"paused     {p['tenant']}: {p['paused']} timers{since}")
     return "\n".join(lines)
 
 
