@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, running_replica, until
 from worker.adapters.broker import SUCCESSOR, Broker
 from worker.config import Settings
+from worker.contract import Subjects
 from worker.ops.streams import migrate_streams
 
 
@@ -205,10 +206,7 @@ async def test_cut_over_from_a_work_queue_loses_no_command_and_applies_none_twic
         assert (old.config.metadata or {})[SUCCESSOR] == new
         successor = await js.stream_info(new)
         assert successor.config.retention == api.RetentionPolicy.LIMITS
-        assert successor.config.subjects == [
-            f"{settings.subject_prefix}.*.timer.schedule",
-            f"{settings.subject_prefix}.*.timer.cancel",
-        ]
+        assert successor.config.subjects == Subjects(settings.subject_prefix).commands
         # Its sequence numbers continue the old stream's, so they still order a timer's commands.
         assert f"first sequence {old.state.last_seq + 1})" in " ".join(said)
         await until(
