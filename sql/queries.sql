@@ -253,7 +253,7 @@ claimed AS (
     WHERE t.tenant_id = d.tenant_id AND t.service_call_id = d.service_call_id
     RETURNING t.tenant_id, t.service_call_id, t.due_at, t.correlation_id, t.lease_token,
               t.attempts, t.repeat_every, t.repeat_times, t.repeat_timezone, t.anchor_due_at,
-              t.occurrence_index, t.claimed_at, t.carried_headers AS carried,
+              t.occurrence_index, t.claimed_at AS recurrence_ref, t.carried_headers AS carried,
               -- 0009: the cron schedule, the end, and `data` as text (spliced into the event).
               t.repeat_cron, t.repeat_until, t.data::text AS data
 )
@@ -262,7 +262,8 @@ claimed AS (
 -- is as late in the statement as it can be read, after the whole UPDATE; the replica keeps that
 -- one for its estimate of this clock, worker/core/clock.py). A claim that took nothing still returns
 -- one row, its timer columns NULL (the LEFT JOIN), so an idle replica needs this single statement
--- per wake-up; nothing depends on the order of the rows.
+-- per wake-up; nothing depends on the order of the rows. The replica reads the columns by name
+-- (worker/adapters/store.py, _claim_result): their order is free, a missing one fails the claim.
 SELECT c.*, n.next_due_at, clock_timestamp() AS db_now
 FROM (SELECT min(due_at) AS next_due_at FROM timers
       WHERE state = 'Scheduled' AND due_at > now() + %(ahead_ms)s * interval '1 millisecond') n

@@ -19,7 +19,18 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from worker.contract import CancelTimer, Command, MessageIds, Outgoing, ScheduleTimer, Subjects
-from worker.core.domain import Applied, Claimed, ClaimResult, Fired, Key, Leased, Outcome, Position
+from worker.core.domain import (
+    Applied,
+    Claimed,
+    ClaimParams,
+    ClaimResult,
+    Fired,
+    Key,
+    Leased,
+    Outcome,
+    Position,
+    Unreadable,
+)
 
 
 def event_id(message: Outgoing) -> str:
@@ -65,6 +76,8 @@ class Row:
     tenant_id: str
     service_call_id: str
     state: str
+    # None for a dueAt no datetime holds ('-infinity' in Postgres, which sorts first): claimed
+    # as Unreadable (spoil() makes one).
     due_at: datetime | None
     correlation_id: str | None = None
     command_ts: int | None = None
@@ -75,8 +88,9 @@ class Row:
     lease_owner: str | None = None
     lease_token: int | None = None
     lease_expires_at: float | None = None  # epoch seconds on the database clock
-    claimed_at: datetime | None = None
+    claimed_at: datetime | None = None  # the recurrence reference (claim_due)
     first_claimed_at: float | None = None
+    updated_at: float = 0.0  # epoch seconds on the database clock: the last command or mark
     last_error: str | None = None
     carried: dict[str, str] | None = None
     deferred: list[int] = field(default_factory=list)  # deferred_seqs (never stale here)
@@ -180,15 +194,23 @@ class TwinStore:
                 if (row.correlation_id, row.carried, row.command_ts, row.position) == now:
                     return "ignored"
                 row.correlation_id, row.carried, row.command_ts, row.position = now
+                row.updated_at = self.now()
                 return "applied"
             self.rows[c.tenant_id, c.service_call_id] = Row(
                 c.tenant_id, c.service_call_id, "Scheduled", c.due_at, c.correlation_id,
-                ts, c.due_at, c.repeat, carried=c.carried, position=kept,
+                ts, c.due_at, c.repeat, carried=c.carried, position=kept, updated_at=self.now(),
             )  # fmt: skip
             return "applied"
         assert isinstance(c, CancelTimer)
         self.rows[c.tenant_id, c.service_call_id] = Row(
-            c.tenant_id, c.service_call_id, "Cancelled", None, c.correlation_id, ts, position=kept
+            c.tenant_id,
+            c.service_call_id,
+            "Cancelled",
+            None,
+            c.correlation_id,
+            ts,
+            position=kept,
+            updated_at=self.now(),
         )
         return "applied"
 
@@ -202,40 +224,45 @@ class TwinStore:
         }
         return known, pending
 
-    async def claim(
-        self,
-        owner: str,
-        limit: int,
-        fresh_limit: int,
-        lease_ms: int,
-        ahead_ms: int = 0,
-        fresh_window_ms: int = 86_400_000,
-        downtime_ms: int | None = None,
-    ) -> ClaimResult:
+    async def claim(self, params: ClaimParams) -> ClaimResult:
         now = self.now()
-        reach = now + ahead_ms / 1000
+        reach = now + params.ahead_ms / 1000
+        downtime = now - params.downtime_ms / 1000
         free = [
             r
             for r in self.rows.values()
             if r.state == "Scheduled"
-            and r.due_at is not None
-            and r.due_at.timestamp() <= reach
+            and (r.due_at is None or r.due_at.timestamp() <= reach)  # None: '-infinity', due
             and (r.lease_expires_at is None or r.lease_expires_at < now)
         ]
-        free.sort(key=lambda r: r.due_at or datetime.min)
-        oldest = free[: limit - fresh_limit]
+        free.sort(key=lambda r: (r.due_at is not None, r.due_at or datetime.min.replace(tzinfo=UTC)))
+        oldest = free[: params.limit - params.fresh_limit]
         fresh = [
-            r for r in reversed(free) if r.due_at and r.due_at.timestamp() > now - fresh_window_ms / 1000
+            r
+            for r in reversed(free)
+            if r.due_at and r.due_at.timestamp() > now - params.fresh_window_ms / 1000
         ]
-        taken = {(r.tenant_id, r.service_call_id): r for r in [*oldest, *fresh[:fresh_limit]]}
+        taken = {(r.tenant_id, r.service_call_id): r for r in [*oldest, *fresh[: params.fresh_limit]]}
         token = next(self._tokens)
-        claimed = []
+        claimed: list[Claimed] = []
+        unreadable: list[Unreadable] = []
         for r in taken.values():
-            assert r.due_at is not None
-            r.lease_owner, r.lease_token, r.lease_expires_at = owner, token, now + lease_ms / 1000
+            # The recurrence reference, as claim_due moves it (read before the lease is written):
+            # now only after downtime, the timer claimable and unclaimed for downtime_ms.
+            if r.claimed_at is None and r.due_at is not None and r.due_at.timestamp() >= downtime:
+                r.claimed_at = min(r.due_at, self._dt())
+            elif r.claimed_at is None or max(r.lease_expires_at or 0.0, r.updated_at) < downtime:
+                r.claimed_at = self._dt()
+            r.lease_owner, r.lease_token, r.lease_expires_at = (
+                params.owner,
+                token,
+                now + params.lease_ms / 1000,
+            )
             r.attempts += 1
-            r.claimed_at = r.claimed_at or min(r.due_at, self._dt())
             r.first_claimed_at = r.first_claimed_at or now
+            if r.due_at is None:
+                unreadable.append(Unreadable(r.tenant_id, r.service_call_id, token, r.attempts))
+                continue
             claimed.append(
                 Claimed(
                     r.tenant_id,
@@ -251,6 +278,8 @@ class TwinStore:
                     r.occurrence_index,
                     r.claimed_at,
                     carried=r.carried,
+                    repeat_cron=r.repeat.cron if r.repeat else None,
+                    repeat_until=r.repeat.until if r.repeat else None,
                 )
             )
         later = [
@@ -260,7 +289,11 @@ class TwinStore:
         ]
         next_due_in_ms = (min(later) - now) * 1000 if later else None
         self.log.append(("claim", claimed))
-        return ClaimResult(claimed, [], next_due_in_ms, self._dt())
+        return ClaimResult(claimed, unreadable, next_due_in_ms, self._dt())
+
+    def spoil(self, key: Key) -> None:
+        """Give a Scheduled row a dueAt no datetime holds, as '-infinity' in Postgres."""
+        self.rows[key].due_at = None
 
     def _fenced(self, timer: Leased) -> Row | None:
         """The row this claim still holds, or None: the lease ran out or a newer claim took it."""
@@ -279,7 +312,10 @@ class TwinStore:
                 continue
             marked += 1
             row.lease_owner = row.lease_token = row.lease_expires_at = row.first_claimed_at = None
-            row.attempts, row.last_error = 0, None
+            row.attempts, row.last_error, row.updated_at = 0, None, self.now()
+            # A next occurrence already due keeps this one's reference (mark_fired); else none.
+            overdue = f.next_due_at is not None and f.next_due_at.timestamp() <= self.now()
+            row.claimed_at = row.claimed_at if overdue else None
             if f.next_due_at is None:
                 row.state = "Reached"
             else:
@@ -416,3 +452,26 @@ class TwinBroker(TwinPublisher, TwinCommands):
     def __init__(self, time: Callable[[], float], prefix: str = "timer") -> None:
         TwinPublisher.__init__(self, time, prefix)
         TwinCommands.__init__(self)
+
+
+def claim_params(
+    owner: str,
+    limit: int,
+    fresh_limit: int = 0,
+    *,
+    lease_ms: int,
+    ahead_ms: int = 0,
+    fresh_window_ms: int = 86_400_000,
+    downtime_ms: int | None = None,
+) -> ClaimParams:
+    """A test's shorthand for a ClaimParams (the loops build theirs in full, FiringLoop): a test
+    names what it checks; downtime defaults to the lease, the shortest the service allows."""
+    return ClaimParams(
+        owner=owner,
+        limit=limit,
+        fresh_limit=fresh_limit,
+        lease_ms=lease_ms,
+        ahead_ms=ahead_ms,
+        fresh_window_ms=fresh_window_ms,
+        downtime_ms=lease_ms if downtime_ms is None else downtime_ms,
+    )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 import platform
 import time
+from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -108,3 +111,26 @@ def tick(loop: str) -> None:
 
 def last_tick(loop: str) -> float | None:
     return _last_tick.get(loop)
+
+
+def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:
+    """`histogram.observe` for each amount, at the cost of one: a bucket's count and the sum are
+    added once per call, not once per amount (per fired timer, observe was 3 % of a replica's CPU
+    in a drain). Needs prometheus_client's unlabelled Histogram internals (_upper_bounds, _buckets,
+    _sum); without them, it observes one by one."""
+    if not amounts:
+        return
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    counts = [0] * len(bounds)
+    for amount in amounts:
+        counts[bisect.bisect_left(bounds, amount)] += 1  # the first bound >= amount, as observe picks
+    for i, n in enumerate(counts):
+        if n:
+            buckets[i].inc(n)
+    total.inc(math.fsum(amounts))

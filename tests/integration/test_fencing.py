@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from tests.helpers import iso_in, jetstream, query, row, running_replica, until
+from tests.twins import claim_params
 from worker.adapters.store import Store
 from worker.config import Settings
 from worker.core.domain import Fired
@@ -35,7 +36,7 @@ def lease_expired(db_url: str) -> bool:
 
 async def test_expired_lease_cannot_mark_reached(store: Store, db_url: str, settings: Settings) -> None:
     insert_due(db_url, "paused")
-    claim = await store.claim("zombie", 10, 2, lease_ms=200)
+    claim = await store.claim(claim_params("zombie", 10, 2, lease_ms=200))
     assert [c.service_call_id for c in claim.claimed] == ["paused"]
     await until(lambda: lease_expired(db_url), what="lease expiry on the database clock")
     # Nobody else claimed it, yet the zombie's mark is refused: its lease is over.
@@ -45,9 +46,9 @@ async def test_expired_lease_cannot_mark_reached(store: Store, db_url: str, sett
 
 async def test_a_newer_claim_fences_off_the_older_one(store: Store, db_url: str) -> None:
     insert_due(db_url, "contested")
-    old = await store.claim("zombie", 10, 2, lease_ms=200)
+    old = await store.claim(claim_params("zombie", 10, 2, lease_ms=200))
     await until(lambda: lease_expired(db_url), what="lease expiry")
-    new = await store.claim("healthy", 10, 2, lease_ms=10_000)
+    new = await store.claim(claim_params("healthy", 10, 2, lease_ms=10_000))
     assert [c.service_call_id for c in new.claimed] == ["contested"]
     assert new.claimed[0].lease_token > old.claimed[0].lease_token
     assert new.claimed[0].attempts == 2
@@ -59,8 +60,8 @@ async def test_a_newer_claim_fences_off_the_older_one(store: Store, db_url: str)
 async def test_a_live_lease_is_not_claimed_twice(store: Store, db_url: str) -> None:
     for i in range(50):
         insert_due(db_url, f"k{i}")
-    first = await store.claim("a", 30, 5, lease_ms=10_000)
-    second = await store.claim("b", 100, 5, lease_ms=10_000)
+    first = await store.claim(claim_params("a", 30, 5, lease_ms=10_000))
+    second = await store.claim(claim_params("b", 100, 5, lease_ms=10_000))
     keys_a = {c.service_call_id for c in first.claimed}
     keys_b = {c.service_call_id for c in second.claimed}
     assert len(keys_a) == 30 and len(keys_b) == 20
@@ -76,14 +77,14 @@ async def test_a_recurring_timer_refired_after_a_crash_skips_no_occurrence(store
         "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, repeat_every)"
         " VALUES ('acme', 'tick', 'Scheduled', now(), now(), 'PT1S')",
     )
-    crashed = await store.claim("crashed", 10, 2, lease_ms=200)
+    crashed = await store.claim(claim_params("crashed", 10, 2, lease_ms=200))
     (first,) = crashed.claimed
     await until(lambda: lease_expired(db_url), what="the crashed replica's lease to run out")
     await until(
         lambda: query(db_url, "SELECT now() > due_at + interval '1.2 s' FROM timers")[0][0],
         what="occurrence 1 to come due",
     )
-    (again,) = (await store.claim("healthy", 10, 2, lease_ms=10_000)).claimed
+    (again,) = (await store.claim(claim_params("healthy", 10, 2, lease_ms=10_000))).claimed
     assert again.attempts == 2
     assert again.recurrence_ref == first.recurrence_ref  # the claim that counts is the first one
     nxt = next_of(again)
@@ -108,7 +109,7 @@ async def test_an_occurrence_claimed_late_but_before_downtime_skips_nothing(
     # comes from another replica's poll, a poll interval (2 s) later. Not downtime, so the
     # occurrence due meanwhile is next, not skipped.
     insert_tick(db_url, -1.5)
-    (late,) = (await store.claim("healthy", 10, 2, lease_ms=3000, downtime_ms=5000)).claimed
+    (late,) = (await store.claim(claim_params("healthy", 10, 2, lease_ms=3000, downtime_ms=5000))).claimed
     assert next_of(late) == (late.due_at + timedelta(seconds=1), 1)
 
 
@@ -116,7 +117,7 @@ async def test_an_occurrence_claimed_after_downtime_skips_the_missed_window(
     store: Store, db_url: str
 ) -> None:
     insert_tick(db_url, -3.5)
-    (late,) = (await store.claim("healthy", 10, 2, lease_ms=3000, downtime_ms=3000)).claimed
+    (late,) = (await store.claim(claim_params("healthy", 10, 2, lease_ms=3000, downtime_ms=3000))).claimed
     (at,) = query(db_url, "SELECT now()")[0]
     nxt = next_of(late)
     assert (
@@ -129,16 +130,16 @@ async def test_two_crashes_in_a_row_skip_no_occurrence(store: Store, db_url: str
     # occurrence 2 is overdue by more than the downtime allowance (1.5 s here), yet the fleet was
     # claiming all along: the reference carried from occurrence 0 keeps it, and 3 comes next.
     insert_tick(db_url, 0)
-    (dying,) = (await store.claim("crashed-1", 10, 2, lease_ms=2000)).claimed
+    (dying,) = (await store.claim(claim_params("crashed-1", 10, 2, lease_ms=2000))).claimed
     await until(lambda: lease_expired(db_url), what="the first crashed lease to run out")
-    (zero,) = (await store.claim("b", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
+    (zero,) = (await store.claim(claim_params("b", 10, 2, lease_ms=2000, downtime_ms=1500))).claimed
     assert await store.mark_fired([Fired(zero, *next_of(zero))]) == 1
-    (one,) = (await store.claim("crashed-2", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
+    (one,) = (await store.claim(claim_params("crashed-2", 10, 2, lease_ms=2000, downtime_ms=1500))).claimed
     assert one.occurrence_index == 1 and one.recurrence_ref == dying.recurrence_ref
     await until(lambda: lease_expired(db_url), what="the second crashed lease to run out")
-    (again,) = (await store.claim("c", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
+    (again,) = (await store.claim(claim_params("c", 10, 2, lease_ms=2000, downtime_ms=1500))).claimed
     assert await store.mark_fired([Fired(again, *next_of(again))]) == 1
-    (two,) = (await store.claim("c", 10, 2, lease_ms=2000, downtime_ms=1500)).claimed
+    (two,) = (await store.claim(claim_params("c", 10, 2, lease_ms=2000, downtime_ms=1500))).claimed
     assert query(db_url, "SELECT now() - %s > interval '1.5 s'", two.due_at) == [(True,)]
     assert next_of(two) == (dying.due_at + timedelta(seconds=3), 3)
 

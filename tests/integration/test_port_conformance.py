@@ -12,12 +12,12 @@ from typing import Protocol
 import pytest
 
 from tests.helpers import until
-from tests.twins import TwinPublisher, TwinStore
+from tests.twins import TwinPublisher, TwinStore, claim_params
 from worker.adapters.broker import Broker, Outgoing
 from worker.adapters.store import Store
 from worker.config import Settings
 from worker.contract import CancelTimer, ScheduleTimer
-from worker.core.domain import Claimed, Fired, Position
+from worker.core.domain import Claimed, Fired, Position, Unreadable
 from worker.core.ports import EventPublisher, FiringStore, IntakeStore
 
 
@@ -54,7 +54,7 @@ def schedule(key: str, seconds: float, ts: int = 1) -> ScheduleTimer:
 
 
 async def claim_one(store: Ports, owner: str, lease_ms: int = 10_000) -> list[Claimed]:
-    return (await store.claim(owner, 10, 0, lease_ms=lease_ms, ahead_ms=100)).claimed
+    return (await store.claim(claim_params(owner, 10, 0, lease_ms=lease_ms, ahead_ms=100))).claimed
 
 
 async def test_a_claim_takes_what_is_due_once_and_says_when_the_next_comes(ports: Ports) -> None:
@@ -62,14 +62,74 @@ async def test_a_claim_takes_what_is_due_once_and_says_when_the_next_comes(ports
         "applied",
         "applied",
     ]
-    result = await ports.claim("a", 10, 0, lease_ms=10_000, ahead_ms=100)
+    result = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
     assert [(c.service_call_id, c.attempts) for c in result.claimed] == [("due", 1)]
     assert not result.unreadable
     assert result.next_due_in_ms is not None and 58_000 < result.next_due_in_ms < 60_000
     assert abs(result.db_now.timestamp() - time.time()) < 5
-    again = await ports.claim("b", 10, 0, lease_ms=10_000, ahead_ms=100)
+    again = await ports.claim(claim_params("b", 10, 0, lease_ms=10_000, ahead_ms=100))
     assert again.claimed == [] and again.next_due_in_ms is not None
-    assert (await ports.claim("c", 10, 0, lease_ms=10_000, ahead_ms=100_000)).next_due_in_ms is None
+    assert (
+        await ports.claim(claim_params("c", 10, 0, lease_ms=10_000, ahead_ms=100_000))
+    ).next_due_in_ms is None
+
+
+async def spoil(ports: Ports, key: str) -> None:
+    """Give the timer a dueAt no datetime holds ('-infinity': due, and sorted first)."""
+    if isinstance(ports, TwinStore):
+        ports.spoil(("acme", key))
+        return
+    assert isinstance(ports, Store)
+    async with ports.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE timers SET due_at = '-infinity' WHERE tenant_id = 'acme' AND service_call_id = %s", [key]
+        )
+
+
+async def test_a_row_whose_due_at_no_datetime_holds_is_claimed_as_unreadable(ports: Ports) -> None:
+    await ports.apply([schedule("bad", -1), schedule("good", -1)])
+    await spoil(ports, "bad")
+    result = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000))
+    assert [c.service_call_id for c in result.claimed] == ["good"]
+    (bad,) = result.unreadable
+    assert bad == Unreadable("acme", "bad", result.claimed[0].lease_token, 1)
+    # Fenced like any claimed occurrence, and claimable again after its back-off.
+    assert await ports.retry_later([(bad, "unreadable", 200)]) == 1
+    again: list[Unreadable] = []
+
+    async def reclaimed() -> bool:
+        again.extend((await ports.claim(claim_params("b", 10, 0, lease_ms=10_000))).unreadable)
+        return bool(again)
+
+    await until(reclaimed, what="the back-off to pass")
+    assert again[0].attempts == 2 and again[0].lease_token != bad.lease_token
+
+
+async def test_the_recurrence_reference_moves_to_now_only_after_downtime(ports: Ports) -> None:
+    """claim_due's claimed_at: a timer left unclaimed for less than downtime_ms keeps its dueAt
+    as the reference (what came due meanwhile still fires); for longer, the reference is now."""
+    await ports.apply([schedule("crash", -5)])
+    (kept,) = (await ports.claim(claim_params("a", 10, 0, lease_ms=300, downtime_ms=60_000))).claimed
+    assert kept.recurrence_ref == kept.due_at
+    # Its lease runs out: re-claimed within downtime_ms of that, the reference is kept.
+    again: list[Claimed] = []
+
+    async def reclaimed(downtime_ms: int) -> bool:
+        params = claim_params("b", 10, 0, lease_ms=300, downtime_ms=downtime_ms)
+        again[:] = (await ports.claim(params)).claimed
+        return bool(again)
+
+    await until(lambda: reclaimed(60_000), what="the lease to run out")
+    assert again[0].recurrence_ref == kept.due_at and again[0].attempts == 2
+    # Re-claimed when its lease ran out longer than downtime_ms ago: downtime, the reference is now.
+    await until(lambda: reclaimed(1), what="the lease to run out")
+    assert again[0].recurrence_ref > kept.due_at + timedelta(seconds=4)
+    assert abs(again[0].recurrence_ref.timestamp() - time.time()) < 5
+
+    await ports.apply([schedule("down", -5)])
+    result = await ports.claim(claim_params("c", 10, 0, lease_ms=10_000, downtime_ms=1000))
+    (moved,) = [c for c in result.claimed if c.service_call_id == "down"]
+    assert moved.recurrence_ref > moved.due_at + timedelta(seconds=4)
 
 
 async def test_a_mark_is_fenced_by_the_lease(ports: Ports) -> None:

@@ -12,6 +12,7 @@ import nats
 from psycopg.rows import dict_row
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
+from tests.twins import claim_params
 from worker.adapters import db
 from worker.adapters.store import Store
 from worker.client import TimerClient
@@ -152,7 +153,7 @@ async def _claimed_by_a_replica_that_dies(db_url: str, lease_ms: int) -> None:
         " VALUES ('acme', 'tick', 'Scheduled', now(), now(), 'PT1S')",
     )
     async with db.pool(db_url, "tests", min_size=1, max_size=1) as pool:  # the replica's session pins
-        claim = await Store(pool).claim("crashed", 10, 0, lease_ms=lease_ms)
+        claim = await Store(pool).claim(claim_params("crashed", 10, 0, lease_ms=lease_ms))
     assert [c.service_call_id for c in claim.claimed] == ["tick"]
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import functools
+import operator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,6 +20,7 @@ from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
 from worker.core.domain import (
     Applied,
     Claimed,
+    ClaimParams,
     ClaimResult,
     Failed,
     Fired,
@@ -62,7 +65,52 @@ def classify(exc: psycopg.Error) -> TransientError | DatabaseError:
 # tenant of 100,000 timers never holds their locks (and the claims and commands behind them) at once.
 PAUSE_CHUNK = 5000
 
-_CLAIMED_COLUMNS = 12  # Claimed's positional fields, as claim_due returns them
+
+@dataclass(frozen=True, slots=True)
+class _ClaimReader:
+    """Where claim_due's columns are, by name. Rows are fetched as plain tuples (a row class built
+    each row by keyword was 8 % of a replica's CPU in a drain), and read by the positions the
+    cursor's description gives, found once per shape: a column added to the statement cannot
+    shift a field silently, and one missing fails the claim, naming it."""
+
+    claimed: Callable[[Sequence[Any]], tuple[Any, ...]]  # Claimed's fields, in its order
+    unreadable: Callable[[Sequence[Any]], tuple[Any, ...]]  # Unreadable's
+    tenant_id: int
+    due_at: int
+    next_due_at: int
+    db_now: int
+
+
+@functools.lru_cache(maxsize=4)
+def _reader_for(names: tuple[str, ...]) -> _ClaimReader:
+    where = {n: i for i, n in enumerate(names)}
+    missing = [f for f in (*Claimed._fields, "next_due_at", "db_now") if f not in where]
+    if missing:
+        raise DatabaseError(f"claim_due returns no column {', '.join(missing)} (sql/queries.sql)")
+    return _ClaimReader(
+        claimed=operator.itemgetter(*(where[f] for f in Claimed._fields)),
+        unreadable=operator.itemgetter(*(where[f] for f in Unreadable._fields)),
+        tenant_id=where["tenant_id"],
+        due_at=where["due_at"],
+        next_due_at=where["next_due_at"],
+        db_now=where["db_now"],
+    )
+
+
+def _claim_result(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> ClaimResult:
+    """claim_due's rows, read by the names of its columns."""
+    read = _reader_for(tuple(names))
+    # The one row of a claim that took nothing has NULL in every timer column.
+    key, due_at = read.tenant_id, read.due_at
+    taken = [r for r in rows if r[key] is not None]
+    db_now = max(r[read.db_now] for r in rows)  # the latest reading of the clock
+    next_due_at = rows[0][read.next_due_at]  # the same on every row
+    return ClaimResult(
+        claimed=[Claimed._make(read.claimed(r)) for r in taken if r[due_at] is not None],
+        unreadable=[Unreadable._make(read.unreadable(r)) for r in taken if r[due_at] is None],
+        next_due_in_ms=None if next_due_at is None else (next_due_at - db_now).total_seconds() * 1000,
+        db_now=db_now,
+    )
 
 
 def _rounds(commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[list[int]]:
@@ -266,56 +314,26 @@ class Store:
             },
         )
 
-    async def claim(
-        self,
-        owner: str,
-        limit: int,
-        fresh_limit: int,
-        lease_ms: int,
-        ahead_ms: int = 0,
-        fresh_window_ms: int = 86_400_000,
-        downtime_ms: int | None = None,
-    ) -> ClaimResult:
-        """Claim up to `limit` occurrences due within `ahead_ms`: the oldest, and `fresh_limit`
-        of the most recent, due no longer than `fresh_window_ms` ago. A timer left claimable and
-        unclaimed for `downtime_ms` (default: the lease) had no replica to claim it: downtime."""
-        params = {
-            "owner": owner,
-            "ahead_ms": ahead_ms,
-            "fresh_window_ms": fresh_window_ms,
-            "oldest_limit": limit - fresh_limit,
-            "fresh_limit": fresh_limit,
-            "lease_ms": lease_ms,
-            "downtime_ms": lease_ms if downtime_ms is None else downtime_ms,
+    async def claim(self, params: ClaimParams) -> ClaimResult:
+        """Claim up to `params.limit` occurrences due within `params.ahead_ms`: the oldest, and
+        `params.fresh_limit` of the most recent, due no longer than `params.fresh_window_ms` ago
+        (sql/queries.sql, claim_due). Committed before it returns: the lease is the fence."""
+        sql_params = {
+            "owner": params.owner,
+            "ahead_ms": params.ahead_ms,
+            "fresh_window_ms": params.fresh_window_ms,
+            "oldest_limit": params.limit - params.fresh_limit,
+            "fresh_limit": params.fresh_limit,
+            "lease_ms": params.lease_ms,
+            "downtime_ms": params.downtime_ms,
         }
         with self._db(write=True):
             async with self.pool.connection() as conn:
-                # Plain tuples: a row class built each row by keyword, 8 % of a replica's CPU in a drain.
-                cur = conn.cursor(binary=True)
-                await cur.execute(QUERIES["claim_due"], params)
+                cur = conn.cursor(binary=True)  # plain tuples, read by column name (_claim_result)
+                await cur.execute(QUERIES["claim_due"], sql_params)
                 rows = await cur.fetchall()
-        # Each row: Claimed's columns in order, carried, repeat_cron, repeat_until, data, then the
-        # claim's next_due_at and db_now.
-        # The one row of a claim that took nothing has NULL in every timer column.
-        taken = [r for r in rows if r[0] is not None]
-        db_now = max(r[-1] for r in rows)  # the latest reading of the clock
-        next_due_at = rows[0][-2]  # the same on every row
-        return ClaimResult(
-            claimed=[
-                Claimed(
-                    *r[:_CLAIMED_COLUMNS],
-                    carried=r[_CLAIMED_COLUMNS],
-                    repeat_cron=r[_CLAIMED_COLUMNS + 1],
-                    repeat_until=r[_CLAIMED_COLUMNS + 2],
-                    data=r[_CLAIMED_COLUMNS + 3],
-                )
-                for r in taken
-                if r[2] is not None
-            ],
-            unreadable=[Unreadable(r[0], r[1], r[4], r[5]) for r in taken if r[2] is None],
-            next_due_in_ms=None if next_due_at is None else (next_due_at - db_now).total_seconds() * 1000,
-            db_now=db_now,
-        )
+                names = [c.name for c in cur.description or ()]
+        return _claim_result(names, rows)
 
     async def mark_fired(self, fired: Sequence[Fired]) -> int:
         """Record acknowledged firings; returns how many the fence let through."""

@@ -3,9 +3,9 @@ one, the outcome of a command. The core defines them; the adapters import them (
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 # deferred: the key's occurrence is claimed, the command waits for it; stuck: it has been claimed
 # for longer than TIMER_STUCK_AFTER without being recorded, and the command is given up.
@@ -46,9 +46,13 @@ class Leased(Protocol):
     def attempts(self) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """One claimed occurrence: what to publish, and the fence to mark it with."""
+class Claimed(NamedTuple):
+    """One claimed occurrence: what to publish, and the fence to mark it with.
+
+    A NamedTuple, not a frozen dataclass: a replica builds a thousand per claim, and a frozen
+    dataclass's __init__ (one object.__setattr__ per field) was 13 % of its CPU in a drain
+    (docs/BENCHMARKS.md, "Where the time went"); a NamedTuple is one tuple.__new__ from the row
+    (worker/adapters/store.py reads it from claim_due's columns by name)."""
 
     tenant_id: str
     service_call_id: str
@@ -65,26 +69,42 @@ class Claimed:
     # Stored in the column claimed_at, but not always when this occurrence was claimed: claim_due
     # keeps the first claim's across a crash, starts a fresh occurrence from its own dueAt, and
     # moves it to now only after downtime (sql/queries.sql). The column keeps its name: renaming
-    # it takes two releases (README, Upgrades).
+    # it takes two releases (README, Upgrades); claim_due returns it AS recurrence_ref.
     recurrence_ref: datetime
+    # The fields below default to None: most timers have none of them.
     # The ScheduleTimer's carried headers (trace context, allowed producer headers), or None.
-    # Keyword-only with a default: most timers have none, and the rows' class adds fields after it.
-    carried: dict[str, str] | None = field(default=None, kw_only=True)
+    carried: dict[str, str] | None = None
     # A cron schedule (instead of repeat_every) and the end of either kind (sql/migrations/0009).
-    repeat_cron: str | None = field(default=None, kw_only=True)
-    repeat_until: datetime | None = field(default=None, kw_only=True)
+    repeat_cron: str | None = None
+    repeat_until: datetime | None = None
     # The ScheduleTimer's `data` as JSON text (jsonb's output, spliced into the event), or None.
-    data: str | None = field(default=None, kw_only=True)
+    data: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Unreadable:
+class Unreadable(NamedTuple):
     """A claimed occurrence whose dueAt no datetime holds: it fails alone (FiringLoop.fire)."""
 
     tenant_id: str
     service_call_id: str
     lease_token: int
     attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimParams:
+    """What one claim asks for (sql/queries.sql, claim_due), as River's JobGetAvailableParams: one
+    typed value taken by the port, Store and the twin, so the three cannot drift apart on seven
+    positional numbers, and no default exists that only a test wants."""
+
+    owner: str  # the replica, written as lease_owner
+    limit: int  # occurrences at most
+    fresh_limit: int  # of which the most recently due (the fresh lane); the rest are the oldest
+    lease_ms: int  # the lease written into each claimed row
+    ahead_ms: int  # "due" reaches this far ahead of the database clock
+    fresh_window_ms: int  # "most recently due" means due no longer ago than this
+    # A timer left claimable and unclaimed this long had no replica to claim it: downtime, and a
+    # recurring timer's missed occurrences are skipped (README, Recurring timers).
+    downtime_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +115,7 @@ class ClaimResult:
     db_now: datetime  # the database clock at the end of the claim
 
 
-@dataclass(frozen=True, slots=True)
-class Fired:
+class Fired(NamedTuple):
     """A published occurrence to record, with the next one for a recurring timer."""
 
     timer: Claimed

@@ -17,23 +17,17 @@ from typing import Any, Protocol
 from nats.aio.msg import Msg
 
 from worker.contract import Command, MessageIds, Outgoing, PauseTimers, Subjects
-from worker.core.domain import Applied, ClaimResult, Failed, Fired, Key, Position
+from worker.core.domain import Applied, ClaimParams, ClaimResult, Failed, Fired, Key, Position
 
 
 class FiringStore(Protocol):
     """The firing loop's database: claim under a lease, then record each claimed occurrence,
     fenced by that lease (a write whose lease is gone changes nothing and is not counted)."""
 
-    async def claim(
-        self,
-        owner: str,
-        limit: int,
-        fresh_limit: int,
-        lease_ms: int,
-        ahead_ms: int = 0,
-        fresh_window_ms: int = 86_400_000,
-        downtime_ms: int | None = None,
-    ) -> ClaimResult: ...
+    async def claim(self, params: ClaimParams) -> ClaimResult:
+        """Claim up to `params.limit` due occurrences under a new lease token, committed before
+        it returns. Rows whose dueAt no datetime holds come back as `unreadable`, not raised."""
+        ...
 
     async def mark_fired(self, fired: Sequence[Fired]) -> int: ...
 

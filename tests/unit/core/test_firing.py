@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tests.helpers import until
-from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore, event_id
+from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore, claim_params, event_id
 from worker.config import Settings, load_settings
 from worker.contract import ScheduleTimer
 from worker.core.firing import LOOKAHEAD_MS, PIPELINE_DEPTH, RETRY_BACKOFF_MS, FiringLoop
@@ -112,7 +112,9 @@ async def test_first_attempts_go_in_one_atomic_batch_and_retries_one_by_one(
     store, publisher = TwinStore(time), TwinPublisher(time)
     clock = FakeClock(time)
     await schedule(store, time, -3.0, -2.0, -1.0)
-    await store.claim("crashed", 2, 0, lease_ms=1000)  # t0 and t1: a replica claimed them and died
+    await store.claim(
+        claim_params("crashed", 2, 0, lease_ms=1000)
+    )  # t0 and t1: a replica claimed them and died
     time.t += 1.5  # its lease ran out
     await firing(settings, store, publisher, clock).tick()
     by_method = {c.method: sorted(event_id(m).split(":")[1] for m in c.messages) for c in publisher.calls}
@@ -153,7 +155,9 @@ async def test_a_failed_publish_is_released_for_a_retry_not_marked(
     assert (t1.state, t0.state) == ("Reached", "Scheduled")
     assert t0.lease_owner is None and t0.last_error == "publish: TimeoutError: no PubAck"
     assert t0.lease_expires_at == pytest.approx(time.t + RETRY_BACKOFF_MS / 1000)
-    assert not (await store.claim("other", 10, 0, lease_ms=1000)).claimed  # not before the back-off
+    assert not (
+        await store.claim(claim_params("other", 10, 0, lease_ms=1000))
+    ).claimed  # not before the back-off
     time.t += RETRY_BACKOFF_MS / 1000 + 0.001
-    (again,) = (await store.claim("other", 10, 0, lease_ms=1000)).claimed
+    (again,) = (await store.claim(claim_params("other", 10, 0, lease_ms=1000))).claimed
     assert (again.service_call_id, again.attempts) == ("t0", 2)

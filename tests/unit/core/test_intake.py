@@ -11,7 +11,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 
-from tests.twins import FakeClock, FakeTime, TwinBroker, TwinStore
+from tests.twins import FakeClock, FakeTime, TwinBroker, TwinStore, claim_params
 from worker.config import Settings, load_settings
 from worker.core.intake import RETRY_DELAY_S, Intake
 from worker.core.wakeup import Wakeup
@@ -54,7 +54,7 @@ async def test_a_command_for_a_claimed_occurrence_waits_a_lease_and_is_not_ackno
     now = datetime.fromtimestamp(time.t, UTC)
     broker.add(broker.subjects.schedule("acme"), command("ScheduleTimer", "acme", "k", now))
     await fetch_and_handle(broker, intake)
-    await store.claim("firing", 10, 0, lease_ms=3000)  # its occurrence is being fired
+    await store.claim(claim_params("firing", 10, 0, lease_ms=3000))  # its occurrence is being fired
     cancel = broker.add(broker.subjects.cancel("acme"), command("CancelTimer", "acme", "k", ts=2))
     await fetch_and_handle(broker, intake)
     assert broker.acks.of(cancel.metadata.sequence.stream) == ['-NAK {"delay": 3000000000}']
