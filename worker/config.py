@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     stream_replicas: int = Field(1, ge=1, le=5)
     # JetStream drops a re-published firing with the same Nats-Msg-Id inside this window.
     events_duplicate_window: Duration = timedelta(minutes=2)
-    # How events are published on nats-server 2.14+ (broker.Broker.publish_batch): fast-ingest
+    # How events are published on nats-server 2.14+ (batches.Publisher.publish_atomic): fast-ingest
     # batches ("on"), atomic batches ("off"), or fast-ingest only on a replicated events stream
     # ("auto"): a single-server stream that keeps its guarantees runs under sync_interval: always,
     # where fast ingest fsyncs every message and atomic batches fsync once per batch.

@@ -12,7 +12,8 @@ from nats.js import api
 from nats.js.errors import APIError
 
 from tests.helpers import until
-from worker.adapters.broker import ATOMIC_BATCH_MIN, Broker
+from worker.adapters.batches import ATOMIC_BATCH_MIN
+from worker.adapters.broker import Broker
 from worker.config import Settings
 from worker.contract import Outgoing
 from worker.devkit.embedded import EmbeddedNats
@@ -55,7 +56,7 @@ async def test_a_batch_with_an_id_already_stored_is_sent_one_by_one(
     results = await broker.publish_atomic(events(settings, range(n)), timeout=5)
     assert results == [None] * n
     assert await stored(broker, settings) == n
-    assert broker._atomic, "a duplicate is no reason to stop batching"
+    assert broker.publisher.atomic, "a duplicate is no reason to stop batching"
 
 
 async def test_a_stream_without_atomic_batches_still_gets_every_event(settings: Settings) -> None:
@@ -70,7 +71,7 @@ async def test_a_stream_without_atomic_batches_still_gets_every_event(settings: 
         assert await b.publish_atomic(events(settings, range(n)), timeout=5) == [None] * n
         assert await b.publish_atomic(events(settings, range(n, 2 * n)), timeout=5) == [None] * n
         assert await stored(b, settings) == 2 * n
-        assert not b._atomic
+        assert not b.publisher.atomic
     finally:
         await b.close()
 
@@ -152,7 +153,7 @@ async def last_headers(broker: Broker, settings: Settings) -> dict[str, str]:
 async def test_events_go_in_fast_batches_and_carry_only_their_own_headers(
     fast: Broker, settings: Settings
 ) -> None:
-    assert fast._fast, "TIMER_EVENTS_FAST_INGEST=on on nats-server 2.14+ publishes fast batches"
+    assert fast.publisher.fast, "TIMER_EVENTS_FAST_INGEST=on on nats-server 2.14+ publishes fast batches"
     n = ATOMIC_BATCH_MAX + 3
     sent = events(settings, range(n))
     assert await fast.publish_atomic(sent, timeout=5) == [None] * n
@@ -189,7 +190,7 @@ async def test_a_refused_event_fails_alone_and_the_rest_of_its_fast_batch_is_sto
     await b.js.add_stream(config)
     await b.ensure_streams()
     try:
-        assert b._fast
+        assert b.publisher.fast
         sent = events(settings, range(6))
         sent[2] = events(settings, range(2, 3), payload=b"x" * 300)[0]
         results = await b.publish_atomic(sent, timeout=5)
@@ -210,7 +211,7 @@ async def test_an_events_stream_without_allow_batched_is_left_alone_and_gets_ato
     await b.js.add_stream(config)
     await b.ensure_streams()
     try:
-        assert not b._fast
+        assert not b.publisher.fast
         info = await b.js.stream_info(settings.event_stream)
         assert not info.config.allow_batched, "an existing stream is never rewritten"
         n = ATOMIC_BATCH_MIN
@@ -228,7 +229,7 @@ async def test_auto_keeps_atomic_batches_on_a_single_replica_stream(
     assert broker.settings.events_fast_ingest == "auto"
     info = await broker.js.stream_info(settings.event_stream)
     assert info.config.allow_batched, "the service creates its events stream ready for fast batches"
-    assert not broker._fast
+    assert not broker.publisher.fast
 
 
 async def test_fast_ingest_off_after_its_flag_is_taken_away(fast: Broker, settings: Settings) -> None:
@@ -237,7 +238,7 @@ async def test_fast_ingest_off_after_its_flag_is_taken_away(fast: Broker, settin
     await fast.js.update_stream(info.config)
     n = 20
     assert await fast.publish_atomic(events(settings, range(n)), timeout=5) == [None] * n
-    assert not fast._fast
+    assert not fast.publisher.fast
     assert await stored(fast, settings) == n
 
 

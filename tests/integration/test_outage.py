@@ -124,6 +124,6 @@ async def test_a_batch_split_by_a_reconnect_does_not_turn_atomic_publishing_off(
 
         assert await broker.publish_atomic(batch("split"), 10) == [None] * 150  # one by one
         assert lost, "the batch was not split"
-        assert broker._atomic, "an incomplete batch turned atomic publishing off for good"
+        assert broker.publisher.atomic, "an incomplete batch turned atomic publishing off for good"
     finally:
         await broker.close()

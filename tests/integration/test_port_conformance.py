@@ -13,10 +13,10 @@ import pytest
 
 from tests.helpers import until
 from tests.twins import TwinPublisher, TwinStore, claim_params
-from worker.adapters.broker import Broker, Outgoing
+from worker.adapters.broker import Broker
 from worker.adapters.store import Store
 from worker.config import Settings
-from worker.contract import CancelTimer, ScheduleTimer
+from worker.contract import CancelTimer, Outgoing, ScheduleTimer
 from worker.core.domain import Claimed, Fired, Position, Unreadable
 from worker.core.ports import EventPublisher, FiringStore, IntakeStore
 

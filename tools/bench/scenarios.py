@@ -21,7 +21,7 @@ from typing import Any
 from nats.js import api
 
 from tools.bench.rig import COUNT_SCHEDULED_SQL, Rig
-from worker.adapters.broker import consumer_config
+from worker.adapters.streams import consumer_config
 from worker.contract import Subjects
 from worker.devkit.harness import percentile
 from worker.devkit.recorder import Firing

@@ -67,7 +67,7 @@ class FinishedTimers(Protocol):
 
 class EventPublisher(Protocol):
     """Publishing to JetStream. For each message, None once the stream acknowledged it, else why
-    not; no call raises for a message that failed (worker/adapters/broker.py)."""
+    not; no call raises for a message that failed (worker/adapters/batches.py)."""
 
     subjects: Subjects
     ids: MessageIds  # the Nats-Msg-Ids of what it publishes

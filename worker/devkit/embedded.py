@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import time
 import urllib.request
@@ -169,19 +168,8 @@ class EmbeddedPostgres(ServerProcess):
             shutil.chown(self.data_dir, user, user)
         argv = [str((self.bin_dir or postgres_bin()) / "initdb"), "-D", str(self.data_dir), "-U", "postgres"]
         argv += ["--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync", "--no-instructions"]
-        with self.log_path.open("ab") as log:
-            done = subprocess.run(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.base_dir,
-                user=user,
-                timeout=START_TIMEOUT_S,
-                check=False,
-            )
-        if done.returncode != 0:
-            raise RuntimeError(f"initdb failed with exit code {done.returncode}; {self._log_tail()}")
+        if (code := self._run(argv, user=user, timeout=START_TIMEOUT_S)) != 0:
+            raise RuntimeError(f"initdb failed with exit code {code}; {self._log_tail()}")
 
     def _install_ssl_files(self, user: str | None) -> None:
         if not (self.ssl_cert and self.ssl_key):

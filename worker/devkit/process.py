@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import BinaryIO, Literal, Self, TypedDict
 
 from worker.devkit.polling import until
 
@@ -58,6 +58,14 @@ def _die_with_parent(sig: int) -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
+
+
+class _ChildIO(TypedDict):
+    stdin: int
+    stdout: BinaryIO
+    stderr: int
+    cwd: Path
+    user: str | None
 
 
 class ServerProcess:
@@ -114,15 +122,27 @@ class ServerProcess:
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.base_dir,
-                user=user,
+                **self._child_io(log, user),
                 start_new_session=True,  # own process group: kill() takes the children too
                 preexec_fn=_die_with_parent(death_signal),
             )
         _live.add(self)
+
+    def _run(self, argv: list[str], *, user: str | None, timeout: float) -> int:
+        """Run one of the server's programs to its end (initdb), like the server itself; its exit code."""
+        with self.log_path.open("ab") as log:
+            return subprocess.run(argv, **self._child_io(log, user), timeout=timeout, check=False).returncode
+
+    def _child_io(self, log: BinaryIO, user: str | None) -> _ChildIO:
+        """How each of the server's programs runs: nothing on stdin, stdout and stderr into the
+        server's log, in its base directory, as `user` (None: as we are)."""
+        return {
+            "stdin": subprocess.DEVNULL,
+            "stdout": log,
+            "stderr": subprocess.STDOUT,
+            "cwd": self.base_dir,
+            "user": user,
+        }
 
     def _wait_ready(self, ready: Callable[[], bool], deadline: float) -> bool:
         """Poll `ready` until it holds (True) or the process exits (False); kill and raise at deadline."""

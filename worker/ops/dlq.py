@@ -33,8 +33,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from worker.adapters.broker import command_stream_now, connect_options
+from worker.adapters.broker import connect_options
 from worker.adapters.queries import QUERIES
+from worker.adapters.streams import command_stream_now
 from worker.config import Settings
 from worker.contract import MessageIds, Rejection, Subjects
 from worker.core.commands import parse_command

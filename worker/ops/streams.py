@@ -28,7 +28,8 @@ from collections.abc import Callable
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from worker.adapters.broker import SUCCESSOR, Broker, consumer_config
+from worker.adapters.broker import Broker
+from worker.adapters.streams import SUCCESSOR, consumer_config
 from worker.config import Settings
 from worker.errors import ConfigError
 

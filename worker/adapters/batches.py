@@ -1,0 +1,378 @@
+"""Publishing to JetStream: one by one with bounded pipelining, atomic batches, fast-ingest batches.
+
+The Broker holds one Publisher (its `publisher`); the replies come on the connection's own inboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import itertools
+import json
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.errors import APIError, NoStreamResponseError
+
+from worker.contract import Outgoing
+from worker.natsconn import ATOMIC_BATCH_MAX, ERR_ATOMIC_DISABLED, atomic_batch_headers, batch_ack_error
+
+if TYPE_CHECKING:
+    from worker.config import Settings
+
+log = logging.getLogger("worker.broker")
+
+# Fewer messages than this go one by one (see publish_atomic).
+ATOMIC_BATCH_MIN = 100
+# "batch publish is disabled": the events stream has no allow_batched (any more).
+ERR_BATCH_DISABLED = 10205
+# Errors that say nothing against a message, only against its batch (disabled, pattern invalid,
+# batch id invalid or unknown, too many batches in flight): such a message goes again one by one.
+ERR_BATCH_ONLY = {ERR_BATCH_DISABLED, 10206, 10207, 10208, 10211}
+# The flow-control ack the server may send every N stored messages of a fast batch, at most: what
+# a batch cut short by a timeout keeps (see publish_fast). 500 is the server's own ceiling.
+FAST_FLOW = 500
+
+
+class Publisher:
+    """A connection's publishing to JetStream, and the replies it awaits."""
+
+    def __init__(self, settings: Settings, on_failure: Callable[[], None]) -> None:
+        self.settings = settings
+        # After a publish failed: a missing stream would explain it (Broker.check_streams_soon).
+        self._on_failure = on_failure
+        self.nc: NATS | None = None
+        self.atomic = True  # until the event stream says it does not allow atomic batches
+        self.fast = False  # events in fast-ingest batches: decided by Broker.ensure_streams
+        self._fast_prefix = ""
+        self._fast_batches: dict[str, _FastBatch] = {}
+        # Publishes awaiting their PubAck. Ours, not nats-py's publish_async: that one keeps a
+        # permit for good when the publish itself raises (its outbound buffer full in an outage),
+        # and after TIMER_MAX_IN_FLIGHT of those every publish waited forever.
+        self.permits = asyncio.Semaphore(settings.max_in_flight)
+        self._replies: dict[str, asyncio.Future[Msg]] = {}
+        self._reply_prefix = ""
+        self._tokens = itertools.count()
+
+    async def start(self, nc: NATS) -> None:
+        """Subscribe to the replies on `nc`, a new connection."""
+        self.nc = nc
+        self._reply_prefix = f"{nc.new_inbox()}."
+        await nc.subscribe(f"{self._reply_prefix}*", cb=self._on_reply)
+        # A fast batch's replies come to the reply subject of the message that prompted them,
+        # which holds the batch's id, flow, gap mode, sequence and operation (publish_fast).
+        self._fast_prefix = f"{nc.new_inbox()}."
+        await nc.subscribe(f"{self._fast_prefix}>", cb=self._on_fast_reply)
+
+    async def publish_many(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
+        """Publish with bounded pipelining; for each message, None once JetStream acknowledged it.
+
+        Everything, waiting for a permit (TIMER_MAX_IN_FLIGHT) included, ends by the deadline;
+        whatever has not been acknowledged by then counts as failed, and every permit comes back.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        replies: list[asyncio.Future[Msg]] = []
+        try:
+            for m in messages:
+                replies.append(await self._send(m.subject, m.payload, m.headers, permit_by=deadline))
+            if replies:
+                await asyncio.wait(replies, timeout=max(0.0, deadline - loop.time()))
+            results = [_pub_ack_error(_reply(r)) for r in replies]
+        finally:
+            for r in replies:
+                r.cancel()  # no-op once done; else its permit comes back
+        self._after(results)
+        return results
+
+    async def publish_atomic(
+        self, messages: Sequence[Outgoing], timeout: float
+    ) -> list[BaseException | None]:
+        """Publish in batches: fast-ingest ones where ensure_streams chose them (publish_fast),
+        else JetStream atomic batches (one PubAck per batch of up to 1,000, all or nothing).
+
+        An order of magnitude cheaper than one PubAck per message, above all with fsync on every
+        write. A batch holding a Nats-Msg-Id the stream already has is refused whole, so only
+        first attempts should come here; a refused batch is sent again one by one, which dedupes.
+        A stream made without allow_atomic (error 10174) turns batching off for this connection.
+
+        A batch's PubAck comes after the server made it durable (many times one message's PubAck:
+        docs/BENCHMARKS.md, "Where the time went", step 5), so a few messages go one by one:
+        batches are for throughput, small sends for latency.
+        """
+        if self.fast and len(messages) > 1:
+            return await self.publish_fast(messages, timeout)
+        if not self.atomic or len(messages) < ATOMIC_BATCH_MIN:
+            return await self.publish_many(messages, timeout)
+        chunks = [messages[i : i + ATOMIC_BATCH_MAX] for i in range(0, len(messages), ATOMIC_BATCH_MAX)]
+        commits: list[asyncio.Future[Msg]] = []
+        try:
+            for chunk in chunks:
+                commits.append(await self._send_batch(chunk))
+            await asyncio.wait(commits, timeout=timeout)
+            replies = [_reply(c) for c in commits]
+        finally:
+            for c in commits:
+                c.cancel()
+        results: list[BaseException | None] = []
+        for chunk, reply in zip(chunks, replies, strict=True):
+            if isinstance(reply, BaseException):
+                results += [reply] * len(chunk)
+            elif (error := batch_ack_error(reply.data, len(chunk))) is None:
+                results += [None] * len(chunk)
+            else:
+                # Only the stream's own refusal turns batching off. Any other error is this
+                # batch's (a duplicate id; a reconnect that lost part of it: incomplete, missing
+                # sequence): it goes one by one, and the next batch is atomic again.
+                if error.get("err_code") == ERR_ATOMIC_DISABLED:
+                    self.atomic = False
+                    log.warning(
+                        "atomic publish off", extra={"action": "atomic_publish_off", "error": str(error)}
+                    )
+                results += await self.publish_many(chunk, timeout)
+        self._after(results)
+        return results
+
+    async def publish_fast(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
+        """Publish in fast-ingest batches (nats-server 2.14+, allow_batched); for each message,
+        None once JetStream stored it (or already had its Nats-Msg-Id), else why not.
+
+        The batch information travels in each message's reply subject,
+        `<inbox>.<batch id>.<flow>.fail.<sequence>.<operation>.$FI` (0 start, 1 append, 2
+        commit), so a stored event carries only its own headers. The server stores each message
+        as it comes and skips a duplicate instead of refusing the batch, so retries may come here
+        too. Gap mode "fail": the first message the stream refuses (its error comes as
+        `{"type":"err","seq":N}`) ends the batch, and the PubAck of the commit says how many
+        were stored: `count`. Messages 1..count are stored, the refused one fails with its error,
+        and those after it never were: they go again one by one, as does a batch refused whole.
+        Without a PubAck by the timeout, the flow acks (`{"type":"ack","seq":N}`: 1..N stored)
+        still tell which were stored; the rest fail with TimeoutError and are retried later.
+        """
+        assert self.nc is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        batches: list[_FastBatch] = []
+        try:
+            for i in range(0, len(messages), ATOMIC_BATCH_MAX):
+                batches.append(await self._send_fast(messages[i : i + ATOMIC_BATCH_MAX]))
+            await asyncio.wait([b.done for b in batches], timeout=max(0.0, deadline - loop.time()))
+        finally:
+            for b in batches:
+                self._fast_batches.pop(b.id, None)
+                b.done.cancel()
+        results: list[BaseException | None] = []
+        again: list[int] = []  # places in `messages` of those to send one by one
+        for b in batches:
+            for seq in range(1, b.size + 1):
+                result = b.result(seq)
+                if result is _AGAIN:
+                    again.append(len(results))
+                    results.append(None)
+                else:
+                    results.append(result)
+            if b.disabled and self.fast:
+                self.fast = False  # the stream's owner took allow_batched away
+                log.warning(
+                    "fast ingest off",
+                    extra={"action": "fast_ingest_off", "stream": self.settings.event_stream},
+                )
+        if again:
+            retried = await self.publish_many([messages[i] for i in again], max(0.0, deadline - loop.time()))
+            for i, result in zip(again, retried, strict=True):
+                results[i] = result
+        self._after(results)
+        return results
+
+    async def _send_fast(self, chunk: Sequence[Outgoing]) -> _FastBatch:
+        """Send one fast batch; its state, which the replies fill in (see _on_fast_reply)."""
+        assert self.nc is not None
+        batch = _FastBatch(uuid.uuid4().hex, len(chunk), asyncio.get_running_loop().create_future())
+        self._fast_batches[batch.id] = batch
+        head = f"{self._fast_prefix}{batch.id}.{FAST_FLOW}.fail."
+        last = len(chunk)
+        try:
+            for seq, m in enumerate(chunk, start=1):
+                op = 2 if seq == last else 0 if seq == 1 else 1
+                await self.nc.publish(m.subject, m.payload, reply=f"{head}{seq}.{op}.$FI", headers=m.headers)
+        except Exception as exc:  # not connected and the outbound buffer full...: the server drops the rest
+            batch.fail(exc)
+        return batch
+
+    async def _on_fast_reply(self, msg: Msg) -> None:
+        tokens = msg.subject[len(self._fast_prefix) :].split(".")
+        batch = self._fast_batches.get(tokens[0])
+        if batch is None or batch.done.done():
+            return
+        if msg.headers and msg.headers.get(api.Header.STATUS) == "503":
+            batch.fail(NoStreamResponseError())  # no stream takes the subject
+            return
+        try:
+            reply = json.loads(msg.data)
+            seq = int(tokens[3])
+        except (ValueError, IndexError):
+            return
+        if isinstance(reply, dict):
+            batch.on_reply(reply, seq)
+
+    async def _send_batch(self, chunk: Sequence[Outgoing]) -> asyncio.Future[Msg]:
+        """Send one atomic batch; its commit's reply (failed at once if it could not be sent)."""
+        assert self.nc is not None
+        batch_id = uuid.uuid4().hex
+        try:
+            for seq, m in enumerate(chunk[:-1], start=1):
+                headers = atomic_batch_headers(m.headers, batch_id, seq, commit=False)
+                await self.nc.publish(m.subject, m.payload, headers=headers)
+        except Exception as exc:  # the server drops a batch never committed
+            return _failed(exc)
+        last = chunk[-1]
+        headers = atomic_batch_headers(last.headers, batch_id, len(chunk), commit=True)
+        return await self._send(last.subject, last.payload, headers)
+
+    async def _send(
+        self, subject: str, payload: bytes, headers: dict[str, str], permit_by: float | None = None
+    ) -> asyncio.Future[Msg]:
+        """Publish with a reply subject; the reply's future. With `permit_by`, first take a permit
+        (failing the publish if none is free by then); done, failed or cancelled, it comes back."""
+        if permit_by is not None and not self.permits.locked():
+            await self.permits.acquire()  # free: taken at once, without arming a timer
+        elif permit_by is not None:
+            try:
+                async with asyncio.timeout_at(permit_by):
+                    await self.permits.acquire()
+            except TimeoutError:
+                return _failed(
+                    TimeoutError("TIMER_MAX_IN_FLIGHT publishes awaiting a PubAck until the timeout")
+                )
+        assert self.nc is not None
+        token = str(next(self._tokens))
+        reply: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._replies[token] = reply
+        reply.add_done_callback(functools.partial(self._forget, token, permit_by is not None))
+        try:
+            await self.nc.publish(subject, payload, reply=self._reply_prefix + token, headers=headers)
+        except Exception as exc:  # not connected and the outbound buffer full, connection closed...
+            reply.set_exception(exc)
+        except BaseException:
+            reply.cancel()
+            raise
+        return reply
+
+    def _forget(self, token: str, permit: bool, _: asyncio.Future[Msg]) -> None:
+        del self._replies[token]
+        if permit:
+            self.permits.release()
+
+    async def _on_reply(self, msg: Msg) -> None:
+        reply = self._replies.get(msg.subject[len(self._reply_prefix) :])
+        if reply is not None and not reply.done():
+            reply.set_result(msg)
+
+    def _after(self, results: list[BaseException | None]) -> None:
+        if any(r is not None for r in results):  # a deleted stream looks like this too
+            self._on_failure()
+
+
+def _reply(reply: asyncio.Future[Msg]) -> Msg | BaseException:
+    """The reply to a publish, or why there is none."""
+    if not reply.done():
+        return TimeoutError("no PubAck before the publish timeout")
+    if (exc := reply.exception()) is not None:
+        return exc
+    msg = reply.result()
+    if msg.headers and msg.headers.get(api.Header.STATUS) == "503":
+        return NoStreamResponseError()  # no stream takes the subject
+    return msg
+
+
+def _pub_ack_error(msg: Msg | BaseException) -> BaseException | None:
+    if isinstance(msg, BaseException):
+        return msg
+    try:
+        ack = json.loads(msg.data)
+    except ValueError:
+        return APIError(description=f"unreadable PubAck: {msg.data[:100]!r}")
+    return _api_error(ack["error"]) if "error" in ack else None
+
+
+def _api_error(error: dict[str, Any]) -> APIError:
+    """The error a PubAck carries. nats-py's APIError.from_error raises it rather than return it,
+    which took a publish_many down with one refused message."""
+    try:
+        APIError.from_error(error)
+    except APIError as exc:
+        return exc
+    return APIError(description=str(error))  # pragma: no cover  # from_error always raises
+
+
+def _failed(exc: BaseException) -> asyncio.Future[Msg]:
+    f: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+    f.set_exception(exc)
+    return f
+
+
+# A message of a fast batch the server never stored, though it refused no message of its own
+# (a later one of a batch ended by another's error, or all of a batch refused whole): sent again.
+_AGAIN = Exception("send again")
+
+
+@dataclasses.dataclass
+class _FastBatch:
+    """What the server said so far of one fast batch (Publisher.publish_fast)."""
+
+    id: str
+    size: int
+    done: asyncio.Future[None]
+    flowed: int = 0  # the highest flow ack: messages 1..flowed are stored
+    count: int | None = None  # the PubAck's: messages 1..count are stored, and the batch ended
+    failure: BaseException | None = None  # it could not be sent, or no stream takes it
+    errors: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # a refused message's
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.failure = exc
+            self.done.set_result(None)
+
+    def on_reply(self, reply: dict[str, Any], seq: int) -> None:
+        """One reply, sent to the reply subject of message `seq`."""
+        kind = reply.get("type")
+        if kind == "ack":
+            self.flowed = max(self.flowed, int(reply.get("seq", 0)))
+        elif kind == "err":
+            self.errors[int(reply.get("seq", 0))] = dict(reply.get("error") or {})
+        elif kind is None and "error" in reply:
+            # Message `seq` was refused before it joined the batch (too large, limits, the flag
+            # off), or the batch is gone (its first message refused: each later one is then
+            # "unknown batch"). The batch goes on without it; in gap mode "fail" the next
+            # message ends it, and its PubAck says how many were stored.
+            self.errors[seq] = dict(reply["error"])
+            if len(self.errors) >= self.size:
+                self.done.set_result(None)
+        elif kind is None and reply.get("batch") == self.id:
+            self.count = int(reply.get("count", 0))
+            self.done.set_result(None)
+        # "gap" is informational: in gap mode "fail" a gap ends the batch, and its PubAck says so.
+        # Anything else (a plain PubAck from a server that does not know fast ingest) proves
+        # nothing about the batch: its messages time out and are retried, deduplicated.
+
+    @property
+    def disabled(self) -> bool:
+        return any(e.get("err_code") == ERR_BATCH_DISABLED for e in self.errors.values())
+
+    def result(self, seq: int) -> BaseException | None:
+        """Message `seq`'s outcome: None (stored), its error, or _AGAIN."""
+        stored = self.count if self.count is not None else self.flowed
+        if seq <= stored:
+            return None
+        if (error := self.errors.get(seq)) is not None:
+            return _AGAIN if error.get("err_code") in ERR_BATCH_ONLY else _api_error(error)
+        if self.failure is not None:
+            return self.failure
+        if not self.done.done() or self.done.cancelled():
+            return TimeoutError("no PubAck before the publish timeout")
+        return _AGAIN

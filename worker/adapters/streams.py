@@ -1,0 +1,299 @@
+"""The JetStream streams as this service makes and reads them: their configs and the limits they
+must keep, the shared command consumer, the command stream after a cut-over (migrate-streams) and
+its purge, the choice between atomic and fast-ingest event batches."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.errors import APIError, NotFoundError
+
+from worker import metrics
+from worker.contract import Subjects
+from worker.errors import ConfigError, TransientError
+
+if TYPE_CHECKING:
+    from worker.config import Settings
+
+log = logging.getLogger("worker.broker")
+
+# The command consumer's redelivery delay for an unacknowledged command (see ensure_streams).
+ACK_WAIT_S = 10
+# Fast-ingest batch publish (ADR-50's "fast" batches, allow_batched streams) came with this server.
+FAST_INGEST_SINCE = (2, 14)
+# nats-py knows the allow_batched stream setting since 2.13 (the oldest supported, 2.12, does not:
+# with it, events go in atomic batches).
+CLIENT_KNOWS_BATCHED = "allow_batched" in {f.name for f in dataclasses.fields(api.StreamConfig)}
+# Stream metadata a retired command stream carries: the stream that took its subjects over
+# (timer-service migrate-streams). Replicas follow it, and drain the old stream meanwhile.
+SUCCESSOR = "timer-service.successor"
+# While an old command stream drains, each fetch looks at it this long before the new one.
+DRAIN_FETCH_S = 0.05
+
+
+def stream_configs(s: Settings, subjects: Subjects, fast_ingest: bool) -> list[api.StreamConfig]:
+    """The streams as this service creates them (`fast_ingest`: the server takes fast batches)."""
+    configs = [
+        api.StreamConfig(
+            name=s.command_stream,
+            subjects=subjects.commands,
+            # Limits, not a work queue: there every acknowledgement deletes its message, one
+            # durable write (a fsync under sync_interval: always) per command; here an
+            # acknowledgement only moves the consumer's ack floor, flushed a few times a
+            # second, and tend_commands purges below the floor about once a second.
+            retention=api.RetentionPolicy.LIMITS,
+            max_age=s.command_max_age.total_seconds(),
+            num_replicas=s.stream_replicas,
+            duplicate_window=120,
+            # Producers may send commands in atomic batches (TimerClient.schedule_many).
+            allow_atomic=True,
+        ),
+        api.StreamConfig(
+            name=s.event_stream,
+            subjects=[subjects.due("*")],
+            max_age=s.retention.total_seconds(),
+            num_replicas=s.stream_replicas,
+            duplicate_window=s.events_duplicate_window.total_seconds(),
+            allow_atomic=True,
+        ),
+        api.StreamConfig(
+            name=s.dlq_stream,
+            subjects=[subjects.dlq("*")],
+            max_age=s.retention.total_seconds(),
+            num_replicas=s.stream_replicas,
+        ),
+    ]
+    # Fast-ingest batches only where the server knows them: a stream with allow_batched needs
+    # API level 4 (2.14), and an older server would ignore the flag anyway.
+    if fast_ingest:
+        configs[1].allow_batched = True
+    return configs
+
+
+def check_limits(s: Settings, streams: dict[str, api.StreamConfig], command: str) -> None:
+    """The guarantees that rest on the streams' own limits, which may not be what settings say
+    (a stream made by hand, or before a setting changed): refuse, naming the stream, if one fails."""
+    events = streams[s.event_stream]
+    horizon = timedelta(milliseconds=s.lease_ms + 3 * s.publish_timeout_ms)
+    window = timedelta(seconds=events.duplicate_window or 0)
+    if window <= horizon:
+        raise ConfigError(
+            f"stream {s.event_stream}: duplicate window {_age(window)} must exceed TIMER_LEASE_MS"
+            f" + 3 x TIMER_PUBLISH_TIMEOUT_MS ({_age(horizon)}), or a re-fired timer is published twice"
+        )
+    # A finished timer's row must outlive every copy of the command that made it (retention.py).
+    command_age = timedelta(seconds=streams[command].max_age or 0)
+    if not command_age or command_age > s.retention:
+        raise ConfigError(
+            f"stream {command}: max age {_age(command_age)} must not exceed TIMER_RETENTION"
+            f" ({_age(s.retention)}), or a late duplicate ScheduleTimer re-arms a deleted timer"
+        )
+
+
+def server_has_fast_ingest(nc: NATS | None) -> bool:
+    """Whether the server `nc` is connected to, and this nats-py, know fast-ingest batches."""
+    if not CLIENT_KNOWS_BATCHED or nc is None or not nc.is_connected:
+        return False
+    try:
+        version = nc.connected_server_version
+        return (version.major, version.minor) >= FAST_INGEST_SINCE
+    except (TypeError, ValueError, AttributeError):  # no version in the server's INFO
+        return False
+
+
+def event_batches(s: Settings, events: api.StreamConfig, fast_ingest: bool, was_fast: bool) -> bool:
+    """Fast-ingest or atomic batches for events, from TIMER_EVENTS_FAST_INGEST, the server and
+    the stream as it exists. An events stream made before (or by hand) without allow_batched
+    is not changed: events go in atomic batches until its owner turns the flag on (docs/OPERATIONS.md).
+
+    A fast batch stores each message as it comes, so on a single server under
+    `sync_interval: always` it costs an fsync per event, where an atomic batch costs one per
+    batch; a replicated stream writes through its Raft log either way. "auto" therefore
+    takes fast batches on replicated streams only (on a single server that keeps its
+    guarantees, sync_interval is always: README, Guarantees). True: fast-ingest batches;
+    `fast_ingest`: the server takes them; `was_fast`: the choice so far (a change is logged).
+    """
+    mode = s.events_fast_ingest
+    allowed = bool(getattr(events, "allow_batched", False)) and fast_ingest
+    replicated = (events.num_replicas or 1) > 1
+    fast = allowed and (mode == "on" or (mode == "auto" and replicated))
+    if fast != was_fast or (mode == "on" and not allowed):
+        log.info(
+            "event batches",
+            extra={
+                "action": "event_batches",
+                "mode": "fast_ingest" if fast else "atomic",
+                "stream": events.name,
+                "allow_batched": bool(getattr(events, "allow_batched", False)),
+            },
+        )
+    return fast
+
+
+def consumer_config(settings: Settings, subjects: Subjects) -> api.ConsumerConfig:
+    """The shared command consumer, as the service creates it."""
+    return api.ConsumerConfig(
+        durable_name=settings.consumer,
+        # Explicit acks, never AckAll: the consumer is shared, so acknowledging "everything up to
+        # this one" would acknowledge other replicas' commands still being applied.
+        ack_policy=api.AckPolicy.EXPLICIT,
+        # Commands a replica fetched and then died with (or lost its connection before
+        # acknowledging) go to another after this: their timers are stored that much later. A
+        # batch takes at most ~8 s (5 s of retries, a DLQ publish); a redelivery of one still in
+        # hand changes nothing (commands are idempotent).
+        ack_wait=ACK_WAIT_S,
+        max_ack_pending=50_000,
+        max_deliver=-1,
+        filter_subjects=subjects.commands,
+    )
+
+
+async def command_stream_now(js: JetStreamContext, settings: Settings) -> str:
+    """The stream that takes commands now: the configured one, or its successor after a cut-over."""
+    try:
+        info = await js.stream_info(settings.command_stream)
+    except NotFoundError:
+        return settings.command_stream
+    return (info.config.metadata or {}).get(SUCCESSOR) or settings.command_stream
+
+
+class CommandStreams:
+    """The command stream intake reads (the configured one or its successor), the old one it
+    still drains after a cut-over (None when there is none), and its purge."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.command_stream = settings.command_stream
+        self.draining: str | None = None
+        self.purging = False  # a limits command stream: acknowledged commands are ours to purge
+        self._purged = 0  # the ack floor up to which this replica last purged
+        self._told_work_queue = False
+
+    async def resolve(
+        self, js: JetStreamContext, found: dict[str, api.StreamConfig], messages: dict[str, int]
+    ) -> str:
+        """The stream intake reads: the configured one, or the one `timer-service migrate-streams`
+        moved its subjects to (named in its metadata). The old one is drained while it holds
+        commands. Adds the successor's config to `found`; never creates it (its sequence numbers
+        must continue the old stream's, which only the migration knows to do). Raises
+        TransientError, saying why, when the successor is missing."""
+        s = self.settings
+        configured = found[s.command_stream]
+        successor = (configured.metadata or {}).get(SUCCESSOR)
+        if successor is None:
+            self.command_stream, self.draining = s.command_stream, None
+        else:
+            try:
+                found[successor] = (await js.stream_info(successor)).config
+            except NotFoundError:
+                raise TransientError(
+                    f"stream {successor}, which took over {s.command_stream}'s subjects, does not exist"
+                    " (run timer-service migrate-streams again)"
+                ) from None
+            if self.command_stream != successor:
+                log.info(
+                    "command stream moved",
+                    extra={"action": "command_stream_moved", "stream": successor, "from": s.command_stream},
+                )
+            self.command_stream = successor
+            self.draining = s.command_stream if messages[s.command_stream] else None
+        retention = found[self.command_stream].retention
+        self.purging = retention == api.RetentionPolicy.LIMITS
+        if retention == api.RetentionPolicy.WORK_QUEUE and not self._told_work_queue:
+            self._told_work_queue = True
+            log.warning(
+                "command stream is a work queue",
+                extra={
+                    "action": "command_stream_work_queue",
+                    "stream": self.command_stream,
+                    "detail": "one durable write per acknowledged command; timer-service migrate-streams"
+                    " moves it to limits retention (docs/OPERATIONS.md, Upgrading)",
+                },
+            )
+        return self.command_stream
+
+    async def purge_acknowledged(self, nc: NATS, js: JetStreamContext) -> int:
+        """Remove the commands below the shared consumer's ack floor; how many went.
+
+        The floor is the newest command before which every command is acknowledged, by whichever
+        replica; one NAKed with a delay (deferred) or in a replica's hands holds it, so nothing
+        unacknowledged is ever purged. Every replica may do this at once: each purges up to a
+        floor it read, and floors only move forward. Nothing is sent while the floor stands still.
+        """
+        try:
+            info = await js.consumer_info(self.command_stream, self.settings.consumer)
+        except NotFoundError:  # intake's failed fetch puts it back
+            return 0
+        floor = int(info.ack_floor.stream_seq if info.ack_floor else 0)
+        if floor <= self._purged:
+            return 0
+        reply = await nc.request(
+            f"$JS.API.STREAM.PURGE.{self.command_stream}",
+            json.dumps({"seq": floor + 1}).encode(),
+            timeout=self.settings.publish_timeout_ms / 1000,
+        )
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            raise APIError.from_error(answer["error"])
+        self._purged = floor
+        purged = int(answer.get("purged", 0))
+        metrics.COMMANDS_PURGED.inc(purged)
+        log.debug(
+            "commands purged",
+            extra={
+                "action": "commands_purged",
+                "stream": self.command_stream,
+                "count": purged,
+                "floor": floor,
+            },
+        )
+        return purged
+
+
+class CommandFeed:
+    """The shared consumer's commands, from the stream the broker reads now. After a cut-over,
+    while the old stream still holds commands (in flight, or deferred), each fetch looks there
+    first, briefly: the old stream's commands come before the new one's in stream order too."""
+
+    def __init__(self, js: JetStreamContext, consumer: str, streams: CommandStreams) -> None:
+        self._js = js
+        self._consumer = consumer
+        self._streams = streams
+        self._subs: dict[str, JetStreamContext.PullSubscription] = {}
+
+    async def _sub(self, stream: str) -> JetStreamContext.PullSubscription:
+        if stream not in self._subs:
+            self._subs[stream] = await self._js.pull_subscribe_bind(self._consumer, stream)
+        return self._subs[stream]
+
+    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+        b = self._streams
+        for gone in [name for name in self._subs if name not in (b.command_stream, b.draining)]:
+            with contextlib.suppress(nats.errors.Error):  # fetched commands can still be acknowledged
+                await self._subs.pop(gone).unsubscribe()
+        if b.draining is not None:
+            try:
+                if msgs := await (await self._sub(b.draining)).fetch(batch, timeout=DRAIN_FETCH_S):
+                    return msgs
+            except (TimeoutError, nats.errors.Error):  # nothing there now; tend_commands sees it go
+                pass
+        return await (await self._sub(b.command_stream)).fetch(batch, timeout=timeout)
+
+    async def unsubscribe(self) -> None:
+        for sub in self._subs.values():
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        self._subs.clear()
+
+
+def _age(d: timedelta) -> str:
+    return f"{d.total_seconds():g}s" if d else "unlimited"
