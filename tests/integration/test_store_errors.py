@@ -1,4 +1,4 @@
-"""A failing or hostile database never stops the replicas: errors are classified (store.py's classify:
+"""A failing or hostile database never stops the replicas: errors are classified (pgerrors.py's classify:
 retry and report not ready, or stop with one line), and a row that cannot be read or published fails
 alone."""
 
@@ -31,7 +31,7 @@ from tests.helpers import (
     running_replica,
     until,
 )
-from worker.adapters.store import classify
+from worker.adapters.pgerrors import classify
 from worker.config import Settings
 from worker.errors import ConfigError, DatabaseError, TransientError
 from worker.service import Replica

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import functools
-import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,11 +13,13 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from worker.adapters import pausing
+from worker.adapters.claim_rows import claim_result
+from worker.adapters.pgerrors import classify
 from worker.adapters.queries import QUERIES
 from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
 from worker.core.domain import (
     Applied,
-    Claimed,
     ClaimParams,
     ClaimResult,
     Failed,
@@ -27,90 +27,12 @@ from worker.core.domain import (
     Key,
     Outcome,
     Position,
-    Unreadable,
 )
 from worker.errors import DatabaseError, TransientError
 
 # How long a command waiting for its timer may hold up the later ones once the timer is no longer
 # claimed (Store.order_grace); at least the lease plus the command consumer's ack wait.
 ORDER_GRACE = timedelta(minutes=1)
-
-# SQLSTATEs worth retrying: by class (08 connection, 40 serialization failure or deadlock,
-# 53 insufficient resources such as a full disk, 57 operator intervention: shutdown, cancel,
-# cannot connect now, 58 I/O error) and one by one. 25006: the database is read-only (a failover
-# in progress, a managed database that went read-only on a full disk); 25P03 and 25P04: a session
-# or transaction timeout ended the session; 55P03 and 55006: a lock or object is busy.
-_TRANSIENT_CLASSES = frozenset({"08", "40", "53", "57", "58"})
-_TRANSIENT_STATES = frozenset({"25006", "25P03", "25P04", "55P03", "55006"})
-_PERMANENT_STATES = frozenset({"57P04"})  # database_dropped: no retry brings it back
-
-
-def classify(exc: psycopg.Error) -> TransientError | DatabaseError:
-    """The one place a database error is judged: worth retrying (TransientError: the replica
-    backs off and reports not ready), or not (DatabaseError: the replica stops, saying why).
-
-    Without a SQLSTATE an OperationalError is the connection's (lost, refused, pool timeout)."""
-    state = exc.sqlstate
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    if state is None:
-        if isinstance(exc, psycopg.OperationalError):
-            return TransientError(f"postgres: {first}")
-        return DatabaseError(f"postgres: {type(exc).__name__}: {first}")
-    if state not in _PERMANENT_STATES and (state[:2] in _TRANSIENT_CLASSES or state in _TRANSIENT_STATES):
-        return TransientError(f"postgres: {state} {first}")
-    return DatabaseError(f"postgres refused ({state} {type(exc).__name__}): {first}")
-
-
-# Rows one statement of a tenant's pause or resume moves: each chunk is its own short transaction, so a
-# tenant of 100,000 timers never holds their locks (and the claims and commands behind them) at once.
-PAUSE_CHUNK = 5000
-
-
-@dataclass(frozen=True, slots=True)
-class _ClaimReader:
-    """Where claim_due's columns are, by name. Rows are fetched as plain tuples (a row class built
-    each row by keyword was 8 % of a replica's CPU in a drain), and read by the positions the
-    cursor's description gives, found once per shape: a column added to the statement cannot
-    shift a field silently, and one missing fails the claim, naming it."""
-
-    claimed: Callable[[Sequence[Any]], tuple[Any, ...]]  # Claimed's fields, in its order
-    unreadable: Callable[[Sequence[Any]], tuple[Any, ...]]  # Unreadable's
-    tenant_id: int
-    due_at: int
-    next_due_at: int
-    db_now: int
-
-
-@functools.lru_cache(maxsize=4)
-def _reader_for(names: tuple[str, ...]) -> _ClaimReader:
-    where = {n: i for i, n in enumerate(names)}
-    missing = [f for f in (*Claimed._fields, "next_due_at", "db_now") if f not in where]
-    if missing:
-        raise DatabaseError(f"claim_due returns no column {', '.join(missing)} (sql/queries.sql)")
-    return _ClaimReader(
-        claimed=operator.itemgetter(*(where[f] for f in Claimed._fields)),
-        unreadable=operator.itemgetter(*(where[f] for f in Unreadable._fields)),
-        tenant_id=where["tenant_id"],
-        due_at=where["due_at"],
-        next_due_at=where["next_due_at"],
-        db_now=where["db_now"],
-    )
-
-
-def _claim_result(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> ClaimResult:
-    """claim_due's rows, read by the names of its columns."""
-    read = _reader_for(tuple(names))
-    # The one row of a claim that took nothing has NULL in every timer column.
-    key, due_at = read.tenant_id, read.due_at
-    taken = [r for r in rows if r[key] is not None]
-    db_now = max(r[read.db_now] for r in rows)  # the latest reading of the clock
-    next_due_at = rows[0][read.next_due_at]  # the same on every row
-    return ClaimResult(
-        claimed=[Claimed._make(read.claimed(r)) for r in taken if r[due_at] is not None],
-        unreadable=[Unreadable._make(read.unreadable(r)) for r in taken if r[due_at] is None],
-        next_due_in_ms=None if next_due_at is None else (next_due_at - db_now).total_seconds() * 1000,
-        db_now=db_now,
-    )
 
 
 def _rounds(commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[list[int]]:
@@ -329,11 +251,11 @@ class Store:
         }
         with self._db(write=True):
             async with self.pool.connection() as conn:
-                cur = conn.cursor(binary=True)  # plain tuples, read by column name (_claim_result)
+                cur = conn.cursor(binary=True)  # plain tuples, read by column name (claim_rows)
                 await cur.execute(QUERIES["claim_due"], sql_params)
                 rows = await cur.fetchall()
                 names = [c.name for c in cur.description or ()]
-        return _claim_result(names, rows)
+        return claim_result(names, rows)
 
     async def mark_fired(self, fired: Sequence[Fired]) -> int:
         """Record acknowledged firings; returns how many the fence let through."""
@@ -436,47 +358,7 @@ class Store:
         nothing: the command was not acknowledged, and comes back."""
         with self._db(write=True):
             async with self.pool.connection() as conn:
-                if command.service_call_id is not None:
-                    key = (command.tenant_id, command.service_call_id)
-                    return await self._pause_one(conn, key, command.resume)
-                tenant = {"tenant_id": command.tenant_id}
-                flip = {
-                    **tenant,
-                    "pause": not command.resume,
-                    "command_seq": None if position is None else position.seq,
-                    "command_stored_at": None if position is None else position.stored_at,
-                }
-                async with conn.transaction():
-                    first = (await (await conn.execute(QUERIES["pause_tenant"], flip)).fetchone()) is not None
-                after, dues = "", []
-                while True:
-                    async with conn.transaction():
-                        cur = await conn.execute(
-                            QUERIES["resume_tenant_rows" if command.resume else "pause_tenant_rows"],
-                            {**tenant, "after": after, "limit": PAUSE_CHUNK},
-                        )
-                        rows = await cur.fetchall()
-                    if command.resume:
-                        dues += [r[1] for r in rows]
-                    if len(rows) < PAUSE_CHUNK:
-                        break
-                    after = max(r[0] for r in rows)  # RETURNING is in no order
-                async with conn.transaction():
-                    left_query = QUERIES["tenant_left_paused" if command.resume else "tenant_left_scheduled"]
-                    found = await (await conn.execute(left_query, tenant)).fetchone()
-                left = int(found[0]) if found else 0
-        return Applied(["deferred" if first or left else "applied"], min(dues, default=None))
-
-    async def _pause_one(self, conn: psycopg.AsyncConnection[Any], key: Key, resume: bool) -> Applied:
-        params = {"tenant_id": key[0], "service_call_id": key[1]}
-        async with conn.transaction():
-            cur = await conn.execute(QUERIES["resume_timer" if resume else "pause_timer"], params)
-            found = await cur.fetchone()
-        if resume:
-            return Applied(["ignored" if found is None else "applied"], None if found is None else found[0])
-        changed, claimed = found if found is not None else (False, False)
-        # A claimed occurrence fires; the pause waits for it to be recorded, as a ScheduleTimer would.
-        return Applied(["deferred" if claimed else "applied" if changed else "ignored"], None)
+                return await pausing.pause(conn, command, position)
 
     async def fleet_secret(self) -> bytes:
         """The key of every Nats-Msg-Id (contract.MessageIds), made by migration 0005."""

@@ -1,4 +1,4 @@
-"""Store reads claim_due's rows by the names of its columns (worker/adapters/store.py)."""
+"""Store reads claim_due's rows by the names of its columns (worker/adapters/claim_rows.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from worker.adapters.store import _claim_result
+from worker.adapters.claim_rows import claim_result
 from worker.core.domain import Claimed, Unreadable
 from worker.errors import DatabaseError
 
@@ -41,7 +41,7 @@ def rows(names: list[str], *dicts: dict[str, object]) -> list[tuple[object, ...]
 def test_columns_are_read_by_name_whatever_their_order_and_an_extra_one_shifts_nothing() -> None:
     names = ["db_now", "new_column", *reversed([n for n in ROW if n != "db_now"])]
     unreadable = ROW | {"service_call_id": "bad", "due_at": None}
-    result = _claim_result(names, rows(names, ROW | {"new_column": 1}, unreadable | {"new_column": 2}))
+    result = claim_result(names, rows(names, ROW | {"new_column": 1}, unreadable | {"new_column": 2}))
     (claimed,) = result.claimed
     assert claimed == Claimed(*(ROW[f] for f in Claimed._fields))
     assert claimed.carried == {"traceparent": "x"} and claimed.data == '{"a": 1}'
@@ -52,11 +52,11 @@ def test_columns_are_read_by_name_whatever_their_order_and_an_extra_one_shifts_n
 def test_a_claim_that_took_nothing_reads_its_one_row_of_nulls() -> None:
     names = list(ROW)
     empty = dict.fromkeys(ROW) | {"next_due_at": None, "db_now": NOW}
-    result = _claim_result(names, rows(names, empty))
+    result = claim_result(names, rows(names, empty))
     assert result.claimed == [] and result.unreadable == [] and result.next_due_in_ms is None
 
 
 def test_a_missing_column_fails_the_claim_naming_it() -> None:
     names = [n for n in ROW if n not in ("recurrence_ref", "db_now")]
     with pytest.raises(DatabaseError, match="recurrence_ref, db_now"):
-        _claim_result(names, rows(names, ROW))
+        claim_result(names, rows(names, ROW))
