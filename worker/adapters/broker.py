@@ -227,7 +227,6 @@ class Broker:
             extra={"action": "consumer_updated", "consumer": self.settings.consumer},
         )
 
-
     def _set_problem(self, problem: str | None) -> None:
         if problem != self.problem and problem is not None:
             log.warning("streams not usable", extra={"action": "streams_not_ready", "error": problem})
