@@ -138,7 +138,7 @@ _KINDS: dict[str, Kind] = {kind: kind for kind in get_args(Kind)}
 
 @dataclass(frozen=True, slots=True)
 class Repeat:
-    """A ScheduleTimer's `repeat` (docs/CONTRACT.md), as validated by worker.core.commands. The
+    """A ScheduleTimer's `repeat` (docs/CONTRACT.md), as validated by worker.core.fields. The
     data only: the arithmetic (and its isodate, no client's business) is worker.core.recurrence."""
 
     every: str | None  # the ISO 8601 duration as given (e.g. "PT1H", "P1D", "P1M", "P1Y"); or cron
@@ -310,7 +310,7 @@ def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int, id
     )
     # `data` is spliced as stored: jsonb's text output is always exactly one valid JSON value.
     body += "}" if timer.data is None else f',"data":{timer.data}}}'
-    # The carried headers never hold Nats-Msg-Id (commands.carried_headers), and it is set last.
+    # The carried headers never hold Nats-Msg-Id (headers.carried_headers), and it is set last.
     headers = {"Nats-Msg-Id": msg_id} if timer.carried is None else {**timer.carried, "Nats-Msg-Id": msg_id}
     return Outgoing(subject, body.encode(), headers)
 

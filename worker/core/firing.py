@@ -14,9 +14,9 @@ from worker import metrics, tracing
 from worker.config import Settings
 from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, Repeat, due_event, iso
 from worker.core.clock import Clock
-from worker.core.commands import stored_carried_problem
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Claimed, ClaimParams, ClaimResult, Fired, Key, Leased, Unreadable
+from worker.core.headers import stored_carried_problem
 from worker.core.ports import EventPublisher, FiringStore
 from worker.core.recurrence import next_occurrence
 from worker.core.waiting import retry_transient, wait_any

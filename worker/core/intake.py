@@ -18,9 +18,10 @@ from worker.config import Settings
 from worker.contract import INVALID_TENANT, Command, Outgoing, PauseTimers, Rejection, ScheduleTimer
 from worker.core import quota
 from worker.core.clock import Clock
-from worker.core.commands import carried_headers, parse_command, parse_control
+from worker.core.commands import parse_command, parse_control
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Applied, Position
+from worker.core.headers import carried_headers
 from worker.core.ports import IntakeBroker, IntakeStore
 from worker.core.waiting import retry_transient, wait_any
 from worker.core.wakeup import Wakeup

@@ -9,7 +9,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from worker.contract import Subjects, is_valid_tenant, timer_view
-from worker.core.commands import identifier_problem
+from worker.core.fields import identifier_problem
 from worker.core.ports import TimerReader
 from worker.errors import verdict
 

@@ -1,4 +1,4 @@
-"""Which ScheduleTimer headers its DueTimeReached events carry (worker.core.commands.carried_headers)."""
+"""Which ScheduleTimer headers its DueTimeReached events carry (worker.core.headers.carried_headers)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from worker.config import load_settings
 from worker.contract import MAX_CARRIED_VALUE_CHARS
-from worker.core.commands import carried_headers
+from worker.core.headers import carried_headers
 from worker.errors import ConfigError
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

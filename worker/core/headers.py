@@ -1,0 +1,70 @@
+"""The headers a timer carries from its ScheduleTimer to its DueTimeReached events: which are kept
+when the command comes in (`carried_headers`, intake), and whether the stored ones can still go
+on an event (`stored_carried_problem`, firing).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+
+from worker.contract import MAX_CARRIED_VALUE_CHARS, TRACEPARENT, TRACESTATE
+from worker.core.fields import _json_type, _show
+
+# W3C Trace Context, version 00's layout (https://www.w3.org/TR/trace-context/#traceparent-header).
+_TRACEPARENT_RE = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}\Z")
+
+
+def carried_headers(
+    headers: Mapping[str, str] | None, carry: Collection[str]
+) -> tuple[dict[str, str] | None, list[str]]:
+    """The headers of a ScheduleTimer its DueTimeReached events carry, and the names of those dropped.
+
+    Carried: a valid `traceparent`, a `tracestate` beside it, and the producer headers named in
+    `carry` (lower case; TIMER_CARRY_HEADERS), each value printable and at most
+    MAX_CARRIED_VALUE_CHARS. Names match in any case. An invalid one is dropped, never a
+    rejection: a timer must not be lost for a bad trace header. None when nothing is carried, so
+    a timer without them stores and publishes nothing more.
+    """
+    if not headers:
+        return None, []
+    kept: dict[str, str] = {}
+    dropped: list[str] = []
+    for name, value in headers.items():
+        key = name.lower()
+        if key == TRACEPARENT:
+            ok = _TRACEPARENT_RE.match(value) is not None
+        elif key == TRACESTATE or key in carry:
+            ok = len(value) <= MAX_CARRIED_VALUE_CHARS and value.isprintable()
+        else:
+            continue
+        if ok:
+            kept[key if key in (TRACEPARENT, TRACESTATE) else name] = value
+        else:
+            dropped.append(name)
+    if TRACESTATE in kept and TRACEPARENT not in kept:  # a tracestate belongs to its traceparent
+        del kept[TRACESTATE]
+        dropped.append(TRACESTATE)
+    return kept or None, dropped
+
+
+# A header name NATS clients send: an RFC 7230 token (nats-py refuses any other when publishing).
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+
+
+def stored_carried_problem(carried: object) -> str | None:
+    """Why a timer's stored carried headers cannot go on its events, or None when they can. They
+    were valid when stored (carried_headers), but the column is JSON anyone can write: a list, a
+    number, a CR/LF that would end the header block. Such a row fails alone (Firing.fire)."""
+    if carried is None:
+        return None
+    if not isinstance(carried, dict):
+        return f"carried headers are {_json_type(carried)}, not an object"
+    for name, value in carried.items():
+        if not _HEADER_NAME_RE.match(name) or name.lower() == "nats-msg-id":
+            return f"carried headers hold a header name NATS cannot carry: {_show(name)}"
+        if not isinstance(value, str) or len(value) > MAX_CARRIED_VALUE_CHARS or not value.isprintable():
+            return (
+                f"carried header {_show(name)} is not a printable string of at most {MAX_CARRIED_VALUE_CHARS}"
+            )
+    return None
