@@ -82,23 +82,12 @@ def _parse(
     max_horizon: timedelta,
     max_payload_bytes: int,
 ) -> Command:
-    # Size first: a 10 MB body is turned away before a byte of it is decoded.
-    if len(body) > MAX_BODY_BYTES:
-        raise _Reject("body_too_large", f"body is {len(body)} bytes, more than {MAX_BODY_BYTES}")
-    if not is_valid_tenant(subject_tenant):
-        raise _Reject("bad_tenant", f"subject tenant {_show(subject_tenant)} does not match {TENANT_RULE}")
+    _check_envelope(body, subject_tenant)
     if kind not in COMMAND_TYPES:
         raise _Reject("unknown_type", f"no command is sent on the {_show(kind)} subject")
     fields, envelope = _unwrap(kind, _load(body))
 
-    tenant = _required(fields, "tenantId", str)
-    if not is_valid_tenant(tenant):
-        raise _Reject("bad_tenant", f"tenantId {_show(tenant)} does not match {TENANT_RULE}")
-    if tenant != subject_tenant:
-        raise _Reject("tenant_mismatch", f"tenantId {_show(tenant)} is not the subject's {subject_tenant}")
-    outer_tenant = _optional(envelope, "tenantId", str)
-    if outer_tenant is not None and outer_tenant != tenant:
-        raise _Reject("tenant_mismatch", f"envelope tenantId {_show(outer_tenant)} is not the payload's")
+    tenant = _tenant(fields, envelope, subject_tenant)
 
     service_call_id = _identifier(
         _required(fields, "serviceCallId", str), "serviceCallId", "bad_service_call_id"
@@ -133,10 +122,7 @@ def parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> PauseT
 
 
 def _parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> PauseTimers:
-    if len(body) > MAX_BODY_BYTES:
-        raise _Reject("body_too_large", f"body is {len(body)} bytes, more than {MAX_BODY_BYTES}")
-    if not is_valid_tenant(subject_tenant):
-        raise _Reject("bad_tenant", f"subject tenant {_show(subject_tenant)} does not match {TENANT_RULE}")
+    _check_envelope(body, subject_tenant)
     if kind not in CONTROL_TYPES:
         raise _Reject("unknown_type", f"no command is sent on the {_show(kind)} subject")
     doc = _load(body)
@@ -149,14 +135,7 @@ def _parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> Pause
         if name != CONTROL_TYPES[kind]:
             raise _Reject("type_mismatch", f"type {name} was sent on the {kind} subject")
         fields, envelope = _required(doc, "payload", dict), doc
-    tenant = _required(fields, "tenantId", str)
-    if not is_valid_tenant(tenant):
-        raise _Reject("bad_tenant", f"tenantId {_show(tenant)} does not match {TENANT_RULE}")
-    if tenant != subject_tenant:
-        raise _Reject("tenant_mismatch", f"tenantId {_show(tenant)} is not the subject's {subject_tenant}")
-    outer_tenant = _optional(envelope, "tenantId", str)
-    if outer_tenant is not None and outer_tenant != tenant:
-        raise _Reject("tenant_mismatch", f"envelope tenantId {_show(outer_tenant)} is not the payload's")
+    tenant = _tenant(fields, envelope, subject_tenant)
     raw_id = _optional(fields, "serviceCallId", str)
     service_call_id = None if raw_id is None else _identifier(raw_id, "serviceCallId", "bad_service_call_id")
     correlation_id = _first(_correlation(envelope), _correlation(fields))
@@ -221,3 +200,26 @@ def _one_line(detail: str) -> str:
     # Goes into a NATS header and a log line: printable ASCII only, no CR/LF, bounded.
     clean = "".join(ch if " " <= ch <= "~" else "?" for ch in detail)
     return clean[:MAX_DETAIL_CHARS]
+
+
+def _tenant(fields: dict[str, Any], envelope: dict[str, Any], subject_tenant: str) -> str:
+    """The body's tenantId: valid, the subject's (a producer may only act for the tenant it may
+    publish for), and the envelope's when it names one."""
+    tenant = _required(fields, "tenantId", str)
+    if not is_valid_tenant(tenant):
+        raise _Reject("bad_tenant", f"tenantId {_show(tenant)} does not match {TENANT_RULE}")
+    if tenant != subject_tenant:
+        raise _Reject("tenant_mismatch", f"tenantId {_show(tenant)} is not the subject's {subject_tenant}")
+    outer_tenant = _optional(envelope, "tenantId", str)
+    if outer_tenant is not None and outer_tenant != tenant:
+        raise _Reject("tenant_mismatch", f"envelope tenantId {_show(outer_tenant)} is not the payload's")
+    return tenant
+
+
+def _check_envelope(body: bytes, subject_tenant: str) -> None:
+    """What is checked before the body is read: its size first (a 10 MB body is turned away
+    before a byte of it is decoded), then the subject's tenant token."""
+    if len(body) > MAX_BODY_BYTES:
+        raise _Reject("body_too_large", f"body is {len(body)} bytes, more than {MAX_BODY_BYTES}")
+    if not is_valid_tenant(subject_tenant):
+        raise _Reject("bad_tenant", f"subject tenant {_show(subject_tenant)} does not match {TENANT_RULE}")
