@@ -14,6 +14,8 @@ from psycopg.rows import dict_row
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
 from tests.twins import claim_params
 from worker.adapters import db
+from worker.adapters.batch import mark_params
+from worker.adapters.queries import QUERIES
 from worker.adapters.store import Store
 from worker.client import TimerClient
 from worker.config import Settings
@@ -146,15 +148,18 @@ async def test_after_downtime_a_recurring_timer_fires_once_for_the_missed_window
 
 
 async def _claimed_by_a_replica_that_dies(db_url: str, lease_ms: int) -> None:
-    """A PT1S timer due now, claimed under a lease by a replica that never fires it (it crashed)."""
+    """A PT1S timer due now, claimed under a lease by a replica that never fires it: stopped
+    mid-batch, its claim committed unrecorded (a crash rolls the claim back instead, and then no
+    lease hides the timer at all)."""
     query(
         db_url,
         "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, repeat_every)"
         " VALUES ('acme', 'tick', 'Scheduled', now(), now(), 'PT1S')",
     )
-    async with db.pool(db_url, "tests", min_size=1, max_size=1) as pool:  # the replica's session pins
-        claim = await Store(pool).claim(claim_params("crashed", 10, 0, lease_ms=lease_ms))
-    assert [c.service_call_id for c in claim.claimed] == ["tick"]
+    async with db.pool(db_url, "tests", min_size=1, max_size=1, idle_in_transaction_ms=lease_ms) as pool:
+        batch = await Store(pool).claim(claim_params("crashed", 10, 0, lease_ms=lease_ms))
+        await batch.close()
+    assert [c.service_call_id for c in batch.result.claimed] == ["tick"]
 
 
 def _indexes(rec: EventRecorder, db_url: str) -> list[int]:
@@ -281,29 +286,33 @@ async def _walk_stored(db_url: str, service_call_id: str) -> list[datetime]:
     mark_fired under a lease set by hand (claim_due only takes occurrences due on the database
     clock)."""
     fired: list[datetime] = []
-    async with db.pool(db_url, "tests", min_size=1, max_size=2) as pool:  # the replica's session pins
-        store = Store(pool)
+    async with db.pool(db_url, "tests", min_size=1, max_size=2, idle_in_transaction_ms=60_000) as pool:
         async with pool.connection() as conn:
             while True:
                 token = len(fired) + 1
+                await conn.execute("BEGIN")  # the mark runs in the claim's transaction (Store.claim)
                 cur = conn.cursor(row_factory=dict_row)
                 await cur.execute(
                     "UPDATE timers SET lease_token = %s, lease_expires_at = now() + interval '1 hour'"
                     " WHERE tenant_id = 'acme' AND service_call_id = %s AND state = 'Scheduled'"
-                    " RETURNING *, data::text AS data_text",
+                    " RETURNING *, data::text AS data_text, ctid::text AS row_id",
                     (token, service_call_id),
                 )
                 r = await cur.fetchone()
                 if r is None:
+                    await conn.execute("COMMIT")
                     return fired
                 claimed = Claimed(
                     "acme", service_call_id, r["due_at"], r["correlation_id"], token, 1,
                     r["repeat_every"], r["repeat_times"], r["repeat_timezone"], r["anchor_due_at"],
                     r["occurrence_index"], r["due_at"],  # on time: the reference is the occurrence
-                    repeat_cron=r["repeat_cron"], repeat_until=r["repeat_until"], data=r["data_text"],
+                    r["row_id"], repeat_cron=r["repeat_cron"], repeat_until=r["repeat_until"],
+                    data=r["data_text"],
                 )  # fmt: skip
                 fired.append(claimed.due_at)
-                assert await store.mark_fired([Fired(claimed, *next_of(claimed))]) == 1
+                marked = await conn.execute(QUERIES["mark_fired"], mark_params([Fired(claimed, *next_of(claimed))]))
+                assert marked.rowcount == 1
+                await conn.execute("COMMIT")
 
 
 async def test_weekday_nine_oclock_in_paris_and_new_york_across_both_dst_changes_of_2027(

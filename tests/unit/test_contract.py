@@ -16,7 +16,7 @@ IDS = MessageIds(b"a fleet secret of thirty-two b..")
 
 def claimed(service_call_id: str, correlation_id: str | None) -> Claimed:
     due = datetime(2026, 11, 23, 9, 0, 0, 123456, tzinfo=UTC)
-    return Claimed("acme", service_call_id, due, correlation_id, 7, 1, None, None, None, due, 0, due)
+    return Claimed("acme", service_call_id, due, correlation_id, 7, 1, None, None, None, due, 0, due, "(0,1)")
 
 
 @pytest.mark.parametrize(
