@@ -5,32 +5,37 @@
 
 -- name: lock_keys
 -- First in every command batch's transaction: lock the rows of the batch's keys that exist, and
--- return those that exist but could not be locked. A claim's batch holds its rows locked from
--- the claim to the mark (claim_due), and its lease is not visible to others until it commits: a
--- command that waited on that lock would apply after a rollback (its replica died after the
--- PubAck) to a row as if the timer had not fired, though its event is out. Such a key's commands
--- are deferred instead, as for a claimed occurrence (Store.apply): the rolled-back occurrence is
--- claimed and fired again first (same Nats-Msg-Id: JetStream drops the copy), and the command
--- comes back to a recorded timer. Every other holder of a row lock is short (another batch of
--- commands, a pause's chunk, retention): its keys defer too, for one NAK delay, rather than tell
--- the holders apart. The rows locked here are the ones upsert_schedules and cancel_timers then
--- change or leave, so neither waits for a claim. A key whose row is inserted and claimed after
--- this statement's snapshot still waits in the INSERT (rows only seconds old: not yet fired).
--- OFFSET 0 keeps the keys driving, through the primary key (see held_among).
-WITH k AS (
-    SELECT DISTINCT tenant_id, service_call_id
-    FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[]) AS k(tenant_id, service_call_id)
-    OFFSET 0
+-- return those a claim's batch in flight holds. Such a batch holds its rows from the claim to the
+-- mark (claim_due), its lease not visible to others until it commits: a command that waited on
+-- that lock would, after a rollback (its replica died after the PubAck), meet the row as if the
+-- timer had not fired, though its event is out. Its commands are deferred instead, as for a
+-- claimed occurrence (Store.apply): the rolled-back occurrence is claimed and fired again first
+-- (same Nats-Msg-Id: JetStream drops the copy), and the command comes back to a recorded timer.
+-- The lock modes tell the holders apart: another batch of commands holds its rows FOR UPDATE
+-- (INSERT ... ON CONFLICT DO UPDATE, this statement), and a claim FOR NO KEY UPDATE (claim_due).
+-- FOR KEY SHARE waits for the first only: a batch of commands ahead of this one on a key still
+-- goes first, in stream order, as before. Then FOR UPDATE SKIP LOCKED: a row it cannot take is
+-- held by a claim's batch (or a pause's chunk: a short wait, deferred all the same). Nothing can
+-- take the row FOR UPDATE between the two, the key share lock conflicting with it. A key whose
+-- row is inserted and claimed after this statement's snapshot still waits in the INSERT (a row
+-- that new has not fired). Keys in order, so two batches lock what they share in one order.
+WITH shared AS MATERIALIZED (
+    SELECT t.tenant_id, t.service_call_id
+    FROM (SELECT DISTINCT tenant_id, service_call_id
+          FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[]) AS k(tenant_id, service_call_id)
+          ORDER BY tenant_id, service_call_id) AS k
+    JOIN timers t ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
+    ORDER BY t.tenant_id, t.service_call_id
+    FOR KEY SHARE OF t
 ),
 locked AS MATERIALIZED (
     SELECT t.tenant_id, t.service_call_id
-    FROM k JOIN timers t ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
+    FROM shared s JOIN timers t ON t.tenant_id = s.tenant_id AND t.service_call_id = s.service_call_id
     FOR UPDATE OF t SKIP LOCKED
 )
-SELECT t.tenant_id, t.service_call_id
-FROM k JOIN timers t ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
-WHERE NOT EXISTS (SELECT 1 FROM locked l
-                  WHERE l.tenant_id = t.tenant_id AND l.service_call_id = t.service_call_id);
+SELECT s.tenant_id, s.service_call_id FROM shared s
+WHERE NOT EXISTS (SELECT FROM locked l
+                  WHERE l.tenant_id = s.tenant_id AND l.service_call_id = s.service_call_id);
 
 -- name: upsert_schedules
 -- Insert new timers and reschedule existing ones, one row per key (the caller splits a batch
@@ -231,7 +236,9 @@ WITH
 -- Oldest first, so an overdue backlog drains in order. Rows whose lease ran out (their replica
 -- died, or its publish failed and the back-off passed) are claimable again right here: no
 -- separate reaper. SKIP LOCKED lets replicas claim side by side without waiting on each other,
--- and passes over the rows of every batch still in flight. The row's ctid is the UPDATE's
+-- and passes over the rows of every batch still in flight, and of commands being applied. NO KEY
+-- UPDATE, the mode the UPDATE below takes anyway, not FOR UPDATE: intake tells a claim's lock
+-- from a command's by it (lock_keys). The row's ctid is the UPDATE's
 -- way back to it (below): the lock keeps that version in place until this statement updates it.
 oldest AS MATERIALIZED (
     SELECT ctid FROM timers
@@ -239,7 +246,7 @@ oldest AS MATERIALIZED (
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
     ORDER BY due_at
     LIMIT %(oldest_limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ),
 -- The most recently due, from the last %(fresh_window_ms)s only: the firing loop's fresh lane
 -- claims these while a backlog drains, so timers coming due now are not starved behind it
@@ -253,7 +260,7 @@ newest AS MATERIALIZED (
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
     ORDER BY due_at DESC
     LIMIT %(fresh_limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ),
 -- One fencing token per claim from a fleet-wide sequence: it names this claim, which is all a
 -- fence needs (a sequence call per row cost a quarter of the claim). Taken here, not in the

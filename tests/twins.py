@@ -237,7 +237,11 @@ class TwinStore:
     def _in_flight(self, key: Key) -> bool:
         """The key's row is locked by a batch still open (intake defers its commands: Store.apply)."""
         self._end_frozen()
-        return any(row.tenant_id == key[0] and row.service_call_id == key[1] for b in self.open for row, _ in b.before)
+        return any(
+            row.tenant_id == key[0] and row.service_call_id == key[1]
+            for b in self.open
+            for row, _ in b.before
+        )
 
     async def claim(self, params: ClaimParams) -> TwinBatch:
         """claim_due: a Scheduled row with no dueAt stands for one whose dueAt no datetime holds
@@ -269,7 +273,17 @@ class TwinStore:
         before: list[tuple[Row, tuple[Any, ...]]] = []
         for r in taken.values():
             before.append(
-                (r, (r.lease_owner, r.lease_token, r.lease_expires_at, r.attempts, r.claimed_at, r.first_claimed_at))
+                (
+                    r,
+                    (
+                        r.lease_owner,
+                        r.lease_token,
+                        r.lease_expires_at,
+                        r.attempts,
+                        r.claimed_at,
+                        r.first_claimed_at,
+                    ),
+                )
             )
             # The recurrence reference, as claim_due moves it (read before the lease is written):
             # now only after downtime, the timer claimable and unclaimed for downtime_ms.

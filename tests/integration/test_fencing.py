@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 
 import pytest
+from prometheus_client import REGISTRY
 
-from tests.helpers import iso_in, jetstream, query, row, running_replica, until
+from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
 from worker.adapters import db
 from worker.adapters.store import Store
 from worker.config import Settings
@@ -252,3 +253,74 @@ async def test_a_hard_stop_ends_a_replica_whose_publish_hangs_and_loses_nothing(
         )
     async with jetstream(settings) as js:
         assert (await js.stream_info(settings.event_stream)).state.messages == 1
+
+
+def applied(kind: str, outcome: str) -> float:
+    return (
+        REGISTRY.get_sample_value("timer_commands_applied_total", {"kind": kind, "outcome": outcome}) or 0.0
+    )
+
+
+def waiting_on_a_lock(db_url: str) -> bool:
+    return query(
+        db_url,
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    ) != [(0,)]
+
+
+async def test_a_cancel_for_a_timer_whose_batch_dies_after_its_puback_comes_too_late(
+    settings: Settings, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replica's batch holds the claimed row locked past the PubAck; a Cancel for the timer
+    arrives; then the batch dies (its session ends, as when the process is killed: Postgres rolls
+    the claim back). The event is out, so the cancel came too late: the timer ends Reached, with
+    one event in the stream. Intake must not wait on the batch's lock (sql/queries.sql, lock_keys):
+    a command that did would apply right after the rollback, to a row as if it had not fired."""
+    replica = Replica(settings)
+    published, release = asyncio.Event(), asyncio.Event()
+    publish_atomic = replica.broker.publish_atomic
+
+    async def held(messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
+        results = await publish_atomic(messages, timeout)  # the PubAck: the event is in the stream
+        if not published.is_set():  # the first batch only: held open past its PubAck
+            assert results == [None] * len(messages)
+            published.set()
+            await release.wait()
+        return results
+
+    monkeypatch.setattr(replica.broker, "publish_atomic", held)
+    task = asyncio.create_task(replica.run(handle_signals=False))
+    try:
+        await until(lambda: replica.started.is_set(), what="replica start")
+        insert_due(db_url, "late")
+        await until(published.is_set, what="the event published, its batch held open")
+        deferred = applied("cancel", "deferred")
+        async with jetstream(settings) as js:
+            body = {"tenantId": "acme", "serviceCallId": "late", "timestampMs": 2**40}
+            await publish_raw(js, settings, "acme", "cancel", body)
+        # Deferred (this fix) or waiting on the row (the shape that lets it apply after the rollback).
+        await until(
+            lambda: applied("cancel", "deferred") > deferred or waiting_on_a_lock(db_url),
+            what="intake to take the cancel",
+        )
+        ((killed,),) = query(
+            db_url,
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND state LIKE 'idle in transaction%%'",
+        )
+        assert killed == 1, "the held batch's session was not found: nothing was tested"
+        release.set()  # its record fails: the claim is gone with its session
+        ignored = applied("cancel", "ignored")
+        await until(
+            lambda: (
+                applied("cancel", "ignored") > ignored or row(db_url, "acme", "late")["state"] == "Cancelled"
+            ),  # type: ignore[index]
+            what="the cancel to come back and meet the timer",
+        )
+        assert row(db_url, "acme", "late")["state"] == "Reached"  # type: ignore[index]
+    finally:
+        replica.stop.set()
+        await asyncio.wait_for(task, timeout=30)
+    async with jetstream(settings) as js:
+        assert (await js.stream_info(settings.event_stream)).state.messages == 1  # fired again: deduplicated

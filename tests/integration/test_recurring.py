@@ -286,33 +286,35 @@ async def _walk_stored(db_url: str, service_call_id: str) -> list[datetime]:
     mark_fired under a lease set by hand (claim_due only takes occurrences due on the database
     clock)."""
     fired: list[datetime] = []
-    async with db.pool(db_url, "tests", min_size=1, max_size=2, idle_in_transaction_ms=60_000) as pool:
-        async with pool.connection() as conn:
-            while True:
-                token = len(fired) + 1
-                await conn.execute("BEGIN")  # the mark runs in the claim's transaction (Store.claim)
-                cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(
-                    "UPDATE timers SET lease_token = %s, lease_expires_at = now() + interval '1 hour'"
-                    " WHERE tenant_id = 'acme' AND service_call_id = %s AND state = 'Scheduled'"
-                    " RETURNING *, data::text AS data_text, ctid::text AS row_id",
-                    (token, service_call_id),
-                )
-                r = await cur.fetchone()
-                if r is None:
-                    await conn.execute("COMMIT")
-                    return fired
-                claimed = Claimed(
-                    "acme", service_call_id, r["due_at"], r["correlation_id"], token, 1,
-                    r["repeat_every"], r["repeat_times"], r["repeat_timezone"], r["anchor_due_at"],
-                    r["occurrence_index"], r["due_at"],  # on time: the reference is the occurrence
-                    r["row_id"], repeat_cron=r["repeat_cron"], repeat_until=r["repeat_until"],
-                    data=r["data_text"],
-                )  # fmt: skip
-                fired.append(claimed.due_at)
-                marked = await conn.execute(QUERIES["mark_fired"], mark_params([Fired(claimed, *next_of(claimed))]))
-                assert marked.rowcount == 1
+    pool = db.pool(db_url, "tests", min_size=1, max_size=2, idle_in_transaction_ms=60_000)
+    async with pool, pool.connection() as conn:
+        while True:
+            token = len(fired) + 1
+            await conn.execute("BEGIN")  # the mark runs in the claim's transaction (Store.claim)
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "UPDATE timers SET lease_token = %s, lease_expires_at = now() + interval '1 hour'"
+                " WHERE tenant_id = 'acme' AND service_call_id = %s AND state = 'Scheduled'"
+                " RETURNING *, data::text AS data_text, ctid::text AS row_id",
+                (token, service_call_id),
+            )
+            r = await cur.fetchone()
+            if r is None:
                 await conn.execute("COMMIT")
+                return fired
+            claimed = Claimed(
+                "acme", service_call_id, r["due_at"], r["correlation_id"], token, 1,
+                r["repeat_every"], r["repeat_times"], r["repeat_timezone"], r["anchor_due_at"],
+                r["occurrence_index"], r["due_at"],  # on time: the reference is the occurrence
+                r["row_id"], repeat_cron=r["repeat_cron"], repeat_until=r["repeat_until"],
+                data=r["data_text"],
+            )  # fmt: skip
+            fired.append(claimed.due_at)
+            marked = await conn.execute(
+                QUERIES["mark_fired"], mark_params([Fired(claimed, *next_of(claimed))])
+            )
+            assert marked.rowcount == 1
+            await conn.execute("COMMIT")
 
 
 async def test_weekday_nine_oclock_in_paris_and_new_york_across_both_dst_changes_of_2027(

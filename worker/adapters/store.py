@@ -22,7 +22,6 @@ from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
 from worker.core.domain import (
     Applied,
     ClaimParams,
-    ClaimResult,
     Key,
     Outcome,
     Position,
@@ -125,7 +124,7 @@ class Store:
         with self._db(write=True):
             async with self.pool.connection() as conn, conn.transaction():
                 busy = await self._lock_keys(conn, {_key(c) for c in commands})
-                waiting |= dict.fromkeys(busy, "deferred")
+                waiting.update((k, "deferred") for k in busy)
                 for indexes in _rounds(commands, seqs):
                     todo = [i for i in indexes if _key(commands[i]) not in waiting]
                     changed = await self._apply_round(

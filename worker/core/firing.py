@@ -6,7 +6,7 @@ import asyncio
 import bisect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from worker import metrics, tracing

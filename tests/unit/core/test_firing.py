@@ -113,7 +113,8 @@ async def test_first_attempts_go_in_one_atomic_batch_and_retries_one_by_one(
     store, publisher = TwinStore(time), TwinPublisher(time)
     clock = FakeClock(time)
     await schedule(store, time, -3.0, -2.0, -1.0)
-    await store.claim(claim_params("crashed", 2, 0, lease_ms=1000))  # t0, t1: a replica claimed them and stopped
+    stopped = await store.claim(claim_params("stopped", 2, 0, lease_ms=1000))  # t0, t1
+    await stopped.close()  # its replica stopped: the lease, committed, holds them until it runs out
     time.t += 1.5  # its lease ran out
     await firing(settings, store, publisher, clock).tick()
     by_method = {c.method: sorted(event_id(m).split(":")[1] for m in c.messages) for c in publisher.calls}
