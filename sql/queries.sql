@@ -706,20 +706,29 @@ WHERE tenant_id = %(tenant_id)s AND state = 'Paused' AND paused_at IS NULL
 
 -- name: pause_timer
 -- Pause one timer (Scheduled or already Paused with its tenant), unless a lease holds its occurrence.
--- `claimed`: it is claimed, so the command waits for that occurrence to be recorded.
-WITH k AS MATERIALIZED (
-    SELECT state, lease_expires_at FROM timers
+-- `claimed`: it is claimed, so the command waits for that occurrence to be recorded; that includes a
+-- claim's batch in flight, which holds the row (FOR NO KEY UPDATE, claim_due) with its lease not
+-- yet visible: locked as lock_keys does (it waits for a batch of commands, not for a claim), so the
+-- pause never waits for a batch that a rollback after its PubAck would leave looking unfired.
+WITH s AS MATERIALIZED (
+    SELECT 1 FROM timers
     WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s
-    FOR UPDATE
+    FOR KEY SHARE
+), k AS MATERIALIZED (
+    SELECT state, lease_expires_at FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s AND EXISTS (SELECT FROM s)
+    FOR UPDATE SKIP LOCKED
 ), u AS (
     UPDATE timers t SET state = 'Paused', paused_at = coalesce(t.paused_at, now()), claimed_at = NULL,
                         updated_at = now()
     WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s
       AND t.state IN ('Scheduled', 'Paused') AND t.lease_expires_at IS NULL
+      AND EXISTS (SELECT FROM k)  -- only a row this statement holds: never waits for a claim
     RETURNING true
 )
 SELECT EXISTS (SELECT FROM u) AS changed,
-       EXISTS (SELECT FROM k WHERE k.state = 'Scheduled' AND k.lease_expires_at IS NOT NULL) AS claimed;
+       EXISTS (SELECT FROM k WHERE k.state = 'Scheduled' AND k.lease_expires_at IS NOT NULL)
+       OR (EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM k)) AS claimed;
 
 -- name: resume_timer
 -- End one timer's own pause: Scheduled again, unless its tenant is paused (then it stays Paused and

@@ -17,7 +17,7 @@ from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_re
 from worker.adapters import db
 from worker.adapters.store import Store
 from worker.config import Settings
-from worker.contract import Outgoing
+from worker.contract import Outgoing, PauseTimers
 from worker.core.domain import ClaimParams, Fired
 from worker.core.firing import next_of
 from worker.core.ports import ClaimedBatch
@@ -277,7 +277,9 @@ async def test_a_cancel_for_a_timer_whose_batch_dies_after_its_puback_comes_too_
     the claim back). The event is out, so the cancel came too late: the timer ends Reached, with
     one event in the stream. Intake must not wait on the batch's lock (sql/queries.sql, lock_keys):
     a command that did would apply right after the rollback, to a row as if it had not fired."""
-    replica = Replica(settings)
+    # The lease is also the held batch's idle timeout: long enough that only the test ends it, on a
+    # loaded machine too; the deferred cancel comes back after it.
+    replica = Replica(settings.model_copy(update={"lease_ms": 10_000}))
     published, release = asyncio.Event(), asyncio.Event()
     publish_atomic = replica.broker.publish_atomic
 
@@ -316,6 +318,7 @@ async def test_a_cancel_for_a_timer_whose_batch_dies_after_its_puback_comes_too_
             lambda: (
                 applied("cancel", "ignored") > ignored or row(db_url, "acme", "late")["state"] == "Cancelled"
             ),  # type: ignore[index]
+            timeout=40,
             what="the cancel to come back and meet the timer",
         )
         assert row(db_url, "acme", "late")["state"] == "Reached"  # type: ignore[index]
@@ -324,3 +327,24 @@ async def test_a_cancel_for_a_timer_whose_batch_dies_after_its_puback_comes_too_
         await asyncio.wait_for(task, timeout=30)
     async with jetstream(settings) as js:
         assert (await js.stream_info(settings.event_stream)).state.messages == 1  # fired again: deduplicated
+
+
+async def test_a_pause_of_a_timer_in_a_batch_in_flight_is_deferred_without_waiting_for_it(
+    db_url: str,
+) -> None:
+    """As a cancel (lock_keys): a pause that waited on the batch's lock would, after a rollback
+    past the PubAck, pause a timer whose event is out. It is deferred, and after the mark it finds
+    the timer Reached."""
+    insert_due(db_url, "held")
+    # Not the 1 s idle timeout of this module's store: only the test ends this batch.
+    async with db.pool(db_url, "pause", min_size=1, max_size=2, idle_in_transaction_ms=60_000) as pool:
+        patient = Store(pool)
+        batch = await patient.claim(claim("firing", lease_ms=10_000))
+        (held,) = batch.result.claimed
+        # A deadline well under the idle timeout: a wait on the lock would end only with the batch.
+        pause = PauseTimers("acme", "held", resume=False)
+        assert (await asyncio.wait_for(patient.pause(pause), 20)).outcomes == ["deferred"]
+        assert query(db_url, "SELECT state FROM timers") == [("Scheduled",)]
+        assert await batch.record([Fired(held, None, None)], []) == 1
+        assert (await patient.pause(pause)).outcomes == ["ignored"]
+    assert query(db_url, "SELECT state FROM timers") == [("Reached",)]
