@@ -19,6 +19,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from worker import metrics
 from worker.contract import Subjects
+from worker.core.ports import FetchFailed
 from worker.errors import ConfigError, TransientError
 
 if TYPE_CHECKING:
@@ -286,7 +287,12 @@ class CommandFeed:
                     return msgs
             except (TimeoutError, nats.errors.Error):  # nothing there now; tend_commands sees it go
                 pass
-        return await (await self._sub(b.command_stream)).fetch(batch, timeout=timeout)
+        try:
+            return await (await self._sub(b.command_stream)).fetch(batch, timeout=timeout)
+        except TimeoutError:  # nats.errors.TimeoutError is one too: nothing came, not a failure
+            raise
+        except nats.errors.Error as exc:  # the core knows no nats-py error (ports.FetchFailed)
+            raise FetchFailed(f"{type(exc).__name__}: {exc}") from exc
 
     async def unsubscribe(self) -> None:
         for sub in self._subs.values():

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
-import nats.js.errors
 
 from tests.twins import FakeClock, FakeTime, TwinBroker, TwinStore, claim_params
 from worker.config import Settings, load_settings
 from worker.core.intake import RETRY_DELAY_S, Intake
+from worker.core.ports import FetchFailed
 from worker.core.wakeup import Wakeup
 
 
@@ -119,9 +119,11 @@ class Broker:
 async def test_intake_survives_a_stream_without_leader_and_a_reconnect() -> None:
     stop = asyncio.Event()
     errors: list[Exception] = [
-        nats.js.errors.ServiceUnavailableError(),  # the consumer's leader is being re-elected
-        nats.errors.ConnectionReconnectingError(),
-        nats.errors.TimeoutError(),
+        # what the broker makes of a 503 (the consumer's leader is being re-elected) and of a
+        # reconnect (tests/unit/adapters/test_streams.py)
+        FetchFailed("ServiceUnavailableError: nats: service unavailable"),
+        FetchFailed("ConnectionReconnectingError: nats: connection reconnecting"),
+        nats.errors.TimeoutError(),  # nothing came: nats-py's timeout is a TimeoutError
     ]
     sub = FlakySubscription(errors, stop)
     broker = Broker(sub)
