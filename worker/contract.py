@@ -93,26 +93,13 @@ class Subjects:
 
     prefix: str
 
-    def schedule(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.schedule"
-
-    def cancel(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.cancel"
-
-    def pause(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.pause"
-
-    def resume(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.resume"
+    def of(self, tenant: str, kind: Kind) -> str:
+        """`<prefix>.<tenant>.timer.<kind>`, the subject `split` reads back."""
+        return f"{self.prefix}.{tenant}.timer.{kind}"
 
     def due(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.due"
-
-    def dlq(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.dlq"
-
-    def get(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.get"
+        """A tenant's DueTimeReached subject, by name: the firing loop asks for one an event."""
+        return self.of(tenant, "due")
 
     def split(self, subject: str) -> tuple[str, Kind] | None:
         """(tenant token, kind) of `<prefix>.<tenant>.timer.<kind>`, or None. The token is not
@@ -125,7 +112,7 @@ class Subjects:
 
     @property
     def commands(self) -> list[str]:
-        return [self.schedule("*"), self.cancel("*"), self.pause("*"), self.resume("*")]
+        return [self.of("*", kind) for kind in ("schedule", "cancel", "pause", "resume")]
 
     @property
     def wake(self) -> str:

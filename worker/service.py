@@ -129,7 +129,7 @@ class Replica:
     async def _supervise(self) -> int:
         readmodel = ReadModel(self.store, self.s.subject_prefix)
         await self.broker.subscribe(
-            self.broker.subjects.get("*"), readmodel.answer, queue="timer-service-get"
+            self.broker.subjects.of("*", "get"), readmodel.answer, queue="timer-service-get"
         )
         await self.broker.subscribe(self.broker.subjects.wake, self._on_wake)
         self.started.set()

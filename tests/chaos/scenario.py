@@ -116,7 +116,7 @@ class Run:
         subjects = Subjects(prefix)
         events = Recorder(self.nats_url, subjects.due("*"), self.replica_env["TIMER_EVENT_STREAM"], _event)
         dlq = Recorder(
-            self.nats_url, subjects.dlq("*"), self.replica_env["TIMER_DLQ_STREAM"], _copy(subjects)
+            self.nats_url, subjects.of("*", "dlq"), self.replica_env["TIMER_DLQ_STREAM"], _copy(subjects)
         )
         env = {**self.replica_env, "TIMER_LOG_FORMAT": "json"}
         with Fleet(env, self.workdir, self.replicas, self.variants) as fleet:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, NamedTuple
 
 # deferred: the key's occurrence is claimed, the command waits for it; stuck: it has been claimed
 # for longer than TIMER_STUCK_AFTER without being recorded, and the command is given up.
@@ -31,19 +31,6 @@ class Applied:
 
     outcomes: list[Outcome]
     soonest_due: datetime | None
-
-
-class Leased(Protocol):
-    """What the fence of a claimed occurrence needs."""
-
-    @property
-    def tenant_id(self) -> str: ...
-    @property
-    def service_call_id(self) -> str: ...
-    @property
-    def lease_token(self) -> int: ...
-    @property
-    def attempts(self) -> int: ...
 
 
 class Claimed(NamedTuple):
@@ -88,6 +75,12 @@ class Unreadable(NamedTuple):
     service_call_id: str
     lease_token: int
     attempts: int
+
+
+# A claimed occurrence as its fence reads it (tenant_id, service_call_id, lease_token, attempts):
+# one to publish, or one whose dueAt could not be read. The two types, not a protocol of the four
+# fields: nothing else holds a lease.
+Leased = Claimed | Unreadable
 
 
 @dataclass(frozen=True, slots=True)

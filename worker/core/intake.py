@@ -18,6 +18,7 @@ from worker.core.commands import parse_command, parse_control
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Applied, Position
 from worker.core.headers import carried_headers
+from worker.core.loop import Loop
 from worker.core.ports import FetchFailed, IntakeBroker, IntakeStore
 from worker.core.received import ReceivedCommand, position, stored_time
 from worker.core.waiting import retry_transient, wait_any
@@ -31,15 +32,11 @@ FETCH_WAIT_S = 1.0
 RETRY_DELAY_S = 2.0
 
 
-class Intake:
+class Intake(Loop[IntakeStore, IntakeBroker]):
     def __init__(
         self, settings: Settings, store: IntakeStore, broker: IntakeBroker, wakeup: Wakeup, clock: Clock
     ) -> None:
-        self.s = settings
-        self.store = store
-        self.broker = broker
-        self.wakeup = wakeup
-        self.clock = clock
+        super().__init__(settings, store, broker, wakeup, clock)
         self._carry = settings.carried_names
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -192,7 +189,7 @@ class Intake:
             ),
         }
         data = self._fit(msg.data, headers)
-        return Outgoing(self.broker.subjects.dlq(why.dlq_token), data, headers)
+        return Outgoing(self.broker.subjects.of(why.dlq_token, "dlq"), data, headers)
 
     def _fit(self, data: bytes, headers: dict[str, str]) -> bytes:
         """The command body for its DLQ copy: unchanged, unless the copy's headers would push it past

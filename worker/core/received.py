@@ -16,6 +16,10 @@ from worker.core.domain import Position
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+# Plain attributes where nats-py's Msg has plain ones; properties where its members are read-only
+# (Msg.metadata, the frozen Msg.Metadata): a protocol's plain attribute must be settable.
+
+
 class StreamSequence(Protocol):
     @property
     def stream(self) -> int: ...
@@ -34,8 +38,8 @@ class Delivered(Protocol):
     """A message a consumer of a stream delivered: its ack subject (`reply`) says where and when
     the stream stored it, `metadata` reads that."""
 
-    @property
-    def reply(self) -> str: ...
+    reply: str
+
     @property
     def metadata(self) -> Delivery: ...
 
@@ -43,12 +47,9 @@ class Delivered(Protocol):
 class ReceivedCommand(Delivered, Protocol):
     """A command from the command stream: what intake parses, and how it settles it."""
 
-    @property
-    def subject(self) -> str: ...
-    @property
-    def data(self) -> bytes: ...
-    @property
-    def headers(self) -> dict[str, str] | None: ...
+    subject: str
+    data: bytes
+    headers: dict[str, str] | None
 
     async def ack(self) -> None: ...
 
@@ -59,12 +60,9 @@ class ReceivedCommand(Delivered, Protocol):
 class Request(Protocol):
     """A core-NATS request (the read model's `get`): answered on `reply`, when there is one."""
 
-    @property
-    def subject(self) -> str: ...
-    @property
-    def reply(self) -> str: ...
-    @property
-    def data(self) -> bytes: ...
+    subject: str
+    reply: str
+    data: bytes
 
     async def respond(self, data: bytes) -> None: ...
 

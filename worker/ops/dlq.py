@@ -162,7 +162,7 @@ class Dlq:
         return self._ids.derived(self.settings.dlq_stream, entry.seq, entry.time)
 
     def _subject(self, tenant: str | None) -> str:
-        return self.subjects.dlq(tenant or "*")
+        return self.subjects.of(tenant or "*", "dlq")
 
     async def get(self, seq: int) -> DlqEntry | None:
         """The entry at this sequence, or None (never stored, replayed, purged or aged out)."""

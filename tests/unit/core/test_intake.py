@@ -41,7 +41,7 @@ async def test_commands_are_acknowledged_only_after_their_batch_is_committed() -
     time, store, broker, intake = setup()
     due = datetime.fromtimestamp(time.t + 60, UTC)
     for key in ("a", "b", "c"):
-        broker.add(broker.subjects.schedule("acme"), command("ScheduleTimer", "acme", key, due))
+        broker.add(broker.subjects.of("acme", "schedule"), command("ScheduleTimer", "acme", key, due))
     await fetch_and_handle(broker, intake)
     events = [kind for kind, _ in store.log]
     assert events == ["apply", "ack", "ack", "ack"]
@@ -52,10 +52,10 @@ async def test_commands_are_acknowledged_only_after_their_batch_is_committed() -
 async def test_a_command_for_a_claimed_occurrence_waits_a_lease_and_is_not_acknowledged() -> None:
     time, store, broker, intake = setup()
     now = datetime.fromtimestamp(time.t, UTC)
-    broker.add(broker.subjects.schedule("acme"), command("ScheduleTimer", "acme", "k", now))
+    broker.add(broker.subjects.of("acme", "schedule"), command("ScheduleTimer", "acme", "k", now))
     await fetch_and_handle(broker, intake)
     await store.claim(claim_params("firing", 10, 0, lease_ms=3000))  # its occurrence is being fired
-    cancel = broker.add(broker.subjects.cancel("acme"), command("CancelTimer", "acme", "k", ts=2))
+    cancel = broker.add(broker.subjects.of("acme", "cancel"), command("CancelTimer", "acme", "k", ts=2))
     await fetch_and_handle(broker, intake)
     assert broker.acks.of(cancel.metadata.sequence.stream) == ['-NAK {"delay": 3000000000}']
     assert store.rows["acme", "k"].state == "Scheduled"
@@ -63,7 +63,7 @@ async def test_a_command_for_a_claimed_occurrence_waits_a_lease_and_is_not_ackno
 
 async def test_garbage_goes_to_the_dlq_before_it_is_acknowledged_and_stays_when_the_dlq_fails() -> None:
     _, _, broker, intake = setup()
-    bad = broker.add(broker.subjects.schedule("acme"), b"{not json")
+    bad = broker.add(broker.subjects.of("acme", "schedule"), b"{not json")
     broker.fail = lambda m: ConnectionError("dlq down")
     await fetch_and_handle(broker, intake)
     assert broker.acks.of(bad.metadata.sequence.stream) == [f'-NAK {{"delay": {int(RETRY_DELAY_S * 1e9)}}}']
@@ -72,7 +72,7 @@ async def test_garbage_goes_to_the_dlq_before_it_is_acknowledged_and_stays_when_
     broker.redeliver(bad)
     await fetch_and_handle(broker, intake)
     (copy,) = broker.stored.values()
-    assert copy.subject == broker.subjects.dlq("acme") and copy.payload == b"{not json"
+    assert copy.subject == broker.subjects.of("acme", "dlq") and copy.payload == b"{not json"
     assert copy.headers["Timer-Error"] == "invalid_json"
     assert broker.acks.of(bad.metadata.sequence.stream)[-1] == "+ACK"
 
@@ -80,7 +80,7 @@ async def test_garbage_goes_to_the_dlq_before_it_is_acknowledged_and_stays_when_
 async def test_a_near_timer_wakes_the_local_loop_and_the_fleet() -> None:
     time, _, broker, intake = setup()
     due = datetime.fromtimestamp(time.t + 0.5, UTC)
-    broker.add(broker.subjects.schedule("acme"), command("ScheduleTimer", "acme", "soon", due))
+    broker.add(broker.subjects.of("acme", "schedule"), command("ScheduleTimer", "acme", "soon", due))
     await fetch_and_handle(broker, intake)
     ((subject, payload),) = broker.hints
     assert subject == broker.subjects.wake and float(payload) == round(due.timestamp(), 3)
