@@ -20,7 +20,7 @@ from worker.core.domain import Applied, Position
 from worker.core.headers import carried_headers
 from worker.core.loop import Loop
 from worker.core.ports import FetchFailed, IntakeBroker, IntakeStore
-from worker.core.received import ReceivedCommand, position, stored_time
+from worker.core.received import ReceivedCommand, position
 from worker.core.waiting import retry_transient, wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError, verdict
@@ -177,6 +177,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             log.warning("dlq publish failed", extra={"action": "dlq_failed", "error": str(failed)})
 
     def _dlq_copy(self, msg: ReceivedCommand, why: Rejection) -> Outgoing:
+        where = position(msg)
         headers = {
             "Timer-Error": why.reason,
             "Timer-Error-Detail": why.detail,
@@ -184,9 +185,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             # From the command's own stream position and time: when a PubAck is lost, the command
             # comes back and is copied again, and the DLQ stream drops that copy, so it holds each
             # one once; a recreated command stream's commands get copies of their own.
-            "Nats-Msg-Id": self.broker.ids.derived(
-                self.s.command_stream, msg.metadata.sequence.stream, stored_time(msg)
-            ),
+            "Nats-Msg-Id": self.broker.ids.derived(self.s.command_stream, where.seq, where.stored_at),
         }
         data = self._fit(msg.data, headers)
         return Outgoing(self.broker.subjects.of(why.dlq_token, "dlq"), data, headers)

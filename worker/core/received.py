@@ -73,7 +73,7 @@ def stored_time(msg: Delivered, *, truncated: bool = False) -> datetime:
     an entry replayed again, must give the id it gave before.
 
     - by default nats-py's (Msg.metadata): the nanoseconds as float seconds, rounded to the
-      microsecond. A DLQ copy's id and a command's Position are made from it.
+      microsecond. A command's Position (`position`) is, and its DLQ copy's id is made from that.
     - `truncated`: the nanoseconds cut to the microsecond, as the message-get API's time is. A
       replay's id is made from it, so an entry listed and an entry got by its sequence (ops.dlq)
       give the same one. Read from the ack subject,

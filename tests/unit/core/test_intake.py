@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
+from nats.aio.msg import Msg
 
 from tests.twins import FakeClock, FakeTime, TwinBroker, TwinStore, claim_params
 from worker.config import Settings, load_settings
@@ -75,6 +76,19 @@ async def test_garbage_goes_to_the_dlq_before_it_is_acknowledged_and_stays_when_
     assert copy.subject == broker.subjects.of("acme", "dlq") and copy.payload == b"{not json"
     assert copy.headers["Timer-Error"] == "invalid_json"
     assert broker.acks.of(bad.metadata.sequence.stream)[-1] == "+ACK"
+
+
+async def test_a_dlq_copys_id_reads_the_stored_time_as_it_always_has() -> None:
+    """Rounded to the microsecond, as nats-py reads it: a command copied before an upgrade and
+    redelivered after must get the same Nats-Msg-Id, or the DLQ would hold it twice."""
+    _, _, broker, intake = setup()
+    # stored at 2026-11-24T05:00:00.000001700Z: rounds to ...002 µs, truncates to ...001
+    reply = "$JS.ACK.TIMER_COMMANDS.timer-service.1.7.7.1795496400000001700.0"
+    broker.queue.append(Msg(_client=broker.acks, subject="timer.acme.timer.schedule", reply=reply, data=b"{"))  # type: ignore[arg-type]
+    await fetch_and_handle(broker, intake)
+    (copy,) = broker.stored.values()
+    rounded = datetime(2026, 11, 24, 5, 0, 0, 2, tzinfo=UTC)
+    assert copy.headers["Nats-Msg-Id"] == broker.ids.derived(intake.s.command_stream, 7, rounded)
 
 
 async def test_a_near_timer_wakes_the_local_loop_and_the_fleet() -> None:
