@@ -17,7 +17,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -103,7 +102,8 @@ class MovableClock:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._write("+0s")
+        self.offset = timedelta(0)  # the database clock minus the real one
+        self._write(self.offset)
 
     def env(self) -> dict[str, str]:
         return {
@@ -117,15 +117,16 @@ class MovableClock:
 
     def move_to(self, instant: datetime, db_url: str) -> None:
         """Make the database clock read `instant` now (it runs on from there), and check it does."""
-        self._write(f"{instant.timestamp() - time.time():+.6f}s")
+        self.offset = instant - datetime.now(UTC)
+        self._write(self.offset)
         with psycopg.connect(db_url, autocommit=True) as conn:
             found = conn.execute("SELECT now()").fetchone()
         assert found is not None and instant <= found[0] < instant + MOVE_SLACK, (instant, found)
 
-    def _write(self, offset: str) -> None:
+    def _write(self, offset: timedelta) -> None:
         # Whole or not at all (a rename): a backend reading a half-written file would see real time.
         new = self.path.with_suffix(".new")
-        new.write_text(offset + "\n")
+        new.write_text(f"{offset.total_seconds():+.6f}s\n")
         new.chmod(0o644)  # Postgres may run as another user (embedded.py, when we are root)
         os.replace(new, self.path)
 
@@ -200,8 +201,11 @@ async def test_weekday_nine_oclock_fires_at_the_right_instants_across_the_dst_ch
                 payload = json.loads(msg.data)["payload"]
                 seen.append((payload["serviceCallId"], payload["dueAt"]))
                 assert seen[-1] == (key, at.strftime("%Y-%m-%dT%H:%M:%S.000Z"))
-                # Published once due on the database clock, never before (reachedAt is on it).
+                # Published once due on the database clock, never before: as the replica says
+                # (reachedAt, its estimate of that clock) and as JetStream saw it (when the stream
+                # stored the event, on this host's real clock, moved by the database clock's offset).
                 assert datetime.fromisoformat(payload["reachedAt"]) >= at, payload
+                assert msg.metadata.timestamp + clock.offset >= at, (msg.metadata.timestamp, clock.offset)
                 fired[key] += 1
                 await until(lambda k=key: _recorded(db_url, k, fired[k]), what=f"{key}'s firing recorded")
             else:
