@@ -275,7 +275,7 @@ class TwinStore:
     def _pause_one(self, key: Key, resume: bool) -> Applied:
         row, now = self.rows.get(key), self.now()
         if resume:
-            if row is None or row.paused_at is None:
+            if row is None or row.paused_at is None or row.state not in ("Scheduled", "Paused"):
                 return Applied(["ignored"], None)
             row.state = "Paused" if self._tenant_paused(key[0]) else "Scheduled"
             row.paused_at, row.claimed_at, row.updated_at = None, None, now
