@@ -220,6 +220,8 @@ async def test_live_updates_charts_search_history_and_every_action_in_a_browser(
             await expect(page.locator("h1")).to_contain_text("Pause tenant acme")
             await _click(page, "Yes, pause")
             await expect(page.locator("#tenant-paused")).to_contain_text("Paused since", timeout=20_000)
+            # The flag commits first, then the tenant's rows move (in chunks): both show, in place.
+            await expect(page.locator("#timers")).to_contain_text("Paused", timeout=20_000)
             await shot(page, "9b-tenant-paused")
             await _click(page, "Resume tenant…")
             await _click(page, "Yes, resume")
