@@ -110,11 +110,15 @@ class TimerClient:
         correlation_id: str | None = None,
         repeat: dict[str, Any] | None = None,
         data: Any = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         """Schedule (or reschedule) a timer. `repeat`: {"every": "P1D"} or {"cron": "0 9 * * MON-FRI"},
         with optional "times", "until" (a datetime or RFC 3339 text) and "timezone"
         (docs/CONTRACT.md, Recurring timers). `data`: any JSON value, delivered in every
-        DueTimeReached of the timer; None sends none (and a reschedule without it clears it)."""
+        DueTimeReached of the timer; None sends none (and a reschedule without it clears it).
+        `headers`: NATS headers sent with the command (a `traceparent`, producer headers named in
+        TIMER_CARRY_HEADERS), carried into its DueTimeReached events; a reschedule without them
+        clears them, as with `data`."""
         payload: dict[str, Any] = {
             "tenantId": tenant_id,
             "serviceCallId": service_call_id,
@@ -128,7 +132,7 @@ class TimerClient:
         if data is not None:
             payload["data"] = data
         subject = self.subjects.of(_tenant(tenant_id), "schedule")
-        await self._send(subject, "ScheduleTimer", payload, correlation_id)
+        await self._send(subject, "ScheduleTimer", payload, correlation_id, headers)
 
     async def cancel(self, tenant_id: str, service_call_id: str) -> None:
         payload = {"tenantId": tenant_id, "serviceCallId": service_call_id}
@@ -162,11 +166,17 @@ class TimerClient:
         return view
 
     async def _send(
-        self, subject: str, kind: str, payload: dict[str, Any], correlation_id: str | None
+        self,
+        subject: str,
+        kind: str,
+        payload: dict[str, Any],
+        correlation_id: str | None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         command = _command(subject, kind, payload, correlation_id)
-        # The envelope id as Nats-Msg-Id: a retried publish of this same command is dropped.
-        await self.js.publish(subject, command.body, headers={"Nats-Msg-Id": command.id})
+        # The envelope id as Nats-Msg-Id, set last: a retried publish of this same command is dropped.
+        sent = {**(headers or {}), "Nats-Msg-Id": command.id}
+        await self.js.publish(subject, command.body, headers=sent)
 
     async def schedule_many(self, timers: Iterable[Mapping[str, Any]], timeout: float = 10.0) -> list[Sent]:
         """Send many ScheduleTimer commands, each a body as on the schedule subject

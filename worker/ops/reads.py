@@ -170,6 +170,9 @@ def describe(conn: psycopg.Connection[Any], tenant_id: str, service_call_id: str
         commandTimestampMs=row["command_ts"],
         occurrenceIndex=row["occurrence_index"],
         pausedAt=fmt_time(row.get("paused_at")),
+        # What its DueTimeReached events carry (trace context, producer headers): the console's
+        # reschedule and fire-now send them again, so a moved timer keeps them.
+        carriedHeaders=row.get("carried_headers"),
         why=diagnose(row),
     )
     return view
