@@ -3,6 +3,8 @@ the ids."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -220,3 +222,18 @@ def test_an_event_s_bytes_and_nats_msg_id_stay_exactly_as_published(
 )
 def test_a_firing_id_is_the_due_time_in_milliseconds_rounded_as_before(due: datetime, expected: str) -> None:
     assert firing_id("a", "b", due) == expected
+
+
+@pytest.mark.parametrize("length", [16, 32, 63, 64, 65, 200])  # around SHA-256's 64-byte block
+def test_message_ids_are_hmac_sha256_of_what_they_name_whatever_the_secret_s_length(length: int) -> None:
+    secret = bytes((7 + i) % 256 for i in range(length))
+    ids = MessageIds(secret)
+    for text in ("acme:sc-1:1795424400123", "zero\u200bwidth é 日本 \U0001f600:0", ""):
+        expected = hmac.new(secret, f"due\0{text}".encode(), hashlib.sha256).hexdigest()[:32]
+        assert ids.event(text) == expected
+    stored = datetime(2026, 11, 23, 9, 0, 0, 123456, tzinfo=UTC)
+    text = f"from\0TIMER_COMMANDS\0{1}\0{stored.isoformat()}"
+    assert (
+        ids.derived("TIMER_COMMANDS", 1, stored)
+        == hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()[:32]
+    )
