@@ -24,7 +24,7 @@ test-unit: $(STAMP)
 
 # Three tests need programs no wheel has: the TLS tests a Postgres server built with SSL (the
 # embedded wheel's has none: Debian's binaries, no cluster created or started), the chaos suite's
-# clock-skew scenario libfaketime, and the console's browser tests Chromium (the playwright
+# clock-skew scenario and tests/integration/test_cron_clock.py libfaketime, and the console's browser tests Chromium (the playwright
 # package drives it; it downloads no browser of its own). Installed when missing and this is a
 # Debian machine we are root on; otherwise those tests fail saying what to install.
 system-packages:

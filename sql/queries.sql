@@ -732,7 +732,9 @@ SELECT EXISTS (SELECT FROM u) AS changed,
 
 -- name: resume_timer
 -- End one timer's own pause: Scheduled again, unless its tenant is paused (then it stays Paused and
--- the tenant's resume frees it). RETURNING its dueAt when it is claimable again.
+-- the tenant's resume frees it). RETURNING its dueAt when it is claimable again. Only a pending
+-- timer: a replica of the release before 0011 leaves paused_at on the rows it cancels or un-pauses
+-- (and then fires), and resuming those would bring a Cancelled or Reached timer back to fire.
 UPDATE timers t SET
     state = CASE WHEN EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = t.tenant_id AND p.paused_at IS NOT NULL)
                  THEN 'Paused' ELSE 'Scheduled' END,
@@ -740,6 +742,7 @@ UPDATE timers t SET
     claimed_at = NULL,
     updated_at = now()
 WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s AND t.paused_at IS NOT NULL
+  AND t.state IN ('Scheduled', 'Paused')
 RETURNING CASE WHEN t.state = 'Scheduled' THEN t.due_at END AS due_at;
 
 -- name: paused_gauges

@@ -12,6 +12,7 @@ from typing import Any
 import nats
 import psycopg
 
+from worker.adapters import db
 from worker.config import Settings
 from worker.contract import MessageIds
 from worker.devkit.polling import until_async
@@ -79,8 +80,7 @@ def query(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
 
 def message_ids(db_url: str) -> MessageIds:
     """The Nats-Msg-Ids of this database's fleet (its fleet secret, migration 0005)."""
-    ((secret,),) = query(db_url, "SELECT secret FROM fleet_secret")
-    return MessageIds(bytes(secret))
+    return MessageIds(db.fleet_secret(db_url))
 
 
 def row(db_url: str, tenant: str, service_call_id: str) -> dict[str, Any] | None:

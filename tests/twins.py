@@ -18,7 +18,7 @@ from typing import Any
 import nats.errors
 from nats.aio.msg import Msg
 
-from worker.contract import CancelTimer, Command, MessageIds, Outgoing, ScheduleTimer, Subjects
+from worker.contract import CancelTimer, Command, MessageIds, Outgoing, PauseTimers, ScheduleTimer, Subjects
 from worker.core.domain import (
     Applied,
     Claimed,
@@ -96,6 +96,7 @@ class Row:
     carried: dict[str, str] | None = None
     deferred: list[int] = field(default_factory=list)  # deferred_seqs (never stale here)
     position: Position | None = None  # command_seq and command_stored_at
+    paused_at: float | None = None  # paused by itself (pause with its serviceCallId), since when
 
 
 class TwinStore:
@@ -108,6 +109,9 @@ class TwinStore:
         self._tokens = itertools.count(1)
         self.open: list[TwinBatch] = []  # batches whose transaction is open
         self.log: list[tuple[str, Any]] = []  # ("apply", commands) and the like, in order
+        # paused_tenants: since when the tenant is paused (None: resumed), and the stream position
+        # of the pause or resume that set it.
+        self.paused_tenants: dict[str, tuple[float | None, Position | None]] = {}
 
     def _dt(self) -> datetime:
         return datetime.fromtimestamp(self.now(), UTC)
@@ -185,9 +189,12 @@ class TwinStore:
             ts = ts if ts is not None else row.command_ts
             kept = kept or row.position
         if isinstance(c, ScheduleTimer):
+            # Paused while it (paused_at) or its tenant is paused, as upsert_schedules stores it.
+            own_pause = row.paused_at if row is not None else None
+            state = "Paused" if own_pause is not None or self._tenant_paused(c.tenant_id) else "Scheduled"
             if (
                 row is not None
-                and row.state == "Scheduled"
+                and row.state in ("Scheduled", "Paused")
                 and (row.anchor_due_at, row.repeat)
                 == (
                     c.due_at,
@@ -195,14 +202,20 @@ class TwinStore:
                 )
             ):  # a restatement keeps the timer's progress, and records what is newer
                 now = (c.correlation_id, c.carried, ts, kept)
-                if (row.correlation_id, row.carried, row.command_ts, row.position) == now:
+                if (
+                    row.correlation_id,
+                    row.carried,
+                    row.command_ts,
+                    row.position,
+                ) == now and row.state == state:
                     return "ignored"
                 row.correlation_id, row.carried, row.command_ts, row.position = now
-                row.updated_at = self.now()
+                row.state, row.updated_at = state, self.now()
                 return "applied"
             self.rows[c.tenant_id, c.service_call_id] = Row(
-                c.tenant_id, c.service_call_id, "Scheduled", c.due_at, c.correlation_id,
+                c.tenant_id, c.service_call_id, state, c.due_at, c.correlation_id,
                 ts, c.due_at, c.repeat, carried=c.carried, position=kept, updated_at=self.now(),
+                paused_at=own_pause,
             )  # fmt: skip
             return "applied"
         assert isinstance(c, CancelTimer)
@@ -221,12 +234,64 @@ class TwinStore:
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
     ) -> tuple[set[Key], dict[str, int]]:
-        known = {k for k in keys if k in self.rows and self.rows[k].state in ("Scheduled", "Reached")}
+        pending_states = ("Scheduled", "Paused")  # a paused timer is pending all the same
+        known = {k for k in keys if k in self.rows and self.rows[k].state in (*pending_states, "Reached")}
         pending = {
-            t: min(cap, sum(1 for r in self.rows.values() if r.tenant_id == t and r.state == "Scheduled"))
+            t: min(cap, sum(1 for r in self.rows.values() if r.tenant_id == t and r.state in pending_states))
             for t in tenants
         }
         return known, pending
+
+    def _tenant_paused(self, tenant_id: str) -> bool:
+        return self.paused_tenants.get(tenant_id, (None, None))[0] is not None
+
+    async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
+        """Store.pause (worker/adapters/pausing.py): a tenant's flag, ordered by stream position,
+        then its rows; or one timer. Paused rows are state Paused, which claim() never takes; a
+        pause or resume clears claimed_at, so claim() applies the downtime rule on resume."""
+        self.log.append(("pause", command))
+        if command.service_call_id is not None:
+            return self._pause_one((command.tenant_id, command.service_call_id), command.resume)
+        tenant, now = command.tenant_id, self.now()
+        since, last = self.paused_tenants.get(tenant, (None, None))
+        later = (
+            position is None or last is None or position.seq > last.seq or position.stored_at > last.stored_at
+        )
+        first = tenant not in self.paused_tenants or later  # pause_tenant's RETURNING: a row when set
+        if first:
+            self.paused_tenants[tenant] = (None if command.resume else (since or now), position)
+        paused = self._tenant_paused(tenant)
+        rows = [r for r in self.rows.values() if r.tenant_id == tenant]
+        dues: list[datetime] = []
+        for r in rows:
+            if not command.resume and paused and r.state == "Scheduled" and r.lease_expires_at is None:
+                r.state, r.claimed_at, r.updated_at = "Paused", None, now
+            elif command.resume and not paused and r.state == "Paused" and r.paused_at is None:
+                r.state, r.claimed_at, r.updated_at = "Scheduled", None, now
+                if r.due_at is not None:
+                    dues.append(r.due_at)
+        if command.resume:
+            left = 0 if paused else sum(1 for r in rows if r.state == "Paused" and r.paused_at is None)
+        else:
+            left = sum(1 for r in rows if r.state == "Scheduled") if paused else 0
+        return Applied(["deferred" if first or left else "applied"], min(dues, default=None))
+
+    def _pause_one(self, key: Key, resume: bool) -> Applied:
+        row, now = self.rows.get(key), self.now()
+        if resume:
+            if row is None or row.paused_at is None or row.state not in ("Scheduled", "Paused"):
+                return Applied(["ignored"], None)
+            row.state = "Paused" if self._tenant_paused(key[0]) else "Scheduled"
+            row.paused_at, row.claimed_at, row.updated_at = None, None, now
+            return Applied(["applied"], row.due_at if row.state == "Scheduled" else None)
+        if row is None or row.state not in ("Scheduled", "Paused"):
+            return Applied(["ignored"], None)
+        if row.lease_expires_at is not None:
+            # A claimed occurrence fires first (or, released, waits out its back-off): offered again.
+            return Applied(["deferred" if row.state == "Scheduled" else "ignored"], None)
+        row.state, row.paused_at = "Paused", row.paused_at or now
+        row.claimed_at, row.updated_at = None, now
+        return Applied(["applied"], None)
 
     def _end_frozen(self) -> None:
         """Postgres ends the session of a batch idle in its transaction past the lease

@@ -28,7 +28,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
-from worker.contract import TENANT_RE, Subjects, iso
+from worker.contract import CONTROL_TYPES, TENANT_RE, ControlKind, Subjects, iso
 from worker.natsconn import (
     ATOMIC_BATCH_MAX,
     ERR_ATOMIC_DISABLED,
@@ -110,11 +110,15 @@ class TimerClient:
         correlation_id: str | None = None,
         repeat: dict[str, Any] | None = None,
         data: Any = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         """Schedule (or reschedule) a timer. `repeat`: {"every": "P1D"} or {"cron": "0 9 * * MON-FRI"},
         with optional "times", "until" (a datetime or RFC 3339 text) and "timezone"
         (docs/CONTRACT.md, Recurring timers). `data`: any JSON value, delivered in every
-        DueTimeReached of the timer; None sends none (and a reschedule without it clears it)."""
+        DueTimeReached of the timer; None sends none (and a reschedule without it clears it).
+        `headers`: NATS headers sent with the command (a `traceparent`, producer headers named in
+        TIMER_CARRY_HEADERS), carried into its DueTimeReached events; a reschedule without them
+        clears them, as with `data`."""
         payload: dict[str, Any] = {
             "tenantId": tenant_id,
             "serviceCallId": service_call_id,
@@ -127,33 +131,33 @@ class TimerClient:
             payload["repeat"] = {**repeat, "until": iso(until)} if isinstance(until, datetime) else repeat
         if data is not None:
             payload["data"] = data
-        await self._send(self.subjects.schedule(_tenant(tenant_id)), "ScheduleTimer", payload, correlation_id)
+        subject = self.subjects.of(_tenant(tenant_id), "schedule")
+        await self._send(subject, "ScheduleTimer", payload, correlation_id, headers)
 
     async def cancel(self, tenant_id: str, service_call_id: str) -> None:
         payload = {"tenantId": tenant_id, "serviceCallId": service_call_id}
-        await self._send(self.subjects.cancel(_tenant(tenant_id)), "CancelTimer", payload, None)
+        await self._send(self.subjects.of(_tenant(tenant_id), "cancel"), "CancelTimer", payload, None)
 
     async def pause(self, tenant_id: str, service_call_id: str | None = None) -> None:
         """Pause every timer of the tenant, or only the one named (README, Pause and resume): they
         stay Scheduled (read model: paused) and do not fire until resumed."""
-        await self._control("pause", "PauseTimers", tenant_id, service_call_id)
+        await self._control("pause", tenant_id, service_call_id)
 
     async def resume(self, tenant_id: str, service_call_id: str | None = None) -> None:
         """Resume the tenant, or the one timer paused by itself: what came due meanwhile fires, late."""
-        await self._control("resume", "ResumeTimers", tenant_id, service_call_id)
+        await self._control("resume", tenant_id, service_call_id)
 
-    async def _control(self, kind: str, name: str, tenant_id: str, service_call_id: str | None) -> None:
+    async def _control(self, kind: ControlKind, tenant_id: str, service_call_id: str | None) -> None:
         tenant = _tenant(tenant_id)
         payload = {"tenantId": tenant_id}
         if service_call_id is not None:
             payload["serviceCallId"] = service_call_id
-        subject = self.subjects.pause(tenant) if kind == "pause" else self.subjects.resume(tenant)
-        await self._send(subject, name, payload, None)
+        await self._send(self.subjects.of(tenant, kind), CONTROL_TYPES[kind], payload, None)
 
     async def get(self, tenant_id: str, service_call_id: str, timeout: float = 5.0) -> dict[str, Any] | None:
         """The timer's read model, or None when the service knows no such timer."""
         body = json.dumps({"serviceCallId": service_call_id}).encode()
-        reply = await self.nc.request(self.subjects.get(_tenant(tenant_id)), body, timeout=timeout)
+        reply = await self.nc.request(self.subjects.of(_tenant(tenant_id), "get"), body, timeout=timeout)
         view: dict[str, Any] = json.loads(reply.data)
         if view.get("error") == "not_found":
             return None
@@ -162,11 +166,17 @@ class TimerClient:
         return view
 
     async def _send(
-        self, subject: str, kind: str, payload: dict[str, Any], correlation_id: str | None
+        self,
+        subject: str,
+        kind: str,
+        payload: dict[str, Any],
+        correlation_id: str | None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         command = _command(subject, kind, payload, correlation_id)
-        # The envelope id as Nats-Msg-Id: a retried publish of this same command is dropped.
-        await self.js.publish(subject, command.body, headers={"Nats-Msg-Id": command.id})
+        # The envelope id as Nats-Msg-Id, set last: a retried publish of this same command is dropped.
+        sent = {**(headers or {}), "Nats-Msg-Id": command.id}
+        await self.js.publish(subject, command.body, headers=sent)
 
     async def schedule_many(self, timers: Iterable[Mapping[str, Any]], timeout: float = 10.0) -> list[Sent]:
         """Send many ScheduleTimer commands, each a body as on the schedule subject
@@ -191,7 +201,7 @@ class TimerClient:
         tenant = payload.get("tenantId")
         if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
             return Sent("", "error", f"tenantId must match {TENANT_RE.pattern}: {tenant!r}")
-        subject = self.subjects.schedule(tenant) if kind == "schedule" else self.subjects.cancel(tenant)
+        subject = self.subjects.of(tenant, kind)
         if isinstance(due := payload.get("dueAt"), datetime):
             payload["dueAt"] = iso(due)
         correlation = payload.get("correlationId")

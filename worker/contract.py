@@ -10,13 +10,12 @@ that turns bytes into these commands is `worker.core.commands.parse_command`.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from json.encoder import encode_basestring_ascii as _json_str  # C, when available
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, NamedTuple, Protocol, get_args
 
 # The tenant token of a subject (docs/CONTRACT.md, Limits).
 TENANT_RULE = "[A-Za-z0-9_-]{1,64}"
@@ -93,26 +92,13 @@ class Subjects:
 
     prefix: str
 
-    def schedule(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.schedule"
-
-    def cancel(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.cancel"
-
-    def pause(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.pause"
-
-    def resume(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.resume"
+    def of(self, tenant: str, kind: Kind) -> str:
+        """`<prefix>.<tenant>.timer.<kind>`, the subject `split` reads back."""
+        return f"{self.prefix}.{tenant}.timer.{kind}"
 
     def due(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.due"
-
-    def dlq(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.dlq"
-
-    def get(self, tenant: str) -> str:
-        return f"{self.prefix}.{tenant}.timer.get"
+        """A tenant's DueTimeReached subject, by name: the firing loop asks for one an event."""
+        return self.of(tenant, "due")
 
     def split(self, subject: str) -> tuple[str, Kind] | None:
         """(tenant token, kind) of `<prefix>.<tenant>.timer.<kind>`, or None. The token is not
@@ -125,7 +111,7 @@ class Subjects:
 
     @property
     def commands(self) -> list[str]:
-        return [self.schedule("*"), self.cancel("*"), self.pause("*"), self.resume("*")]
+        return [self.of("*", kind) for kind in ("schedule", "cancel", "pause", "resume")]
 
     @property
     def wake(self) -> str:
@@ -203,7 +189,9 @@ def iso(dt: datetime) -> str:
     """RFC 3339 in UTC with milliseconds, e.g. 2026-11-23T09:00:00.123Z (docs/CONTRACT.md, DueTimeReached)."""
     # %-formatting of the fields: the firing path formats one per event, and this is the cheapest
     # way that also writes years below 1000 with four digits.
-    u = dt.astimezone(UTC)
+    # Times read from Postgres are already in UTC (the session's TimeZone, psycopg's timezone.utc):
+    # astimezone returns them as they are, after a method call that the test skips.
+    u = dt if dt.tzinfo is UTC else dt.astimezone(UTC)
     return "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" % (  # noqa: UP031
         u.year,
         u.month,
@@ -219,7 +207,14 @@ def firing_id(tenant_id: str, service_call_id: str, due_at: datetime) -> str:
     """One firing, one id: the envelope `id` of its DueTimeReached (docs/CONTRACT.md, Duplicates),
     by which consumers drop a re-publish. Public and predictable, so never a Nats-Msg-Id: that
     is MessageIds.event of it."""
-    return f"{tenant_id}:{service_call_id}:{round(due_at.timestamp() * 1000)}"
+    # float.__round__ is what round() calls (half to even, exactly as before: the id must not move
+    # between releases), without the builtin's lookup: the firing path makes one per event.
+    return f"{tenant_id}:{service_call_id}:{(due_at.timestamp() * 1000).__round__()}"
+
+
+_SHA256_BLOCK = 64
+_IPAD = bytes(b ^ 0x36 for b in range(256))  # XOR of each byte with HMAC's paddings, as translate tables
+_OPAD = bytes(b ^ 0x5C for b in range(256))
 
 
 class MessageIds:
@@ -234,18 +229,25 @@ class MessageIds:
     A purpose tag keeps the kinds apart, so an id of one kind is never one of another.
     """
 
-    __slots__ = ("_mac",)
+    __slots__ = ("_inner", "_outer")
 
     def __init__(self, secret: bytes) -> None:
         if len(secret) < 16:
             raise ValueError("the fleet secret must be at least 16 bytes")
-        # Keyed once; each id copies this state (the firing loop makes ~10k a second).
-        self._mac = hmac.new(secret, digestmod=hashlib.sha256)
+        # HMAC-SHA256 (RFC 2104) keyed once into its two SHA-256 states: each id copies them. The
+        # firing loop makes one per event, and hmac.HMAC's copy and hexdigest (Python wrappers,
+        # an outer copy each) cost twice these two hashlib copies (tools/bench/micro.py).
+        key = hashlib.sha256(secret).digest() if len(secret) > _SHA256_BLOCK else secret
+        key = key.ljust(_SHA256_BLOCK, b"\0")
+        self._inner = hashlib.sha256(key.translate(_IPAD))
+        self._outer = hashlib.sha256(key.translate(_OPAD))
 
     def _id(self, text: str) -> str:
-        mac = self._mac.copy()
-        mac.update(text.encode())
-        return mac.hexdigest()[:32]
+        inner = self._inner.copy()
+        inner.update(text.encode())
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.hexdigest()[:32]
 
     def event(self, envelope_id: str) -> str:
         """The Nats-Msg-Id of the DueTimeReached whose envelope `id` (firing_id) this is."""
@@ -259,9 +261,12 @@ class MessageIds:
         return self._id(f"from\0{stream}\0{seq}\0{stored.astimezone(UTC).isoformat()}")
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One message to publish: a DueTimeReached event or a DLQ copy."""
+class Outgoing(NamedTuple):
+    """One message to publish: a DueTimeReached event or a DLQ copy.
+
+    A NamedTuple, not a frozen dataclass (as Claimed, worker/core/domain.py): the firing loop makes
+    one per event, and the dataclass's __init__ (object.__setattr__ per field) cost a seventh of
+    due_event (tools/bench/micro.py)."""
 
     subject: str
     payload: bytes

@@ -107,7 +107,8 @@ class Replica:
                     return False
                 await asyncio.to_thread(self._schema)
                 await self.pool.open(wait=True, timeout=10)
-                self.broker.ids = MessageIds(await self.store.fleet_secret())
+                url = self.s.database_url.get_secret_value()
+                self.broker.ids = MessageIds(await asyncio.to_thread(db.fleet_secret, url))
                 if not self.broker.connected:
                     # nats-py retries a first connect forever when reconnects are unlimited;
                     # bound it so a SIGTERM during an outage still gets a look-in.
@@ -129,7 +130,7 @@ class Replica:
     async def _supervise(self) -> int:
         readmodel = ReadModel(self.store, self.s.subject_prefix)
         await self.broker.subscribe(
-            self.broker.subjects.get("*"), readmodel.answer, queue="timer-service-get"
+            self.broker.subjects.of("*", "get"), readmodel.answer, queue="timer-service-get"
         )
         await self.broker.subscribe(self.broker.subjects.wake, self._on_wake)
         self.started.set()

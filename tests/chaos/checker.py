@@ -72,8 +72,31 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        bad = (self.lost, self.early, self.superseded, self.after_cancel, self.unexpected, self.leased)
+        return not self.lost and self.clean_but_lost
+
+    @property
+    def clean_but_lost(self) -> bool:
+        """Nothing wrong but lost timers: what a scenario that expects a loss may still call right."""
+        bad = (self.early, self.superseded, self.after_cancel, self.unexpected, self.leased)
         return not any(bad) and not self.dlq_missing and not self.dlq_extra and not self.dup_after_id
+
+    def status(self, lost_outside: Sequence[Key] | None = None) -> str:
+        """The word a chaos line starts with, true for anyone reading CI output alone.
+
+        `lost_outside`: for a scenario that expects a loss in a window (asynchronous replication),
+        the lost timers none of whose commands was sent in it; None when no loss is expected.
+        An expected loss is EXPECTED-LOSS only when it happened (the fault was real), stayed
+        within its window and nothing else went wrong; otherwise FAIL, saying which check failed.
+        """
+        if lost_outside is None:
+            return "PASS" if self.ok else "FAIL"
+        in_window = f"lost_in_window={self.lost - len(lost_outside)}/{self.lost}"
+        if self.lost and not lost_outside and self.clean_but_lost:
+            return f"EXPECTED-LOSS {in_window}"
+        why = "" if self.clean_but_lost else " other_violations=yes"
+        return f"FAIL {in_window}{why}" + (
+            " (nothing lost: the fault tested nothing)" if not self.lost else ""
+        )
 
     def lose(self, key: Key, what: str) -> None:
         self.lost += 1
@@ -134,6 +157,12 @@ def check(
             v.note(f"leased: {t.key}")
     _check_dlq(v, dlq, poison)
     return v
+
+
+def lost_outside(v: Verdict, timers: Sequence[Timer], window: Window) -> list[Key]:
+    """The lost timers none of whose commands was sent within `window` (epoch ms, inclusive)."""
+    sent = {t.key: t.sent for t in timers}
+    return sorted(k for k in v.lost_keys if not any(window[0] <= s <= window[1] for s in sent.get(k, [])))
 
 
 def _p99(ordered: list[int]) -> int:

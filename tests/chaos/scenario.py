@@ -24,7 +24,7 @@ import nats.js.errors
 import psycopg
 from nats.aio.msg import Msg
 
-from tests.chaos.checker import Event, Row, Verdict, check
+from tests.chaos.checker import Event, Row, Verdict, Window, check, lost_outside
 from tests.chaos.workload import Workload, ms_of
 from tests.helpers import until
 from worker.contract import Subjects
@@ -111,12 +111,18 @@ class Run:
     replicas: int = 4
     variants: list[dict[str, str]] = field(default_factory=list)  # per-replica extra settings
 
-    async def execute(self, faults: FaultDriver) -> Verdict:
+    async def execute(self, faults: FaultDriver, loss_window: Callable[[], Window] | None = None) -> Verdict:
+        """Run the workload under `faults`, check it, print the chaos line; the verdict.
+
+        `loss_window`: for a scenario that expects to lose what was sent in a window it knows only
+        once the fault has happened (epoch ms); the line then says EXPECTED-LOSS, not FAIL, when
+        every lost timer was sent in it and nothing else went wrong (Verdict.status).
+        """
         prefix = self.replica_env["TIMER_SUBJECT_PREFIX"]
         subjects = Subjects(prefix)
         events = Recorder(self.nats_url, subjects.due("*"), self.replica_env["TIMER_EVENT_STREAM"], _event)
         dlq = Recorder(
-            self.nats_url, subjects.dlq("*"), self.replica_env["TIMER_DLQ_STREAM"], _copy(subjects)
+            self.nats_url, subjects.of("*", "dlq"), self.replica_env["TIMER_DLQ_STREAM"], _copy(subjects)
         )
         env = {**self.replica_env, "TIMER_LOG_FORMAT": "json"}
         with Fleet(env, self.workdir, self.replicas, self.variants) as fleet:
@@ -148,8 +154,11 @@ class Run:
                 self.workload.poison,
                 chaos.outages,
             )
+            outside = (
+                None if loss_window is None else lost_outside(verdict, self.workload.timers, loss_window())
+            )
             line = (
-                f"chaos {self.name}: {'PASS' if verdict.ok else 'FAIL'} {verdict.line()} "
+                f"chaos {self.name}: {verdict.status(outside)} {verdict.line()} "
                 f"faults={chaos.faults} replica_deaths={fleet.deaths} crash_points={fleet.crash_points} "
                 f"fence_rejected={fleet.fence_rejections()} command_retries={self.workload.publish_retries} "
                 f"seconds={time.monotonic() - started:.0f}"

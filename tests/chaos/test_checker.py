@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.chaos.checker import Event, Row, check
+from tests.chaos.checker import Event, Row, check, lost_outside
 from tests.chaos.workload import RECURRING_EVERY_S, Timer
 
 T0 = 1_800_000_000_000
@@ -84,3 +84,27 @@ def test_a_recurring_skip_after_a_replica_crash_is_lost() -> None:
         assert (v.lost, v.skipped_occurrences) == (1, 0), outages
         assert not v.ok
         assert any(f"occurrence 1 at {second}" in e for e in v.examples)
+
+
+def test_the_status_says_pass_fail_or_an_expected_loss_within_its_window() -> None:
+    timers, events, rows = good_history()
+    plain = timers[0]
+    plain.sent = [T0 - 8000]
+    assert check(timers, events, rows, [], set()).status() == "PASS"
+    lost = check(timers, [e for e in events if e.key != plain.key], rows, [], set())
+    assert lost.status() == "FAIL"  # no loss expected: a loss is a failure
+    # Expected in a window: sent inside it, the loss is what the scenario predicts.
+    inside = (T0 - 9000, T0 - 7000)
+    assert lost_outside(lost, timers, inside) == []
+    assert lost.status(lost_outside(lost, timers, inside)) == "EXPECTED-LOSS lost_in_window=1/1"
+    # Sent outside it: a real loss, whatever the scenario expected.
+    outside = lost_outside(lost, timers, (T0 - 5000, T0))
+    assert outside == [plain.key]
+    assert lost.status(outside) == "FAIL lost_in_window=0/1"
+    # Nothing lost where a loss was expected: the fault did not happen as planned.
+    clean = check(timers, events, rows, [], set())
+    assert clean.status([]).startswith("FAIL lost_in_window=0/0 (nothing lost")
+    # A loss in its window beside another violation is no expected loss.
+    rows[plain.key] = Row("Scheduled", T0, True)
+    leased = check(timers, [e for e in events if e.key != plain.key], rows, [], set())
+    assert leased.status([]) == "FAIL lost_in_window=1/1 other_violations=yes"

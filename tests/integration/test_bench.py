@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
         ("tools.bench", "usage: python -m tools.bench "),  # `make bench`
         ("tools.bench.peers", "usage: python -m tools.bench.peers "),  # `make bench-peers`
         ("tools.bench.capacity", "usage: python -m tools.bench.capacity "),  # docs/OPERATIONS.md
+        ("tools.bench.micro", "usage: python -m tools.bench.micro "),  # docs/BENCHMARKS.md
+        ("tools.bench.indexcost", "usage: python -m tools.bench.indexcost "),  # docs/BENCHMARKS.md
     ],
 )
 def test_the_documented_entry_points_run_from_the_repository_root(module: str, usage: str) -> None:
@@ -31,7 +33,7 @@ def test_the_documented_entry_points_run_from_the_repository_root(module: str, u
 
 def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str, nats_url: str) -> None:
     env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
-    argv = ["drain", "intake", "catchup", "--scale", "0.01", "--runs", "1", "--json"]
+    argv = ["drain", "intake", "catchup", "producer", "--scale", "0.01", "--runs", "1", "--json"]
     out = subprocess.run(
         [sys.executable, "-m", "worker", "bench", *argv],
         env=env,
@@ -52,4 +54,43 @@ def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str
     catchup = results["catchup"]["median"]
     assert catchup["early"] == 0 and catchup["fresh_lateness_max_ms"] >= catchup["fresh_lateness_p50_ms"] >= 0
     assert {v["metric"] for v in results["catchup"]["targets"]} == {"fresh_lateness_p99_ms"}
+    producer = results["producer"]["median"]
+    # --scale honoured (200,000 x 0.01; the naive producer at its floor), every command stored
+    assert (producer["commands"], producer["naive_commands"]) == (2_000, 200)
+    assert producer["not_accepted"] == 0 and producer["stored_missing"] == 0
+    assert producer["commands_per_s"] > 0 and producer["naive_commands_per_s"] > 0
+    assert producer["many_over_naive"] == producer["commands_per_s"] / producer["naive_commands_per_s"]
+    assert [v["metric"] for v in results["producer"]["targets"]] == ["commands_per_s"]
     assert "[drain 1/1]" in out.stderr  # progress goes to stderr, results alone to stdout
+
+
+def test_indexcost_applies_the_same_commands_with_and_without_the_index(
+    pg_server_url: str, nats_url: str
+) -> None:
+    env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.bench.indexcost", "--rounds", "2", "--batches", "1", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert [len(r) for r in report["rounds"].values()] == [2, 2]
+    kinds = {
+        "insert_ms",
+        "insert_cpu_ms",
+        "insert_wal_kb",
+        "reschedule_ms",
+        "reschedule_cpu_ms",
+        "reschedule_wal_kb",
+    }
+    assert set(report["with_over_without"]) == kinds
+    with_, without = report["median"]["with_index"], report["median"]["without_index"]
+    assert all(with_[k] > 0 and without[k] > 0 for k in ("insert_wal_kb", "reschedule_wal_kb"))
+    # The index is the one difference, and the runs wrote into it: more than its metapage (8 KiB).
+    assert report["index_kb"]["with_index"] > 8 and report["index_kb"]["without_index"] is None
+    assert "[indexcost 2/2]" in out.stderr

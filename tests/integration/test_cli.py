@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -187,7 +188,12 @@ async def test_schedule_from_file_sends_the_good_lines_and_names_the_bad_ones(
         path.write_text("\n".join(lines) + "\n")
         proc = await asyncio.to_thread(run, "schedule", "--from-file", str(path), **settings_env(settings))
         assert proc.returncode == 1, proc.stderr
-        assert proc.stdout.strip() == "accepted 1500, duplicate 0, rejected 3, not stored 0"
+        summary, where = proc.stdout.splitlines()
+        assert summary == "sent 1500, duplicate 0, rejected 3 (not sent), not stored 0"
+        assert where.startswith(
+            "a replica applies each shortly, or rejects it to the DLQ (quota_exceeded, say):"
+        )
+        assert re.search(r"`timer-service dlq list --since \d{4}-\d\d-\d\dT[\d:.]+Z`$", where), where
         errors = proc.stderr.splitlines()
         assert errors[0].startswith("line 3: bad_due_at: ")
         assert errors[1].startswith("line 6: invalid_json: ")
@@ -196,3 +202,46 @@ async def test_schedule_from_file_sends_the_good_lines_and_names_the_bad_ones(
         assert info.state.messages == 1500
     finally:
         await broker.close()
+
+
+async def test_schedule_says_the_command_was_sent_and_where_a_rejection_of_it_goes(
+    settings: Settings,
+) -> None:
+    """JetStream storing a ScheduleTimer is not the service applying it: one over the tenant's quota
+    is rejected by the replica, and the DLQ command `schedule` printed finds it."""
+    from tests.helpers import settings_env, until
+    from worker.ops.reads import connect, describe
+
+    env = settings_env(settings)
+    async with running_replica(settings, tenant_max_pending=1):
+        first = await asyncio.to_thread(
+            run, "schedule", "--tenant", "acme", "--id", "one", "--due-in", "1h", **env
+        )
+        assert first.returncode == 0, first.stderr
+        sent, where = first.stdout.splitlines()
+        assert re.fullmatch(r"sent acme/one \(first occurrence \S+Z\): in the command stream", sent), sent
+        assert where == (
+            "a replica applies it shortly (`timer-service describe --tenant acme --id one`), or rejects it"
+            " to the DLQ (quota_exceeded, say): `timer-service dlq list --tenant acme --id one`"
+        )
+        url = settings.database_url.get_secret_value()
+
+        def stored(sid: str) -> bool:
+            with connect(url) as conn:
+                return describe(conn, "acme", sid) is not None
+
+        await until(lambda: stored("one"), what="one applied")
+        over = await asyncio.to_thread(
+            run, "schedule", "--tenant", "acme", "--id", "two", "--due-in", "1h", **env
+        )
+        assert over.returncode == 0 and over.stdout.startswith("sent acme/two "), over.stderr
+        (command,) = re.findall(r"`(timer-service dlq list [^`]+)`", over.stdout)
+        listed: list[str] = []
+
+        async def in_dlq() -> bool:
+            done = await asyncio.to_thread(run, *command.split()[1:], **env)
+            listed[:] = [done.stdout]
+            return "quota_exceeded" in done.stdout
+
+        await until(in_dlq, what="the rejection in the DLQ")
+    assert "two" in listed[0] and not stored("two")

@@ -130,8 +130,9 @@ async def test_live_updates_charts_search_history_and_every_action_in_a_browser(
 ) -> None:
     """Issue 22: the console as an operator uses it. The overview's charts (from the replica's own
     minute stats), a tenant's page updating in place as a timer arrives, a search by correlationId
-    across tenants landing on a timer whose firing shows in its history, then each action, each
-    confirmed first and each audited with who did it."""
+    across tenants landing on a timer whose firing shows in its history, then each action (pause and
+    resume of a timer and of a tenant too, issue 23), each confirmed first and each audited with
+    who did it."""
     caplog.set_level(logging.INFO, logger="worker.console")
     async with running_replica(settings) as replica, console(settings) as base, jetstream(settings) as js:
         rollup = StatsRollup(replica.pool, replica.s.worker_id)
@@ -204,6 +205,28 @@ async def test_live_updates_charts_search_history_and_every_action_in_a_browser(
             await expect(page.locator("#why")).to_contain_text("cancelled", timeout=20_000)
             await shot(page, "9-cancelled")
 
+            # Pause one timer, then resume it (the buttons follow its state on the next load).
+            await page.goto(f"{base}/timers/acme/act-move")
+            await _click(page, "Pause…")
+            await _click(page, "Yes, pause")
+            await expect(page.locator("#why")).to_contain_text("paused by itself", timeout=20_000)
+            await page.reload()
+            await _click(page, "Resume…")
+            await _click(page, "Yes, resume")
+            await expect(page.locator("#why")).not_to_contain_text("paused", timeout=20_000)
+            # Pause the whole tenant: its page shows it paused, in place; then resume it.
+            await page.goto(f"{base}/tenants/acme")
+            await _click(page, "Pause tenant…")
+            await expect(page.locator("h1")).to_contain_text("Pause tenant acme")
+            await _click(page, "Yes, pause")
+            await expect(page.locator("#tenant-paused")).to_contain_text("Paused since", timeout=20_000)
+            # The flag commits first, then the tenant's rows move (in chunks): both show, in place.
+            await expect(page.locator("#timers")).to_contain_text("Paused", timeout=20_000)
+            await shot(page, "9b-tenant-paused")
+            await _click(page, "Resume tenant…")
+            await _click(page, "Yes, resume")
+            await expect(page.locator("#tenant-paused")).to_contain_text("Not paused", timeout=20_000)
+
             # The DLQ: replay every bad_due_at entry (both refused: they would come back), then purge.
             await page.goto(base + "/dlq?tenant=acme&reason=bad_due_at")
             await _click(page, "Replay all…")
@@ -229,6 +252,10 @@ async def test_live_updates_charts_search_history_and_every_action_in_a_browser(
         ("fire", "acme", "act-fire", "token"),
         ("reschedule", "acme", "act-move", "token"),
         ("cancel", "acme", "act-cancel", "token"),
+        ("pause", "acme", "act-move", "token"),
+        ("resume", "acme", "act-move", "token"),
+        ("tenant_pause", "acme", None, "token"),
+        ("tenant_resume", "acme", None, "token"),
         ("dlq_replay_bulk", "acme", None, "token"),
         ("dlq_purge", "acme", None, "token"),
     ]

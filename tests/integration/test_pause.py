@@ -263,3 +263,25 @@ async def test_a_command_stream_and_consumer_made_before_pause_get_its_subjects(
     wanted = [*old, f"{settings.subject_prefix}.*.timer.pause", f"{settings.subject_prefix}.*.timer.resume"]
     assert stream.subjects == wanted and consumer.filter_subjects == wanted
     assert stream.max_age == settings.command_max_age.total_seconds() and stream.duplicate_window == 120
+
+
+async def test_a_resume_never_brings_back_a_cancelled_or_reached_timer_an_old_replica_left_paused_at_on(
+    settings: Settings, db_url: str
+) -> None:
+    """A replica of the release before 0011 does not know paused_at: its cancel of a timer paused by
+    itself leaves it set, as does its ScheduleTimer that un-pauses one, which then fires (README,
+    Upgrades). A later ResumeTimers naming such a timer must leave it Cancelled or Reached."""
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, paused_at)"
+        " VALUES ('acme', 'cancelled', 'Cancelled', now() - interval '1 minute', now() - interval '1 minute',"
+        "         now() - interval '2 minutes'),"
+        "        ('acme', 'reached', 'Reached', now() - interval '1 minute', now() - interval '1 minute',"
+        "         now() - interval '2 minutes')",
+    )
+    async with running_replica(settings), jetstream(settings) as js:
+        for sid in ("cancelled", "reached"):
+            await publish_raw(js, settings, "acme", "resume", {"tenantId": "acme", "serviceCallId": sid})
+        await until(lambda: consumer_idle(settings), what="both resumes applied")
+    assert (row(db_url, "acme", "cancelled") or {})["state"] == "Cancelled"
+    assert (row(db_url, "acme", "reached") or {})["state"] == "Reached"

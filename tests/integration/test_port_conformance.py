@@ -19,7 +19,7 @@ from worker.adapters import db
 from worker.adapters.broker import Broker
 from worker.adapters.store import Store
 from worker.config import Settings
-from worker.contract import CancelTimer, Outgoing, ScheduleTimer
+from worker.contract import CancelTimer, Outgoing, PauseTimers, Repeat, ScheduleTimer
 from worker.core.domain import Claimed, ClaimParams, ClaimResult, Fired, Position, Unreadable
 from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore, IntakeStore
 from worker.errors import TransientError
@@ -344,3 +344,107 @@ async def stored(publisher: EventPublisher) -> int:
         return len(publisher.stored)
     assert isinstance(publisher, Broker)
     return int((await publisher.js.stream_info(publisher.settings.event_stream)).state.messages)
+
+
+# Pause and resume (Store.pause, worker/adapters/pausing.py; README, Pause and resume).
+
+
+def pause(tenant: str = "acme", key: str | None = None, resume: bool = False) -> PauseTimers:
+    return PauseTimers(tenant, key, resume)
+
+
+T0 = datetime.now(UTC)
+# A tenant's pause and resume in the stream, as intake passes them; the same position again is a
+# redelivery of the same command.
+PAUSED, RESUMED = Position(1, T0), Position(2, T0)
+
+
+async def state_of(ports: Ports, key: str) -> str:
+    """The stored state (Paused is one of them, shown as Scheduled with paused by the read model)."""
+    if isinstance(ports, TwinStore):
+        return ports.rows["acme", key].state
+    assert isinstance(ports, Store)
+    async with ports.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT state FROM timers WHERE tenant_id = 'acme' AND service_call_id = %s", [key]
+        )
+        found = await cur.fetchone()
+    assert found is not None
+    return str(found[0])
+
+
+async def test_a_paused_tenants_timers_are_not_claimed_and_resumed_ones_are_oldest_first(
+    ports: Ports,
+) -> None:
+    # Every dueAt from one moment: made as the test goes, a slow step would reorder them.
+    base = at(0).replace(microsecond=0)
+
+    def due(key: str, seconds: int, ts: int = 1) -> ScheduleTimer:
+        return ScheduleTimer("acme", key, base + timedelta(seconds=seconds), None, ts, None)
+
+    await ports.apply([due("a", -3), due("b", -2), due("c", -1)])
+    await ports.apply([ScheduleTimer("other", "x", at(-1).replace(microsecond=0), None, 1, None)])
+    # The first application sets the tenant's flag and is offered again (deferred); applied again
+    # (its redelivery), it finds nothing left to pause.
+    assert (await ports.pause(pause(), PAUSED)).outcomes == ["deferred"]
+    assert (await ports.pause(pause(), PAUSED)).outcomes == ["applied"]
+    assert [await state_of(ports, k) for k in "abc"] == ["Paused"] * 3
+    assert [c.service_call_id for c in await claim_one(ports, "a")] == ["x"]  # another tenant's
+    # A ScheduleTimer for the paused tenant is stored paused: a new timer, and a rescheduled one.
+    moved = due("c", -5, ts=2)
+    assert (await ports.apply([due("new", -4), moved])).outcomes == ["applied"] * 2
+    assert await state_of(ports, "new") == "Paused" and await state_of(ports, "c") == "Paused"
+    assert await claim_one(ports, "b") == []
+
+    resumed = await ports.pause(pause(resume=True), RESUMED)
+    assert resumed.outcomes == ["deferred"] and resumed.soonest_due == moved.due_at
+    assert (await ports.pause(pause(resume=True), RESUMED)).outcomes == ["applied"]
+    # The pause redelivered after the resume is older: it changes nothing.
+    assert (await ports.pause(pause(), PAUSED)).outcomes == ["applied"]
+    assert await state_of(ports, "a") == "Scheduled"
+    # Claimable again, oldest first: the claim's limit takes the two most overdue.
+    params = claim_params("c", 2, 0, lease_ms=10_000, ahead_ms=100)
+    assert sorted(c.service_call_id for c in (await claim_closed(ports, params)).claimed) == ["c", "new"]
+    assert sorted(c.service_call_id for c in (await claim_closed(ports, params)).claimed) == ["a", "b"]
+
+
+async def test_a_timer_paused_by_itself_stays_paused_through_its_tenants_resume(ports: Ports) -> None:
+    own_timer = schedule("own", 60)
+    await ports.apply([own_timer, schedule("with", 60), schedule("held", -1)])
+    assert [c.service_call_id for c in await claim_one(ports, "a")] == ["held"]
+    assert (await ports.pause(pause(key="held"))).outcomes == ["deferred"]  # its occurrence fires first
+    assert (await ports.pause(pause(key="own"))).outcomes == ["applied"]
+    assert (await ports.pause(pause(key="nobody"))).outcomes == ["ignored"]
+    assert (await ports.pause(pause(key="with", resume=True))).outcomes == ["ignored"]  # not paused
+    assert (await ports.pause(pause(), PAUSED)).outcomes == ["deferred"]
+    # The claimed occurrence is still Scheduled: the tenant's pause is offered again until it is not.
+    assert (await ports.pause(pause(), PAUSED)).outcomes == ["deferred"]
+    assert [await state_of(ports, k) for k in ("own", "with", "held")] == ["Paused", "Paused", "Scheduled"]
+    await ports.pause(pause(resume=True), RESUMED)
+    assert await state_of(ports, "own") == "Paused" and await state_of(ports, "with") == "Scheduled"
+    own = await ports.pause(pause(key="own", resume=True))
+    assert own.outcomes == ["applied"] and own.soonest_due == own_timer.due_at
+    assert await state_of(ports, "own") == "Scheduled"
+
+
+async def test_a_paused_recurring_timer_resumed_after_downtime_has_its_reference_moved_to_now(
+    ports: Ports,
+) -> None:
+    """Without the pause, a missed occurrence marked overdue keeps its reference (a crash skips
+    nothing); a pause clears it, so the resumed timer fires once for the missed window."""
+    every = ScheduleTimer("acme", "rec", at(-10).replace(microsecond=0), None, 1, Repeat("PT1S", None, None))
+    await ports.apply([every])
+    params = claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100, downtime_ms=60_000)
+    batch = await ports.claim(params)
+    (first,) = batch.result.claimed
+    assert first.recurrence_ref == first.due_at
+    overdue = first.due_at + timedelta(seconds=1)
+    assert await batch.record([Fired(first, overdue, 1)], []) == 1
+    down = claim_params("b", 10, 0, lease_ms=10_000, ahead_ms=100, downtime_ms=1000)
+    assert (await ports.pause(pause(key="rec"))).outcomes == ["applied"]
+    assert await claim_one(ports, "c") == []
+    assert (await ports.pause(pause(key="rec", resume=True))).outcomes == ["applied"]
+    (again,) = (await claim_closed(ports, down)).claimed
+    assert again.due_at == overdue and again.occurrence_index == 1
+    assert again.recurrence_ref > overdue + timedelta(seconds=5)
+    assert abs(again.recurrence_ref.timestamp() - time.time()) < 5

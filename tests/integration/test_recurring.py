@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-from datetime import date, datetime, timedelta
+from datetime import datetime, timedelta
 from itertools import pairwise
-from zoneinfo import ZoneInfo
 
 import nats
-from psycopg.rows import dict_row
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
 from tests.twins import claim_params
 from worker.adapters import db
-from worker.adapters.batch import mark_params
-from worker.adapters.queries import QUERIES
 from worker.adapters.store import Store
 from worker.client import TimerClient
 from worker.config import Settings
-from worker.core.domain import Claimed, Fired
-from worker.core.firing import next_of
 from worker.devkit.recorder import EventRecorder
 
 # Downtime is a timer left unclaimed for TIMER_DOWNTIME_AFTER (a minute by default): these
@@ -278,70 +272,3 @@ async def test_the_get_reply_shows_cron_until_and_data(settings: Settings, db_ur
         "timezone": "Europe/Paris",
     }
     assert view["data"] == {"room": "blue"}
-
-
-async def _walk_stored(db_url: str, service_call_id: str) -> list[datetime]:
-    """Fire a stored timer occurrence after occurrence, on time, by the real code path: the row as
-    claim_due returns it (its columns read back from Postgres, data as text), next_of, and
-    mark_fired under a lease set by hand (claim_due only takes occurrences due on the database
-    clock)."""
-    fired: list[datetime] = []
-    pool = db.pool(db_url, "tests", min_size=1, max_size=2, idle_in_transaction_ms=60_000)
-    async with pool, pool.connection() as conn:
-        while True:
-            token = len(fired) + 1
-            await conn.execute("BEGIN")  # the mark runs in the claim's transaction (Store.claim)
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                "UPDATE timers SET lease_token = %s, lease_expires_at = now() + interval '1 hour'"
-                " WHERE tenant_id = 'acme' AND service_call_id = %s AND state = 'Scheduled'"
-                " RETURNING *, data::text AS data_text, ctid::text AS row_id",
-                (token, service_call_id),
-            )
-            r = await cur.fetchone()
-            if r is None:
-                await conn.execute("COMMIT")
-                return fired
-            claimed = Claimed(
-                "acme", service_call_id, r["due_at"], r["correlation_id"], token, 1,
-                r["repeat_every"], r["repeat_times"], r["repeat_timezone"], r["anchor_due_at"],
-                r["occurrence_index"], r["due_at"],  # on time: the reference is the occurrence
-                r["row_id"], repeat_cron=r["repeat_cron"], repeat_until=r["repeat_until"],
-                data=r["data_text"],
-            )  # fmt: skip
-            fired.append(claimed.due_at)
-            marked = await conn.execute(
-                QUERIES["mark_fired"], mark_params([Fired(claimed, *next_of(claimed))])
-            )
-            assert marked.rowcount == 1
-            await conn.execute("COMMIT")
-
-
-async def test_weekday_nine_oclock_in_paris_and_new_york_across_both_dst_changes_of_2027(
-    settings: Settings, db_url: str
-) -> None:
-    """Scheduled through NATS, stored by a replica, then walked through 2027 from the rows in
-    Postgres: every weekday at 09:00 local, 08:00Z / 07:00Z in Paris (CET / CEST: 2027-03-28 and
-    2027-10-31) and 14:00Z / 13:00Z in New York (EST / EDT: 2027-03-14 and 2027-11-07)."""
-    zones = {"paris": "Europe/Paris", "new-york": "America/New_York"}
-    async with running_replica(settings), jetstream(settings) as js:
-        for key, zone in zones.items():
-            repeat = {"cron": "0 9 * * MON-FRI", "timezone": zone, "until": "2027-12-31T23:59:59Z"}
-            start = "2027-01-01T00:00:00Z"
-            body = {"tenantId": "acme", "serviceCallId": key, "dueAt": start, "repeat": repeat}
-            await publish_raw(js, settings, "acme", "schedule", body)
-        await until(lambda: all(row(db_url, "acme", k) is not None for k in zones), what="both stored")
-    weekdays = [d for d in (date(2027, 1, 1) + timedelta(days=i) for i in range(365)) if d.weekday() < 5]
-    changes = {
-        "paris": (date(2027, 3, 28), date(2027, 10, 31), 8),
-        "new-york": (date(2027, 3, 14), date(2027, 11, 7), 14),
-    }
-    for key, zone in zones.items():
-        fired = await _walk_stored(db_url, key)
-        spring, autumn, winter_hour = changes[key]
-        assert [f.astimezone(ZoneInfo(zone)).date() for f in fired] == weekdays
-        assert all(f.astimezone(ZoneInfo(zone)).strftime("%H:%M") == "09:00" for f in fired)
-        assert [f.hour for f in fired] == [winter_hour - (spring <= f.date() < autumn) for f in fired]
-        stored = row(db_url, "acme", key)
-        assert stored is not None and stored["state"] == "Reached"  # `until` ended it
-        assert stored["occurrence_index"] == len(weekdays) - 1

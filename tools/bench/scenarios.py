@@ -20,6 +20,7 @@ from typing import Any
 
 from nats.js import api
 
+from tools.bench.producer import producer
 from tools.bench.rig import COUNT_SCHEDULED_SQL, Rig
 from worker.adapters.streams import consumer_config
 from worker.contract import Subjects
@@ -380,6 +381,7 @@ SCENARIOS = {
         Scenario("lateness-5k", lateness_5k, (("lateness_p99_ms", "<=", 250),)),
         Scenario("intake", intake, (("commands_per_s", ">=", 20_000),)),
         Scenario("intake-workqueue", intake_work_queue, ()),  # on request: the A/B's old stream
+        Scenario("producer", producer, (("commands_per_s", ">=", 40_000),)),
         Scenario("failover", failover, (("orphan_lateness_p99_ms", "<=", 5000),)),
         Scenario("catchup", catchup, (("fresh_lateness_p99_ms", "<=", 1000),)),
         Scenario("fairness", fairness, (("fresh_lateness_p99_ms", "<=", 1000),)),

@@ -17,7 +17,7 @@ from psycopg.pq import Format
 from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters.queries import QUERIES
-from worker.errors import ConfigError
+from worker.errors import ConfigError, DatabaseError
 
 
 class _SafeTimestamptz(Loader):
@@ -87,6 +87,19 @@ def connect(conninfo: str, read_only: bool = False) -> Iterator[psycopg.Connecti
         if read_only:
             conn.read_only = True
         yield conn
+
+
+def fleet_secret(conninfo: str) -> bytes:
+    """The key of every Nats-Msg-Id (contract.MessageIds), made by sql/migrations/0005: read here
+    alone, by the replica as it starts and by a DLQ replay, on a one-off read-only session."""
+    with connect(conninfo, read_only=True) as conn:
+        found = conn.execute(QUERIES["fleet_secret"]).fetchone()
+    if found is None:
+        raise DatabaseError(
+            "the database has no fleet secret (table fleet_secret is empty): restore its row from a"
+            " backup of this database"
+        )
+    return bytes(found[0])
 
 
 def pool(

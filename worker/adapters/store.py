@@ -27,7 +27,7 @@ from worker.core.domain import (
     Position,
 )
 from worker.core.ports import ClaimedBatch
-from worker.errors import DatabaseError, TransientError
+from worker.errors import TransientError
 
 # How long a command waiting for its timer may hold up the later ones once the timer is no longer
 # claimed (Store.order_grace); at least the lease plus the command consumer's ack wait.
@@ -358,16 +358,6 @@ class Store:
         with self._db(write=True):
             async with self.pool.connection() as conn:
                 return await pausing.pause(conn, command, position)
-
-    async def fleet_secret(self) -> bytes:
-        """The key of every Nats-Msg-Id (contract.MessageIds), made by migration 0005."""
-        with self._db():
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(QUERIES["fleet_secret"])
-                found = await cur.fetchone()
-        if found is None:
-            raise DatabaseError("fleet_secret is empty: restore its row from a backup of this database")
-        return bytes(found[0])
 
     async def ping(self) -> None:
         with self._db():

@@ -19,6 +19,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from worker import metrics
 from worker.contract import Subjects
+from worker.core.ports import FetchFailed
 from worker.errors import ConfigError, TransientError
 
 if TYPE_CHECKING:
@@ -57,26 +58,23 @@ def stream_configs(s: Settings, subjects: Subjects, fast_ingest: bool) -> list[a
             # Producers may send commands in atomic batches (TimerClient.schedule_many).
             allow_atomic=True,
         ),
-        api.StreamConfig(
-            name=s.event_stream,
-            subjects=[subjects.due("*")],
-            max_age=s.retention.total_seconds(),
-            num_replicas=s.stream_replicas,
-            duplicate_window=s.events_duplicate_window.total_seconds(),
-            allow_atomic=True,
-        ),
-        api.StreamConfig(
-            name=s.dlq_stream,
-            subjects=[subjects.dlq("*")],
-            max_age=s.retention.total_seconds(),
-            num_replicas=s.stream_replicas,
-        ),
+        events := _published(s, s.event_stream, subjects.due("*")),
+        _published(s, s.dlq_stream, subjects.of("*", "dlq")),
     ]
+    events.duplicate_window = s.events_duplicate_window.total_seconds()
+    events.allow_atomic = True  # the firing loop publishes first attempts in atomic batches
     # Fast-ingest batches only where the server knows them: a stream with allow_batched needs
     # API level 4 (2.14), and an older server would ignore the flag anyway.
     if fast_ingest:
-        configs[1].allow_batched = True
+        events.allow_batched = True
     return configs
+
+
+def _published(s: Settings, name: str, subject: str) -> api.StreamConfig:
+    """A stream the service publishes to (the events, the DLQ), kept for TIMER_RETENTION."""
+    return api.StreamConfig(
+        name=name, subjects=[subject], max_age=s.retention.total_seconds(), num_replicas=s.stream_replicas
+    )
 
 
 def check_limits(s: Settings, streams: dict[str, api.StreamConfig], command: str) -> None:
@@ -286,7 +284,12 @@ class CommandFeed:
                     return msgs
             except (TimeoutError, nats.errors.Error):  # nothing there now; tend_commands sees it go
                 pass
-        return await (await self._sub(b.command_stream)).fetch(batch, timeout=timeout)
+        try:
+            return await (await self._sub(b.command_stream)).fetch(batch, timeout=timeout)
+        except TimeoutError:  # nats.errors.TimeoutError is one too: nothing came, not a failure
+            raise
+        except nats.errors.Error as exc:  # the core knows no nats-py error (ports.FetchFailed)
+            raise FetchFailed(f"{type(exc).__name__}: {exc}") from exc
 
     async def unsubscribe(self) -> None:
         for sub in self._subs.values():

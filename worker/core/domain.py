@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, NamedTuple
 
 # deferred: the key's occurrence is claimed, the command waits for it; stuck: it has been claimed
 # for longer than TIMER_STUCK_AFTER without being recorded, and the command is given up.
@@ -31,21 +31,6 @@ class Applied:
 
     outcomes: list[Outcome]
     soonest_due: datetime | None
-
-
-class Leased(Protocol):
-    """What the fence of a claimed occurrence needs."""
-
-    @property
-    def tenant_id(self) -> str: ...
-    @property
-    def service_call_id(self) -> str: ...
-    @property
-    def lease_token(self) -> int: ...
-    @property
-    def attempts(self) -> int: ...
-    @property
-    def row_id(self) -> str: ...
 
 
 class Claimed(NamedTuple):
@@ -94,6 +79,12 @@ class Unreadable(NamedTuple):
     lease_token: int
     attempts: int
     row_id: str
+
+
+# A claimed occurrence as its fence reads it (tenant_id, service_call_id, lease_token, attempts):
+# one to publish, or one whose dueAt could not be read. The two types, not a protocol of the four
+# fields: nothing else holds a lease.
+Leased = Claimed | Unreadable
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from worker.core.clock import Clock
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Claimed, ClaimParams, Fired, Key, Leased, Unreadable
 from worker.core.headers import stored_carried_problem
+from worker.core.loop import Loop
 from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore
 from worker.core.recurrence import next_occurrence
 from worker.core.waiting import wait_any
@@ -86,15 +87,11 @@ def _first(errors: BaseExceptionGroup[BaseException]) -> BaseException:
     return _first(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-class FiringLoop:
+class FiringLoop(Loop[FiringStore, EventPublisher]):
     def __init__(
         self, settings: Settings, store: FiringStore, broker: EventPublisher, wakeup: Wakeup, clock: Clock
     ) -> None:
-        self.s = settings
-        self.store = store
-        self.broker = broker
-        self.wakeup = wakeup
-        self.clock = clock  # the database clock: an occurrence is published once due on it
+        super().__init__(settings, store, broker, wakeup, clock)
         # A live replica claims at least once a poll interval, so an expired lease is re-claimed
         # within one; a timer left claimable for TIMER_DOWNTIME_AFTER (at least a lease plus a
         # poll interval, config.py) had no replica: downtime, and a missed occurrence is skipped.

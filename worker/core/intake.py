@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-
-import nats.errors
-from nats.aio.msg import Msg
 
 from worker import metrics, tracing
 from worker.config import Settings
@@ -22,7 +18,9 @@ from worker.core.commands import parse_command, parse_control
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Applied, Position
 from worker.core.headers import carried_headers
-from worker.core.ports import IntakeBroker, IntakeStore
+from worker.core.loop import Loop
+from worker.core.ports import FetchFailed, IntakeBroker, IntakeStore
+from worker.core.received import ReceivedCommand, position
 from worker.core.waiting import retry_transient, wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError, verdict
@@ -34,15 +32,11 @@ FETCH_WAIT_S = 1.0
 RETRY_DELAY_S = 2.0
 
 
-class Intake:
+class Intake(Loop[IntakeStore, IntakeBroker]):
     def __init__(
         self, settings: Settings, store: IntakeStore, broker: IntakeBroker, wakeup: Wakeup, clock: Clock
     ) -> None:
-        self.s = settings
-        self.store = store
-        self.broker = broker
-        self.wakeup = wakeup
-        self.clock = clock
+        super().__init__(settings, store, broker, wakeup, clock)
         self._carry = settings.carried_names
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -53,15 +47,14 @@ class Intake:
                 metrics.tick("intake")
                 try:
                     msgs = await sub.fetch(self.s.intake_batch_size, timeout=FETCH_WAIT_S)
-                except (TimeoutError, nats.errors.TimeoutError):
+                except TimeoutError:
                     continue
-                except nats.errors.Error as exc:
+                except FetchFailed as exc:
                     # Reconnecting, or the consumer's stream has no leader for a moment (a NATS
                     # node went down: 503 until the cluster elects another). Both pass; neither
                     # ends intake. A deleted consumer or stream answers 503 too: the broker puts
                     # that one back.
-                    error = f"{type(exc).__name__}: {exc}"
-                    log.warning("fetch failed", extra={"action": "fetch_failed", "error": error})
+                    log.warning("fetch failed", extra={"action": "fetch_failed", "error": str(exc)})
                     self.broker.check_streams_soon()
                     await wait_any(1.0, stop)
                     continue
@@ -81,14 +74,13 @@ class Intake:
         finally:
             # Fetched messages are never marked done in the pull subscription's queue, so
             # draining the connection would wait on it until its timeout: unsubscribe first.
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+            await sub.unsubscribe()
 
-    async def handle(self, msgs: Sequence[Msg]) -> None:
+    async def handle(self, msgs: Sequence[ReceivedCommand]) -> None:
         with tracing.span("timer.intake", **{"timer.count": len(msgs)}) as span:
             now = datetime.now(UTC)
-            commands: list[tuple[Msg, Command | PauseTimers]] = []
-            rejected: list[tuple[Msg, Rejection]] = []
+            commands: list[tuple[ReceivedCommand, Command | PauseTimers]] = []
+            rejected: list[tuple[ReceivedCommand, Rejection]] = []
             for msg in msgs:
                 parsed = self.parse(msg, now)
                 if isinstance(parsed, Rejection):
@@ -105,8 +97,8 @@ class Intake:
                 await self.apply(commands)
 
     async def _within_quota(
-        self, batch: list[tuple[Msg, Command | PauseTimers]]
-    ) -> list[tuple[Msg, Command | PauseTimers]]:
+        self, batch: list[tuple[ReceivedCommand, Command | PauseTimers]]
+    ) -> list[tuple[ReceivedCommand, Command | PauseTimers]]:
         """The batch without the ScheduleTimers over their tenant's limit; those go to the DLQ."""
         limit = self.s.tenant_max_pending
         try:
@@ -130,7 +122,7 @@ class Intake:
             )
         return [b for i, b in enumerate(batch) if i not in over]
 
-    def parse(self, msg: Msg, now: datetime) -> Command | PauseTimers | Rejection:
+    def parse(self, msg: ReceivedCommand, now: datetime) -> Command | PauseTimers | Rejection:
         where = self.broker.subjects.split(msg.subject)
         # The stream only binds our command subjects; anything else is foreign.
         if where is None or (kind := where[1]) not in ("schedule", "cancel", "pause", "resume"):
@@ -159,7 +151,7 @@ class Intake:
                 command = dataclasses.replace(command, carried=carried)
         return command
 
-    async def reject(self, rejected: Sequence[tuple[Msg, Rejection]]) -> None:
+    async def reject(self, rejected: Sequence[tuple[ReceivedCommand, Rejection]]) -> None:
         """Copy each command, unchanged, to its tenant's DLQ subject; acknowledge each once it is
         stored. Pipelined: a flood of garbage drains at publish speed, not one round trip each."""
         copies = [self._dlq_copy(msg, why) for msg, why in rejected]
@@ -184,7 +176,8 @@ class Intake:
         if failed is not None:
             log.warning("dlq publish failed", extra={"action": "dlq_failed", "error": str(failed)})
 
-    def _dlq_copy(self, msg: Msg, why: Rejection) -> Outgoing:
+    def _dlq_copy(self, msg: ReceivedCommand, why: Rejection) -> Outgoing:
+        where = position(msg)
         headers = {
             "Timer-Error": why.reason,
             "Timer-Error-Detail": why.detail,
@@ -192,12 +185,10 @@ class Intake:
             # From the command's own stream position and time: when a PubAck is lost, the command
             # comes back and is copied again, and the DLQ stream drops that copy, so it holds each
             # one once; a recreated command stream's commands get copies of their own.
-            "Nats-Msg-Id": self.broker.ids.derived(
-                self.s.command_stream, msg.metadata.sequence.stream, msg.metadata.timestamp
-            ),
+            "Nats-Msg-Id": self.broker.ids.derived(self.s.command_stream, where.seq, where.stored_at),
         }
         data = self._fit(msg.data, headers)
-        return Outgoing(self.broker.subjects.dlq(why.dlq_token), data, headers)
+        return Outgoing(self.broker.subjects.of(why.dlq_token, "dlq"), data, headers)
 
     def _fit(self, data: bytes, headers: dict[str, str]) -> bytes:
         """The command body for its DLQ copy: unchanged, unless the copy's headers would push it past
@@ -211,10 +202,10 @@ class Intake:
         headers["Timer-Body-Truncated"] = str(len(data))
         return data[: max(0, limit - header_bytes)]
 
-    async def apply(self, batch: list[tuple[Msg, Command | PauseTimers]]) -> None:
+    async def apply(self, batch: list[tuple[ReceivedCommand, Command | PauseTimers]]) -> None:
         """Apply the batch in stream order: its ScheduleTimers and CancelTimers in one transaction
         between each pause or resume, and those one by one (each moves a whole tenant, or one timer)."""
-        run: list[tuple[Msg, Command]] = []
+        run: list[tuple[ReceivedCommand, Command]] = []
         for msg, command in batch:
             if isinstance(command, PauseTimers):
                 if run:
@@ -226,12 +217,12 @@ class Intake:
         if run:
             await self._apply_commands(run)
 
-    async def _pause(self, msg: Msg, command: PauseTimers) -> None:
+    async def _pause(self, msg: ReceivedCommand, command: PauseTimers) -> None:
         kind = "resume" if command.resume else "pause"
         try:
             # Retried like a batch: every step of a pause or resume can run again.
             # Its place in the stream: an older pause or resume never undoes a newer one.
-            where = Position(msg.metadata.sequence.stream, msg.metadata.timestamp)
+            where = position(msg)
             done = await retry_transient(lambda: self.store.pause(command, where), 5, first_s=0.1, max_s=2)
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
@@ -253,11 +244,11 @@ class Intake:
         await settle(msg, self.s.lease_ms / 1000 if outcome == "deferred" else None)
         await self._hint(done.soonest_due)
 
-    async def _apply_commands(self, batch: list[tuple[Msg, Command]]) -> None:
+    async def _apply_commands(self, batch: list[tuple[ReceivedCommand, Command]]) -> None:
         started = time.perf_counter()
         try:
             # Their places in the stream keep each timer's commands in stream order (Store.apply).
-            positions = [Position(msg.metadata.sequence.stream, msg.metadata.timestamp) for msg, _ in batch]
+            positions = [position(msg) for msg, _ in batch]
             applied = await self._apply_retrying([c for _, c in batch], positions)
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
@@ -266,7 +257,7 @@ class Intake:
             return
         metrics.COMMAND_BATCH_SECONDS.observe(time.perf_counter() - started)
         crash_point("committed")
-        stuck: list[tuple[Msg, Rejection]] = []
+        stuck: list[tuple[ReceivedCommand, Rejection]] = []
         for (msg, command), outcome in zip(batch, applied.outcomes, strict=True):
             kind = "schedule" if isinstance(command, ScheduleTimer) else "cancel"
             if outcome == "stuck":  # waited past TIMER_STUCK_AFTER: give up, visibly
@@ -302,7 +293,7 @@ class Intake:
         await self.broker.hint(self.broker.subjects.wake, f"{soonest:.3f}".encode())
 
 
-async def settle(msg: Msg, retry_in: float | None = None) -> None:
+async def settle(msg: ReceivedCommand, retry_in: float | None = None) -> None:
     """Acknowledge a command (retry_in None) or offer it again after retry_in seconds. When NATS
     cannot take that now (reconnecting, with TIMER_PUBLISH_BUFFER_BYTES too small to hold it),
     nothing is lost: the command comes back after the consumer's ack wait and, being idempotent,

@@ -14,10 +14,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
-from nats.aio.msg import Msg
-
 from worker.contract import Command, MessageIds, Outgoing, PauseTimers, Subjects
 from worker.core.domain import Applied, ClaimParams, ClaimResult, Failed, Fired, Key, Position
+from worker.core.received import ReceivedCommand
 
 
 class ClaimedBatch(Protocol):
@@ -102,12 +101,19 @@ class EventPublisher(Protocol):
     async def hint(self, subject: str, payload: bytes) -> None: ...
 
 
+class FetchFailed(Exception):
+    """A fetch the broker could not make now (reconnecting, the consumer's stream without a leader
+    for a moment, or gone): intake waits a moment and fetches again. Its text says why."""
+
+
 class CommandBatches(Protocol):
-    """A pull subscription: up to `batch` commands, or TimeoutError when none came in `timeout`."""
+    """A pull subscription: up to `batch` commands, TimeoutError when none came in `timeout`,
+    FetchFailed when the broker could not ask."""
 
-    async def fetch(self, batch: int, timeout: float) -> list[Msg]: ...
+    async def fetch(self, batch: int, timeout: float) -> Sequence[ReceivedCommand]: ...
 
-    async def unsubscribe(self) -> None: ...
+    async def unsubscribe(self) -> None:
+        """Let go of the subscription; never raises for a connection that is already gone."""
 
 
 class CommandSource(Protocol):

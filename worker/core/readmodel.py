@@ -6,11 +6,10 @@ import json
 import logging
 from typing import Any
 
-from nats.aio.msg import Msg
-
 from worker.contract import Subjects, is_valid_tenant, timer_view
 from worker.core.fields import identifier_problem
 from worker.core.ports import TimerReader
+from worker.core.received import Request
 from worker.errors import verdict
 
 log = logging.getLogger("worker.readmodel")
@@ -21,7 +20,7 @@ class ReadModel:
         self.store = store
         self.subjects = Subjects(prefix)
 
-    async def answer(self, msg: Msg) -> None:
+    async def answer(self, msg: Request) -> None:
         reply = await self.lookup(msg.subject, msg.data)
         if msg.reply:
             await msg.respond(json.dumps(reply).encode())

@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.request
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -87,6 +88,7 @@ class EmbeddedPostgres(ServerProcess):
         ssl_key: Path | None = None,
         ssl_ca: Path | None = None,
         bin_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(base_dir, port)
         if bool(ssl_cert) != bool(ssl_key):
@@ -99,6 +101,9 @@ class EmbeddedPostgres(ServerProcess):
         self.ssl_cert, self.ssl_key, self.ssl_ca = ssl_cert, ssl_key, ssl_ca
         # Another server build (e.g. Debian's, which has SSL; the wheel's has none); None: the wheel's.
         self.bin_dir = bin_dir
+        # Variables for the server only (initdb runs without them), e.g. LD_PRELOAD of libfaketime
+        # so a test can move the database clock (tests/integration/test_cron_clock.py).
+        self.env = dict(env) if env is not None else None
         self.data_dir = self.base_dir / "data"
 
     @property
@@ -122,7 +127,7 @@ class EmbeddedPostgres(ServerProcess):
         # shared memory a moment longer ("pre-existing shared memory block is still in use").
         retry_until = min(deadline, time.monotonic() + RESTART_RETRY_S)
         while True:
-            self._spawn(self._argv(), user=user, death_signal=signal.SIGQUIT)
+            self._spawn(self._argv(), user=user, death_signal=signal.SIGQUIT, env=self.env)
             if self._wait_ready(self._accepts, deadline):
                 return
             if time.monotonic() > retry_until:

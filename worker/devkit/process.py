@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Literal, Self, TypedDict
@@ -118,11 +118,15 @@ class ServerProcess:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} port={self.port} pid={self.pid} dir={self.base_dir}>"
 
-    def _spawn(self, argv: list[str], *, user: str | None, death_signal: int) -> None:
+    def _spawn(
+        self, argv: list[str], *, user: str | None, death_signal: int, env: Mapping[str, str] | None = None
+    ) -> None:
+        """Start the server; `env`: variables set for it on top of ours (None: ours as they are)."""
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 argv,
                 **self._child_io(log, user),
+                env=None if env is None else {**os.environ, **env},
                 start_new_session=True,  # own process group: kill() takes the children too
                 preexec_fn=_die_with_parent(death_signal),
             )

@@ -79,9 +79,21 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             ),
         )
     )
-    # The first occurrence: dueAt itself, or a cron schedule's first match at or after it.
-    print(f"scheduled {args.tenant}/{args.id} at {iso(checked.due_at)}")
+    # What is true now: JetStream stored the command. A replica applies it shortly, or rejects it
+    # (quota_exceeded, a dueAt past the horizon by then): that only shows in the DLQ. The first
+    # occurrence: dueAt itself, or a cron schedule's first match at or after it.
+    print(f"sent {args.tenant}/{args.id} (first occurrence {iso(checked.due_at)}): in the command stream")
+    key = f"--tenant {args.tenant} --id {args.id}"
+    print(_applied_or_dlq(f"it shortly (`timer-service describe {key}`)", key))
     return 0
+
+
+def _applied_or_dlq(applies: str, dlq_filter: str) -> str:
+    """The line after what `schedule` sent: a replica applies it or rejects it, and where to look."""
+    return (
+        f"a replica applies {applies}, or rejects it to the DLQ (quota_exceeded, say):"
+        f" `timer-service dlq list {dlq_filter}`"
+    )
 
 
 # Lines read, checked and sent at a time by `schedule --from-file`: memory stays flat for any file.
@@ -93,12 +105,15 @@ def _schedule_file(settings: Settings, path: str) -> int:
     tenant from `tenantId`), checked as the service would (a line it would reject is reported
     with its number and reason, and not sent), the rest sent with TimerClient.schedule_many.
     A progress line on stderr while it runs (on a terminal); a summary on stdout. Exit 1 if
-    any line was rejected or not stored."""
+    any line was rejected or not stored. Sent is not applied: a replica may still reject a line
+    (quota_exceeded, say) to the DLQ, which the summary names."""
     from worker.core.commands import parse_command
 
     stream = sys.stdin.buffer if path == "-" else Path(path).open("rb")  # noqa: SIM115  # closed below
     progress = Progress(Path(path).stat().st_size if path != "-" else None)
     counts = {"accepted": 0, "duplicate": 0, "error": 0, "rejected": 0}
+    # Whatever a replica rejects of this import is in the DLQ from here on.
+    started = datetime.now(UTC)
 
     def reject(number: int, why: str) -> None:
         counts["rejected"] += 1
@@ -149,10 +164,14 @@ def _schedule_file(settings: Settings, path: str) -> int:
     finally:
         stream.close()
         progress.clear()
+    # "sent": stored in the command stream (TimerClient's `accepted`), not yet applied; "duplicate":
+    # the stream had that command already; "rejected": refused here, not sent.
     print(
-        f"accepted {counts['accepted']}, duplicate {counts['duplicate']},"
-        f" rejected {counts['rejected']}, not stored {counts['error']}"
+        f"sent {counts['accepted']}, duplicate {counts['duplicate']},"
+        f" rejected {counts['rejected']} (not sent), not stored {counts['error']}"
     )
+    if counts["accepted"]:
+        print(_applied_or_dlq("each shortly", f"--since {iso(started)}"))
     return 1 if counts["rejected"] or counts["error"] else 0
 
 

@@ -24,25 +24,25 @@ import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
+from worker.adapters import db
 from worker.adapters.broker import connect_options
-from worker.adapters.queries import QUERIES
 from worker.adapters.streams import command_stream_now
 from worker.config import Settings
 from worker.contract import MessageIds, Rejection, Subjects
 from worker.core.commands import parse_command
+from worker.core.received import stored_time
+from worker.errors import DatabaseError
 from worker.natsconn import nats_connect
-from worker.ops.reads import connect, fmt_time
+from worker.ops.reads import fmt_time
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # An operator's listing reads at most this many entries before it stops and says where.
 MAX_SCAN = 10_000
 # Entries fetched per request while listing.
@@ -142,29 +142,6 @@ class ReplayRefused(Exception):
     """A replay that would only bounce back to the DLQ, or has nowhere to go; nothing was sent."""
 
 
-def read_fleet_secret(conninfo: str) -> bytes:
-    """The fleet secret (sql/migrations/0005), on a one-off read-only connection."""
-    with connect(conninfo) as conn:
-        found = conn.execute(QUERIES["fleet_secret"]).fetchone()
-    if found is None:
-        raise ReplayRefused("the database has no fleet secret (table fleet_secret is empty)")
-    return bytes(found[0])
-
-
-def _stored_time(msg: Msg) -> datetime | None:
-    """When the stream stored a message delivered by a consumer, truncated to the microsecond as
-    the message-get API's time is (nats-py's metadata rounds a float instead, which can differ by
-    a microsecond): a replay's Nats-Msg-Id is made from it, so an entry listed and an entry got
-    by its sequence must give the same one. The ack subject carries it in nanoseconds:
-    `$JS.ACK.<stream>.<consumer>.<delivered>.<seq>.<cseq>.<ns>.<pending>`, or with a domain and
-    account hash before the stream and a token after the pending count."""
-    tokens = (msg.reply or "").split(".")
-    nanos = tokens[7] if len(tokens) == 9 else tokens[9] if len(tokens) >= 11 else None
-    if nanos is None or not nanos.isdigit():
-        return msg.metadata.timestamp
-    return EPOCH + timedelta(microseconds=int(nanos) // 1000)
-
-
 class Dlq:
     def __init__(self, nc: NATS, settings: Settings) -> None:
         self.settings = settings
@@ -178,11 +155,14 @@ class Dlq:
             raise ReplayRefused(f"entry {entry.seq} has no stored time: its replay id cannot be made")
         if self._ids is None:
             url = self.settings.database_url.get_secret_value()
-            self._ids = MessageIds(await asyncio.to_thread(read_fleet_secret, url))
+            try:
+                self._ids = MessageIds(await asyncio.to_thread(db.fleet_secret, url))
+            except DatabaseError as exc:  # nothing sent: a refusal, in the one line it is
+                raise ReplayRefused(str(exc)) from exc
         return self._ids.derived(self.settings.dlq_stream, entry.seq, entry.time)
 
     def _subject(self, tenant: str | None) -> str:
-        return self.subjects.dlq(tenant or "*")
+        return self.subjects.of(tenant or "*", "dlq")
 
     async def get(self, seq: int) -> DlqEntry | None:
         """The entry at this sequence, or None (never stored, replayed, purged or aged out)."""
@@ -243,7 +223,9 @@ class Dlq:
                 for msg in batch:
                     meta = msg.metadata
                     seq = meta.sequence.stream
-                    entry = self._entry(seq, msg.subject, _stored_time(msg), msg.headers, msg.data)
+                    # truncated: as get_msg's time is, so a listed entry and a got one share a replay id
+                    stored = stored_time(msg, truncated=True)
+                    entry = self._entry(seq, msg.subject, stored, msg.headers, msg.data)
                     left = int(meta.num_pending)
                     yield seq, entry if entry is not None and f.matches(entry) else None
             await sub.unsubscribe()

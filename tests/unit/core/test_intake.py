@@ -9,11 +9,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
-import nats.js.errors
+from nats.aio.msg import Msg
 
 from tests.twins import FakeClock, FakeTime, TwinBroker, TwinStore, claim_params
 from worker.config import Settings, load_settings
 from worker.core.intake import RETRY_DELAY_S, Intake
+from worker.core.ports import FetchFailed
 from worker.core.wakeup import Wakeup
 
 
@@ -41,7 +42,7 @@ async def test_commands_are_acknowledged_only_after_their_batch_is_committed() -
     time, store, broker, intake = setup()
     due = datetime.fromtimestamp(time.t + 60, UTC)
     for key in ("a", "b", "c"):
-        broker.add(broker.subjects.schedule("acme"), command("ScheduleTimer", "acme", key, due))
+        broker.add(broker.subjects.of("acme", "schedule"), command("ScheduleTimer", "acme", key, due))
     await fetch_and_handle(broker, intake)
     events = [kind for kind, _ in store.log]
     assert events == ["apply", "ack", "ack", "ack"]
@@ -52,10 +53,10 @@ async def test_commands_are_acknowledged_only_after_their_batch_is_committed() -
 async def test_a_command_for_a_claimed_occurrence_waits_a_lease_and_is_not_acknowledged() -> None:
     time, store, broker, intake = setup()
     now = datetime.fromtimestamp(time.t, UTC)
-    broker.add(broker.subjects.schedule("acme"), command("ScheduleTimer", "acme", "k", now))
+    broker.add(broker.subjects.of("acme", "schedule"), command("ScheduleTimer", "acme", "k", now))
     await fetch_and_handle(broker, intake)
     await store.claim(claim_params("firing", 10, 0, lease_ms=3000))  # its occurrence is being fired
-    cancel = broker.add(broker.subjects.cancel("acme"), command("CancelTimer", "acme", "k", ts=2))
+    cancel = broker.add(broker.subjects.of("acme", "cancel"), command("CancelTimer", "acme", "k", ts=2))
     await fetch_and_handle(broker, intake)
     assert broker.acks.of(cancel.metadata.sequence.stream) == ['-NAK {"delay": 3000000000}']
     assert store.rows["acme", "k"].state == "Scheduled"
@@ -63,7 +64,7 @@ async def test_a_command_for_a_claimed_occurrence_waits_a_lease_and_is_not_ackno
 
 async def test_garbage_goes_to_the_dlq_before_it_is_acknowledged_and_stays_when_the_dlq_fails() -> None:
     _, _, broker, intake = setup()
-    bad = broker.add(broker.subjects.schedule("acme"), b"{not json")
+    bad = broker.add(broker.subjects.of("acme", "schedule"), b"{not json")
     broker.fail = lambda m: ConnectionError("dlq down")
     await fetch_and_handle(broker, intake)
     assert broker.acks.of(bad.metadata.sequence.stream) == [f'-NAK {{"delay": {int(RETRY_DELAY_S * 1e9)}}}']
@@ -72,15 +73,28 @@ async def test_garbage_goes_to_the_dlq_before_it_is_acknowledged_and_stays_when_
     broker.redeliver(bad)
     await fetch_and_handle(broker, intake)
     (copy,) = broker.stored.values()
-    assert copy.subject == broker.subjects.dlq("acme") and copy.payload == b"{not json"
+    assert copy.subject == broker.subjects.of("acme", "dlq") and copy.payload == b"{not json"
     assert copy.headers["Timer-Error"] == "invalid_json"
     assert broker.acks.of(bad.metadata.sequence.stream)[-1] == "+ACK"
+
+
+async def test_a_dlq_copys_id_reads_the_stored_time_as_it_always_has() -> None:
+    """Rounded to the microsecond, as nats-py reads it: a command copied before an upgrade and
+    redelivered after must get the same Nats-Msg-Id, or the DLQ would hold it twice."""
+    _, _, broker, intake = setup()
+    # stored at 2026-11-24T05:00:00.000001700Z: rounds to ...002 µs, truncates to ...001
+    reply = "$JS.ACK.TIMER_COMMANDS.timer-service.1.7.7.1795496400000001700.0"
+    broker.queue.append(Msg(_client=broker.acks, subject="timer.acme.timer.schedule", reply=reply, data=b"{"))  # type: ignore[arg-type]
+    await fetch_and_handle(broker, intake)
+    (copy,) = broker.stored.values()
+    rounded = datetime(2026, 11, 24, 5, 0, 0, 2, tzinfo=UTC)
+    assert copy.headers["Nats-Msg-Id"] == broker.ids.derived(intake.s.command_stream, 7, rounded)
 
 
 async def test_a_near_timer_wakes_the_local_loop_and_the_fleet() -> None:
     time, _, broker, intake = setup()
     due = datetime.fromtimestamp(time.t + 0.5, UTC)
-    broker.add(broker.subjects.schedule("acme"), command("ScheduleTimer", "acme", "soon", due))
+    broker.add(broker.subjects.of("acme", "schedule"), command("ScheduleTimer", "acme", "soon", due))
     await fetch_and_handle(broker, intake)
     ((subject, payload),) = broker.hints
     assert subject == broker.subjects.wake and float(payload) == round(due.timestamp(), 3)
@@ -119,9 +133,11 @@ class Broker:
 async def test_intake_survives_a_stream_without_leader_and_a_reconnect() -> None:
     stop = asyncio.Event()
     errors: list[Exception] = [
-        nats.js.errors.ServiceUnavailableError(),  # the consumer's leader is being re-elected
-        nats.errors.ConnectionReconnectingError(),
-        nats.errors.TimeoutError(),
+        # what the broker makes of a 503 (the consumer's leader is being re-elected) and of a
+        # reconnect (tests/unit/adapters/test_streams.py)
+        FetchFailed("ServiceUnavailableError: nats: service unavailable"),
+        FetchFailed("ConnectionReconnectingError: nats: connection reconnecting"),
+        nats.errors.TimeoutError(),  # nothing came: nats-py's timeout is a TimeoutError
     ]
     sub = FlakySubscription(errors, stop)
     broker = Broker(sub)

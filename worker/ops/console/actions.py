@@ -1,5 +1,6 @@
-"""The console's actions on a timer (only with TIMER_CONSOLE_ACTIONS): cancel, reschedule, fire
-now. Each is sent as a producer sends it, a CancelTimer or a ScheduleTimer through the command
+"""The console's actions (only with TIMER_CONSOLE_ACTIONS): on a timer, cancel, reschedule, fire
+now, pause and resume; on a tenant, pause and resume. Each is sent as a producer (or `timer-service
+pause`) sends it, a CancelTimer, ScheduleTimer, PauseTimers or ResumeTimers through the command
 stream (worker/client.py), so every guarantee of the service holds for it: ordering, a claimed
 occurrence left to fire, the DLQ for a command it would reject. Each is confirmed on a page of its
 own first, and logged (`console_action`) with who did it."""
@@ -24,15 +25,35 @@ WHAT = {
     "cancel": "Cancel",
     "reschedule": "Reschedule",
     "fire": "Fire now",
+    "pause": "Pause",
+    "resume": "Resume",
 }
+# A tenant's actions (the tenant's page): every timer of it, as `timer-service pause --tenant`.
+TENANT_WHAT = {"pause": "Pause", "resume": "Resume"}
 # How long a cancel waits for a replica to apply it before the timer's page is shown.
 CANCEL_WAIT_S = 2.0
 
 
-def _refuse(request: Request, status: int, tenant: str, sid: str, message: str) -> Response:
+def _refuse(request: Request, status: int, tenant: str, sid: str | None, message: str) -> Response:
     return console_of(request).page(
         request, "confirm.html", status, what=None, tenant=tenant, sid=sid, error=message, fields={}
     )
+
+
+def _not_now(what: str, view: dict[str, Any]) -> str | None:
+    """Why this action cannot apply to the timer as it stands, or None. The service would ignore
+    such a command; the console says so instead of sending it."""
+    if what in ("fire", "reschedule", "pause") and view["state"] == "Reached":
+        return "it has fired: Reached is final, the command would be ignored"
+    if what == "pause" and view["state"] != "Scheduled":
+        return f"it is {view['state']}: only a Scheduled timer can be paused"
+    if what == "pause" and view.get("pausedAt"):
+        return "it is paused already (by itself)"
+    if what == "resume" and not view.get("pausedAt"):
+        if view.get("paused"):  # paused with its tenant only: its own resume would be ignored
+            return "it is paused with its tenant, not by itself: resume the tenant"
+        return "it is not paused"
+    return None
 
 
 async def timer_action(request: Request) -> Response:
@@ -54,15 +75,14 @@ async def timer_action(request: Request) -> Response:
             return _refuse(request, 422, tenant, sid, "dueAt: an RFC 3339 time, e.g. 2030-01-01T09:00:00Z")
         if due.tzinfo is None:
             return _refuse(request, 422, tenant, sid, "dueAt: give the offset, e.g. Z for UTC")
-    if due is not None and view["state"] == "Reached":
-        return _refuse(
-            request, 409, tenant, sid, "it has fired: Reached is final, a ScheduleTimer would be ignored"
-        )
+    if (why := _not_now(what, view)) is not None:
+        return _refuse(request, 409, tenant, sid, why)
     payload = _schedule_payload(view, due) if due is not None else None
     if payload is not None:
         checked = parse_command(
-            "schedule", tenant, _json(payload), now=datetime.now(UTC), max_horizon=c.s.max_horizon
-        )
+            "schedule", tenant, _json(payload), now=datetime.now(UTC), max_horizon=c.s.max_horizon,
+            max_payload_bytes=c.s.max_payload_bytes,
+        )  # fmt: skip
         if isinstance(checked, Rejection):
             return _refuse(
                 request, 422, tenant, sid, f"the service would reject it: {checked.reason}: {checked.detail}"
@@ -74,23 +94,51 @@ async def timer_action(request: Request) -> Response:
             due=iso(due) if due and what != "fire" else None, error=None, fields=fields,
         )  # fmt: skip
     assert c.client is not None, "the console's lifespan connects to NATS"
-    if payload is None:
+    if what == "cancel":
         await c.client.cancel(tenant, sid)
         _, line = await run_in_threadpool(reads.cancel_outcome, c.conninfo, tenant, sid, CANCEL_WAIT_S, view)
         audit(request, what, tenant, sid, outcome=line)
+    elif what in TENANT_WHAT:
+        await (c.client.resume if what == "resume" else c.client.pause)(tenant, sid)
+        audit(request, what, tenant, sid)
     else:
-        assert due is not None
-        repeat = payload.get("repeat")
-        await c.client.schedule(tenant, sid, due, correlation_id=payload.get("correlationId"), repeat=repeat)
+        assert due is not None and payload is not None
+        await c.client.schedule(
+            tenant, sid, due, correlation_id=payload.get("correlationId"), repeat=payload.get("repeat"),
+            data=payload.get("data"), headers=view.get("carriedHeaders"),
+        )  # fmt: skip
         audit(request, what, tenant, sid, due_at=iso(due))
     # Post/redirect/get: reloading the timer's page sends nothing again.
-    where = f"/timers/{_q(tenant)}/{_q(sid)}?done={what}"
-    return RedirectResponse(where, status_code=303)
+    return RedirectResponse(f"/timers/{_q(tenant)}/{_q(sid)}?done={what}", status_code=303)
+
+
+async def tenant_action(request: Request) -> Response:
+    """Pause or resume every timer of a tenant: the PauseTimers or ResumeTimers `timer-service
+    pause --tenant` sends; replicas apply it in chunks, the tenant's page shows it applied."""
+    c = console_of(request)
+    form = await action_form(request)
+    what, tenant = request.path_params["what"], request.path_params["tenant"]
+    if what not in TENANT_WHAT or not TENANT_RE.match(tenant):
+        return Response("no such action", status_code=404)
+    summary = await c.db(reads.tenant_summary, tenant)
+    if what == "resume" and summary["tenant_paused_at"] is None:
+        return _refuse(request, 409, tenant, None, f"{tenant} is not paused as a tenant")
+    if field(form, "confirm") != "yes":
+        return c.page(
+            request, "confirm.html", what=what, label=TENANT_WHAT[what], tenant=tenant, sid=None,
+            summary=summary, error=None, fields={},
+        )  # fmt: skip
+    assert c.client is not None, "the console's lifespan connects to NATS"
+    await (c.client.resume if what == "resume" else c.client.pause)(tenant)
+    audit(request, f"tenant_{what}", tenant, None)
+    return RedirectResponse(f"/tenants/{_q(tenant)}?done={what}", status_code=303)
 
 
 def _schedule_payload(view: dict[str, Any], due: datetime) -> dict[str, Any]:
-    """The ScheduleTimer a producer would send to move this timer to `due`: its correlationId and
-    repeat kept. A recurring timer counts its occurrences from the new dueAt (its anchor)."""
+    """The ScheduleTimer a producer would send to move this timer to `due`: its correlationId,
+    repeat and data kept (a ScheduleTimer without `data` would clear it). A recurring timer counts
+    its occurrences from the new dueAt (its anchor). Its carried headers go as the command's
+    headers (timer_action), where a producer sends them."""
     payload: dict[str, Any] = {
         "tenantId": view["tenantId"],
         "serviceCallId": view["serviceCallId"],
@@ -100,6 +148,8 @@ def _schedule_payload(view: dict[str, Any], due: datetime) -> dict[str, Any]:
         payload["correlationId"] = view["correlationId"]
     if view.get("repeat"):
         payload["repeat"] = {k: v for k, v in view["repeat"].items() if v is not None}
+    if view.get("data") is not None:
+        payload["data"] = view["data"]
     return payload
 
 

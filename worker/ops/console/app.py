@@ -1,7 +1,7 @@
 """The web console (`timer-service console`): server-rendered pages over worker.ops (reads,
 browse, stats, history, dlq). Read-only unless TIMER_CONSOLE_ACTIONS; every route behind
 worker.ops.console.auth. The pages: views.py (overview, search, tenant, timer), dlq_views.py,
-actions.py (a timer's actions); what they share: base.py.
+actions.py (a timer's and a tenant's actions); what they share: base.py.
 
 URLs carry ids only (tenant ids, serviceCallIds, DLQ sequences, state names, cursors of ids):
 searches are posted, so access logs hold nothing else.
@@ -114,6 +114,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/tenants/{tenant}", views.tenant),
         Route("/timers/{tenant}/{sid:path}", views.timer),
         Route("/act/{what}/{tenant}/{sid:path}", actions.timer_action, methods=["POST"]),
+        Route("/act-tenant/{what}/{tenant}", actions.tenant_action, methods=["POST"]),
         Route("/dlq", dlq_views.dlq_list),
         Route("/dlq/bulk", dlq_views.dlq_bulk, methods=["POST"]),
         Route("/dlq/{seq:int}", dlq_views.dlq_entry),

@@ -93,7 +93,10 @@ async def tenant(request: Request) -> Response:
     except (ValueError, KeyError, IndexError, TypeError):
         return Response("bad cursor", status_code=400, headers=headers())
     total = summary["counts"][state] if state else sum(summary["counts"].values())
-    return c.page(request, "tenant.html", summary=summary, page=page, state=state, sort=sort, total=total)
+    return c.page(
+        request, "tenant.html", summary=summary, page=page, state=state, sort=sort, total=total,
+        done=request.query_params.get("done"),
+    )  # fmt: skip
 
 
 async def timer(request: Request) -> Response:

@@ -1,0 +1,186 @@
+"""What migration 0008's partial index `timers_correlation` costs intake's Postgres work (issue 21).
+
+    python -m tools.bench.indexcost                       # 7 rounds of 10 batches of 1,000
+    python -m tools.bench.indexcost --rounds 9 --batches 20 --json
+
+Two fresh migrated databases on one Postgres, one of them without the index; each round applies
+the same kind of batches to both, in turns whose order alternates (A B, B A, ...), through the
+service's own Store.apply (sql/queries.sql, upsert_schedules): ScheduleTimer commands that all
+carry a correlationId (the case the index costs something: it is partial), first new timers
+(inserts), then the same timers moved to another dueAt (reschedules: dueAt is indexed, so these
+updates are not HOT and add an entry to every index). Per 1,000 commands: the wall time of
+Store.apply, the CPU time of the Postgres backend that ran it (/proc: embedded or local servers
+only) and the WAL it wrote. Medians of the rounds, and the ratio with the index over without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from tools.bench.calibrate import calibrate, describe
+from tools.bench.rig import Rig
+from worker.adapters.db import pool
+from worker.adapters.store import Store
+from worker.contract import ScheduleTimer
+from worker.errors import ConfigError
+from worker.logs import redact
+
+PROG = "python -m tools.bench.indexcost"
+BATCH = 1000  # intake applies a fetch of up to 1,000 commands per transaction
+# Bench-only SQL (none of it runs in a replica): the A/B's one difference, and its yardsticks.
+DROP_INDEX_SQL = "DROP INDEX timers_correlation"
+BACKEND_PID_SQL = "SELECT pg_backend_pid()"
+WAL_LSN_SQL = "SELECT pg_current_wal_lsn()"
+WAL_BYTES_SQL = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)"
+INDEX_BYTES_SQL = "SELECT pg_relation_size(to_regclass('timers_correlation'))"
+KINDS = ("insert", "reschedule")
+
+
+@dataclass
+class Variant:
+    name: str
+    rig: Rig
+    store: Store
+    backend_pid: int
+    keys: int = 0  # timers made so far: each round's inserts are new ones
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a local process, NaN when it is not on this machine."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _commands(first: int, n: int, due: datetime) -> list[ScheduleTimer]:
+    return [
+        ScheduleTimer(f"t{k % 10}", f"k-{k}", due, f"order-{k}", time.time_ns() // 1_000_000, None)
+        for k in range(first, first + n)
+    ]
+
+
+async def _apply(v: Variant, kind: str, batches: int) -> dict[str, float]:
+    """`batches` batches of BATCH commands of one kind on one variant; the costs per 1,000."""
+    base = v.keys if kind == "insert" else v.keys - batches * BATCH
+    due = datetime.now(UTC) + timedelta(days=1 if kind == "insert" else 2)
+    lsn = await v.rig.scalar(WAL_LSN_SQL)
+    cpu, wall = _cpu_s(v.backend_pid), 0.0
+    for b in range(batches):
+        commands = _commands(base + b * BATCH, BATCH, due)
+        started = time.perf_counter()
+        applied = await v.store.apply(commands)
+        wall += time.perf_counter() - started
+        if applied.outcomes.count("applied") != BATCH:
+            raise RuntimeError(
+                f"{v.name}: {kind} batch applied {applied.outcomes.count('applied')} of {BATCH}"
+            )
+    cpu = _cpu_s(v.backend_pid) - cpu
+    wal = float(await v.rig.scalar(WAL_BYTES_SQL, lsn))
+    if kind == "insert":
+        v.keys += batches * BATCH
+    per = 1000 / (batches * BATCH)
+    return {
+        f"{kind}_ms": wall * 1000 * per,
+        f"{kind}_cpu_ms": cpu * 1000 * per,
+        f"{kind}_wal_kb": wal / 1024 * per,
+    }
+
+
+async def run(admin_url: str, nats_url: str, workdir: Path, rounds: int, batches: int) -> dict[str, Any]:
+    async with AsyncExitStack() as stack:
+        variants = []
+        for name in ("with_index", "without_index"):
+            rig = await stack.enter_async_context(Rig(admin_url, nats_url, workdir))
+            if name == "without_index":
+                await rig.db_.execute(DROP_INDEX_SQL)
+            # one backend: its CPU is the cost
+            p = pool(rig.db_url, f"indexcost-{name}", 1, 1, idle_in_transaction_ms=60_000)
+            await p.open()
+            stack.push_async_callback(p.close)
+            async with p.connection() as conn:
+                row = await (await conn.execute(BACKEND_PID_SQL)).fetchone()
+            assert row is not None
+            variants.append(Variant(name, rig, Store(p), int(row[0])))
+        runs: dict[str, list[dict[str, float]]] = {v.name: [] for v in variants}
+        for r in range(rounds):
+            order = variants if r % 2 == 0 else variants[::-1]  # a slow moment hits both in turn
+            for v in order:
+                m: dict[str, float] = {}
+                for kind in KINDS:
+                    m |= await _apply(v, kind, batches)
+                runs[v.name].append(m)
+            print(f"[indexcost {r + 1}/{rounds}] {_brief(runs)}", file=sys.stderr, flush=True)
+        # What the index holds at the end (None without it): the A/B's one difference, written.
+        index_kb = {v.name: _kb(await v.rig.scalar(INDEX_BYTES_SQL)) for v in variants}
+    medians = {name: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for name, ms in runs.items()}
+    with_, without = medians["with_index"], medians["without_index"]
+    ratio = {k: with_[k] / without[k] if without[k] else float("nan") for k in with_}
+    return {"rounds": runs, "median": medians, "with_over_without": ratio, "index_kb": index_kb}
+
+
+def _kb(size: int | None) -> float | None:
+    return None if size is None else size / 1024
+
+
+def _brief(runs: dict[str, list[dict[str, float]]]) -> str:
+    return "; ".join(f"{n}: " + " ".join(f"{k}={v:.1f}" for k, v in ms[-1].items()) for n, ms in runs.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    from worker.devkit.dev import servers  # embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
+
+    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=7, help="A/B rounds; medians over them (default 7)")
+    p.add_argument(
+        "--batches", type=int, default=10, help="batches of 1,000 of each kind per round (default 10)"
+    )
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.rounds < 1 or args.batches < 1:
+        print(f"{PROG}: --rounds and --batches must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="timer-indexcost-") as tmp,
+            servers(Path(tmp), sync_always=False) as (db_url, nats_url),
+        ):
+            calibration = [calibrate(Path(tmp))]
+            result = asyncio.run(run(db_url, nats_url, Path(tmp), args.rounds, args.batches))
+            calibration.append(calibrate(Path(tmp)))
+    except ConfigError as exc:
+        print(f"{PROG}: {redact(str(exc))}", file=sys.stderr)
+        return 2
+    report = {
+        "command": " ".join([PROG, *(argv if argv is not None else sys.argv[1:])]),
+        "calibration": calibration,
+    }
+    report |= result
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(report["command"])
+    for c in calibration:
+        print(describe(c))
+    print("\n| per 1,000 commands | with index | without | with ÷ without |\n|---|---|---|---|")
+    for k, ratio in result["with_over_without"].items():
+        w, wo = result["median"]["with_index"][k], result["median"]["without_index"][k]
+        print(f"| {k} | {w:.1f} | {wo:.1f} | {ratio:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

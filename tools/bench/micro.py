@@ -1,0 +1,154 @@
+"""Micro-benchmarks of the firing path's pure CPU code (issue 21, item 7): per-call time of
+`firing_id` and `due_event` on a drain's kind of occurrences.
+
+    python -m tools.bench.micro                      # best of 15 rounds of 100,000 calls each
+    python -m tools.bench.micro --against main       # A/B: worker/contract.py at that git revision
+
+Pure CPU code in one process: the best of several rounds is the round least disturbed by other
+work on the machine, and with `--against` the two versions take turns round by round, so a slow
+second of the machine hits both; the ratio holds even on a loaded machine (unlike the scenarios,
+whose servers and replicas compete for the cores). The calibration loop (calibrate.py) is
+printed beside the figures, as everywhere in tools/bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import timeit
+import types
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import worker.contract
+from tools.bench.calibrate import cpu_loop_ms
+from worker.core.domain import Claimed
+
+PROG = "python -m tools.bench.micro"
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = b"a fleet secret of thirty-two b.."
+BATCH = 1000  # a full claim's batch: the firing loop builds its events in one list comprehension
+
+
+def occurrences(n: int = BATCH) -> list[Claimed]:
+    """A batch as a drain claims it: ten tenants, distinct ids and due times, one in ten with a
+    correlation id, none with data or carried headers (the common timer)."""
+    start = datetime(2026, 11, 23, 9, tzinfo=UTC)
+    out = []
+    for i in range(n):
+        due = start + timedelta(microseconds=3_600_000_000 * i // n)
+        corr = f"order-{i}" if i % 10 == 0 else None
+        out.append(
+            Claimed(f"t{i % 10}", f"d-{i}", due, corr, 7, 1, None, None, None, None, 0, due, f"(0,{i})")
+        )
+    return out
+
+
+def cases(contract: types.ModuleType) -> dict[str, Callable[[], object]]:
+    """Each case makes one batch, as the firing loop does (so the figure per call includes the
+    comprehension's own cost, the same for both versions)."""
+    batch = occurrences()
+    ids = contract.MessageIds(SECRET)
+    reached = datetime(2026, 11, 23, 10, tzinfo=UTC)
+    reached_iso, reached_ms = contract.iso(reached), round(reached.timestamp() * 1000)
+    firing_id, due_event = contract.firing_id, contract.due_event
+
+    def ids_only() -> object:
+        return [firing_id(c.tenant_id, c.service_call_id, c.due_at) for c in batch]
+
+    def events() -> object:
+        return [
+            due_event(c, "svc." + c.tenant_id + ".timer.due", reached_iso, reached_ms, ids) for c in batch
+        ]
+
+    return {"firing_id": ids_only, "due_event": events}
+
+
+def contract_at(rev: str) -> types.ModuleType:
+    """worker/contract.py as it was at a git revision (standard library only, so it loads alone)."""
+    try:
+        shown = subprocess.run(
+            ["git", "show", f"{rev}:worker/contract.py"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise ValueError("--against needs git and a clone of the repository") from None
+    if shown.returncode != 0:
+        raise ValueError(f"no worker/contract.py at {rev!r}: {shown.stderr.strip()}")
+    name = f"_contract_at_{rev}"
+    module = types.ModuleType(name)
+    sys.modules[name] = module  # dataclasses look their module up while the classes are made
+    exec(compile(shown.stdout, f"{rev}:worker/contract.py", "exec"), module.__dict__)
+    return module
+
+
+def measure(versions: dict[str, types.ModuleType], calls: int, repeat: int) -> dict[str, Any]:
+    """Best-of-`repeat` nanoseconds per call of each case and version; versions take turns."""
+    loops = max(1, calls // BATCH)
+    built = {v: cases(m) for v, m in versions.items()}
+    best: dict[str, float] = {}
+    for _ in range(repeat):
+        for version, fns in built.items():
+            for case, fn in fns.items():
+                key = f"{case}_ns@{version}"
+                seconds = timeit.timeit(fn, number=loops)
+                best[key] = min(best.get(key, seconds), seconds)
+    return {k: round(s / (loops * BATCH) * 1e9, 1) for k, s in best.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=100_000, help="calls per round (default 100,000)")
+    p.add_argument("--repeat", type=int, default=15, help="rounds; the best counts (default 15)")
+    p.add_argument("--against", metavar="REV", help="also time worker/contract.py at this git revision")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.calls < 1 or args.repeat < 1:
+        print(f"{PROG}: --calls and --repeat must be at least 1", file=sys.stderr)
+        return 2
+    versions = {"this": worker.contract}
+    if args.against:
+        try:
+            versions[args.against] = contract_at(args.against)
+        except ValueError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 2
+    calibration = [cpu_loop_ms()]
+    result = measure(versions, args.calls, args.repeat)
+    calibration.append(cpu_loop_ms())
+    ratios = {}
+    if args.against:
+        for case in ("firing_id", "due_event"):
+            ratios[f"{case}_this/{args.against}"] = round(
+                result[f"{case}_ns@this"] / result[f"{case}_ns@{args.against}"], 3
+            )
+    report = {
+        "calls_per_round": args.calls,
+        "rounds": args.repeat,
+        "cpu_loop_ms": calibration,
+        **result,
+        **ratios,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(
+            f"{PROG}: best of {args.repeat} rounds of {args.calls:,} calls; "
+            f"cpu loop {calibration[0]:.0f} ms before, {calibration[1]:.0f} ms after"
+        )
+        for k, v in result.items():
+            print(f"  {k}: {v:,.0f} ns per call")
+        for k, v in ratios.items():
+            print(f"  {k}: {v:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

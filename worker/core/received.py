@@ -1,0 +1,95 @@
+"""A message the broker delivered, as the core reads it: a command intake applies, a `get` the read
+model answers, and when the stream stored it.
+
+Protocols, not a type of ours: nats-py's Msg satisfies them as it is, so the broker hands the core
+its messages without a copy each (intake takes thousands a second), and the core never imports the
+library. What a loop reads of a message is all it may read: the protocols list it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from worker.core.domain import Position
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# Plain attributes where nats-py's Msg has plain ones; properties where its members are read-only
+# (Msg.metadata, the frozen Msg.Metadata): a protocol's plain attribute must be settable.
+
+
+class StreamSequence(Protocol):
+    @property
+    def stream(self) -> int: ...
+
+
+class Delivery(Protocol):
+    """Where and when the stream stored a delivered message (nats-py's Msg.Metadata)."""
+
+    @property
+    def sequence(self) -> StreamSequence: ...
+    @property
+    def timestamp(self) -> datetime: ...
+
+
+class Delivered(Protocol):
+    """A message a consumer of a stream delivered: its ack subject (`reply`) says where and when
+    the stream stored it, `metadata` reads that."""
+
+    reply: str
+
+    @property
+    def metadata(self) -> Delivery: ...
+
+
+class ReceivedCommand(Delivered, Protocol):
+    """A command from the command stream: what intake parses, and how it settles it."""
+
+    subject: str
+    data: bytes
+    headers: dict[str, str] | None
+
+    async def ack(self) -> None: ...
+
+    async def nak(self, delay: float | None = None) -> None:
+        """Offer it again, after `delay` seconds (None: at once)."""
+
+
+class Request(Protocol):
+    """A core-NATS request (the read model's `get`): answered on `reply`, when there is one."""
+
+    subject: str
+    reply: str
+    data: bytes
+
+    async def respond(self, data: bytes) -> None: ...
+
+
+def stored_time(msg: Delivered, *, truncated: bool = False) -> datetime:
+    """When the stream stored `msg`. Two readings, each the one a kind of Nats-Msg-Id has always
+    been made from (contract.MessageIds.derived), so neither may change: a redelivered command, or
+    an entry replayed again, must give the id it gave before.
+
+    - by default nats-py's (Msg.metadata): the nanoseconds as float seconds, rounded to the
+      microsecond. A command's Position (`position`) is, and its DLQ copy's id is made from that.
+    - `truncated`: the nanoseconds cut to the microsecond, as the message-get API's time is. A
+      replay's id is made from it, so an entry listed and an entry got by its sequence (ops.dlq)
+      give the same one. Read from the ack subject,
+      `$JS.ACK.<stream>.<consumer>.<delivered>.<seq>.<cseq>.<ns>.<pending>`, or with a domain and
+      account hash before the stream and a token after the pending count (one that holds no time
+      falls back on the default reading).
+    """
+    if not truncated:
+        return msg.metadata.timestamp
+    tokens = (msg.reply or "").split(".")
+    nanos = tokens[7] if len(tokens) == 9 else tokens[9] if len(tokens) >= 11 else None
+    if nanos is None or not nanos.isdigit():
+        return msg.metadata.timestamp
+    return EPOCH + timedelta(microseconds=int(nanos) // 1000)
+
+
+def position(msg: ReceivedCommand) -> Position:
+    """The command's place in the command stream (domain.Position)."""
+    return Position(msg.metadata.sequence.stream, stored_time(msg))
