@@ -8,6 +8,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from nats.aio.client import Client as NATS
 
 from worker.client import Sent, TimerClient, _Command, _command, _uuid4s
@@ -52,6 +53,40 @@ def test_a_bulk_command_is_the_envelope_schedule_sends() -> None:
     got.pop("id"), want.pop("id")
     assert got == want
     assert list(json.loads(bulk.body)) == list(json.loads(one.body))  # the same fields in the same order
+
+
+@pytest.mark.parametrize(
+    "timer",
+    [
+        {"tenantId": "acme", "serviceCallId": "sc-1", "dueAt": "2026-11-25T09:30:00+01:00"},
+        {"tenantId": "acme", "serviceCallId": 'Zürich "1"', "dueAt": DUE, "correlationId": "ré-7"},
+        {
+            "tenantId": "a-b_c",
+            "serviceCallId": "x",
+            "dueAt": DUE,
+            "correlationId": 7,
+            "data": {"k": [1, None]},
+        },
+        {"tenantId": "acme", "serviceCallId": "r", "dueAt": DUE, "repeat": {"every": "P1D", "times": 3}},
+    ],
+)
+def test_a_bulk_body_is_byte_for_byte_json_dumps_of_the_envelope(timer: dict[str, Any]) -> None:
+    (bulk,) = client()._commands("schedule", "ScheduleTimer", [timer])
+    assert isinstance(bulk, _Command)
+    payload = {
+        **timer,
+        "dueAt": timer["dueAt"] if isinstance(timer["dueAt"], str) else "2026-11-25T09:30:00.123Z",
+    }
+    correlation = timer.get("correlationId")
+    envelope = {
+        "id": bulk.id,
+        "type": "ScheduleTimer",
+        "tenantId": timer["tenantId"],
+        "correlationId": correlation if isinstance(correlation, str) else None,
+        "timestampMs": body(bulk)["timestampMs"],
+        "payload": payload,
+    }
+    assert bulk.body == json.dumps(envelope).encode()
 
 
 def test_one_call_shares_one_timestamp_and_leaves_the_callers_timers_as_they_were() -> None:
