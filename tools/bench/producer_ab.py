@@ -75,7 +75,8 @@ async def one_round(url: str, client: types.ModuleType, pid: int, n: int, tag: s
 
 
 async def measure(versions: dict[str, types.ModuleType], rounds: int, n: int) -> dict[str, Any]:
-    server = EmbeddedNats(Path(tempfile.mkdtemp(prefix="producer-ab-")))
+    workdir = tempfile.TemporaryDirectory(prefix="producer-ab-")  # the server's store, removed after
+    server = EmbeddedNats(Path(workdir.name))
     server.start()
     try:
         nc = await nats.connect(server.url)
@@ -92,6 +93,7 @@ async def measure(versions: dict[str, types.ModuleType], rounds: int, n: int) ->
         await nc.close()
     finally:
         server.stop()
+        workdir.cleanup()
     return {
         f"{metric}@{name}": round(statistics.median(x[metric] for x in runs), 1)
         for name, runs in seen.items()
