@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ("tools.bench.capacity", "usage: python -m tools.bench.capacity "),  # docs/OPERATIONS.md
         ("tools.bench.micro", "usage: python -m tools.bench.micro "),  # docs/BENCHMARKS.md
         ("tools.bench.indexcost", "usage: python -m tools.bench.indexcost "),  # docs/BENCHMARKS.md
+        ("tools.bench.producer_ab", "usage: python -m tools.bench.producer_ab "),  # docs/BENCHMARKS.md
     ],
 )
 def test_the_documented_entry_points_run_from_the_repository_root(module: str, usage: str) -> None:

@@ -38,17 +38,19 @@ async def producer(ctx: Context) -> dict[str, float]:
             for half in range(HALVES):
                 keys = range(half * many_n // HALVES, (half + 1) * many_n // HALVES)
                 ctx.progress(f"schedule_many: {len(keys):,} commands in calls of {CALL_SIZE:,}")
-                started = time.perf_counter()
                 for i in range(keys.start, keys.stop, CALL_SIZE):
+                    # The producer's own data, made before the clock starts: only the client's
+                    # work and the server's are timed.
                     timers = [
                         {"tenantId": f"t{k % 10}", "serviceCallId": f"m-{k}", "dueAt": due}
                         for k in range(i, min(i + CALL_SIZE, keys.stop))
                     ]
+                    started = time.perf_counter()
                     sent = await client.schedule_many(timers)
+                    many_s += time.perf_counter() - started
                     accepted = sum(1 for s in sent if s.outcome == "accepted")
                     many += accepted
                     not_accepted += len(sent) - accepted
-                many_s += time.perf_counter() - started
                 keys = range(half * naive_n // HALVES, (half + 1) * naive_n // HALVES)
                 ctx.progress(f"schedule, one by one: {len(keys):,} commands")
                 started = time.perf_counter()
