@@ -151,7 +151,9 @@ async def test_a_retention_batch_does_not_walk_long_paused_rows(settings: Settin
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql).fetchall())
         conn.rollback()
     removed = sum(
-        int(line.split("Rows Removed by Filter:")[1]) for line in plan.splitlines() if "Rows Removed by Filter:" in line
+        int(line.split(marker)[1])
+        for line in plan.splitlines()
+        if (marker := "Rows Removed by Filter:") in line
     )
     # 50 rows deleted; the statement should not read tens of thousands of others to find them.
     assert removed < 1000, f"one retention batch of 50 read past {removed} paused rows:\n{plan}"
