@@ -49,15 +49,14 @@ def _upsert_params(tenant: str, sid: str, due: datetime) -> dict[str, Any]:
     }
 
 
-def _flag_changed_or_waiting(db_url: str, tenant: str, paused: bool) -> bool:
-    """The pause or resume committed its flag, or waits for the stalled intake (a lock request not
-    granted): only then is the stalled transaction let go, so the race is the one a replica meets."""
-    flag = _tenant_flag(db_url, tenant)
-    if (flag not in (None, "absent")) == paused:
+async def _acknowledged_or_waiting(settings: Settings, db_url: str, tenant: str, paused: bool) -> bool:
+    """The pause or resume was applied and acknowledged, or it waits for the stalled intake (a lock
+    request not granted): only then is the stalled transaction let go, so the race is the one a
+    replica meets, whichever way the command handles it."""
+    if query(db_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted") != [(0,)]:
         return True
-    return query(db_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted") != [
-        (0,)
-    ]
+    flag = _tenant_flag(db_url, tenant)
+    return (flag not in (None, "absent")) == paused and await consumer_idle(settings)
 
 
 def _tenant_flag(db_url: str, tenant: str) -> Any:
@@ -94,7 +93,11 @@ async def test_a_resume_racing_an_in_flight_schedule_frees_the_new_timer_too(
         stalled = await _schedule_in_stalled_intake(db_url, "acme", "late", now - timedelta(seconds=1))
         try:
             await publish_raw(js, settings, "acme", "resume", {"tenantId": "acme"})
-            await until(lambda: _flag_changed_or_waiting(db_url, "acme", False), what="resume under way")
+            await until(
+                lambda: _acknowledged_or_waiting(settings, db_url, "acme", False),
+                timeout=30,
+                what="resume under way",
+            )
         finally:
             stalled.commit()
             stalled.close()
@@ -124,7 +127,11 @@ async def test_a_pause_racing_an_in_flight_schedule_pauses_the_new_timer_too(
         stalled = await _schedule_in_stalled_intake(db_url, "acme", "sneak", now + timedelta(seconds=2))
         try:
             await publish_raw(js, settings, "acme", "pause", {"tenantId": "acme"})
-            await until(lambda: _flag_changed_or_waiting(db_url, "acme", True), what="pause under way")
+            await until(
+                lambda: _acknowledged_or_waiting(settings, db_url, "acme", True),
+                timeout=30,
+                what="pause under way",
+            )
         finally:
             stalled.commit()
             stalled.close()
