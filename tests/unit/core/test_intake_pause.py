@@ -14,16 +14,18 @@ async def test_a_tenants_controls_come_after_the_batchs_other_commands_and_only_
     due = datetime.fromtimestamp(time.t + 60, UTC)
     s = broker.subjects
     flood = [
-        broker.add(s.pause("noisy") if i % 2 == 0 else s.resume("noisy"), {"tenantId": "noisy"})
+        broker.add(s.of("noisy", "pause" if i % 2 == 0 else "resume"), {"tenantId": "noisy"})
         for i in range(5)
     ]
-    other = broker.add(s.schedule("victim"), command("ScheduleTimer", "victim", "v", due))
+    other = broker.add(s.of("victim", "schedule"), command("ScheduleTimer", "victim", "v", due))
     mine = [
-        broker.add(s.pause("acme"), {"tenantId": "acme", "serviceCallId": "k"}),
-        broker.add(s.resume("acme"), {"tenantId": "acme", "serviceCallId": "k"}),  # supersedes the pause
-        broker.add(s.schedule("acme"), command("ScheduleTimer", "acme", "k", due)),
+        broker.add(s.of("acme", "pause"), {"tenantId": "acme", "serviceCallId": "k"}),
         broker.add(
-            s.pause("acme"), {"tenantId": "acme", "serviceCallId": "k"}
+            s.of("acme", "resume"), {"tenantId": "acme", "serviceCallId": "k"}
+        ),  # supersedes the pause
+        broker.add(s.of("acme", "schedule"), command("ScheduleTimer", "acme", "k", due)),
+        broker.add(
+            s.of("acme", "pause"), {"tenantId": "acme", "serviceCallId": "k"}
         ),  # not moot: a schedule between
     ]
     await fetch_and_handle(broker, intake)
