@@ -3,6 +3,40 @@
 -- Array parameters travel in binary (%(name)b): encoding 1,000-element arrays as text cost
 -- a replica six times more CPU than the binary form.
 
+-- name: lock_keys
+-- First in every command batch's transaction: lock the rows of the batch's keys that exist, and
+-- return those a claim's batch in flight holds. Such a batch holds its rows from the claim to the
+-- mark (claim_due), its lease not visible to others until it commits: a command that waited on
+-- that lock would, after a rollback (its replica died after the PubAck), meet the row as if the
+-- timer had not fired, though its event is out. Its commands are deferred instead, as for a
+-- claimed occurrence (Store.apply): the rolled-back occurrence is claimed and fired again first
+-- (same Nats-Msg-Id: JetStream drops the copy), and the command comes back to a recorded timer.
+-- The lock modes tell the holders apart: another batch of commands holds its rows FOR UPDATE
+-- (INSERT ... ON CONFLICT DO UPDATE, this statement), and a claim FOR NO KEY UPDATE (claim_due).
+-- FOR KEY SHARE waits for the first only: a batch of commands ahead of this one on a key still
+-- goes first, in stream order, as before. Then FOR UPDATE SKIP LOCKED: a row it cannot take is
+-- held by a claim's batch (or a pause's chunk: a short wait, deferred all the same). Nothing can
+-- take the row FOR UPDATE between the two, the key share lock conflicting with it. A key whose
+-- row is inserted and claimed after this statement's snapshot still waits in the INSERT (a row
+-- that new has not fired). Keys in order, so two batches lock what they share in one order.
+WITH shared AS MATERIALIZED (
+    SELECT t.tenant_id, t.service_call_id
+    FROM (SELECT DISTINCT tenant_id, service_call_id
+          FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[]) AS k(tenant_id, service_call_id)
+          ORDER BY tenant_id, service_call_id) AS k
+    JOIN timers t ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
+    ORDER BY t.tenant_id, t.service_call_id
+    FOR KEY SHARE OF t
+),
+locked AS MATERIALIZED (
+    SELECT t.tenant_id, t.service_call_id
+    FROM shared s JOIN timers t ON t.tenant_id = s.tenant_id AND t.service_call_id = s.service_call_id
+    FOR UPDATE OF t SKIP LOCKED
+)
+SELECT s.tenant_id, s.service_call_id FROM shared s
+WHERE NOT EXISTS (SELECT FROM locked l
+                  WHERE l.tenant_id = s.tenant_id AND l.service_call_id = s.service_call_id);
+
 -- name: upsert_schedules
 -- Insert new timers and reschedule existing ones, one row per key (the caller splits a batch
 -- into rounds of distinct keys). The WHERE of DO UPDATE is the state machine, and it makes the
@@ -193,17 +227,26 @@ WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id;
 -- "Due" includes the next %(ahead_ms)s milliseconds: the replica holds those until their
 -- dueAt on its estimate of this clock (never ahead of it) and publishes them the moment they
 -- come due, so a claim's own duration does not add to their lateness.
+-- It runs first in the batch's transaction (Store.claim), which mark_fired and retry_later end:
+-- the row locks taken here are held until the batch is recorded, and they are the fence
+-- (docs/RELIABILITY.md, The claim's transaction). The lease written here commits with the mark;
+-- other sessions see it only when a batch ends unrecorded (a stop) and the lease is all that
+-- keeps its occurrences from being claimed again at once.
 WITH
 -- Oldest first, so an overdue backlog drains in order. Rows whose lease ran out (their replica
 -- died, or its publish failed and the back-off passed) are claimable again right here: no
--- separate reaper. SKIP LOCKED lets replicas claim side by side without waiting on each other.
+-- separate reaper. SKIP LOCKED lets replicas claim side by side without waiting on each other,
+-- and passes over the rows of every batch still in flight, and of commands being applied. NO KEY
+-- UPDATE, the mode the UPDATE below takes anyway, not FOR UPDATE: intake tells a claim's lock
+-- from a command's by it (lock_keys). The row's ctid is the UPDATE's
+-- way back to it (below): the lock keeps that version in place until this statement updates it.
 oldest AS MATERIALIZED (
-    SELECT tenant_id, service_call_id FROM timers
+    SELECT ctid FROM timers
     WHERE state = 'Scheduled' AND due_at <= now() + %(ahead_ms)s * interval '1 millisecond'
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
     ORDER BY due_at
     LIMIT %(oldest_limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ),
 -- The most recently due, from the last %(fresh_window_ms)s only: the firing loop's fresh lane
 -- claims these while a backlog drains, so timers coming due now are not starved behind it
@@ -211,23 +254,27 @@ oldest AS MATERIALIZED (
 -- oldest first. The two overlap only when fewer rows are due than the batch holds; shared
 -- rows are locked by this statement itself and merge in the UNION below.
 newest AS MATERIALIZED (
-    SELECT tenant_id, service_call_id FROM timers
+    SELECT ctid FROM timers
     WHERE state = 'Scheduled' AND due_at <= now() + %(ahead_ms)s * interval '1 millisecond'
       AND due_at > now() - %(fresh_window_ms)s * interval '1 millisecond'
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
     ORDER BY due_at DESC
     LIMIT %(fresh_limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ),
 -- One fencing token per claim from a fleet-wide sequence: it names this claim, which is all a
 -- fence needs (a sequence call per row cost a quarter of the claim). Taken here, not in the
--- UPDATE, so the UPDATE calls no volatile function: a distributed engine (Citus) refuses those
--- in an UPDATE, and runs a CTE like this one first (docs/OPERATIONS.md, Past one Postgres primary).
+-- UPDATE, so the UPDATE calls no volatile function.
 token AS MATERIALIZED (
     SELECT nextval('timer_lease_token') AS lease_token
 ),
 -- The lease: the token and an expiry on the database clock. Only lease columns change, none
--- indexed, so on a page with room this is a HOT update.
+-- indexed, so on a page with room this is a HOT update. The rows are found by `ctid = ANY`: a
+-- TID scan whatever the statistics and cost settings. Joined back by key, the planner chose a
+-- sequential scan and a hash join at 50,000 rows with the default random_page_cost
+-- (tests/integration/test_plans.py). A row updated by another transaction between this
+-- statement's snapshot and its lock is locked at its new version, which this snapshot does not
+-- see: it is left out of this claim and, unleased, taken by the next one.
 claimed AS (
     UPDATE timers t SET
         lease_owner = %(owner)s,
@@ -249,11 +296,12 @@ claimed AS (
                                               >= now() - %(downtime_ms)s * interval '1 millisecond'
                 THEN t.claimed_at
             ELSE now() END
-    FROM (SELECT * FROM oldest UNION SELECT * FROM newest) d, token
-    WHERE t.tenant_id = d.tenant_id AND t.service_call_id = d.service_call_id
+    FROM token
+    WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM oldest UNION SELECT ctid FROM newest))
     RETURNING t.tenant_id, t.service_call_id, t.due_at, t.correlation_id, t.lease_token,
               t.attempts, t.repeat_every, t.repeat_times, t.repeat_timezone, t.anchor_due_at,
-              t.occurrence_index, t.claimed_at AS recurrence_ref, t.carried_headers AS carried,
+              t.occurrence_index, t.claimed_at AS recurrence_ref, t.ctid::text AS row_id,
+              t.carried_headers AS carried,
               -- 0009: the cron schedule, the end, and `data` as text (spliced into the event).
               t.repeat_cron, t.repeat_until, t.data::text AS data
 )
@@ -263,26 +311,34 @@ claimed AS (
 -- one for its estimate of this clock, worker/core/clock.py). A claim that took nothing still returns
 -- one row, its timer columns NULL (the LEFT JOIN), so an idle replica needs this single statement
 -- per wake-up; nothing depends on the order of the rows. The replica reads the columns by name
--- (worker/adapters/store.py, _claim_result): their order is free, a missing one fails the claim.
+-- (worker/adapters/claim_rows.py): their order is free, a missing one fails the claim.
 SELECT c.*, n.next_due_at, clock_timestamp() AS db_now
 FROM (SELECT min(due_at) AS next_due_at FROM timers
       WHERE state = 'Scheduled' AND due_at > now() + %(ahead_ms)s * interval '1 millisecond') n
 LEFT JOIN claimed c ON true;
 
 -- name: mark_fired
--- Record firings whose DueTimeReached JetStream acknowledged. Fenced: only the claim that
--- still holds its lease (same token, not expired on the database clock, same dueAt) changes
--- the row; a replica that lost its lease changes nothing. A recurring timer moves to its next
--- occurrence in this same statement, so a crash can neither skip nor double one.
--- The batch is a MATERIALIZED CTE carrying now(), so every fence condition is a join filter:
--- as a plain restriction, `lease_expires_at > now()` looks to the planner like one row (leases
--- are rare when ANALYZE samples), and it then chose a sequential scan joined 1000 x 1000
--- (1.1 s for 1,000 marks on 200,000 rows, against 17 ms through the primary key).
+-- Record firings whose DueTimeReached JetStream acknowledged, in the claim's own transaction
+-- (claim_due). The fence is that transaction: its row locks keep every other session off these
+-- rows since the claim, and if its session is ended under it (idle_in_transaction_session_timeout
+-- for a replica frozen mid-batch, a dropped connection) Postgres rolls the claim back and this
+-- statement has nothing to commit into. A paused replica that wakes up changes nothing. The
+-- token and dueAt are checked too: a row id is only ever marked with the claim it came from.
+-- A recurring timer moves to its next occurrence in this same statement, so a crash can neither
+-- skip nor double one.
+-- The rows are found by their ctid (row_id, from claim_due; the lock keeps them in place), as
+-- `ctid = ANY (ARRAY(SELECT ...))`: the planner cannot see how long that array is and takes it
+-- for 10 ids, so a TID scan costs it less than reading any table past a few dozen pages,
+-- whatever the statistics and random_page_cost. With the array as a parameter it saw 1,000 ids
+-- at random_page_cost each and read 50,000 rows sequentially instead; joined by key, it chose a
+-- sequential scan and a hash join there, and at 200,000 rows once leases were rare in the
+-- statistics (1.1 s for 1,000 marks against 17 ms). tests/integration/test_plans.py.
+-- Times are statement_timestamp(), not now(): now() is when the claim began.
 WITH f AS MATERIALIZED (
-    SELECT *, now() AS db_now
-    FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(lease_token)b::bigint[],
-                %(due_at)b::timestamptz[], %(next_due_at)b::timestamptz[], %(next_index)b::int[])
-         AS f(tenant_id, service_call_id, lease_token, due_at, next_due_at, next_index)
+    SELECT f.*, f.row_id::tid AS tid, statement_timestamp() AS db_now
+    FROM unnest(%(row_id)b::text[], %(lease_token)b::bigint[], %(due_at)b::timestamptz[],
+                %(next_due_at)b::timestamptz[], %(next_index)b::int[])
+         AS f(row_id, lease_token, due_at, next_due_at, next_index)
 )
 UPDATE timers t SET
     -- Paused (0011): the next occurrence of a timer paused while this one was claimed (its own
@@ -296,8 +352,8 @@ UPDATE timers t SET
     due_at = coalesce(f.next_due_at, t.due_at),
     occurrence_index = coalesce(f.next_index, t.occurrence_index),
     fired_count = least(t.fired_count, 2147483646) + 1,  -- saturates, as attempts in claim_due
-    reached_at = now(),
-    updated_at = now(),
+    reached_at = f.db_now,
+    updated_at = f.db_now,
     lease_owner = NULL,
     lease_expires_at = NULL,
     attempts = 0,
@@ -307,29 +363,29 @@ UPDATE timers t SET
     claimed_at = CASE WHEN f.next_due_at <= f.db_now THEN t.claimed_at END,
     last_error = NULL
 FROM f
-WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
+WHERE t.ctid = ANY (ARRAY(SELECT tid FROM f))
+  AND t.ctid = f.tid
   AND t.lease_token = f.lease_token
-  AND t.due_at = f.due_at
-  AND t.lease_expires_at > f.db_now;
+  AND t.due_at = f.due_at;
 
 -- name: retry_later
 -- A publish failed or timed out (it may still have reached the stream), or the row could not be
 -- made into an event: keep the occurrence claimed, so it still fires, and let any replica retry
--- it after its own back-off. Fenced like mark_fired, and shaped like it for the same planner reason.
+-- it after its own back-off, counted from now (statement_timestamp(): now() is the claim's
+-- start). In the claim's transaction, fenced and found like mark_fired.
 WITH f AS MATERIALIZED (
-    SELECT *, now() AS db_now
-    FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(lease_token)b::bigint[],
-                %(error)b::text[], %(backoff_ms)b::bigint[])
-         AS f(tenant_id, service_call_id, lease_token, error, backoff_ms)
+    SELECT f.*, f.row_id::tid AS tid
+    FROM unnest(%(row_id)b::text[], %(lease_token)b::bigint[], %(error)b::text[], %(backoff_ms)b::bigint[])
+         AS f(row_id, lease_token, error, backoff_ms)
 )
 UPDATE timers t SET
     lease_owner = NULL,
-    lease_expires_at = now() + f.backoff_ms * interval '1 millisecond',
+    lease_expires_at = statement_timestamp() + f.backoff_ms * interval '1 millisecond',
     last_error = f.error
 FROM f
-WHERE t.tenant_id = f.tenant_id AND t.service_call_id = f.service_call_id
-  AND t.lease_token = f.lease_token
-  AND t.lease_expires_at > f.db_now;
+WHERE t.ctid = ANY (ARRAY(SELECT tid FROM f))
+  AND t.ctid = f.tid
+  AND t.lease_token = f.lease_token;
 
 -- name: get_timer
 SELECT tenant_id, service_call_id, state, due_at, registered_at, updated_at, reached_at,
@@ -678,17 +734,34 @@ WHERE tenant_id = %(tenant_id)s AND state = 'Paused' AND paused_at IS NULL
   AND NOT EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = %(tenant_id)s AND p.paused_at IS NOT NULL);
 
 -- name: pause_timer
--- Pause one timer (Scheduled or already Paused with its tenant). A claimed occurrence (a lease holds
--- or held it) fires: the row stays Scheduled, its claim untouched, with paused_at recorded, so the
--- mark stores its next occurrence Paused (mark_fired). `changed`: it is now paused, or will be.
-UPDATE timers t SET
-    state = CASE WHEN t.lease_expires_at IS NULL THEN 'Paused' ELSE t.state END,
-    paused_at = coalesce(t.paused_at, now()),
-    claimed_at = CASE WHEN t.lease_expires_at IS NULL THEN NULL ELSE t.claimed_at END,
-    updated_at = CASE WHEN t.lease_expires_at IS NULL THEN now() ELSE t.updated_at END
-WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s
-  AND t.state IN ('Scheduled', 'Paused')
-RETURNING true AS changed;
+-- Pause one timer (Scheduled or already Paused with its tenant). A claimed occurrence whose lease
+-- is committed (a publish backing off) fires: the row stays Scheduled, its claim untouched, with
+-- paused_at recorded, so its mark stores the next occurrence Paused (mark_fired): `changed`. A
+-- claim's batch in flight holds the row (FOR NO KEY UPDATE, claim_due) with its lease not yet
+-- visible: `claimed`, the command waits for that occurrence to be recorded. Locked as lock_keys
+-- does (it waits for a batch of commands, not for a claim), so the pause never waits for a batch
+-- that a rollback after its PubAck would leave looking unfired.
+WITH s AS MATERIALIZED (
+    SELECT 1 FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s
+    FOR KEY SHARE
+), k AS MATERIALIZED (
+    SELECT state FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s AND EXISTS (SELECT FROM s)
+    FOR UPDATE SKIP LOCKED
+), u AS (
+    UPDATE timers t SET
+        state = CASE WHEN t.lease_expires_at IS NULL THEN 'Paused' ELSE t.state END,
+        paused_at = coalesce(t.paused_at, now()),
+        claimed_at = CASE WHEN t.lease_expires_at IS NULL THEN NULL ELSE t.claimed_at END,
+        updated_at = CASE WHEN t.lease_expires_at IS NULL THEN now() ELSE t.updated_at END
+    WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s
+      AND t.state IN ('Scheduled', 'Paused')
+      AND EXISTS (SELECT FROM k)  -- only a row this statement holds: never waits for a claim
+    RETURNING true
+)
+SELECT EXISTS (SELECT FROM u) AS changed,
+       EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM k) AS claimed;
 
 -- name: resume_timer
 -- End one timer's own pause: Scheduled again, unless its tenant is paused (then it stays Paused and

@@ -79,7 +79,8 @@ def db_url(servers: Servers, template_db: str) -> Iterator[str]:
 @pytest.fixture
 async def store(db_url: str) -> AsyncIterator[Store]:
     """A Store on this test's database, for tests of single statements."""
-    pool = db.pool(db_url, "tests", min_size=1, max_size=2)  # the replica's, session pins and all
+    # The replica's, session pins and all; a claim left open a minute is rolled back, as a replica's.
+    pool = db.pool(db_url, "tests", min_size=1, max_size=2, idle_in_transaction_ms=60_000)
     await pool.open()
     yield Store(pool)
     await pool.close()

@@ -31,6 +31,7 @@ from worker.core.domain import (
     Position,
     Unreadable,
 )
+from worker.errors import TransientError
 
 
 def event_id(message: Outgoing) -> str:
@@ -106,6 +107,7 @@ class TwinStore:
         self.stuck_after = stuck_after
         self.rows: dict[Key, Row] = {}
         self._tokens = itertools.count(1)
+        self.open: list[TwinBatch] = []  # batches whose transaction is open
         self.log: list[tuple[str, Any]] = []  # ("apply", commands) and the like, in order
         # paused_tenants: since when the tenant is paused (None: resumed), and the stream position
         # of the pause or resume that set it.
@@ -146,6 +148,8 @@ class TwinStore:
         row = self.rows.get(key)
         seq = None if position is None else position.seq
         waits: Outcome | None = None
+        if row is not None and self._in_flight(key):
+            return "deferred"  # its row is locked by a batch in flight: no marker (Store.apply)
         if row is not None and self._claimed(row):
             stuck = row.first_claimed_at is not None and (
                 self.now() - row.first_claimed_at > self.stuck_after.total_seconds()
@@ -291,16 +295,37 @@ class TwinStore:
             return Applied(["applied"], row.due_at if row.state == "Scheduled" else None)
         if row is None or row.state not in ("Scheduled", "Paused"):
             return Applied(["ignored"], None)
+        if self._in_flight(key):  # a claim's batch holds it: the pause waits for its mark
+            return Applied(["deferred" if row.state == "Scheduled" else "ignored"], None)
         row.paused_at = row.paused_at or now
         if row.lease_expires_at is not None:
-            # A claimed occurrence fires first (or, released, waits out its back-off); its mark
-            # stores the next one Paused (mark_fired).
+            # A released claim fires after its back-off; its mark stores the next one Paused.
             return Applied(["applied"], None)
         row.state = "Paused"
         row.claimed_at, row.updated_at = None, now
         return Applied(["applied"], None)
 
-    async def claim(self, params: ClaimParams) -> ClaimResult:
+    def _end_frozen(self) -> None:
+        """Postgres ends the session of a batch idle in its transaction past the lease
+        (idle_in_transaction_session_timeout) and rolls its claim back: its rows as before it."""
+        for batch in [b for b in self.open if self.now() >= b.deadline]:
+            batch.roll_back()
+
+    def _in_flight(self, key: Key) -> bool:
+        """The key's row is locked by a batch still open (intake defers its commands: Store.apply)."""
+        self._end_frozen()
+        return any(
+            row.tenant_id == key[0] and row.service_call_id == key[1]
+            for b in self.open
+            for row, _ in b.before
+        )
+
+    async def claim(self, params: ClaimParams) -> TwinBatch:
+        """claim_due: a Scheduled row with no dueAt stands for one whose dueAt no datetime holds
+        (Postgres' -infinity: due, and first), returned as Unreadable. The lease is in the rows at
+        once (a twin has no other session to hide it from); a batch left open past its lease is
+        rolled back, as Postgres does."""
+        self._end_frozen()
         now = self.now()
         reach = now + params.ahead_ms / 1000
         downtime = now - params.downtime_ms / 1000
@@ -322,7 +347,21 @@ class TwinStore:
         token = next(self._tokens)
         claimed: list[Claimed] = []
         unreadable: list[Unreadable] = []
+        before: list[tuple[Row, tuple[Any, ...]]] = []
         for r in taken.values():
+            before.append(
+                (
+                    r,
+                    (
+                        r.lease_owner,
+                        r.lease_token,
+                        r.lease_expires_at,
+                        r.attempts,
+                        r.claimed_at,
+                        r.first_claimed_at,
+                    ),
+                )
+            )
             # The recurrence reference, as claim_due moves it (read before the lease is written):
             # now only after downtime, the timer claimable and unclaimed for downtime_ms.
             if r.claimed_at is None and r.due_at is not None and r.due_at.timestamp() >= downtime:
@@ -336,8 +375,9 @@ class TwinStore:
             )
             r.attempts += 1
             r.first_claimed_at = r.first_claimed_at or now
+            row_id = f"{r.tenant_id}/{r.service_call_id}"
             if r.due_at is None:
-                unreadable.append(Unreadable(r.tenant_id, r.service_call_id, token, r.attempts))
+                unreadable.append(Unreadable(r.tenant_id, r.service_call_id, token, r.attempts, row_id))
                 continue
             claimed.append(
                 Claimed(
@@ -353,6 +393,7 @@ class TwinStore:
                     r.anchor_due_at,
                     r.occurrence_index,
                     r.claimed_at,
+                    row_id,
                     carried=r.carried,
                     repeat_cron=r.repeat.cron if r.repeat else None,
                     repeat_until=r.repeat.until if r.repeat else None,
@@ -365,7 +406,11 @@ class TwinStore:
         ]
         next_due_in_ms = (min(later) - now) * 1000 if later else None
         self.log.append(("claim", claimed))
-        return ClaimResult(claimed, unreadable, next_due_in_ms, self._dt())
+        batch = TwinBatch(self, ClaimResult(claimed, unreadable, next_due_in_ms, self._dt()), params.lease_ms)
+        batch.before = before
+        if taken:
+            self.open.append(batch)
+        return batch
 
     def spoil(self, key: Key) -> None:
         """Give a Scheduled row a dueAt no datetime holds, as '-infinity' in Postgres."""
@@ -380,28 +425,29 @@ class TwinStore:
             return None
         return row
 
-    async def mark_fired(self, fired: Sequence[Fired]) -> int:
+    def _mark_fired(self, fired: Sequence[Fired]) -> int:
         marked = 0
+        now = self.now()
         for f in fired:
             row = self._fenced(f.timer)
             if row is None or row.due_at != f.timer.due_at:
                 continue
             marked += 1
             row.lease_owner = row.lease_token = row.lease_expires_at = row.first_claimed_at = None
-            row.attempts, row.last_error, row.updated_at = 0, None, self.now()
-            # A next occurrence already due keeps this one's reference (mark_fired); else none.
-            overdue = f.next_due_at is not None and f.next_due_at.timestamp() <= self.now()
-            row.claimed_at = row.claimed_at if overdue else None
+            row.attempts, row.last_error, row.updated_at = 0, None, now
             if f.next_due_at is None:
                 row.state, row.paused_at = "Reached", None
             else:
                 row.due_at, row.occurrence_index = f.next_due_at, f.next_index or 0
                 # Paused while this occurrence was claimed (its own pause, or its tenant's).
                 row.state = "Paused" if row.paused_at or self._tenant_paused(row.tenant_id) else "Scheduled"
+            # An occurrence due already keeps this one's reference (mark_fired).
+            if f.next_due_at is None or f.next_due_at.timestamp() > now:
+                row.claimed_at = None
         self.log.append(("mark_fired", list(fired)))
         return marked
 
-    async def retry_later(self, failed: Sequence[tuple[Leased, str, int]]) -> int:
+    def _retry_later(self, failed: Sequence[tuple[Leased, str, int]]) -> int:
         released = 0
         for timer, error, backoff_ms in failed:
             row = self._fenced(timer)
@@ -412,6 +458,48 @@ class TwinStore:
             row.last_error = error
         self.log.append(("retry_later", list(failed)))
         return released
+
+
+class TwinBatch:
+    """Store.claim's batch (ClaimedBatch): a closed batch stays claimed until the lease runs out,
+    and one left open past its lease is rolled back (TwinStore._end_frozen); recorded then, it
+    raises and changes nothing, as the adapter's does once idle_in_transaction_session_timeout
+    (the lease) ended its session."""
+
+    def __init__(self, store: TwinStore, result: ClaimResult, lease_ms: int) -> None:
+        self.store, self.result = store, result
+        self.deadline = store.now() + lease_ms / 1000
+        self.before: list[tuple[Row, tuple[Any, ...]]] = []
+        self.ended = self.killed = False
+
+    async def record(self, fired: Sequence[Fired], failed: Sequence[tuple[Leased, str, int]]) -> int:
+        if self.ended:
+            raise TransientError("the batch already ended")
+        self.store._end_frozen()
+        self.ended = True
+        if self in self.store.open:
+            self.store.open.remove(self)
+        if self.killed:
+            raise TransientError("postgres: 25P03 terminating connection due to idle-in-transaction timeout")
+        marked = self.store._mark_fired(fired) if fired else 0
+        if failed:
+            self.store._retry_later(failed)
+        return marked
+
+    async def close(self) -> None:
+        self.ended = True
+        if self in self.store.open:
+            self.store.open.remove(self)
+
+    def roll_back(self) -> None:
+        """Its session ended (the replica died, or froze past the lease): Postgres rolls the claim
+        back, and its rows are as before it."""
+        for row, before in self.before:
+            (row.lease_owner, row.lease_token, row.lease_expires_at, row.attempts, row.claimed_at,
+             row.first_claimed_at) = before  # fmt: skip
+        self.killed = True
+        if self in self.store.open:
+            self.store.open.remove(self)
 
 
 @dataclass

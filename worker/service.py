@@ -54,6 +54,7 @@ class Replica:
             settings.worker_id,
             min_size=2,
             max_size=settings.db_pool_size,
+            idle_in_transaction_ms=settings.lease_ms,
         )
         # A command waiting for its timer comes back a lease after each deferral: a few leases
         # without it, the timer not claimed, and the later ones no longer wait for it.

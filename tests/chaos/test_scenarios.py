@@ -194,9 +194,13 @@ async def test_nats_cluster_loses_its_stream_leaders(make_run: MakeRun, tmp_path
 
 
 def _lease_holders(db_url: str) -> set[str]:
+    """Replicas holding claims: committed leases, and batches in flight (a session in its claim's
+    transaction, whose lease commits with the mark: application_name is the replica's name)."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT DISTINCT lease_owner FROM timers"
             " WHERE lease_expires_at > now() AND lease_owner IS NOT NULL"
+            " UNION SELECT application_name FROM pg_stat_activity"
+            " WHERE datname = current_database() AND state LIKE 'idle in transaction%'"
         ).fetchall()
     return {r[0] for r in rows}

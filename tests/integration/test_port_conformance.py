@@ -3,6 +3,8 @@ loops' unit tests assume of a twin is what Postgres and JetStream do."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator
@@ -13,24 +15,48 @@ import pytest
 
 from tests.helpers import until
 from tests.twins import TwinPublisher, TwinStore, claim_params
+from worker.adapters import db
 from worker.adapters.broker import Broker
 from worker.adapters.store import Store
 from worker.config import Settings
 from worker.contract import CancelTimer, Outgoing, PauseTimers, Repeat, ScheduleTimer
-from worker.core.domain import Claimed, Fired, Position, Unreadable
-from worker.core.ports import EventPublisher, FiringStore, IntakeStore
+from worker.core.domain import Claimed, ClaimParams, ClaimResult, Fired, Position, Unreadable
+from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore, IntakeStore
+from worker.errors import TransientError
 
 
 class Ports(FiringStore, IntakeStore, Protocol):
     """Both halves of the store's ports."""
 
 
-@pytest.fixture(params=["twin", "postgres"])
-async def ports(request: pytest.FixtureRequest, store: Store) -> AsyncIterator[Ports]:
-    if request.param == "twin":
+# The adapter's claims run in the pool the replica uses (adapters/db.py: its session pins, and
+# idle_in_transaction_session_timeout as the lease of a batch in flight): a minute, longer than any
+# check here holds a batch open on a loaded machine, or this short where a frozen batch is the point.
+IDLE_MS = 60_000
+FROZEN_IDLE_MS = 1000
+
+
+@contextlib.asynccontextmanager
+async def both_ports(param: str, db_url: str, idle_ms: int) -> AsyncIterator[Ports]:
+    if param == "twin":
         yield TwinStore(time.time)  # on the wall clock, as the database is
         return
-    yield store  # tests/conftest.py: on the replica's pool and this test's database
+    pool = db.pool(db_url, "conformance", min_size=1, max_size=4, idle_in_transaction_ms=idle_ms)
+    async with pool:
+        yield Store(pool)
+
+
+@pytest.fixture(params=["twin", "postgres"])
+async def ports(request: pytest.FixtureRequest, db_url: str) -> AsyncIterator[Ports]:
+    async with both_ports(request.param, db_url, IDLE_MS) as ports:
+        yield ports
+
+
+@pytest.fixture(params=["twin", "postgres"])
+async def frozen_ports(request: pytest.FixtureRequest, db_url: str) -> AsyncIterator[Ports]:
+    """As `ports`, with a batch's session ended after FROZEN_IDLE_MS idle in its transaction."""
+    async with both_ports(request.param, db_url, FROZEN_IDLE_MS) as ports:
+        yield ports
 
 
 @pytest.fixture(params=["twin", "jetstream"])
@@ -54,7 +80,17 @@ def schedule(key: str, seconds: float, ts: int = 1) -> ScheduleTimer:
 
 
 async def claim_one(store: Ports, owner: str, lease_ms: int = 10_000) -> list[Claimed]:
-    return (await store.claim(claim_params(owner, 10, 0, lease_ms=lease_ms, ahead_ms=100))).claimed
+    """A claim whose batch ends unrecorded (as at a stop): what it took stays claimed for the lease."""
+    batch = await store.claim(claim_params(owner, 10, 0, lease_ms=lease_ms, ahead_ms=100))
+    await batch.close()
+    return batch.result.claimed
+
+
+async def claim_closed(store: Ports, params: ClaimParams) -> ClaimResult:
+    """One claim, its batch ended unrecorded at once (a stop): its result."""
+    batch = await store.claim(params)
+    await batch.close()
+    return batch.result
 
 
 async def test_a_claim_takes_what_is_due_once_and_says_when_the_next_comes(ports: Ports) -> None:
@@ -62,16 +98,15 @@ async def test_a_claim_takes_what_is_due_once_and_says_when_the_next_comes(ports
         "applied",
         "applied",
     ]
-    result = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
+    result = await claim_closed(ports, claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
     assert [(c.service_call_id, c.attempts) for c in result.claimed] == [("due", 1)]
     assert not result.unreadable
     assert result.next_due_in_ms is not None and 58_000 < result.next_due_in_ms < 60_000
     assert abs(result.db_now.timestamp() - time.time()) < 5
-    again = await ports.claim(claim_params("b", 10, 0, lease_ms=10_000, ahead_ms=100))
+    again = await claim_closed(ports, claim_params("b", 10, 0, lease_ms=10_000, ahead_ms=100))
     assert again.claimed == [] and again.next_due_in_ms is not None
-    assert (
-        await ports.claim(claim_params("c", 10, 0, lease_ms=10_000, ahead_ms=100_000))
-    ).next_due_in_ms is None
+    far = await claim_closed(ports, claim_params("c", 10, 0, lease_ms=10_000, ahead_ms=100_000))
+    assert far.next_due_in_ms is None
 
 
 async def spoil(ports: Ports, key: str) -> None:
@@ -89,16 +124,18 @@ async def spoil(ports: Ports, key: str) -> None:
 async def test_a_row_whose_due_at_no_datetime_holds_is_claimed_as_unreadable(ports: Ports) -> None:
     await ports.apply([schedule("bad", -1), schedule("good", -1)])
     await spoil(ports, "bad")
-    result = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000))
+    batch = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000))
+    result = batch.result
     assert [c.service_call_id for c in result.claimed] == ["good"]
     (bad,) = result.unreadable
-    assert bad == Unreadable("acme", "bad", result.claimed[0].lease_token, 1)
-    # Fenced like any claimed occurrence, and claimable again after its back-off.
-    assert await ports.retry_later([(bad, "unreadable", 200)]) == 1
+    assert bad._replace(row_id="") == Unreadable("acme", "bad", result.claimed[0].lease_token, 1, "")
+    # Released like any claimed occurrence, in the claim's transaction, and claimable again after
+    # its back-off.
+    assert await batch.record([], [(bad, "unreadable", 200)]) == 0
     again: list[Unreadable] = []
 
     async def reclaimed() -> bool:
-        again.extend((await ports.claim(claim_params("b", 10, 0, lease_ms=10_000))).unreadable)
+        again.extend((await claim_closed(ports, claim_params("b", 10, 0, lease_ms=10_000))).unreadable)
         return bool(again)
 
     await until(reclaimed, what="the back-off to pass")
@@ -109,14 +146,14 @@ async def test_the_recurrence_reference_moves_to_now_only_after_downtime(ports: 
     """claim_due's claimed_at: a timer left unclaimed for less than downtime_ms keeps its dueAt
     as the reference (what came due meanwhile still fires); for longer, the reference is now."""
     await ports.apply([schedule("crash", -5)])
-    (kept,) = (await ports.claim(claim_params("a", 10, 0, lease_ms=300, downtime_ms=60_000))).claimed
+    (kept,) = (await claim_closed(ports, claim_params("a", 10, 0, lease_ms=300, downtime_ms=60_000))).claimed
     assert kept.recurrence_ref == kept.due_at
     # Its lease runs out: re-claimed within downtime_ms of that, the reference is kept.
     again: list[Claimed] = []
 
     async def reclaimed(downtime_ms: int) -> bool:
         params = claim_params("b", 10, 0, lease_ms=300, downtime_ms=downtime_ms)
-        again[:] = (await ports.claim(params)).claimed
+        again[:] = (await claim_closed(ports, params)).claimed
         return bool(again)
 
     await until(lambda: reclaimed(60_000), what="the lease to run out")
@@ -129,31 +166,43 @@ async def test_the_recurrence_reference_moves_to_now_only_after_downtime(ports: 
     assert abs(again[0].recurrence_ref.timestamp() - time.time()) < 5
 
     await ports.apply([schedule("down", -5)])
-    result = await ports.claim(claim_params("c", 10, 0, lease_ms=10_000, downtime_ms=1000))
+    result = await claim_closed(ports, claim_params("c", 10, 0, lease_ms=10_000, downtime_ms=1000))
     (moved,) = [c for c in result.claimed if c.service_call_id == "down"]
     assert moved.recurrence_ref > moved.due_at + timedelta(seconds=4)
 
 
-async def test_a_mark_is_fenced_by_the_lease(ports: Ports) -> None:
-    await ports.apply([schedule("k", -1)])
-    (old,) = await claim_one(ports, "zombie", lease_ms=300)
-    new: list[Claimed] = []
+async def test_a_batch_left_open_past_its_lease_is_rolled_back_and_records_nothing(
+    frozen_ports: Ports,
+) -> None:
+    """A replica frozen mid-batch: its claim ends when its session has been idle for the lease (the
+    pool's idle_in_transaction_session_timeout), the rows are claimable at once, and it cannot
+    record anything when it wakes up."""
+    await frozen_ports.apply([schedule("k", -1)])
+    zombie = await frozen_ports.claim(claim_params("zombie", 10, lease_ms=FROZEN_IDLE_MS, ahead_ms=100))
+    (old,) = zombie.result.claimed
+    taken: list[ClaimedBatch] = []
 
     async def reclaimed() -> bool:
-        new.extend(await claim_one(ports, "healthy"))
-        return bool(new)
+        batch = await frozen_ports.claim(claim_params("healthy", 10, lease_ms=10_000, ahead_ms=100))
+        if batch.result.claimed:
+            taken.append(batch)
+        return bool(taken)
 
-    await until(reclaimed, what="the lease to run out and the timer to be claimed again")
-    assert new[0].attempts == 2 and new[0].lease_token != old.lease_token
-    assert await ports.mark_fired([Fired(old, None, None)]) == 0
-    assert await ports.mark_fired([Fired(new[0], None, None)]) == 1
-    assert await claim_one(ports, "late") == []
+    await until(reclaimed, what="the frozen batch to be rolled back and the timer claimed again")
+    (new,) = taken[0].result.claimed
+    assert new.attempts == 1 and new.lease_token != old.lease_token  # the frozen claim left no trace
+    with pytest.raises(TransientError):
+        await zombie.record([Fired(old, None, None)], [])
+    await zombie.close()
+    assert await taken[0].record([Fired(new, None, None)], []) == 1
+    assert await claim_one(frozen_ports, "late") == []
 
 
 async def test_a_released_occurrence_is_claimable_after_its_back_off(ports: Ports) -> None:
     await ports.apply([schedule("k", -1)])
-    (first,) = await claim_one(ports, "a")
-    assert await ports.retry_later([(first, "publish: TimeoutError", 200)]) == 1
+    batch = await ports.claim(claim_params("a", 10, lease_ms=10_000, ahead_ms=100))
+    (first,) = batch.result.claimed
+    assert await batch.record([], [(first, "publish: TimeoutError", 200)]) == 0
     assert await claim_one(ports, "b") == []  # not before its back-off
     again: list[Claimed] = []
 
@@ -166,15 +215,42 @@ async def test_a_released_occurrence_is_claimable_after_its_back_off(ports: Port
 
 
 async def test_commands_for_a_claimed_occurrence_wait_and_a_reached_timer_ignores_them(ports: Ports) -> None:
+    await ports.apply([schedule("held", -1)])
+    await claim_one(ports, "stopped")  # claimed, its batch ended unrecorded: the lease holds it
+    assert (await ports.apply([CancelTimer("acme", "held", None, 2)])).outcomes == ["deferred"]
     await ports.apply([schedule("k", -1)])
-    (claimed,) = await claim_one(ports, "a")
-    assert (await ports.apply([CancelTimer("acme", "k", None, 2)])).outcomes == ["deferred"]
-    assert await ports.mark_fired([Fired(claimed, None, None)]) == 1
+    batch = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
+    (claimed,) = batch.result.claimed
+    assert await batch.record([Fired(claimed, None, None)], []) == 1
     assert (await ports.apply([schedule("k", 60, ts=3)])).outcomes == ["ignored"]  # Reached is final
     assert (await ports.apply([CancelTimer("other", "x", None, 2), schedule("y", 60, ts=1)])).outcomes == [
         "applied",
         "applied",
     ]
+
+
+async def test_a_command_for_a_timer_in_a_batch_in_flight_is_deferred_without_waiting_for_it(
+    ports: Ports,
+) -> None:
+    """Intake never waits on a row a claim's batch holds locked (sql/queries.sql, lock_keys): were
+    the batch rolled back after its publish, the command would meet the timer as if it had not
+    fired. It is deferred, as for a claimed occurrence, and meets the recorded timer after."""
+    await ports.apply([schedule("k", -1), schedule("free", 60)])
+    batch = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
+    (claimed,) = batch.result.claimed
+    t0 = datetime.now(UTC)
+    commands = [
+        CancelTimer("acme", "k", None, 2),
+        schedule("k", 60, ts=3),
+        CancelTimer("acme", "free", None, 2),
+    ]
+    positions = [Position(10, t0), Position(11, t0), Position(12, t0)]
+    # A deadline well under the batch's lease: a wait on its lock would end only with the batch.
+    applied = await asyncio.wait_for(ports.apply(commands, positions), 20)
+    assert applied.outcomes == ["deferred", "deferred", "applied"]  # every command of the key waits
+    assert await batch.record([Fired(claimed, None, None)], []) == 1
+    again = await ports.apply(commands[:2], positions[:2])
+    assert again.outcomes == ["ignored", "ignored"]  # Reached is final: the cancel came too late
 
 
 def plain(key: str, seconds: float) -> ScheduleTimer:
@@ -328,8 +404,8 @@ async def test_a_paused_tenants_timers_are_not_claimed_and_resumed_ones_are_olde
     assert await state_of(ports, "a") == "Scheduled"
     # Claimable again, oldest first: the claim's limit takes the two most overdue.
     params = claim_params("c", 2, 0, lease_ms=10_000, ahead_ms=100)
-    assert sorted(c.service_call_id for c in (await ports.claim(params)).claimed) == ["c", "new"]
-    assert sorted(c.service_call_id for c in (await ports.claim(params)).claimed) == ["a", "b"]
+    assert sorted(c.service_call_id for c in (await claim_closed(ports, params)).claimed) == ["c", "new"]
+    assert sorted(c.service_call_id for c in (await claim_closed(ports, params)).claimed) == ["a", "b"]
 
 
 async def test_a_timer_paused_by_itself_stays_paused_through_its_tenants_resume(ports: Ports) -> None:
@@ -360,15 +436,16 @@ async def test_a_paused_recurring_timer_resumed_after_downtime_has_its_reference
     every = ScheduleTimer("acme", "rec", at(-10).replace(microsecond=0), None, 1, Repeat("PT1S", None, None))
     await ports.apply([every])
     params = claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100, downtime_ms=60_000)
-    (first,) = (await ports.claim(params)).claimed
+    batch = await ports.claim(params)
+    (first,) = batch.result.claimed
     assert first.recurrence_ref == first.due_at
     overdue = first.due_at + timedelta(seconds=1)
-    assert await ports.mark_fired([Fired(first, overdue, 1)]) == 1
+    assert await batch.record([Fired(first, overdue, 1)], []) == 1
     down = claim_params("b", 10, 0, lease_ms=10_000, ahead_ms=100, downtime_ms=1000)
     assert (await ports.pause(pause(key="rec"))).outcomes == ["applied"]
     assert await claim_one(ports, "c") == []
     assert (await ports.pause(pause(key="rec", resume=True))).outcomes == ["applied"]
-    (again,) = (await ports.claim(down)).claimed
+    (again,) = (await claim_closed(ports, down)).claimed
     assert again.due_at == overdue and again.occurrence_index == 1
     assert again.recurrence_ref > overdue + timedelta(seconds=5)
     assert abs(again.recurrence_ref.timestamp() - time.time()) < 5
@@ -381,21 +458,34 @@ async def test_the_mark_of_an_occurrence_claimed_as_its_timer_or_tenant_was_paus
     recurring timer does not fire again before the pause is offered again (issue 23 review)."""
     every = Repeat("PT1S", None, None)
     start = at(-1).replace(microsecond=0)
-    mine, tenant, once = (ScheduleTimer("acme", k, start, None, 1, every) for k in ("mine", "tenant", "once"))
+    keys = ("mine", "tenant", "once")
+    mine, tenant, once = (ScheduleTimer("acme", k, start, None, 1, every) for k in keys)
     await ports.apply([mine, tenant, dataclasses.replace(once, repeat=None)])
-    claimed = {c.service_call_id: c for c in await claim_one(ports, "a")}
+    params = claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100)
+    batch = await ports.claim(params)
+    claimed = {c.service_call_id: c for c in batch.result.claimed}
     assert sorted(claimed) == ["mine", "once", "tenant"]
-    assert (await ports.pause(pause(key="mine"))).outcomes == ["applied"]
-    assert (await ports.pause(pause(key="once"))).outcomes == ["applied"]
-    assert await state_of(ports, "mine") == "Scheduled"  # until its mark
-    next_due = start + timedelta(seconds=60)
-    assert (
-        await ports.mark_fired([Fired(claimed["mine"], next_due, 1), Fired(claimed["once"], None, None)]) == 2
-    )
-    assert await state_of(ports, "mine") == "Paused" and await state_of(ports, "once") == "Reached"
-    # The tenant's pause: its claimed row is left (it fires), the mark pauses the next occurrence.
-    assert (await ports.pause(pause(tenant="other"), PAUSED)).outcomes == ["applied"]  # nothing to do
+    # A claim's batch in flight holds them: the tenant's flag is set, its rows wait for the mark.
     assert (await ports.pause(pause(), PAUSED)).outcomes == ["deferred"]
-    assert await ports.mark_fired([Fired(claimed["tenant"], next_due, 1)]) == 1
-    assert await state_of(ports, "tenant") == "Paused"
+    next_due = start + timedelta(seconds=60)
+    fired = [
+        Fired(claimed["mine"], next_due, 1),
+        Fired(claimed["tenant"], next_due, 1),
+        Fired(claimed["once"], None, None),
+    ]
+    assert await batch.record(fired, []) == 3
+    assert [await state_of(ports, k) for k in keys] == ["Paused", "Paused", "Reached"]
     assert (await ports.pause(pause(), PAUSED)).outcomes == ["applied"]
+    assert (await ports.pause(pause(resume=True), RESUMED)).outcomes == ["applied"]
+    # A released claim (a publish backing off, its lease committed): the timer's own pause is
+    # recorded at once, and the mark of its retried occurrence stores the next one Paused.
+    await ports.apply([dataclasses.replace(mine, service_call_id="rel")])
+    batch = await ports.claim(params)
+    (rel,) = batch.result.claimed
+    await batch.record([], [(rel, "publish failed", 0)])
+    assert (await ports.pause(pause(key="rel"))).outcomes == ["applied"]
+    assert await state_of(ports, "rel") == "Scheduled"  # its occurrence still fires
+    batch = await ports.claim(params)
+    (again,) = batch.result.claimed
+    assert await batch.record([Fired(again, next_due, 1)], []) == 1
+    assert await state_of(ports, "rel") == "Paused"

@@ -142,15 +142,18 @@ async def test_after_downtime_a_recurring_timer_fires_once_for_the_missed_window
 
 
 async def _claimed_by_a_replica_that_dies(db_url: str, lease_ms: int) -> None:
-    """A PT1S timer due now, claimed under a lease by a replica that never fires it (it crashed)."""
+    """A PT1S timer due now, claimed under a lease by a replica that never fires it: stopped
+    mid-batch, its claim committed unrecorded (a crash rolls the claim back instead, and then no
+    lease hides the timer at all)."""
     query(
         db_url,
         "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, repeat_every)"
         " VALUES ('acme', 'tick', 'Scheduled', now(), now(), 'PT1S')",
     )
-    async with db.pool(db_url, "tests", min_size=1, max_size=1) as pool:  # the replica's session pins
-        claim = await Store(pool).claim(claim_params("crashed", 10, 0, lease_ms=lease_ms))
-    assert [c.service_call_id for c in claim.claimed] == ["tick"]
+    async with db.pool(db_url, "tests", min_size=1, max_size=1, idle_in_transaction_ms=lease_ms) as pool:
+        batch = await Store(pool).claim(claim_params("crashed", 10, 0, lease_ms=lease_ms))
+        await batch.close()
+    assert [c.service_call_id for c in batch.result.claimed] == ["tick"]
 
 
 def _indexes(rec: EventRecorder, db_url: str) -> list[int]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import nats
 import nats.js.errors
+import psycopg
 import pytest
 
 from tests.helpers import query, recorder, settings_env, until
@@ -51,12 +52,28 @@ def spread(n: int, start_s: float, over_s: float, db_url: str) -> list[str]:
 
 
 def leased_by(db_url: str, owner: str) -> set[tuple[str, str]]:
+    """What a replica holds: its committed leases, and the rows its batches in flight keep locked
+    (their lease commits with the mark, unseen until then), while it has a session in a
+    transaction: every Scheduled row another session cannot lock (a test with one replica)."""
     rows = query(
         db_url,
         "SELECT tenant_id, service_call_id FROM timers WHERE state = 'Scheduled' AND lease_owner = %s",
         owner,
     )
-    return {(t, s) for t, s in rows}
+    held = {(t, s) for t, s in rows}
+    with psycopg.connect(db_url) as conn:  # one transaction, rolled back: the locks go with it
+        (busy,) = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            " AND datname = current_database() AND state <> 'idle'",
+            (owner,),
+        ).fetchone() or (0,)
+        if busy:
+            keys = "SELECT tenant_id, service_call_id FROM timers WHERE state = 'Scheduled'"
+            scheduled = {(t, s) for t, s in conn.execute(keys).fetchall()}
+            free = {(t, s) for t, s in conn.execute(keys + " FOR UPDATE SKIP LOCKED").fetchall()}
+            held |= scheduled - free
+        conn.rollback()
+    return held
 
 
 def no_leases_left(db_url: str) -> bool:

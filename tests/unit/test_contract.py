@@ -19,7 +19,7 @@ IDS = MessageIds(b"a fleet secret of thirty-two b..")
 
 def claimed(service_call_id: str, correlation_id: str | None) -> Claimed:
     due = datetime(2026, 11, 23, 9, 0, 0, 123456, tzinfo=UTC)
-    return Claimed("acme", service_call_id, due, correlation_id, 7, 1, None, None, None, due, 0, due)
+    return Claimed("acme", service_call_id, due, correlation_id, 7, 1, None, None, None, due, 0, due, "(0,1)")
 
 
 @pytest.mark.parametrize(
@@ -114,6 +114,7 @@ def _occurrence(tenant: str, key: str, due: datetime, **fields: Any) -> Claimed:
         "anchor_due_at": None,
         "occurrence_index": 0,
         "recurrence_ref": due,
+        "row_id": "(0,1)",
     }
     return Claimed(tenant, key, due, **{**base, **recurring, **fields})
 

@@ -107,7 +107,8 @@ async def run(admin_url: str, nats_url: str, workdir: Path, rounds: int, batches
             rig = await stack.enter_async_context(Rig(admin_url, nats_url, workdir))
             if name == "without_index":
                 await rig.db_.execute(DROP_INDEX_SQL)
-            p = pool(rig.db_url, f"indexcost-{name}", 1, 1)  # one backend: its CPU is the cost
+            # one backend: its CPU is the cost
+            p = pool(rig.db_url, f"indexcost-{name}", 1, 1, idle_in_transaction_ms=60_000)
             await p.open()
             stack.push_async_callback(p.close)
             async with p.connection() as conn:

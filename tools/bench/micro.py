@@ -42,7 +42,9 @@ def occurrences(n: int = BATCH) -> list[Claimed]:
     for i in range(n):
         due = start + timedelta(microseconds=3_600_000_000 * i // n)
         corr = f"order-{i}" if i % 10 == 0 else None
-        out.append(Claimed(f"t{i % 10}", f"d-{i}", due, corr, 7, 1, None, None, None, None, 0, due))
+        out.append(
+            Claimed(f"t{i % 10}", f"d-{i}", due, corr, 7, 1, None, None, None, None, 0, due, f"(0,{i})")
+        )
     return out
 
 

@@ -262,20 +262,31 @@ async def failover(ctx: Context) -> Metrics:
 
 
 async def _kill_a_lease_holder(rig: Rig, tries: int = 50) -> tuple[str, set[str], float]:
-    """Find a replica that holds leases right now and SIGKILL it; what it held, and when."""
+    """Find a replica that holds claims right now and SIGKILL it; what it held, and when.
+
+    A claim is held by a batch in flight (its lease commits with the mark, so it shows only as
+    the rows its transaction locked: their xmax is that transaction's id) or by a committed lease
+    (a batch that ended unrecorded). The victim is frozen while its rows are read, so that what
+    it held is exactly what it held when it died, then killed."""
     for _ in range(tries):
         owner = await rig.scalar(
-            "SELECT lease_owner FROM timers WHERE state = 'Scheduled' AND lease_expires_at > now() LIMIT 1"
+            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state LIKE 'idle in transaction%%' AND backend_xid IS NOT NULL LIMIT 1"
         )
         if owner is None or owner not in rig.fleet.alive():
             await asyncio.sleep(0.005)
             continue
-        rig.fleet.signal(owner, signal.SIGKILL)
-        killed_at = time.time()
+        rig.fleet.signal(owner, signal.SIGSTOP)
         cur = await rig.db_.execute(
-            "SELECT service_call_id FROM timers WHERE state = 'Scheduled' AND lease_owner = %s", (owner,)
+            "SELECT service_call_id FROM timers WHERE state = 'Scheduled'"
+            " AND (lease_owner = %s AND lease_expires_at > now()"
+            "      OR xmax::text IN (SELECT backend_xid::text FROM pg_stat_activity"
+            "                        WHERE application_name = %s AND backend_xid IS NOT NULL))",
+            (owner, owner),
         )
         orphans = {r[0] for r in await cur.fetchall()}
+        rig.fleet.signal(owner, signal.SIGKILL)
+        killed_at = time.time()
         if orphans:
             return owner, orphans, killed_at
         rig.start_replicas(1)  # it marked everything before it died: try again with a fresh one

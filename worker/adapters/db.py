@@ -102,11 +102,21 @@ def fleet_secret(conninfo: str) -> bytes:
     return bytes(found[0])
 
 
-def pool(conninfo: str, name: str, min_size: int, max_size: int) -> AsyncConnectionPool[Any]:
+def pool(
+    conninfo: str, name: str, min_size: int, max_size: int, idle_in_transaction_ms: int
+) -> AsyncConnectionPool[Any]:
     """The replica's pool, not yet open: autocommit sessions in UTC with the service's adapters,
-    each named `name` in pg_stat_activity."""
+    each named `name` in pg_stat_activity.
+
+    idle_in_transaction_session_timeout is the lease of a batch in flight: a claim's transaction
+    stays open across the publish (Store.claim), and a replica frozen mid-batch (SIGSTOP, a VM
+    paused) would hold its rows locked for as long as it stays frozen. Past this timeout Postgres
+    ends the session and rolls the claim back, and another replica claims the rows at once; the
+    frozen replica, waking, can commit nothing. A batch that works goes idle in its transaction
+    only while it publishes, which the publish timeout bounds below the lease (Settings)."""
+    idle = f"idle_in_transaction_session_timeout={idle_in_transaction_ms}"
     return AsyncConnectionPool(
-        session_conninfo(conninfo),
+        _with_option(session_conninfo(conninfo), idle),
         min_size=min_size,
         max_size=max_size,
         open=False,
@@ -117,3 +127,8 @@ def pool(conninfo: str, name: str, min_size: int, max_size: int) -> AsyncConnect
         },
         name=name,
     )
+
+
+def _with_option(conninfo: str, setting: str) -> str:
+    options = conninfo_to_dict(conninfo).get("options") or ""
+    return make_conninfo(conninfo, options=f"{options} -c {setting}".strip())

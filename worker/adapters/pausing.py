@@ -115,6 +115,7 @@ async def pause_one(conn: psycopg.AsyncConnection[Any], key: Key, resume: bool) 
         found = await cur.fetchone()
     if resume:
         return Applied(["ignored" if found is None else "applied"], None if found is None else found[0])
-    # A claimed occurrence fires; its paused_at is recorded, so the mark stores the next one Paused.
-    changed = bool(found[0]) if found is not None else False
-    return Applied(["applied" if changed else "ignored"], None)
+    changed, claimed = found if found is not None else (False, False)
+    # A claimed occurrence fires: with its lease committed, paused_at is recorded (changed) and its
+    # mark stores the next one Paused; held by a claim's batch in flight, the pause waits for it.
+    return Applied(["deferred" if claimed else "applied" if changed else "ignored"], None)

@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters import pausing
+from worker.adapters.batch import Batch
 from worker.adapters.claim_rows import claim_result
 from worker.adapters.pgerrors import classify
 from worker.adapters.queries import QUERIES
@@ -21,13 +22,11 @@ from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
 from worker.core.domain import (
     Applied,
     ClaimParams,
-    ClaimResult,
-    Failed,
-    Fired,
     Key,
     Outcome,
     Position,
 )
+from worker.core.ports import ClaimedBatch
 from worker.errors import TransientError
 
 # How long a command waiting for its timer may hold up the later ones once the timer is no longer
@@ -114,6 +113,9 @@ class Store:
         upsert_schedules), and a command deferred behind a claimed occurrence is recorded on the
         row (deferred_seqs), every later one for that timer waiting behind it until it has
         applied (README, Ordering).
+
+        It never waits on a timer's row locked by a claim's batch in flight (sql/queries.sql,
+        lock_keys): that key's commands are deferred, with no marker (writing one would wait).
         """
         seqs = None if positions is None else [p.seq for p in positions]
         outcomes: list[Outcome] = ["ignored"] * len(commands)
@@ -121,7 +123,10 @@ class Store:
         dues: list[datetime] = []
         with self._db(write=True):
             async with self.pool.connection() as conn, conn.transaction():
+                # First, before any row lock: a pause or resume of these tenants waits for this.
                 await _lock_tenants_shared(conn, commands)
+                busy = await self._lock_keys(conn, {_key(c) for c in commands})
+                waiting.update((k, "deferred") for k in busy)
                 for indexes in _rounds(commands, seqs):
                     todo = [i for i in indexes if _key(commands[i]) not in waiting]
                     changed = await self._apply_round(
@@ -146,7 +151,7 @@ class Store:
                             outcomes[i] = "applied"  # and left deferred_seqs in the same statement
                         elif key in waiting:
                             outcomes[i] = waiting[key]
-                            if seqs is not None:
+                            if seqs is not None and key not in busy:
                                 settle.append((key, seqs[i], waiting[key] == "deferred"))
                         elif seqs is not None and (h := held.get(key)) is not None and h.marked:
                             settle.append((key, seqs[i], False))  # ignored: it waits no more
@@ -209,6 +214,14 @@ class Store:
             changed |= {(t, s): d for t, s, d in await cur.fetchall()}
         return changed
 
+    async def _lock_keys(self, conn: psycopg.AsyncConnection[Any], keys: set[Key]) -> set[Key]:
+        """Lock the rows of `keys` that exist; those another transaction holds (lock_keys)."""
+        cur = await conn.execute(
+            QUERIES["lock_keys"],
+            {"tenant_id": [k[0] for k in keys], "service_call_id": [k[1] for k in keys]},
+        )
+        return {(t, s) for t, s in await cur.fetchall()}
+
     async def _held_among(self, conn: psycopg.AsyncConnection[Any], keys: list[Key]) -> dict[Key, _Held]:
         if not keys:
             return {}
@@ -237,10 +250,11 @@ class Store:
             },
         )
 
-    async def claim(self, params: ClaimParams) -> ClaimResult:
-        """Claim up to `params.limit` occurrences due within `params.ahead_ms`: the oldest, and
-        `params.fresh_limit` of the most recent, due no longer than `params.fresh_window_ms` ago
-        (sql/queries.sql, claim_due). Committed before it returns: the lease is the fence."""
+    async def claim(self, params: ClaimParams) -> ClaimedBatch:
+        """Claim up to `params.limit` occurrences (sql/queries.sql, claim_due) in a transaction the
+        batch keeps open, holding their rows locked, until it is recorded (Batch.record) or closed.
+
+        A claim that took nothing ends its transaction at once and holds no connection."""
         sql_params = {
             "owner": params.owner,
             "ahead_ms": params.ahead_ms,
@@ -251,40 +265,26 @@ class Store:
             "downtime_ms": params.downtime_ms,
         }
         with self._db(write=True):
-            async with self.pool.connection() as conn:
+            conn = await self.pool.getconn()
+            try:
+                # BEGIN on its own, not pipelined with the claim: a session left in a transaction
+                # after a psycopg pipeline was never ended by idle_in_transaction_session_timeout
+                # (Postgres 18, psycopg 3; tests/integration/test_port_conformance.py).
+                await conn.execute("BEGIN")
                 cur = conn.cursor(binary=True)  # plain tuples, read by column name (claim_rows)
                 await cur.execute(QUERIES["claim_due"], sql_params)
                 rows = await cur.fetchall()
-                names = [c.name for c in cur.description or ()]
-        return claim_result(names, rows)
-
-    async def mark_fired(self, fired: Sequence[Fired]) -> int:
-        """Record acknowledged firings; returns how many the fence let through."""
-        if not fired:
-            return 0
-        params: dict[str, Any] = {
-            "tenant_id": [f.timer.tenant_id for f in fired],
-            "service_call_id": [f.timer.service_call_id for f in fired],
-            "lease_token": [f.timer.lease_token for f in fired],
-            "due_at": [f.timer.due_at for f in fired],
-        }
-        # A NULL array is padded with NULLs by unnest: one-shot timers need not send two arrays
-        # of NULLs (dumping arrays is most of a mark's cost on this side).
-        recurring = any(f.next_due_at is not None for f in fired)
-        params["next_due_at"] = [f.next_due_at for f in fired] if recurring else None
-        params["next_index"] = [f.next_index for f in fired] if recurring else None
-        return await self._execute_count("mark_fired", params)
-
-    async def retry_later(self, failed: Sequence[Failed]) -> int:
-        """Release failed occurrences for a retry by any replica: (occurrence, error, back-off ms)."""
-        if not failed:
-            return 0
-        params: dict[str, Any] = _columns(
-            [c for c, _, _ in failed], "tenant_id", "service_call_id", "lease_token"
-        )
-        params["error"] = [e[:500] for _, e, _ in failed]
-        params["backoff_ms"] = [b for _, _, b in failed]
-        return await self._execute_count("retry_later", params)
+                result = claim_result([c.name for c in cur.description or ()], rows)
+                empty = not (result.claimed or result.unreadable)
+                if empty:
+                    await conn.execute("COMMIT")
+            except BaseException:
+                await self.pool.putconn(conn)  # in a transaction or broken: the pool rolls back or drops it
+                raise
+        if empty:
+            await self.pool.putconn(conn)
+            return Batch(self.pool, self._db, None, result)
+        return Batch(self.pool, self._db, conn, result)
 
     async def _execute_count(self, name: str, params: dict[str, Any]) -> int:
         with self._db(write=True):

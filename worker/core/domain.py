@@ -59,6 +59,9 @@ class Claimed(NamedTuple):
     # moves it to now only after downtime (sql/queries.sql). The column keeps its name: renaming
     # it takes two releases (README, Upgrades); claim_due returns it AS recurrence_ref.
     recurrence_ref: datetime
+    # The store's handle on the claimed row version, opaque to the core (Postgres: its ctid, which
+    # the claim's row lock keeps still until the batch ends; sql/queries.sql, mark_fired).
+    row_id: str
     # The fields below default to None: most timers have none of them.
     # The ScheduleTimer's carried headers (trace context, allowed producer headers), or None.
     carried: dict[str, str] | None = None
@@ -76,6 +79,7 @@ class Unreadable(NamedTuple):
     service_call_id: str
     lease_token: int
     attempts: int
+    row_id: str
 
 
 # A claimed occurrence as its fence reads it (tenant_id, service_call_id, lease_token, attempts):

@@ -6,21 +6,20 @@ import asyncio
 import bisect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from worker import metrics, tracing
 from worker.config import Settings
 from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, Repeat, due_event, iso
 from worker.core.clock import Clock
 from worker.core.crashpoints import crash_point
-from worker.core.domain import Claimed, ClaimParams, ClaimResult, Fired, Key, Leased, Unreadable
+from worker.core.domain import Claimed, ClaimParams, Fired, Key, Leased, Unreadable
 from worker.core.headers import stored_carried_problem
 from worker.core.loop import Loop
-from worker.core.ports import EventPublisher, FiringStore
+from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore
 from worker.core.recurrence import next_occurrence
-from worker.core.waiting import retry_transient, wait_any
+from worker.core.waiting import wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import verdict
 
@@ -45,6 +44,8 @@ FRESH_LANE_WINDOW_MS = 2000  # "newest" means due in the last two seconds, not t
 # this before dueAt may find the occurrence already claimed, and it fires (README, guarantees).
 LOOKAHEAD_MS = 100
 # Full batches in flight at once per replica: one publishing and marking while the next is claimed.
+# Each holds a pooled connection across its publish (its claim's transaction), as does the fresh
+# lane's: Settings.db_pool_size leaves room for intake and the reads beside them.
 PIPELINE_DEPTH = 2
 
 
@@ -180,39 +181,43 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
                 return
             try:
                 with tracing.span("timer.claim", **{"timer.lane": "fresh"}) as span:
-                    result = await self.store.claim(self._fresh)
+                    batch = await self.store.claim(self._fresh)
+                    result = batch.result
                     span.set_attribute("timer.count", len(result.claimed) + len(result.unreadable))
                 self.clock.observe(result.db_now)
-                if result.claimed or result.unreadable:
-                    await self.fire(result.claimed, result.unreadable)
+                await self.fire(batch)
             except Exception as exc:  # never fatal: its claims expire and fire elsewhere, or here later
                 log.warning("fresh lane failed", extra={"action": "claim_failed", "error": str(exc)})
             await wait_any(FRESH_LANE_S, stop)
 
     async def tick(self) -> bool:
         """One claim, fired here; True when the batch was full (more may be due)."""
-        result, full, wake_at = await self._claim()
-        if result.claimed or result.unreadable:
-            await self.fire(result.claimed, result.unreadable)
+        batch, full, wake_at = await self._claim()
+        await self.fire(batch)
         self._idle_until(wake_at)
         return full
 
     async def _tick_beside(self, firing: set[asyncio.Task[None]], group: asyncio.TaskGroup) -> bool:
         """One claim whose firing goes on beside the next claim, in the loop's `group` (at most
         PIPELINE_DEPTH of them in `firing`) while batches come back full; otherwise it ends here."""
-        result, full, wake_at = await self._claim()
-        if result.claimed or result.unreadable:
-            firing.add(group.create_task(self._fire_beside(result.claimed, result.unreadable), name="fire"))
+        batch, full, wake_at = await self._claim()
+        if batch.result.claimed or batch.result.unreadable:
+            try:
+                firing.add(group.create_task(self._fire_beside(batch), name="fire"))
+            except BaseException:
+                await batch.close()
+                raise
         await _settle(firing, PIPELINE_DEPTH - 1 if full else 0)
         self._idle_until(wake_at)
         return full
 
-    async def _claim(self) -> tuple[ClaimResult, bool, float | None]:
-        """The main lane's claim, whether it came back full, and when (time.monotonic) the next
-        occurrence comes within reach of a claim (None: none is known)."""
+    async def _claim(self) -> tuple[ClaimedBatch, bool, float | None]:
+        """The main lane's claim (its batch, open), whether it came back full, and when
+        (time.monotonic) the next occurrence comes within reach of a claim (None: none is known)."""
         started = time.perf_counter()
         with tracing.span("timer.claim") as span:
-            result = await self.store.claim(self._main)
+            batch = await self.store.claim(self._main)
+            result = batch.result
             span.set_attribute("timer.count", len(result.claimed) + len(result.unreadable))
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         if self.test_signal is not None:
@@ -222,19 +227,19 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
         # Wake when the next occurrence comes within reach of a claim, measured from now.
         wake_at = None if nxt is None else time.monotonic() + (nxt - LOOKAHEAD_MS) / 1000
         # Unreadable rows took places in the batch too: a full claim of them is still a backlog.
-        return result, len(result.claimed) + len(result.unreadable) >= self.s.batch_size, wake_at
+        return batch, len(result.claimed) + len(result.unreadable) >= self.s.batch_size, wake_at
 
     def _idle_until(self, wake_at: float | None) -> None:
         """After a claim's firing: an idle loop sleeps until `wake_at`, at most a poll interval."""
         poll_s = self.s.poll_interval_ms / 1000
         self._idle_s = poll_s if wake_at is None else min(poll_s, max(0.0, wake_at - time.monotonic()))
 
-    async def _fire_beside(self, claimed: list[Claimed], unreadable: Sequence[Unreadable]) -> None:
+    async def _fire_beside(self, batch: ClaimedBatch) -> None:
         """A batch fired beside the next claim, in the loop's task group: Postgres away or
         read-only past the lease is no reason to end the loop (and the group with it); its
         claims expire and fire again, from here or elsewhere."""
         try:
-            await self.fire(claimed, unreadable)
+            await self.fire(batch)
         except Exception as exc:  # one verdict for all (errors.verdict): only fatal ends the loop
             if (judged := verdict(exc)) == "fatal":
                 raise
@@ -244,8 +249,18 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
                 exc_info=judged == "alone",
             )
 
-    async def fire(self, claimed: list[Claimed], unreadable: Sequence[Unreadable] = ()) -> None:
-        """Publish each occurrence as soon as it is due on the database clock, then record them all."""
+    async def fire(self, batch: ClaimedBatch) -> None:
+        """Publish each occurrence of a claimed batch as soon as it is due on the database clock,
+        then record them all; the batch ends here whatever happens."""
+        try:
+            if batch.result.claimed or batch.result.unreadable:
+                await self._fire(batch, batch.result.claimed, batch.result.unreadable)
+        finally:
+            await batch.close()
+
+    async def _fire(
+        self, batch: ClaimedBatch, claimed: list[Claimed], unreadable: Sequence[Unreadable]
+    ) -> None:
         metrics.CLAIMED.inc(len(claimed) + len(unreadable))
         reclaimed = [c.attempts for c in claimed] + [u.attempts for u in unreadable]
         metrics.LEASES_RECLAIMED.inc(sum(1 for n in reclaimed if n > 1))
@@ -284,7 +299,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
             await self._publish(waiting[:ready], datetime.fromtimestamp(now, UTC), nexts, fired, failed)
             waiting = waiting[ready:]
         crash_point("published")
-        await self._record(fired, failed)
+        await self._record(batch, fired, failed)
         crash_point("marked")
         # A recurring timer's next occurrence was unknown when this claim looked ahead.
         if upcoming := [f.next_due_at for f in fired if f.next_due_at is not None]:
@@ -358,10 +373,16 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
                 extra={"action": "publish_failed", "count": errors, "error": failed[-1][1]},
             )
 
-    async def _record(self, fired: list[Fired], failed: list[tuple[Leased, str, int]]) -> None:
-        """Mark what was acknowledged; a lost lease makes the mark a no-op (the fence)."""
+    async def _record(
+        self, batch: ClaimedBatch, fired: list[Fired], failed: list[tuple[Leased, str, int]]
+    ) -> None:
+        """Mark what was acknowledged and release what failed, in the claim's transaction.
+
+        Not retried: an error ends that transaction, and Postgres rolls the claim back with it, so
+        its rows are free at once and another claim fires them again (same Nats-Msg-Id: JetStream
+        drops the copy within its duplicate window)."""
         with tracing.span("timer.mark", **{"timer.count": len(fired)}) as span:
-            marked = await self._retrying(self.store.mark_fired, fired)
+            marked = await batch.record(fired, failed)
             span.set_attribute("timer.marked", marked)
             span.set_attribute("timer.fenced", len(fired) - marked)
         metrics.MARKED.inc(marked)
@@ -371,10 +392,3 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
                 "lease lost before mark",
                 extra={"action": "fence_rejected", "count": len(fired) - marked},
             )
-        if failed:
-            await self._retrying(self.store.retry_later, failed)
-
-    async def _retrying(self, write: Callable[..., Awaitable[int]], *args: Any) -> int:
-        # Retried only while the lease can still be valid; after that the write would be fenced
-        # off anyway and another replica re-fires (same Nats-Msg-Id, so JetStream drops it).
-        return await retry_transient(lambda: write(*args), self.s.lease_ms / 1000, first_s=0.05, max_s=1)

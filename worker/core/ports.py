@@ -19,18 +19,34 @@ from worker.core.domain import Applied, ClaimParams, ClaimResult, Failed, Fired,
 from worker.core.received import ReceivedCommand
 
 
-class FiringStore(Protocol):
-    """The firing loop's database: claim under a lease, then record each claimed occurrence,
-    fenced by that lease (a write whose lease is gone changes nothing and is not counted)."""
+class ClaimedBatch(Protocol):
+    """One claim, open until it is recorded or closed: Postgres holds its rows locked in one
+    transaction, from the claim to the mark (docs/RELIABILITY.md, The claim's transaction)."""
 
-    async def claim(self, params: ClaimParams) -> ClaimResult:
-        """Claim up to `params.limit` due occurrences under a new lease token, committed before
-        it returns. Rows whose dueAt no datetime holds come back as `unreadable`, not raised."""
+    @property
+    def result(self) -> ClaimResult: ...
+
+    async def record(self, fired: Sequence[Fired], failed: Sequence[Failed]) -> int:
+        """Mark the fired occurrences and release the failed ones for a retry after their back-off,
+        together, and end the batch; returns how many marks the fence let through. Raises, and
+        changes nothing, when the batch was ended under it (its session killed)."""
         ...
 
-    async def mark_fired(self, fired: Sequence[Fired]) -> int: ...
+    async def close(self) -> None:
+        """End the batch if record did not: what it claimed stays claimed until the lease runs
+        out. Always called, and safe to call twice."""
+        ...
 
-    async def retry_later(self, failed: Sequence[Failed]) -> int: ...
+
+class FiringStore(Protocol):
+    """The firing loop's database: claim a batch under a lease, then record each claimed
+    occurrence in the claim's own transaction (ClaimedBatch)."""
+
+    async def claim(self, params: ClaimParams) -> ClaimedBatch:
+        """Claim up to `params.limit` due occurrences under a new lease token, in a transaction the
+        batch holds open until it is recorded or closed. Rows whose dueAt no datetime holds come
+        back as `unreadable`, not raised."""
+        ...
 
 
 class IntakeStore(Protocol):

@@ -14,6 +14,7 @@ from worker.config import Settings, load_settings
 from worker.contract import ScheduleTimer
 from worker.core.firing import LOOKAHEAD_MS, PIPELINE_DEPTH, RETRY_BACKOFF_MS, FiringLoop
 from worker.core.wakeup import Wakeup
+from worker.errors import TransientError
 
 
 @pytest.fixture
@@ -112,9 +113,8 @@ async def test_first_attempts_go_in_one_atomic_batch_and_retries_one_by_one(
     store, publisher = TwinStore(time), TwinPublisher(time)
     clock = FakeClock(time)
     await schedule(store, time, -3.0, -2.0, -1.0)
-    await store.claim(
-        claim_params("crashed", 2, 0, lease_ms=1000)
-    )  # t0 and t1: a replica claimed them and died
+    stopped = await store.claim(claim_params("stopped", 2, 0, lease_ms=1000))  # t0, t1
+    await stopped.close()  # its replica stopped: the lease, committed, holds them until it runs out
     time.t += 1.5  # its lease ran out
     await firing(settings, store, publisher, clock).tick()
     by_method = {c.method: sorted(event_id(m).split(":")[1] for m in c.messages) for c in publisher.calls}
@@ -122,11 +122,10 @@ async def test_first_attempts_go_in_one_atomic_batch_and_retries_one_by_one(
     assert len(publisher.calls) == 2
 
 
-async def test_a_short_mark_is_counted_as_fenced_and_changes_nothing(
-    settings: Settings, time: FakeTime
-) -> None:
-    """The lease runs out while the publish is on the wire: the mark is refused for those rows, and
-    the loop counts them as fenced (another replica re-fires them, deduplicated)."""
+async def test_a_batch_recorded_after_its_lease_changes_nothing(settings: Settings, time: FakeTime) -> None:
+    """The lease runs out while the publish is on the wire: Postgres ended the claim's session
+    (idle_in_transaction_session_timeout is the lease), so the mark fails and changes nothing;
+    another replica re-fires them, deduplicated."""
     store, publisher = TwinStore(time), TwinPublisher(time)
     clock = FakeClock(time)
     await schedule(store, time, -2.0, -1.0)
@@ -135,9 +134,9 @@ async def test_a_short_mark_is_counted_as_fenced_and_changes_nothing(
         time.t += settings.lease_ms / 1000 + 0.1  # the PubAck took longer than the lease
 
     publisher.on_publish = stall
-    fenced, marked = counter("timer_fence_rejected_total"), counter("timer_marked_total")
-    await firing(settings, store, publisher, clock).tick()
-    assert counter("timer_fence_rejected_total") - fenced == 2
+    marked = counter("timer_marked_total")
+    with pytest.raises(TransientError, match="idle-in-transaction"):
+        await firing(settings, store, publisher, clock).tick()
     assert counter("timer_marked_total") - marked == 0
     assert [r.state for r in store.rows.values()] == ["Scheduled", "Scheduled"]
     assert len(publisher.stored) == 2  # published: the next claim's re-publish is a duplicate
@@ -155,9 +154,8 @@ async def test_a_failed_publish_is_released_for_a_retry_not_marked(
     assert (t1.state, t0.state) == ("Reached", "Scheduled")
     assert t0.lease_owner is None and t0.last_error == "publish: TimeoutError: no PubAck"
     assert t0.lease_expires_at == pytest.approx(time.t + RETRY_BACKOFF_MS / 1000)
-    assert not (
-        await store.claim(claim_params("other", 10, 0, lease_ms=1000))
-    ).claimed  # not before the back-off
+    # Not before the back-off:
+    assert not (await store.claim(claim_params("other", 10, 0, lease_ms=1000))).result.claimed
     time.t += RETRY_BACKOFF_MS / 1000 + 0.001
-    (again,) = (await store.claim(claim_params("other", 10, 0, lease_ms=1000))).claimed
+    (again,) = (await store.claim(claim_params("other", 10, 0, lease_ms=1000))).result.claimed
     assert (again.service_call_id, again.attempts) == ("t0", 2)
