@@ -341,7 +341,14 @@ WITH f AS MATERIALIZED (
          AS f(row_id, lease_token, due_at, next_due_at, next_index)
 )
 UPDATE timers t SET
-    state = CASE WHEN f.next_due_at IS NULL THEN 'Reached' ELSE 'Scheduled' END,
+    -- Paused (0011): the next occurrence of a timer paused while this one was claimed (its own
+    -- paused_at, or its tenant's flag: one hashed read of that tiny table per statement).
+    state = CASE WHEN f.next_due_at IS NULL THEN 'Reached'
+                 WHEN t.paused_at IS NOT NULL
+                   OR t.tenant_id IN (SELECT p.tenant_id FROM paused_tenants p WHERE p.paused_at IS NOT NULL)
+                 THEN 'Paused' ELSE 'Scheduled' END,
+    -- A finished timer's own pause ends, as a cancel's does: a later ScheduleTimer starts unpaused.
+    paused_at = CASE WHEN f.next_due_at IS NOT NULL THEN t.paused_at END,
     due_at = coalesce(f.next_due_at, t.due_at),
     occurrence_index = coalesce(f.next_index, t.occurrence_index),
     fired_count = least(t.fired_count, 2147483646) + 1,  -- saturates, as attempts in claim_due
@@ -425,12 +432,12 @@ LIMIT %(top)s;
 
 -- name: delete_finished
 -- Retention: delete up to %(limit)s Reached/Cancelled rows last changed before the cutoff, oldest
--- first, walking the partial index timers_finished (so Scheduled rows are never read, and the due
+-- first, walking the partial index timers_done (so pending rows are never read, and the due
 -- index is untouched: finished rows are not in it). SKIP LOCKED: replicas sweeping side by side
 -- take disjoint rows, and a row a command is changing right now is left for the next sweep. Each
 -- statement holds its row locks only for the few milliseconds one small batch takes.
--- Paused rows (0011) are in timers_finished too (state <> 'Scheduled') and are never deleted: pausing
--- sets their updated_at, so a sweep reads past them only once a pause outlasts TIMER_RETENTION.
+-- Paused rows (0011) are never deleted, and not in timers_done (0012): its predicate is this WHERE,
+-- so a pause older than TIMER_RETENTION costs a sweep nothing (it walked them all, in every batch).
 DELETE FROM timers t
 USING (SELECT tenant_id, service_call_id FROM timers
        WHERE state <> 'Scheduled' AND state <> 'Paused' AND updated_at < now() - %(retention)s::interval
@@ -526,7 +533,7 @@ SELECT count(*) AS fired,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM reached_at - due_at)) AS p99_s,
        max(extract(epoch FROM reached_at - due_at)) AS max_s
 FROM timers
-WHERE state <> 'Scheduled' AND updated_at > now() - %(window)s::interval
+WHERE state <> 'Scheduled' AND state <> 'Paused' AND updated_at > now() - %(window)s::interval
   AND state = 'Reached' AND reached_at IS NOT NULL;
 
 -- name: server_encoding
@@ -637,6 +644,22 @@ LIMIT %(limit)s;
 -- sat unclaimed longer than TIMER_DOWNTIME_AFTER), a one-shot due meanwhile fires once, late.
 -- updated_at is set: retention does not read past a paused row before TIMER_RETENTION has passed.
 
+-- name: lock_tenant
+-- A tenant's pause or resume, in the transaction that changes its flag: waits for every intake
+-- transaction writing the tenant's timers (lock_tenants_shared), and holds new ones back until the
+-- flag is committed. Key: worker/adapters/pausing.py, tenant_lock_keys.
+SELECT pg_advisory_xact_lock(%(key)s::bigint);
+
+-- name: lock_tenants_shared
+-- Intake, before it writes ScheduleTimers, in their transaction: the tenants' keys, shared (intake
+-- transactions never wait for each other), in the given (sorted) order. A statement of its own, so
+-- the upsert that follows takes its snapshot after any pause or resume of these tenants committed,
+-- and reads its flag; and a pause or resume waits until these rows are committed, and visible to
+-- the rows it moves (issue 23 review: else a schedule in flight stayed Scheduled under a paused
+-- tenant, or Paused under a resumed one, for good).
+SELECT count(pg_advisory_xact_lock_shared(k)) AS n
+FROM unnest(%(keys)s::bigint[]) WITH ORDINALITY AS u(k, i);
+
 -- name: pause_tenant
 -- Record the tenant as paused (%(pause)s) or resumed, unless a command later in the stream already
 -- set it (stream position as in upsert_schedules; a redelivered copy is not later than itself).
@@ -672,10 +695,15 @@ WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id
 RETURNING t.service_call_id;
 
 -- name: tenant_left_scheduled
--- The paused tenant's rows still Scheduled (claimed occurrences, rows locked as a chunk passed, a
--- ScheduleTimer committed side by side with the pause): while any is, the pause is offered again.
--- Zero when the tenant is no longer paused. A range of the primary key.
-SELECT count(*) AS n FROM timers
+-- The paused tenant's rows still Scheduled (claimed occurrences, rows locked as a chunk passed):
+-- while any is, the pause is offered again; `claimed`, those a lease holds (or held: a crashed or
+-- backing-off claim), `stuck`, those first claimed longer than %(stuck_after)s ago (the pause is
+-- then given up as timer_stuck, README, guarantees). Zero when the tenant is no longer paused. A
+-- range of the primary key.
+SELECT count(*) AS n,
+       count(*) FILTER (WHERE lease_expires_at IS NOT NULL) AS claimed,
+       count(*) FILTER (WHERE lease_expires_at IS NOT NULL AND claimed_at < now() - %(stuck_after)s::interval) AS stuck
+FROM timers
 WHERE tenant_id = %(tenant_id)s AND state = 'Scheduled'
   AND EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = %(tenant_id)s AND p.paused_at IS NOT NULL);
 
@@ -698,48 +726,55 @@ WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id
 RETURNING t.service_call_id, t.due_at;
 
 -- name: tenant_left_paused
--- The resumed tenant's rows still Paused that its resume should have moved (locked as a chunk passed,
--- a ScheduleTimer committed side by side with the resume): zero when the tenant is paused again.
-SELECT count(*) AS n FROM timers
+-- The resumed tenant's rows still Paused that its resume should have moved (locked as a chunk
+-- passed): zero when the tenant is paused again. No lease holds a Paused row: claimed and stuck are
+-- 0 (the columns of tenant_left_scheduled).
+SELECT count(*) AS n, 0 AS claimed, 0 AS stuck FROM timers
 WHERE tenant_id = %(tenant_id)s AND state = 'Paused' AND paused_at IS NULL
   AND NOT EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = %(tenant_id)s AND p.paused_at IS NOT NULL);
 
 -- name: pause_timer
--- Pause one timer (Scheduled or already Paused with its tenant), unless a lease holds its occurrence.
--- `claimed`: it is claimed, so the command waits for that occurrence to be recorded; that includes a
--- claim's batch in flight, which holds the row (FOR NO KEY UPDATE, claim_due) with its lease not
--- yet visible: locked as lock_keys does (it waits for a batch of commands, not for a claim), so the
--- pause never waits for a batch that a rollback after its PubAck would leave looking unfired.
+-- Pause one timer (Scheduled or already Paused with its tenant). A claimed occurrence whose lease
+-- is committed (a publish backing off) fires: the row stays Scheduled, its claim untouched, with
+-- paused_at recorded, so its mark stores the next occurrence Paused (mark_fired): `changed`. A
+-- claim's batch in flight holds the row (FOR NO KEY UPDATE, claim_due) with its lease not yet
+-- visible: `claimed`, the command waits for that occurrence to be recorded. Locked as lock_keys
+-- does (it waits for a batch of commands, not for a claim), so the pause never waits for a batch
+-- that a rollback after its PubAck would leave looking unfired.
 WITH s AS MATERIALIZED (
     SELECT 1 FROM timers
     WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s
     FOR KEY SHARE
 ), k AS MATERIALIZED (
-    SELECT state, lease_expires_at FROM timers
+    SELECT state FROM timers
     WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s AND EXISTS (SELECT FROM s)
     FOR UPDATE SKIP LOCKED
 ), u AS (
-    UPDATE timers t SET state = 'Paused', paused_at = coalesce(t.paused_at, now()), claimed_at = NULL,
-                        updated_at = now()
+    UPDATE timers t SET
+        state = CASE WHEN t.lease_expires_at IS NULL THEN 'Paused' ELSE t.state END,
+        paused_at = coalesce(t.paused_at, now()),
+        claimed_at = CASE WHEN t.lease_expires_at IS NULL THEN NULL ELSE t.claimed_at END,
+        updated_at = CASE WHEN t.lease_expires_at IS NULL THEN now() ELSE t.updated_at END
     WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s
-      AND t.state IN ('Scheduled', 'Paused') AND t.lease_expires_at IS NULL
+      AND t.state IN ('Scheduled', 'Paused')
       AND EXISTS (SELECT FROM k)  -- only a row this statement holds: never waits for a claim
     RETURNING true
 )
 SELECT EXISTS (SELECT FROM u) AS changed,
-       EXISTS (SELECT FROM k WHERE k.state = 'Scheduled' AND k.lease_expires_at IS NOT NULL)
-       OR (EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM k)) AS claimed;
+       EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM k) AS claimed;
 
 -- name: resume_timer
 -- End one timer's own pause: Scheduled again, unless its tenant is paused (then it stays Paused and
 -- the tenant's resume frees it). RETURNING its dueAt when it is claimable again. Only a pending
 -- timer: a replica of the release before 0011 leaves paused_at on the rows it cancels or un-pauses
 -- (and then fires), and resuming those would bring a Cancelled or Reached timer back to fire.
+-- A claimed one (paused as its occurrence was claimed, pause_timer) keeps its claim and state.
 UPDATE timers t SET
-    state = CASE WHEN EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = t.tenant_id AND p.paused_at IS NOT NULL)
+    state = CASE WHEN t.lease_expires_at IS NOT NULL THEN t.state
+                 WHEN EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = t.tenant_id AND p.paused_at IS NOT NULL)
                  THEN 'Paused' ELSE 'Scheduled' END,
     paused_at = NULL,
-    claimed_at = NULL,
+    claimed_at = CASE WHEN t.lease_expires_at IS NOT NULL THEN t.claimed_at END,
     updated_at = now()
 WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s AND t.paused_at IS NOT NULL
   AND t.state IN ('Scheduled', 'Paused')

@@ -257,8 +257,7 @@ class TwinStore:
         later = (
             position is None or last is None or position.seq > last.seq or position.stored_at > last.stored_at
         )
-        first = tenant not in self.paused_tenants or later  # pause_tenant's RETURNING: a row when set
-        if first:
+        if tenant not in self.paused_tenants or later:
             self.paused_tenants[tenant] = (None if command.resume else (since or now), position)
         paused = self._tenant_paused(tenant)
         rows = [r for r in self.rows.values() if r.tenant_id == tenant]
@@ -271,25 +270,38 @@ class TwinStore:
                 if r.due_at is not None:
                     dues.append(r.due_at)
         if command.resume:
-            left = 0 if paused else sum(1 for r in rows if r.state == "Paused" and r.paused_at is None)
+            left = [] if paused else [r for r in rows if r.state == "Paused" and r.paused_at is None]
         else:
-            left = sum(1 for r in rows if r.state == "Scheduled") if paused else 0
-        return Applied(["deferred" if first or left else "applied"], min(dues, default=None))
+            left = [r for r in rows if r.state == "Scheduled"] if paused else []
+        # Only rows stuck behind a claim left: given up (tenant_left_scheduled).
+        stuck = [
+            r
+            for r in left
+            if r.first_claimed_at is not None and now - r.first_claimed_at > self.stuck_after.total_seconds()
+        ]
+        outcome: Outcome = "applied" if not left else "stuck" if len(stuck) == len(left) else "deferred"
+        return Applied([outcome], min(dues, default=None))
 
     def _pause_one(self, key: Key, resume: bool) -> Applied:
         row, now = self.rows.get(key), self.now()
         if resume:
             if row is None or row.paused_at is None or row.state not in ("Scheduled", "Paused"):
                 return Applied(["ignored"], None)
+            if row.lease_expires_at is not None:  # claimed as it was paused: its claim stays
+                row.paused_at, row.updated_at = None, now
+                return Applied(["applied"], row.due_at)
             row.state = "Paused" if self._tenant_paused(key[0]) else "Scheduled"
             row.paused_at, row.claimed_at, row.updated_at = None, None, now
             return Applied(["applied"], row.due_at if row.state == "Scheduled" else None)
         if row is None or row.state not in ("Scheduled", "Paused"):
             return Applied(["ignored"], None)
-        if row.lease_expires_at is not None:
-            # A claimed occurrence fires first (or, released, waits out its back-off): offered again.
+        if self._in_flight(key):  # a claim's batch holds it: the pause waits for its mark
             return Applied(["deferred" if row.state == "Scheduled" else "ignored"], None)
-        row.state, row.paused_at = "Paused", row.paused_at or now
+        row.paused_at = row.paused_at or now
+        if row.lease_expires_at is not None:
+            # A released claim fires after its back-off; its mark stores the next one Paused.
+            return Applied(["applied"], None)
+        row.state = "Paused"
         row.claimed_at, row.updated_at = None, now
         return Applied(["applied"], None)
 
@@ -424,9 +436,11 @@ class TwinStore:
             row.lease_owner = row.lease_token = row.lease_expires_at = row.first_claimed_at = None
             row.attempts, row.last_error, row.updated_at = 0, None, now
             if f.next_due_at is None:
-                row.state = "Reached"
+                row.state, row.paused_at = "Reached", None
             else:
                 row.due_at, row.occurrence_index = f.next_due_at, f.next_index or 0
+                # Paused while this occurrence was claimed (its own pause, or its tenant's).
+                row.state = "Paused" if row.paused_at or self._tenant_paused(row.tenant_id) else "Scheduled"
             # An occurrence due already keeps this one's reference (mark_fired).
             if f.next_due_at is None or f.next_due_at.timestamp() > now:
                 row.claimed_at = None

@@ -384,9 +384,9 @@ async def test_a_paused_tenants_timers_are_not_claimed_and_resumed_ones_are_olde
 
     await ports.apply([due("a", -3), due("b", -2), due("c", -1)])
     await ports.apply([ScheduleTimer("other", "x", at(-1).replace(microsecond=0), None, 1, None)])
-    # The first application sets the tenant's flag and is offered again (deferred); applied again
-    # (its redelivery), it finds nothing left to pause.
-    assert (await ports.pause(pause(), PAUSED)).outcomes == ["deferred"]
+    # The first application sets the tenant's flag and pauses every row (a ScheduleTimer in flight
+    # is waited for: lock_tenant); applied again (its redelivery), it finds nothing left to pause.
+    assert (await ports.pause(pause(), PAUSED)).outcomes == ["applied"]
     assert (await ports.pause(pause(), PAUSED)).outcomes == ["applied"]
     assert [await state_of(ports, k) for k in "abc"] == ["Paused"] * 3
     assert [c.service_call_id for c in await claim_one(ports, "a")] == ["x"]  # another tenant's
@@ -397,7 +397,7 @@ async def test_a_paused_tenants_timers_are_not_claimed_and_resumed_ones_are_olde
     assert await claim_one(ports, "b") == []
 
     resumed = await ports.pause(pause(resume=True), RESUMED)
-    assert resumed.outcomes == ["deferred"] and resumed.soonest_due == moved.due_at
+    assert resumed.outcomes == ["applied"] and resumed.soonest_due == moved.due_at
     assert (await ports.pause(pause(resume=True), RESUMED)).outcomes == ["applied"]
     # The pause redelivered after the resume is older: it changes nothing.
     assert (await ports.pause(pause(), PAUSED)).outcomes == ["applied"]
@@ -412,7 +412,8 @@ async def test_a_timer_paused_by_itself_stays_paused_through_its_tenants_resume(
     own_timer = schedule("own", 60)
     await ports.apply([own_timer, schedule("with", 60), schedule("held", -1)])
     assert [c.service_call_id for c in await claim_one(ports, "a")] == ["held"]
-    assert (await ports.pause(pause(key="held"))).outcomes == ["deferred"]  # its occurrence fires first
+    # Its claimed occurrence fires first; the pause is recorded, for its mark (mark_fired).
+    assert (await ports.pause(pause(key="held"))).outcomes == ["applied"]
     assert (await ports.pause(pause(key="own"))).outcomes == ["applied"]
     assert (await ports.pause(pause(key="nobody"))).outcomes == ["ignored"]
     assert (await ports.pause(pause(key="with", resume=True))).outcomes == ["ignored"]  # not paused
@@ -448,3 +449,43 @@ async def test_a_paused_recurring_timer_resumed_after_downtime_has_its_reference
     assert again.due_at == overdue and again.occurrence_index == 1
     assert again.recurrence_ref > overdue + timedelta(seconds=5)
     assert abs(again.recurrence_ref.timestamp() - time.time()) < 5
+
+
+async def test_the_mark_of_an_occurrence_claimed_as_its_timer_or_tenant_was_paused_stores_it_paused(
+    ports: Ports,
+) -> None:
+    """A claimed occurrence fires; the timer is paused right after it, in the mark itself, so a
+    recurring timer does not fire again before the pause is offered again (issue 23 review)."""
+    every = Repeat("PT1S", None, None)
+    start = at(-1).replace(microsecond=0)
+    keys = ("mine", "tenant", "once")
+    mine, tenant, once = (ScheduleTimer("acme", k, start, None, 1, every) for k in keys)
+    await ports.apply([mine, tenant, dataclasses.replace(once, repeat=None)])
+    params = claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100)
+    batch = await ports.claim(params)
+    claimed = {c.service_call_id: c for c in batch.result.claimed}
+    assert sorted(claimed) == ["mine", "once", "tenant"]
+    # A claim's batch in flight holds them: the tenant's flag is set, its rows wait for the mark.
+    assert (await ports.pause(pause(), PAUSED)).outcomes == ["deferred"]
+    next_due = start + timedelta(seconds=60)
+    fired = [
+        Fired(claimed["mine"], next_due, 1),
+        Fired(claimed["tenant"], next_due, 1),
+        Fired(claimed["once"], None, None),
+    ]
+    assert await batch.record(fired, []) == 3
+    assert [await state_of(ports, k) for k in keys] == ["Paused", "Paused", "Reached"]
+    assert (await ports.pause(pause(), PAUSED)).outcomes == ["applied"]
+    assert (await ports.pause(pause(resume=True), RESUMED)).outcomes == ["applied"]
+    # A released claim (a publish backing off, its lease committed): the timer's own pause is
+    # recorded at once, and the mark of its retried occurrence stores the next one Paused.
+    await ports.apply([dataclasses.replace(mine, service_call_id="rel")])
+    batch = await ports.claim(params)
+    (rel,) = batch.result.claimed
+    await batch.record([], [(rel, "publish failed", 0)])
+    assert (await ports.pause(pause(key="rel"))).outcomes == ["applied"]
+    assert await state_of(ports, "rel") == "Scheduled"  # its occurrence still fires
+    batch = await ports.claim(params)
+    (again,) = batch.result.claimed
+    assert await batch.record([Fired(again, next_due, 1)], []) == 1
+    assert await state_of(ports, "rel") == "Paused"

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import psycopg
 from prometheus_client import REGISTRY
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
+from worker.adapters.queries import QUERIES
 from worker.adapters.store import Store
 from worker.config import Settings
 from worker.core.retention import Retention
@@ -118,3 +120,40 @@ async def test_a_sweep_deletes_in_small_batches_until_none_is_left(db_url: str, 
 
 def _schedule(sc: str, due: str, **extra: object) -> dict[str, object]:
     return {"tenantId": "acme", "serviceCallId": sc, "dueAt": due, **extra}
+
+
+# Issue 23 review, defect 6: retention reads past every long-paused row, in every batch of every
+# sweep. Paused rows are in timers_finished (WHERE state <> 'Scheduled', ordered by updated_at), and a
+# pause older than TIMER_RETENTION puts them at the head of that order, so delete_finished walks (and
+# visits the heap of) all of them before each batch of deletable rows: a sweep of B batches reads
+# B x paused rows. A tenant can set this up alone (schedule its quota, pause, wait). Root cause:
+# sql/queries.sql delete_finished + timers_finished (0001) not excluding Paused (0011 kept the index).
+async def test_a_retention_batch_does_not_walk_long_paused_rows(settings: Settings, db_url: str) -> None:
+    paused = 50000
+    async with running_replica(settings):
+        pass  # migrated
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, updated_at)"
+        " SELECT 'sleepy', 'sc-' || lpad(g::text, 7, '0'), 'Paused', now(), now(), now() - interval '30 days'"
+        " FROM generate_series(1, %s) g",
+        paused,
+    )
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, updated_at)"
+        " SELECT 'done', 'sc-' || g, 'Reached', now(), now(), now() - interval '10 days'"
+        " FROM generate_series(1, 100) g",
+    )
+    query(db_url, "ANALYZE timers")
+    sql = QUERIES["delete_finished"].replace("%(retention)s", "'7 days'").replace("%(limit)s", "50")
+    with psycopg.connect(db_url) as conn:
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql).fetchall())
+        conn.rollback()
+    removed = sum(
+        int(line.split(marker)[1])
+        for line in plan.splitlines()
+        if (marker := "Rows Removed by Filter:") in line
+    )
+    # 50 rows deleted; the statement should not read tens of thousands of others to find them.
+    assert removed < 1000, f"one retention batch of 50 read past {removed} paused rows:\n{plan}"

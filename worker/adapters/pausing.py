@@ -2,21 +2,44 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 
 from worker.adapters.queries import QUERIES
 from worker.contract import PauseTimers
-from worker.core.domain import Applied, Key, Position
+from worker.core.domain import Applied, Key, Outcome, Position
 
 # Rows one statement of a tenant's pause or resume moves: each chunk is its own short transaction, so a
 # tenant of 100,000 timers never holds their locks (and the claims and commands behind them) at once.
 PAUSE_CHUNK = 5000
+# Rows one delivery of a tenant's pause or resume moves at most: the rest is left to its next
+# delivery ("partial", offered again at once), so the intake batch it shares with other tenants'
+# commands is never held up by a big tenant for longer than one chunk takes.
+PAUSE_ROWS_PER_DELIVERY = PAUSE_CHUNK
+
+
+def tenant_lock_keys(tenants: Iterable[str]) -> list[int]:
+    """The transaction-level advisory lock keys of these tenants, sorted (a fixed order to take them
+    in): intake holds them shared while it writes the tenants' timers, a tenant's pause or resume
+    takes its key exclusively while it changes the flag (lock_tenants_shared, lock_tenant). The one
+    place the key is derived. A collision only makes two tenants wait for each other's flag change."""
+    return sorted({_lock_key(t) for t in tenants})
+
+
+def _lock_key(tenant: str) -> int:
+    digest = hashlib.blake2b(tenant.encode(), digest_size=8, person=b"timer-pause").digest()
+    return int.from_bytes(digest, "big", signed=True)
 
 
 async def pause(
-    conn: psycopg.AsyncConnection[Any], command: PauseTimers, position: Position | None
+    conn: psycopg.AsyncConnection[Any],
+    command: PauseTimers,
+    position: Position | None,
+    stuck_after: timedelta,
 ) -> Applied:
     """Store.pause on one connection: the tenant's flag, then its rows chunk by chunk, each chunk its
     own transaction; or the one timer's row."""
@@ -31,25 +54,58 @@ async def pause(
         "command_stored_at": None if position is None else position.stored_at,
     }
     async with conn.transaction():
-        first = (await (await conn.execute(QUERIES["pause_tenant"], flip)).fetchone()) is not None
-    after, dues = "", []
+        # Waits for every intake transaction writing this tenant's timers to end: their upserts read
+        # the flag before this commits, so their rows must be committed, and visible, before the
+        # rows are moved below. Every upsert after this commit reads the new flag.
+        await conn.execute(QUERIES["lock_tenant"], {"key": tenant_lock_keys([command.tenant_id])[0]})
+        await conn.execute(QUERIES["pause_tenant"], flip)
+    dues, more = await _move_rows(conn, command)
+    if more:
+        return Applied(["partial"], min(dues, default=None))
+    left, claimed, stuck = await _left(conn, command, stuck_after)
+    if left > claimed:
+        # Rows no lease holds, left behind by a mark or a command that held them as the chunks
+        # passed (a mark that read the flag just before it was set stores its next occurrence
+        # Scheduled): once more, now, rather than a lease later, while the timer keeps firing.
+        dues += (await _move_rows(conn, command))[0]
+        left, claimed, stuck = await _left(conn, command, stuck_after)
+    # Claimed ones fire first (their mark honours the flag); it is offered again for any other.
+    # Only rows stuck behind a claim left (TIMER_STUCK_AFTER): given up, as a CancelTimer is.
+    outcome: Outcome = "applied" if left == 0 else "stuck" if left == stuck else "deferred"
+    return Applied([outcome], min(dues, default=None))
+
+
+async def _move_rows(conn: psycopg.AsyncConnection[Any], command: PauseTimers) -> tuple[list[Any], bool]:
+    """Move up to PAUSE_ROWS_PER_DELIVERY of the tenant's rows: (their dueAts on resume, whether
+    more may be left)."""
+    after, dues, moved = "", [], 0
     while True:
         async with conn.transaction():
             cur = await conn.execute(
                 QUERIES["resume_tenant_rows" if command.resume else "pause_tenant_rows"],
-                {**tenant, "after": after, "limit": PAUSE_CHUNK},
+                {"tenant_id": command.tenant_id, "after": after, "limit": PAUSE_CHUNK},
             )
             rows = await cur.fetchall()
+        moved += len(rows)
         if command.resume:
             dues += [r[1] for r in rows]
         if len(rows) < PAUSE_CHUNK:
-            break
+            return dues, False
+        if moved >= PAUSE_ROWS_PER_DELIVERY:
+            return dues, True
         after = max(r[0] for r in rows)  # RETURNING is in no order
+
+
+async def _left(
+    conn: psycopg.AsyncConnection[Any], command: PauseTimers, stuck_after: timedelta
+) -> tuple[int, int, int]:
+    """Rows the pause or resume left in the old state: (all, those claimed, those stuck behind a
+    claim first taken longer than TIMER_STUCK_AFTER ago)."""
+    left_query = QUERIES["tenant_left_paused" if command.resume else "tenant_left_scheduled"]
+    params = {"tenant_id": command.tenant_id, "stuck_after": stuck_after}
     async with conn.transaction():
-        left_query = QUERIES["tenant_left_paused" if command.resume else "tenant_left_scheduled"]
-        found = await (await conn.execute(left_query, tenant)).fetchone()
-    left = int(found[0]) if found else 0
-    return Applied(["deferred" if first or left else "applied"], min(dues, default=None))
+        found = await (await conn.execute(left_query, params)).fetchone()
+    return (int(found[0]), int(found[1]), int(found[2])) if found else (0, 0, 0)
 
 
 async def pause_one(conn: psycopg.AsyncConnection[Any], key: Key, resume: bool) -> Applied:
@@ -60,5 +116,6 @@ async def pause_one(conn: psycopg.AsyncConnection[Any], key: Key, resume: bool) 
     if resume:
         return Applied(["ignored" if found is None else "applied"], None if found is None else found[0])
     changed, claimed = found if found is not None else (False, False)
-    # A claimed occurrence fires; the pause waits for it to be recorded, as a ScheduleTimer would.
+    # A claimed occurrence fires: with its lease committed, paused_at is recorded (changed) and its
+    # mark stores the next one Paused; held by a claim's batch in flight, the pause waits for it.
     return Applied(["deferred" if claimed else "applied" if changed else "ignored"], None)

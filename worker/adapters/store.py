@@ -123,6 +123,8 @@ class Store:
         dues: list[datetime] = []
         with self._db(write=True):
             async with self.pool.connection() as conn, conn.transaction():
+                # First, before any row lock: a pause or resume of these tenants waits for this.
+                await _lock_tenants_shared(conn, commands)
                 busy = await self._lock_keys(conn, {_key(c) for c in commands})
                 waiting.update((k, "deferred") for k in busy)
                 for indexes in _rounds(commands, seqs):
@@ -357,12 +359,21 @@ class Store:
         nothing: the command was not acknowledged, and comes back."""
         with self._db(write=True):
             async with self.pool.connection() as conn:
-                return await pausing.pause(conn, command, position)
+                return await pausing.pause(conn, command, position, self.stuck_after)
 
     async def ping(self) -> None:
         with self._db():
             async with self.pool.connection(timeout=2) as conn:
                 await conn.execute("SELECT 1")
+
+
+async def _lock_tenants_shared(conn: psycopg.AsyncConnection[Any], commands: Sequence[Command]) -> None:
+    """Hold the ScheduleTimers' tenants against a pause or resume until this transaction ends
+    (sql/queries.sql, lock_tenants_shared): a step of its own, before the statements that read the
+    tenants' flags. CancelTimers read no flag."""
+    tenants = [c.tenant_id for c in commands if isinstance(c, ScheduleTimer)]
+    if tenants:
+        await conn.execute(QUERIES["lock_tenants_shared"], {"keys": pausing.tenant_lock_keys(tenants)})
 
 
 def _key(c: Command) -> Key:

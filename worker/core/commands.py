@@ -9,8 +9,9 @@ the flat or the envelope form, the tenant; the fields themselves (ids, dueAt, re
 checked in fields.py, the headers a timer carries in headers.py.
 
 Unknown top-level and payload keys are ignored, for forward compatibility. A JSON null counts as
-an absent field. `timestampMs` is read from the envelope, or from the flat form; when both
-envelope and payload carry `correlationId` or `timestampMs`, the envelope's wins.
+an absent field, except a pause or resume's serviceCallId (see parse_control). `timestampMs` is read
+from the envelope, or from the flat form; when both envelope and payload carry `correlationId` or
+`timestampMs`, the envelope's wins.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> PauseT
     (kind pause or resume), or why not. The same boundary as parse_command: size, UTF-8, strict
     JSON, the flat or the envelope form, and the body's tenantId must be the subject's, so a tenant
     allowed to publish only on its own subjects can pause only its own timers. Without a
-    serviceCallId it is about every timer of the tenant."""
+    serviceCallId in its payload it is about every timer of the tenant; a null one, or one in the
+    envelope, is refused (bad_service_call_id), never taken for the whole tenant."""
     token = subject_tenant if is_valid_tenant(subject_tenant) else INVALID_TENANT
     try:
         return _parse_control(kind, subject_tenant, body)
@@ -136,6 +138,12 @@ def _parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> Pause
             raise _Reject("type_mismatch", f"type {name} was sent on the {kind} subject")
         fields, envelope = _required(doc, "payload", dict), doc
     tenant = _tenant(fields, envelope, subject_tenant)
+    # No serviceCallId means every timer of the tenant: only its absence from the payload says so.
+    # A null (a producer serializing a None id) or one beside the payload is refused, never widened.
+    if "serviceCallId" in envelope:
+        raise _Reject("bad_service_call_id", "serviceCallId belongs in the payload, not the envelope")
+    if "serviceCallId" in fields and fields["serviceCallId"] is None:
+        raise _Reject("bad_service_call_id", "serviceCallId is null (leave it out to pause every timer)")
     raw_id = _optional(fields, "serviceCallId", str)
     service_call_id = None if raw_id is None else _identifier(raw_id, "serviceCallId", "bad_service_call_id")
     correlation_id = _first(_correlation(envelope), _correlation(fields))

@@ -9,7 +9,8 @@ from typing import Literal, NamedTuple
 
 # deferred: the key's occurrence is claimed, the command waits for it; stuck: it has been claimed
 # for longer than TIMER_STUCK_AFTER without being recorded, and the command is given up.
-Outcome = Literal["applied", "ignored", "deferred", "stuck"]
+# partial: a tenant's pause or resume did one delivery's share of its rows; offered again at once.
+Outcome = Literal["applied", "ignored", "deferred", "stuck", "partial"]
 Key = tuple[str, str]
 
 

@@ -203,11 +203,19 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         return data[: max(0, limit - header_bytes)]
 
     async def apply(self, batch: list[tuple[ReceivedCommand, Command | PauseTimers]]) -> None:
-        """Apply the batch in stream order: its ScheduleTimers and CancelTimers in one transaction
-        between each pause or resume, and those one by one (each moves a whole tenant, or one timer)."""
+        """Apply the batch: its ScheduleTimers, CancelTimers and one timer's pauses and resumes in
+        stream order (the first in one transaction between each of the others); then each tenant's
+        last pause or resume, one by one. A tenant's pause or resume moves rows of that tenant only,
+        and its final state is the same whichever side of the other commands it runs, so other
+        tenants' commands never wait behind it (a flood of them is one pass, and each delivery moves
+        at most pausing's share of rows). The earlier controls each one makes moot are acknowledged
+        as superseded (controls_superseded)."""
+        winners, superseded = _coalesce(batch)
         run: list[tuple[ReceivedCommand, Command]] = []
-        for msg, command in batch:
+        for i, (msg, command) in enumerate(batch):
             if isinstance(command, PauseTimers):
+                if i in superseded or command.service_call_id is None:
+                    continue
                 if run:
                     await self._apply_commands(run)
                     run = []
@@ -216,6 +224,15 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 run.append((msg, command))
         if run:
             await self._apply_commands(run)
+        for i in winners:
+            msg, command = batch[i]
+            if isinstance(command, PauseTimers):
+                await self._pause(msg, command)
+        for i in sorted(superseded):
+            msg, command = batch[i]
+            kind = "resume" if isinstance(command, PauseTimers) and command.resume else "pause"
+            metrics.COMMANDS_APPLIED.labels(kind, "superseded").inc()
+            await settle(msg)
 
     async def _pause(self, msg: ReceivedCommand, command: PauseTimers) -> None:
         kind = "resume" if command.resume else "pause"
@@ -229,6 +246,11 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             await settle(msg, RETRY_DELAY_S)  # nothing acknowledged: it comes back
             return
         outcome = done.outcomes[0]
+        if outcome == "stuck":  # only rows stuck behind a claim left: give up, visibly, as a cancel
+            log.warning("commands given up", extra={"action": "commands_stuck", "count": 1})
+            await self.reject([(msg, Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id))])
+            await self._hint(done.soonest_due)
+            return
         metrics.COMMANDS_APPLIED.labels(kind, outcome).inc()
         log.info(
             f"{kind} applied",
@@ -239,9 +261,10 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 "outcome": outcome,
             },
         )
-        # Deferred: a claimed occurrence fires first, or this was a tenant's first delivery; either
-        # way the command comes back after a lease and finishes what is left (Store.pause).
-        await settle(msg, self.s.lease_ms / 1000 if outcome == "deferred" else None)
+        # Deferred: a claimed occurrence fires first; the command comes back after a lease for what
+        # is left. Partial: it moved its share of a big tenant's rows; back at once for the rest.
+        retry_in = {"deferred": self.s.lease_ms / 1000, "partial": 0.0}.get(outcome)
+        await settle(msg, retry_in)
         await self._hint(done.soonest_due)
 
     async def _apply_commands(self, batch: list[tuple[ReceivedCommand, Command]]) -> None:
@@ -306,6 +329,33 @@ async def settle(msg: ReceivedCommand, retry_in: float | None = None) -> None:
         metrics.COMMAND_SETTLE_FAILED.inc()
         # Counted, and logged at debug only: in an outage every command of a batch meets it.
         log.debug("command not settled", extra={"action": "settle_failed", "error": f"{type(exc).__name__}"})
+
+
+def _coalesce(batch: Sequence[tuple[ReceivedCommand, Command | PauseTimers]]) -> tuple[list[int], set[int]]:
+    """(the index of each tenant's last pause or resume of the whole tenant, by stream sequence: a
+    redelivered one may come after newer ones; the indexes of the controls that leaves moot: a
+    tenant's earlier ones, and a timer's pause or resume followed in the batch by another of the
+    same timer with no ScheduleTimer or CancelTimer of it between)."""
+    last: dict[str, int] = {}
+    superseded: set[int] = set()
+    timer_last: dict[tuple[str, str], int] = {}
+    for i, (msg, command) in enumerate(batch):
+        if isinstance(command, PauseTimers) and command.service_call_id is None:
+            seq = position(msg).seq
+            before = last.get(command.tenant_id)
+            if before is None or position(batch[before][0]).seq < seq:
+                last[command.tenant_id] = i
+            if before is not None:
+                superseded.add(before if last[command.tenant_id] == i else i)
+        elif isinstance(command, PauseTimers):
+            if command.service_call_id is not None:
+                key = (command.tenant_id, command.service_call_id)
+                if (earlier := timer_last.get(key)) is not None:
+                    superseded.add(earlier)
+                timer_last[key] = i
+        else:
+            timer_last.pop((command.tenant_id, command.service_call_id), None)
+    return sorted(last.values()), superseded
 
 
 def _stuck_detail(s: Settings) -> str:

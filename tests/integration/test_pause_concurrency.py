@@ -1,0 +1,262 @@
+"""Pause and resume under concurrency (issue 23, review): a schedule in flight beside a tenant's pause or
+resume, a claimed recurring timer, a tenant's pause/resume flood beside other tenants' commands, and a
+pause behind a stuck claim."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from tests.helpers import (
+    consumer_idle,
+    iso_in,
+    jetstream,
+    publish_raw,
+    query,
+    recorder,
+    row,
+    running_replica,
+    until,
+)
+from worker.adapters.pausing import tenant_lock_keys
+from worker.adapters.queries import QUERIES
+from worker.adapters.store import ORDER_GRACE
+from worker.config import Settings
+
+
+def _upsert_params(tenant: str, sid: str, due: datetime) -> dict[str, Any]:
+    """The parameters Store._apply_round gives upsert_schedules for one ScheduleTimer."""
+    return {
+        "tenant_id": [tenant],
+        "service_call_id": [sid],
+        "due_at": [due],
+        "correlation_id": [None],
+        "command_ts": [None],
+        "repeat_every": [None],
+        "repeat_times": [None],
+        "repeat_timezone": [None],
+        "repeat_cron": [None],
+        "repeat_until": [None],
+        "data": None,
+        "carried_headers": None,
+        "order_grace": ORDER_GRACE,
+        "command_seq": None,
+        "command_stored_at": None,
+    }
+
+
+async def _acknowledged_or_waiting(settings: Settings, db_url: str, tenant: str, paused: bool) -> bool:
+    """The pause or resume was applied and acknowledged, or it waits for the stalled intake (a lock
+    request not granted): only then is the stalled transaction let go, so the race is the one a
+    replica meets, whichever way the command handles it."""
+    if query(db_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted") != [(0,)]:
+        return True
+    flag = _tenant_flag(db_url, tenant)
+    return (flag not in (None, "absent")) == paused and await consumer_idle(settings)
+
+
+def _tenant_flag(db_url: str, tenant: str) -> Any:
+    rows = query(db_url, "SELECT paused_at FROM paused_tenants WHERE tenant_id = %s", tenant)
+    return rows[0][0] if rows else "absent"
+
+
+async def _schedule_in_stalled_intake(
+    db_url: str, tenant: str, sid: str, due: datetime
+) -> psycopg.Connection:
+    """An intake transaction that ran its statements (exactly the replica's: its tenants' shared
+    lock, then upsert_schedules, with Store.apply's parameters) and then stalled before COMMIT: a
+    replica stopped by a GC pause, CPU starvation, or a slow link to Postgres between the statement
+    and its commit. Returns the open connection; the caller commits it."""
+    conn = psycopg.connect(db_url)
+    conn.execute(QUERIES["lock_tenants_shared"], {"keys": tenant_lock_keys([tenant])}).fetchall()
+    conn.execute(QUERIES["upsert_schedules"], _upsert_params(tenant, sid, due)).fetchall()
+    return conn
+
+
+# Issue 23 review, defect 1: a resume acknowledged while a ScheduleTimer of the tenant was in flight
+# leaves the new timer Paused for ever under a resumed tenant: it never fires (a lost timer). The upsert's
+# statement read paused_tenants before the resume's flag committed, so it stores the row Paused; its
+# insert is invisible to resume_tenant_rows and tenant_left_paused until it commits, and the resume's
+# one deferral (lease_ms) is the only wait. Nothing ever looks at the row again.
+async def test_a_resume_racing_an_in_flight_schedule_frees_the_new_timer_too(
+    settings: Settings, db_url: str
+) -> None:
+    async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
+        await publish_raw(js, settings, "acme", "pause", {"tenantId": "acme"})
+        await until(lambda: _tenant_flag(db_url, "acme") not in (None, "absent"), what="tenant paused")
+        await until(lambda: consumer_idle(settings), timeout=30, what="pause acknowledged")
+        (now,) = query(db_url, "SELECT now()")[0]
+        stalled = await _schedule_in_stalled_intake(db_url, "acme", "late", now - timedelta(seconds=1))
+        try:
+            await publish_raw(js, settings, "acme", "resume", {"tenantId": "acme"})
+            await until(
+                lambda: _acknowledged_or_waiting(settings, db_url, "acme", False),
+                timeout=30,
+                what="resume under way",
+            )
+        finally:
+            stalled.commit()
+            stalled.close()
+        await until(lambda: _tenant_flag(db_url, "acme") is None, what="tenant resumed")
+        await until(lambda: consumer_idle(settings), timeout=30, what="resume acknowledged")
+        await asyncio.sleep(8)  # several poll intervals and leases
+        late = row(db_url, "acme", "late") or {}
+        assert _tenant_flag(db_url, "acme") is None  # the tenant is resumed ...
+        # ... yet its timer, due 1 s before, is still Paused and never fired.
+        assert late.get("state") != "Paused", f"lost: {late.get('state')} under a resumed tenant"
+        assert rec.keys()[("acme", "late")] == 1
+
+
+# Issue 23 review, defect 1b: a pause acknowledged while a ScheduleTimer of the tenant was in
+# flight leaves the new timer Scheduled under a paused tenant: it fires while the tenant is paused,
+# though the pause was acknowledged as "none left unpaused".
+async def test_a_pause_racing_an_in_flight_schedule_pauses_the_new_timer_too(
+    settings: Settings, db_url: str
+) -> None:
+    async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
+        await publish_raw(
+            js, settings, "acme", "schedule",
+            {"tenantId": "acme", "serviceCallId": "first", "dueAt": iso_in(3600, db_url)},
+        )  # fmt: skip
+        await until(lambda: row(db_url, "acme", "first") is not None)
+        (now,) = query(db_url, "SELECT now()")[0]
+        stalled = await _schedule_in_stalled_intake(db_url, "acme", "sneak", now + timedelta(seconds=2))
+        try:
+            await publish_raw(js, settings, "acme", "pause", {"tenantId": "acme"})
+            await until(
+                lambda: _acknowledged_or_waiting(settings, db_url, "acme", True),
+                timeout=30,
+                what="pause under way",
+            )
+        finally:
+            stalled.commit()
+            stalled.close()
+        await until(lambda: _tenant_flag(db_url, "acme") not in (None, "absent"), what="tenant paused")
+        await until(lambda: consumer_idle(settings), timeout=30, what="pause acknowledged")
+        await asyncio.sleep(6)
+        assert _tenant_flag(db_url, "acme") not in (None, "absent")  # still paused
+        assert rec.keys()[("acme", "sneak")] == 0, "fired while its tenant was paused"
+        assert (row(db_url, "acme", "sneak") or {}).get("state") == "Paused"
+
+
+# Issue 23 review, defect 2: a recurring timer claimed when its tenant is paused keeps firing after its
+# claimed occurrence: mark_fired moves it to its next occurrence as Scheduled (it ignores the paused
+# flag), and the pause only comes back for it a whole lease (TIMER_LEASE_MS, default 3 s) later, so a
+# 1 s timer fires two or three more times, and again whenever the redelivery meets it claimed.
+# README: "A claimed occurrence fires ... the timer is paused right after it".
+async def test_a_claimed_recurring_timer_fires_at_most_once_after_its_tenant_is_paused(
+    settings: Settings, db_url: str
+) -> None:
+    n = 40
+    async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
+        for i in range(n):
+            await publish_raw(
+                js, settings, "acme", "schedule",
+                {"tenantId": "acme", "serviceCallId": f"tick-{i:02d}",
+                 "dueAt": iso_in(2 + i / n, db_url), "repeat": {"every": "PT1S"}},
+            )  # fmt: skip
+        await until(lambda: len([k for k in rec.keys() if k[0] == "acme"]) == n, timeout=30, what="ticking")  # noqa: SIM118
+        await asyncio.sleep(1.5)
+        await publish_raw(js, settings, "acme", "pause", {"tenantId": "acme"})
+        await until(lambda: _tenant_flag(db_url, "acme") not in (None, "absent"), what="tenant paused")
+        (paused_at,) = query(db_url, "SELECT paused_at FROM paused_tenants WHERE tenant_id = 'acme'")[0]
+        await until(
+            lambda: (
+                query(db_url, "SELECT count(*) FROM timers WHERE tenant_id='acme' AND state='Scheduled'")
+                == [(0,)]
+            ),
+            timeout=60,
+            what="every timer paused",
+        )
+        await asyncio.sleep(1)
+        after = query(
+            db_url,
+            "SELECT service_call_id, fired_count FROM timers WHERE tenant_id = 'acme'",
+        )
+        # Fired occurrences recorded after the flag committed, per timer, from the events' dueAt.
+        late: dict[str, int] = {}
+        for f in rec.firings:
+            if f.tenant_id == "acme" and f.due_at > paused_at.timestamp() + 0.2:
+                late[f.service_call_id] = late.get(f.service_call_id, 0) + 1
+    twice = {k: v for k, v in late.items() if v > 1}
+    assert twice == {}, f"fired more than once after the pause: {twice} (of {len(after)})"
+
+
+# Issue 23 review, defect 3: a tenant allowed only its own subjects can stall every
+# other tenant's commands with a few small pause/resume messages. Intake applies each pause or resume
+# alone and in stream order (Intake.apply), each one rewrites every row of the tenant (chunks of
+# PAUSE_CHUNK) and is applied twice (a tenant's first application always defers, then is redelivered
+# and walks the tenant again): one ~20-byte message costs O(tenant size) row writes on the shared
+# intake path, with no per-tenant limit. Another tenant's ScheduleTimer queued behind them waits.
+async def test_a_tenants_pause_resume_flood_does_not_hold_back_other_tenants_commands(
+    settings: Settings, db_url: str
+) -> None:
+    big = 20000
+    async with running_replica(settings):
+        pass  # streams made
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at)"
+        " SELECT 'noisy', 'sc-' || lpad(g::text, 7, '0'), 'Scheduled', now() + interval '1 day',"
+        " now() + interval '1 day' FROM generate_series(1, %s) g",
+        big,
+    )
+    async with recorder(settings) as rec, jetstream(settings) as js, running_replica(settings):
+        for i in range(20):
+            await publish_raw(js, settings, "noisy", "resume" if i % 2 else "pause", {"tenantId": "noisy"})
+        started = asyncio.get_running_loop().time()
+        await publish_raw(
+            js, settings, "victim", "schedule",
+            {"tenantId": "victim", "serviceCallId": "v", "dueAt": iso_in(0, db_url)},
+        )  # fmt: skip
+        await until(lambda: rec.keys()[("victim", "v")] == 1, timeout=300, what="the victim's timer fired")
+        waited = asyncio.get_running_loop().time() - started
+    # Without the flood this fires within a poll interval or so.
+    assert waited < 5, f"another tenant's due timer waited {waited:.1f} s behind 20 pause/resume messages"
+
+
+# Issue 23 review, defect 4: a pause meeting a stuck claim was never given up. A CancelTimer or ScheduleTimer
+# waiting behind a claim first claimed longer than TIMER_STUCK_AFTER ago goes to the DLQ as
+# timer_stuck (README, guarantees); a PauseTimers has no such rule (pausing.py returns "deferred" while
+# tenant_left_scheduled counts the claimed row), so it is offered again every TIMER_LEASE_MS for ever,
+# walking the whole tenant each time, and holds the command stream's ack floor (no purge past it).
+async def test_a_pause_behind_a_stuck_claim_is_given_up_once_the_rest_is_paused(
+    settings: Settings, db_url: str
+) -> None:
+    async with running_replica(settings, stuck_after=timedelta(seconds=5)), jetstream(settings) as js:
+        await publish_raw(
+            js, settings, "acme", "schedule",
+            {"tenantId": "acme", "serviceCallId": "stuck", "dueAt": iso_in(3600, db_url)},
+        )  # fmt: skip
+        await until(lambda: row(db_url, "acme", "stuck") is not None)
+        # As a row no replica can publish leaves it: claimed long ago, its lease renewed by back-off.
+        query(
+            db_url,
+            "UPDATE timers SET lease_expires_at = now() + interval '1 hour', claimed_at = now() - interval"
+            " '2 hours', due_at = now() - interval '2 hours', last_error = 'publish failed'"
+            " WHERE tenant_id = 'acme'",
+        )
+        # The control: a cancel behind it is given up (timer_stuck), and the consumer goes idle.
+        await publish_raw(js, settings, "acme", "cancel", {"tenantId": "acme", "serviceCallId": "stuck"})
+        await until(lambda: consumer_idle(settings), timeout=30, what="the cancel given up")
+        await publish_raw(
+            js, settings, "acme", "schedule",
+            {"tenantId": "acme", "serviceCallId": "free", "dueAt": iso_in(3600, db_url)},
+        )  # fmt: skip
+        await until(lambda: row(db_url, "acme", "free") is not None)
+        await publish_raw(js, settings, "acme", "pause", {"tenantId": "acme"})
+        await until(lambda: _tenant_flag(db_url, "acme") not in (None, "absent"), what="tenant paused")
+        await until(lambda: consumer_idle(settings), timeout=30, what="the pause acknowledged or given up")
+        dlq = await js.pull_subscribe(f"{settings.subject_prefix}.acme.timer.dlq", stream=settings.dlq_stream)
+        cancel, pause = await dlq.fetch(2, timeout=10)
+    # Given up visibly, as the cancel was, once every other row is paused; the stuck row is left as is
+    # (its mark, if it ever comes, stores it Paused: mark_fired).
+    assert pause.headers is not None and pause.headers["Timer-Error"] == "timer_stuck"
+    assert json.loads(pause.data) == {"tenantId": "acme"}
+    assert cancel.headers is not None and cancel.headers["Timer-Error"] == "timer_stuck"
+    assert (row(db_url, "acme", "free") or {}).get("state") == "Paused"
+    assert (row(db_url, "acme", "stuck") or {}).get("state") == "Scheduled"
