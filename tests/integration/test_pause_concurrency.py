@@ -59,6 +59,23 @@ async def _acknowledged_or_waiting(settings: Settings, db_url: str, tenant: str,
     return (flag not in (None, "absent")) == paused and await consumer_idle(settings)
 
 
+async def _canary_fired(settings: Settings, db_url: str, js: Any, rec: Any, after: datetime) -> None:
+    """Once the database clock is past `after`, a timer of another tenant due then is scheduled
+    and waited for: the claim that took it took everything due before it (oldest first), and its
+    event comes after theirs in the stream, so what has not reached the recorder by then did not
+    fire. The signal a negative check waits on, instead of a sleep."""
+    await until(lambda: query(db_url, "SELECT now() > %s", after) == [(True,)], what="the clock past it")
+    key = f"canary-{after.timestamp()}"
+    await publish_raw(
+        js,
+        settings,
+        "canary",
+        "schedule",
+        {"tenantId": "canary", "serviceCallId": key, "dueAt": iso_in(0, db_url)},
+    )
+    await until(lambda: rec.keys()[("canary", key)] == 1, timeout=30, what="the canary fired")
+
+
 def _tenant_flag(db_url: str, tenant: str) -> Any:
     rows = query(db_url, "SELECT paused_at FROM paused_tenants WHERE tenant_id = %s", tenant)
     return rows[0][0] if rows else "absent"
@@ -103,12 +120,9 @@ async def test_a_resume_racing_an_in_flight_schedule_frees_the_new_timer_too(
             stalled.close()
         await until(lambda: _tenant_flag(db_url, "acme") is None, what="tenant resumed")
         await until(lambda: consumer_idle(settings), timeout=30, what="resume acknowledged")
-        await asyncio.sleep(8)  # several poll intervals and leases
-        late = row(db_url, "acme", "late") or {}
-        assert _tenant_flag(db_url, "acme") is None  # the tenant is resumed ...
-        # ... yet its timer, due 1 s before, is still Paused and never fired.
-        assert late.get("state") != "Paused", f"lost: {late.get('state')} under a resumed tenant"
-        assert rec.keys()[("acme", "late")] == 1
+        # Due 1 s before: it fires once the tenant is resumed. Left Paused (the defect), it never does.
+        await until(lambda: rec.keys()[("acme", "late")] == 1, timeout=30, what="the resumed timer fired")
+        assert (row(db_url, "acme", "late") or {}).get("state") == "Reached"
 
 
 # Issue 23 review, defect 1b: a pause acknowledged while a ScheduleTimer of the tenant was in
@@ -137,7 +151,7 @@ async def test_a_pause_racing_an_in_flight_schedule_pauses_the_new_timer_too(
             stalled.close()
         await until(lambda: _tenant_flag(db_url, "acme") not in (None, "absent"), what="tenant paused")
         await until(lambda: consumer_idle(settings), timeout=30, what="pause acknowledged")
-        await asyncio.sleep(6)
+        await _canary_fired(settings, db_url, js, rec, after=now + timedelta(seconds=2))
         assert _tenant_flag(db_url, "acme") not in (None, "absent")  # still paused
         assert rec.keys()[("acme", "sneak")] == 0, "fired while its tenant was paused"
         assert (row(db_url, "acme", "sneak") or {}).get("state") == "Paused"
@@ -159,8 +173,11 @@ async def test_a_claimed_recurring_timer_fires_at_most_once_after_its_tenant_is_
                 {"tenantId": "acme", "serviceCallId": f"tick-{i:02d}",
                  "dueAt": iso_in(2 + i / n, db_url), "repeat": {"every": "PT1S"}},
             )  # fmt: skip
-        await until(lambda: len([k for k in rec.keys() if k[0] == "acme"]) == n, timeout=30, what="ticking")  # noqa: SIM118
-        await asyncio.sleep(1.5)
+        await until(
+            lambda: all(rec.keys()[("acme", f"tick-{i:02d}")] >= 2 for i in range(n)),
+            timeout=30,
+            what="every timer ticking",
+        )
         await publish_raw(js, settings, "acme", "pause", {"tenantId": "acme"})
         await until(lambda: _tenant_flag(db_url, "acme") not in (None, "absent"), what="tenant paused")
         (paused_at,) = query(db_url, "SELECT paused_at FROM paused_tenants WHERE tenant_id = 'acme'")[0]
@@ -172,7 +189,10 @@ async def test_a_claimed_recurring_timer_fires_at_most_once_after_its_tenant_is_
             timeout=60,
             what="every timer paused",
         )
-        await asyncio.sleep(1)
+        # Every occurrence fired before its timer was paused was published before its mark: the
+        # canary, published after, reaches the recorder after all of them.
+        (now,) = query(db_url, "SELECT now()")[0]
+        await _canary_fired(settings, db_url, js, rec, after=now)
         after = query(
             db_url,
             "SELECT service_call_id, fired_count FROM timers WHERE tenant_id = 'acme'",
