@@ -6,8 +6,9 @@
 
 `schedule` and `cancel` return once JetStream has stored the command: from then on it is the
 service's job. Commands carry `timestampMs`, so an older command never overwrites a newer one.
-`schedule_many` and `cancel_many` send many in JetStream atomic batches (tens of thousands a
-second instead of one per round trip) and say for each whether it was stored. `due_events`
+`schedule_many` and `cancel_many` send many in JetStream batches (tens of thousands a second
+instead of one per round trip: fast-ingest batches where the command stream takes them and its
+durability allows, see `fast_ingest`, else atomic ones) and say for each whether it was stored. `due_events`
 consumes DueTimeReached events, acknowledged in batches.
 """
 
@@ -28,17 +29,20 @@ from typing import Any, Literal, NamedTuple
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
+from nats.js.errors import APIError
 
 from worker.contract import CONTROL_TYPES, TENANT_RE, ControlKind, Subjects, iso
 from worker.natsconn import (
     ATOMIC_BATCH_MAX,
     ERR_ATOMIC_DISABLED,
+    FastBatches,
     atomic_batch_headers,
     batch_ack_error,
     nats_connect,
+    server_has_fast_ingest,
 )
 
-# Atomic batches of commands awaiting their PubAck at once: enough to keep the server busy while
+# Atomic or fast batches of commands awaiting their PubAck at once: enough to keep the server busy while
 # the next one is sent, few enough to keep a slow server's backlog small.
 BATCHES_IN_FLIGHT = 4
 # One-by-one publishes awaiting their PubAck at once (a stream without allow_atomic, a batch
@@ -86,20 +90,46 @@ class _Command(NamedTuple):  # a tuple: schedule_many makes tens of thousands a 
     body: bytes
 
 
+FastIngest = Literal["auto", "on", "off"]
+
+
 class TimerClient:
-    def __init__(self, nc: NATS, prefix: str = "svc", *, owns_connection: bool = False) -> None:
+    """`fast_ingest`: how schedule_many and cancel_many batch (docs/CONTRACT.md, Producers).
+    "auto": fast-ingest batches when the command stream has allow_batched (nats-server 2.14+)
+    and is replicated, else atomic batches. A fast batch stores each command as it comes: on a
+    single server under `sync_interval: always` that is an fsync per command where an atomic
+    batch has one per batch, so there auto keeps atomic batches. "on": fast wherever the stream
+    takes them; "off": always atomic."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        prefix: str = "svc",
+        *,
+        owns_connection: bool = False,
+        fast_ingest: FastIngest = "auto",
+    ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.subjects = Subjects(prefix)
         self._owns = owns_connection
         self._atomic = True  # until the command stream says it takes no atomic batches
+        self._fast_ingest = fast_ingest
+        self._fast: bool | None = None  # fast batches: decided on the first bulk send
+        self._fast_batches = FastBatches()
 
     @classmethod
     async def connect(
-        cls, url: str = "nats://127.0.0.1:4222", prefix: str = "svc", **options: Any
+        cls,
+        url: str = "nats://127.0.0.1:4222",
+        prefix: str = "svc",
+        *,
+        fast_ingest: FastIngest = "auto",
+        **options: Any,
     ) -> TimerClient:
         # Never in clear when TLS is configured (see natsconn.nats_connect).
-        return cls(await nats_connect(url, **options), prefix, owns_connection=True)
+        nc = await nats_connect(url, **options)
+        return cls(nc, prefix, owns_connection=True, fast_ingest=fast_ingest)
 
     async def schedule(
         self,
@@ -225,11 +255,18 @@ class TimerClient:
             out.append(_Command(subject, id_, body.encode()))
         return out
 
-    async def _send_many(self, commands: list[_Command | Sent], timeout: float) -> list[Sent]:
+    async def _send_many(
+        self, commands: list[_Command | Sent], timeout: float, *, fresh: bool = True
+    ) -> list[Sent]:
+        """`fresh`: every id is new (uuid4s of _commands). Only then may fast batches carry them:
+        a fast batch skips an id JetStream already has in silence, counted as stored, so an id
+        sent before goes in an atomic batch, which is refused whole and then sent one by one,
+        each PubAck saying duplicate or not."""
         results: list[Sent | None] = [c if isinstance(c, Sent) else None for c in commands]
         todo = [(i, c) for i, c in enumerate(commands) if isinstance(c, _Command)]
         chunks = [todo[i : i + ATOMIC_BATCH_MAX] for i in range(0, len(todo), ATOMIC_BATCH_MAX)]
         batches, singles = asyncio.Semaphore(BATCHES_IN_FLIGHT), asyncio.Semaphore(SINGLES_IN_FLIGHT)
+        fast = fresh and len(todo) > 1 and await self._fast_batched(todo[0][1].subject)
 
         async def one(i: int, c: _Command) -> None:
             async with singles:
@@ -242,7 +279,10 @@ class TimerClient:
                     results[i] = Sent(c.id, "error", f"{type(exc).__name__}: {exc}")
 
         async def chunk(part: list[tuple[int, _Command]]) -> None:
-            if self._atomic and len(part) > 1:
+            if fast and self._fast and len(part) > 1:
+                async with batches:
+                    part = await self._fast_batch(part, results, timeout)
+            elif self._atomic and len(part) > 1:
                 async with batches:
                     error = await self._batch([c for _, c in part], timeout)
                 if error is None:
@@ -257,6 +297,49 @@ class TimerClient:
 
         await asyncio.gather(*(chunk(part) for part in chunks))
         return [r if r is not None else Sent("", "error", "not sent") for r in results]
+
+    async def _fast_batched(self, subject: str) -> bool:
+        """Whether bulk sends go in fast batches (see TimerClient): asked of the command stream
+        once per client. A producer that may not read the stream's info keeps atomic batches."""
+        if self._fast is None:
+            self._fast = False
+            if self._fast_ingest != "off" and server_has_fast_ingest(self.nc):
+                try:
+                    name = await self.js.find_stream_name_by_subject(subject)
+                    config = (await self.js.stream_info(name)).config
+                except Exception:  # no stream, no permission, a timeout: atomic batches as before
+                    return False
+                replicated = (config.num_replicas or 1) > 1
+                allowed = bool(getattr(config, "allow_batched", False))
+                if allowed and (self._fast_ingest == "on" or replicated):
+                    await self._fast_batches.start(self.nc)
+                    self._fast = True
+        return self._fast
+
+    async def _fast_batch(
+        self, part: list[tuple[int, _Command]], results: list[Sent | None], timeout: float
+    ) -> list[tuple[int, _Command]]:
+        """Send one fast batch and fill in `results` for what its replies settle; what is left to
+        send one by one with the same ids (never stored, or not known to be: unanswered)."""
+        batch = await self._fast_batches.send(
+            self.nc, [(c.subject, c.body, {"Nats-Msg-Id": c.id}) for _, c in part]
+        )
+        try:
+            await asyncio.wait([batch.done], timeout=timeout)
+        finally:
+            self._fast_batches.forget([batch])
+        if batch.disabled:
+            self._fast = False  # the stream's owner took allow_batched away: atomic from now on
+        again: list[tuple[int, _Command]] = []
+        for seq, (i, c) in enumerate(part, start=1):
+            result = batch.result(seq)
+            if result is None:  # fresh ids: none was skipped as a duplicate
+                results[i] = Sent(c.id, "accepted")
+            elif isinstance(result, APIError):  # the stream refused this command
+                results[i] = Sent(c.id, "error", f"{type(result).__name__}: {result}")
+            else:
+                again.append((i, c))
+        return again
 
     async def _batch(self, part: list[_Command], timeout: float) -> dict[str, Any] | None:
         """Send one atomic batch; None once its PubAck confirms every command, else why not."""

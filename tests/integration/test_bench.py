@@ -59,6 +59,8 @@ def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str
     # --scale honoured (200,000 x 0.01; the naive producer at its floor), every command stored
     assert (producer["commands"], producer["naive_commands"]) == (2_000, 200)
     assert producer["not_accepted"] == 0 and producer["stored_missing"] == 0
+    assert producer["fast_commands"] == 2_000 and producer["fast_commands_per_s"] > 0
+    assert producer["fast_over_auto"] == producer["fast_commands_per_s"] / producer["commands_per_s"]
     assert producer["commands_per_s"] > 0 and producer["naive_commands_per_s"] > 0
     assert producer["many_over_naive"] == producer["commands_per_s"] / producer["naive_commands_per_s"]
     assert [v["metric"] for v in results["producer"]["targets"]] == ["commands_per_s"]

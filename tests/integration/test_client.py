@@ -12,6 +12,7 @@ import pytest
 from nats.js import api
 
 from tests.helpers import row, running_replica, until
+from worker import natsconn
 from worker.adapters.broker import Broker
 from worker.client import TimerClient
 from worker.config import Settings
@@ -30,6 +31,14 @@ async def streams(settings: Settings) -> AsyncIterator[Broker]:
 async def client(settings: Settings) -> AsyncIterator[TimerClient]:
     c = TimerClient(await nats.connect(settings.nats_url), settings.subject_prefix, owns_connection=True)
     async with c:
+        yield c
+
+
+@pytest.fixture
+async def fast_client(settings: Settings) -> AsyncIterator[TimerClient]:
+    # "on": fast batches on this single server too (auto keeps atomic ones there: TimerClient).
+    nc = await nats.connect(settings.nats_url)
+    async with TimerClient(nc, settings.subject_prefix, owns_connection=True, fast_ingest="on") as c:
         yield c
 
 
@@ -63,21 +72,107 @@ async def test_schedule_many_stores_each_command_once_with_its_own_id(
 
 
 async def test_a_batch_with_a_command_already_stored_reports_it_as_a_duplicate(
-    streams: Broker, client: TimerClient, settings: Settings
+    streams: Broker, fast_client: TimerClient, settings: Settings
 ) -> None:
+    client = fast_client
     first = await client.schedule_many(timers(3))
     assert [s.outcome for s in first] == ["accepted"] * 3
-    # A producer retrying a batch whose PubAck it lost sends the same ids again.
+    assert client._fast, "the command stream takes fast batches"
+    # A producer retrying a batch whose PubAck it lost sends the same ids again. A fast batch
+    # would skip them in silence, so ids sent before never go in one (fresh=False).
     from worker import client as client_module
 
     again = [
         client_module._Command(settings.subject_prefix + ".acme.timer.schedule", s.id, b"{}") for s in first
     ]
     fresh = client._commands("schedule", "ScheduleTimer", timers(1, start=9))
-    results = await client._send_many([*again, *fresh], timeout=5)
+    results = await client._send_many([*again, *fresh], timeout=5, fresh=False)
     assert [s.outcome for s in results] == ["duplicate"] * 3 + ["accepted"]
     stored, _, _ = await command_headers(streams, settings)
     assert stored == 4
+
+
+async def test_schedule_many_in_fast_batches_stores_each_once_and_reports_each_refusal(
+    settings: Settings, fast_client: TimerClient
+) -> None:
+    b = Broker(settings)
+    await b.connect()
+    config = b.stream_configs()[0]
+    assert config.allow_batched, "the service makes its command stream ready for fast batches"
+    config.max_msg_size = 1000
+    await b.js.add_stream(config)
+    await b.ensure_streams()
+    try:
+        n = 2500  # three fast batches
+        items = timers(n)
+        items[1200] = {**items[1200], "data": "x" * 2000}  # over max_msg_size: refused, alone
+        sent = await fast_client.schedule_many(items)
+        assert fast_client._fast
+        outcomes = [s.outcome for s in sent]
+        assert outcomes == ["accepted"] * 1200 + ["error"] + ["accepted"] * (n - 1201)
+        assert "maximum" in (sent[1200].error or "").lower()
+        stored, _, _ = await command_headers(b, settings)
+        assert stored == n - 1, "each accepted command stored once"
+        # Fast batch information travels in the reply subject, not in the stored headers.
+        first = await b.js.get_msg(settings.command_stream, seq=1)
+        assert dict(first.headers or {}) == {"Nats-Msg-Id": sent[0].id}
+    finally:
+        await b.close()
+
+
+async def test_commands_a_lost_fast_batch_ack_left_unknown_come_back_as_duplicates(
+    streams: Broker, fast_client: TimerClient, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_reply = natsconn.FastBatch.on_reply
+
+    def losing_the_pub_ack(batch: natsconn.FastBatch, reply: dict[str, object], seq: int) -> None:
+        if reply.get("batch") != batch.id:  # flow acks and errors arrive; the final PubAck is lost
+            on_reply(batch, reply, seq)
+
+    monkeypatch.setattr(natsconn.FastBatch, "on_reply", losing_the_pub_ack)
+    n = 900  # one batch: the server acks its flow every 500 stored, then sends its PubAck
+    sent = await fast_client.schedule_many(timers(n), timeout=3)
+    outcomes = [s.outcome for s in sent]
+    # The server stored all; what the flow acks did not confirm went again one by one, same ids.
+    flowed = outcomes.count("accepted")
+    assert outcomes == ["accepted"] * flowed + ["duplicate"] * (n - flowed)
+    assert flowed < n
+    stored, _, _ = await command_headers(streams, settings)
+    assert stored == n
+
+
+async def test_a_command_stream_without_fast_batches_takes_atomic_ones(
+    settings: Settings, fast_client: TimerClient
+) -> None:
+    b = Broker(settings)
+    await b.connect()
+    config = b.stream_configs()[0]
+    config.allow_batched = False  # as a command stream made before fast batches
+    await b.js.add_stream(config)
+    await b.ensure_streams()
+    try:
+        sent = await fast_client.schedule_many(timers(1500))
+        assert [s.outcome for s in sent] == ["accepted"] * 1500
+        assert fast_client._fast is False and fast_client._atomic
+        stored, headers, _ = await command_headers(b, settings)
+        assert stored == 1500 and "Nats-Batch-Id" in headers, "sent in atomic batches"
+        info = await b.js.stream_info(settings.command_stream)
+        assert not info.config.allow_batched, "an existing stream is never rewritten"
+    finally:
+        await b.close()
+
+
+async def test_auto_keeps_atomic_batches_on_a_stream_with_one_replica(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    # One server under sync_interval: always: a fast batch fsyncs each command, an atomic batch once.
+    sent = await client.schedule_many(timers(200))
+    assert [s.outcome for s in sent] == ["accepted"] * 200
+    info = await streams.js.stream_info(settings.command_stream)
+    assert info.config.allow_batched and info.config.num_replicas == 1
+    assert client._fast is False
+    _, headers, _ = await command_headers(streams, settings)
+    assert "Nats-Batch-Id" in headers
 
 
 async def test_a_command_stream_without_atomic_batches_still_gets_every_command(

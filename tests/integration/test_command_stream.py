@@ -208,6 +208,8 @@ async def test_cut_over_from_a_work_queue_loses_no_command_and_applies_none_twic
         successor = await js.stream_info(new)
         assert successor.config.retention == api.RetentionPolicy.LIMITS
         assert successor.config.subjects == Subjects(settings.subject_prefix).commands
+        # The work queue came before schedule_many; its successor takes its batches, fast ones too.
+        assert successor.config.allow_atomic and successor.config.allow_batched
         # Its sequence numbers continue the old stream's, so they still order a timer's commands.
         assert f"first sequence {old.state.last_seq + 1})" in " ".join(said)
         await until(

@@ -16,6 +16,7 @@ def test_it_compares_this_client_with_one_at_a_revision(capsys: pytest.CaptureFi
     assert producer_ab.main(["--against", rev, "--rounds", "2", "--commands", "2500"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["rounds"], report["commands"]) == (2, 2500)
+    assert (report["fast_ingest"], report["nats_sync"]) == ("on", "default")
     for version in ("this", rev):
         # one_round raises unless every command was accepted: the rates are of stored commands
         assert report[f"commands_per_s@{version}"] > 0

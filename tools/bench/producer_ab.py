@@ -3,6 +3,10 @@ revision against this tree's, taking turns round by round on one embedded nats-s
 
     python -m tools.bench.producer_ab --against main       # 6 rounds of 50,000 commands each
 
+The command stream allows atomic and fast-ingest batches; this tree's client sends with
+`--fast-ingest` (default "on": on this one-replica stream "auto" would keep atomic batches), the
+older one as it did. `--sync-always`: the server fsyncs every JetStream write.
+
 On a shared machine the `producer` scenario's rate moves with other work more than with the
 client; here the two versions alternate (the order swapping each round), and beside each rate
 stand the CPU seconds the client and nats-server spent per command, the figures that hold on a
@@ -31,6 +35,7 @@ from nats.js import api
 import worker.client
 from tools.bench.calibrate import cpu_loop_ms
 from worker.devkit.embedded import EmbeddedNats
+from worker.natsconn import CLIENT_KNOWS_BATCHED, server_has_fast_ingest
 
 PROG = "python -m tools.bench.producer_ab"
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,10 +60,12 @@ def server_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-async def one_round(url: str, client: types.ModuleType, pid: int, n: int, tag: str) -> dict[str, float]:
+async def one_round(
+    url: str, client: types.ModuleType, pid: int, n: int, tag: str, options: dict[str, Any]
+) -> dict[str, float]:
     due = datetime.now(UTC) + timedelta(days=1)
     wall = cpu = server = 0.0
-    async with await client.TimerClient.connect(url, "svc") as timers:
+    async with await client.TimerClient.connect(url, "svc", **options) as timers:
         for start in range(0, n, CALL_SIZE):
             calls = [
                 {"tenantId": f"t{k % 10}", "serviceCallId": f"{tag}-{k}", "dueAt": due}
@@ -74,22 +81,29 @@ async def one_round(url: str, client: types.ModuleType, pid: int, n: int, tag: s
     return {"commands_per_s": n / wall, "client_us": cpu / n * 1e6, "server_us": server / n * 1e6}
 
 
-async def measure(versions: dict[str, types.ModuleType], rounds: int, n: int) -> dict[str, Any]:
+async def measure(
+    versions: dict[str, types.ModuleType], rounds: int, n: int, fast_ingest: str, sync_always: bool
+) -> dict[str, Any]:
     workdir = tempfile.TemporaryDirectory(prefix="producer-ab-")  # the server's store, removed after
-    server = EmbeddedNats(Path(workdir.name))
+    server = EmbeddedNats(Path(workdir.name), sync_always=sync_always)
     server.start()
     try:
         nc = await nats.connect(server.url)
         config = api.StreamConfig(
             name="COMMANDS", subjects=["svc.*.timer.schedule"], duplicate_window=120, allow_atomic=True
         )
+        if CLIENT_KNOWS_BATCHED and server_has_fast_ingest(nc):
+            config.allow_batched = True  # as the service makes it (adapters/streams.py)
         await nc.jetstream().add_stream(config)
         assert server.pid is not None
         seen: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
         for r in range(rounds):
             for name in list(versions)[:: 1 if r % 2 == 0 else -1]:
                 await nc.jetstream().purge_stream("COMMANDS")  # each round into an empty stream
-                seen[name].append(await one_round(server.url, versions[name], server.pid, n, f"{name}{r}"))
+                options = {"fast_ingest": fast_ingest} if versions[name] is worker.client else {}
+                seen[name].append(
+                    await one_round(server.url, versions[name], server.pid, n, f"{name}{r}", options)
+                )
         await nc.close()
     finally:
         server.stop()
@@ -108,6 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--commands", type=int, default=50_000, help="commands per version per round (default 50,000)"
     )
+    p.add_argument(
+        "--fast-ingest",
+        choices=["auto", "on", "off"],
+        default="on",
+        help="this tree's client's fast_ingest (default on)",
+    )
+    p.add_argument("--sync-always", action="store_true", help="the server fsyncs every JetStream write")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     if args.rounds < 1 or args.commands < 1:
         print(f"{PROG}: --rounds and --commands must be at least 1", file=sys.stderr)
@@ -118,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     calibration = [cpu_loop_ms()]
-    result = asyncio.run(measure(versions, args.rounds, args.commands))
+    result = asyncio.run(measure(versions, args.rounds, args.commands, args.fast_ingest, args.sync_always))
     calibration.append(cpu_loop_ms())
     # CPU is read in clock ticks (10 ms): a tiny run may show a server at 0, with no ratio.
     ratios: dict[str, float | None] = {}
@@ -130,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "rounds": args.rounds,
         "commands": args.commands,
+        "fast_ingest": args.fast_ingest,
+        "nats_sync": "always" if args.sync_always else "default",
         "cpu_loop_ms": calibration,
         **result,
         **ratios,

@@ -6,14 +6,13 @@ The Broker holds one Publisher (its `publisher`); the replies come on the connec
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import itertools
 import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -21,7 +20,16 @@ from nats.js import api
 from nats.js.errors import APIError, NoStreamResponseError
 
 from worker.contract import Outgoing
-from worker.natsconn import ATOMIC_BATCH_MAX, ERR_ATOMIC_DISABLED, atomic_batch_headers, batch_ack_error
+from worker.natsconn import (
+    AGAIN,
+    ATOMIC_BATCH_MAX,
+    ERR_ATOMIC_DISABLED,
+    FastBatch,
+    FastBatches,
+    api_error,
+    atomic_batch_headers,
+    batch_ack_error,
+)
 
 if TYPE_CHECKING:
     from worker.config import Settings
@@ -30,14 +38,6 @@ log = logging.getLogger("worker.broker")
 
 # Fewer messages than this go one by one (see publish_atomic).
 ATOMIC_BATCH_MIN = 100
-# "batch publish is disabled": the events stream has no allow_batched (any more).
-ERR_BATCH_DISABLED = 10205
-# Errors that say nothing against a message, only against its batch (disabled, pattern invalid,
-# batch id invalid or unknown, too many batches in flight): such a message goes again one by one.
-ERR_BATCH_ONLY = {ERR_BATCH_DISABLED, 10206, 10207, 10208, 10211}
-# The flow-control ack the server may send every N stored messages of a fast batch, at most: what
-# a batch cut short by a timeout keeps (see publish_fast). 500 is the server's own ceiling.
-FAST_FLOW = 500
 
 
 class Publisher:
@@ -50,8 +50,7 @@ class Publisher:
         self.nc: NATS | None = None
         self.atomic = True  # until the event stream says it does not allow atomic batches
         self.fast = False  # events in fast-ingest batches: decided by Broker.ensure_streams
-        self._fast_prefix = ""
-        self._fast_batches: dict[str, _FastBatch] = {}
+        self._fast = FastBatches()
         # Publishes awaiting their PubAck. Ours, not nats-py's publish_async: that one keeps a
         # permit for good when the publish itself raises (its outbound buffer full in an outage),
         # and after TIMER_MAX_IN_FLIGHT of those every publish waited forever.
@@ -65,10 +64,7 @@ class Publisher:
         self.nc = nc
         self._reply_prefix = f"{nc.new_inbox()}."
         await nc.subscribe(f"{self._reply_prefix}*", cb=self._on_reply)
-        # A fast batch's replies come to the reply subject of the message that prompted them,
-        # which holds the batch's id, flow, gap mode, sequence and operation (publish_fast).
-        self._fast_prefix = f"{nc.new_inbox()}."
-        await nc.subscribe(f"{self._fast_prefix}>", cb=self._on_fast_reply)
+        await self._fast.start(nc)
 
     async def publish_many(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
         """Publish with bounded pipelining; for each message, None once JetStream acknowledged it.
@@ -143,35 +139,30 @@ class Publisher:
         """Publish in fast-ingest batches (nats-server 2.14+, allow_batched); for each message,
         None once JetStream stored it (or already had its Nats-Msg-Id), else why not.
 
-        The batch information travels in each message's reply subject,
-        `<inbox>.<batch id>.<flow>.fail.<sequence>.<operation>.$FI` (0 start, 1 append, 2
-        commit), so a stored event carries only its own headers. The server stores each message
-        as it comes and skips a duplicate instead of refusing the batch, so retries may come here
-        too. Gap mode "fail": the first message the stream refuses (its error comes as
-        `{"type":"err","seq":N}`) ends the batch, and the PubAck of the commit says how many
-        were stored: `count`. Messages 1..count are stored, the refused one fails with its error,
-        and those after it never were: they go again one by one, as does a batch refused whole.
-        Without a PubAck by the timeout, the flow acks (`{"type":"ack","seq":N}`: 1..N stored)
-        still tell which were stored; the rest fail with TimeoutError and are retried later.
+        The protocol is natsconn.FastBatches'. A stored event carries only its own headers; a
+        duplicate is skipped instead of refusing the batch, so retries may come here too.
+        Messages 1..count are stored, the refused one fails with its error, and those after it
+        never were: they go again one by one, as does a batch refused whole. Without a PubAck by
+        the timeout, the flow acks still tell which were stored; the rest fail with TimeoutError
+        and are retried later.
         """
         assert self.nc is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        batches: list[_FastBatch] = []
+        batches: list[FastBatch] = []
         try:
             for i in range(0, len(messages), ATOMIC_BATCH_MAX):
-                batches.append(await self._send_fast(messages[i : i + ATOMIC_BATCH_MAX]))
+                chunk = [(m.subject, m.payload, m.headers) for m in messages[i : i + ATOMIC_BATCH_MAX]]
+                batches.append(await self._fast.send(self.nc, chunk))
             await asyncio.wait([b.done for b in batches], timeout=max(0.0, deadline - loop.time()))
         finally:
-            for b in batches:
-                self._fast_batches.pop(b.id, None)
-                b.done.cancel()
+            self._fast.forget(batches)
         results: list[BaseException | None] = []
         again: list[int] = []  # places in `messages` of those to send one by one
         for b in batches:
             for seq in range(1, b.size + 1):
                 result = b.result(seq)
-                if result is _AGAIN:
+                if result is AGAIN:
                     again.append(len(results))
                     results.append(None)
                 else:
@@ -188,37 +179,6 @@ class Publisher:
                 results[i] = result
         self._after(results)
         return results
-
-    async def _send_fast(self, chunk: Sequence[Outgoing]) -> _FastBatch:
-        """Send one fast batch; its state, which the replies fill in (see _on_fast_reply)."""
-        assert self.nc is not None
-        batch = _FastBatch(uuid.uuid4().hex, len(chunk), asyncio.get_running_loop().create_future())
-        self._fast_batches[batch.id] = batch
-        head = f"{self._fast_prefix}{batch.id}.{FAST_FLOW}.fail."
-        last = len(chunk)
-        try:
-            for seq, m in enumerate(chunk, start=1):
-                op = 2 if seq == last else 0 if seq == 1 else 1
-                await self.nc.publish(m.subject, m.payload, reply=f"{head}{seq}.{op}.$FI", headers=m.headers)
-        except Exception as exc:  # not connected and the outbound buffer full...: the server drops the rest
-            batch.fail(exc)
-        return batch
-
-    async def _on_fast_reply(self, msg: Msg) -> None:
-        tokens = msg.subject[len(self._fast_prefix) :].split(".")
-        batch = self._fast_batches.get(tokens[0])
-        if batch is None or batch.done.done():
-            return
-        if msg.headers and msg.headers.get(api.Header.STATUS) == "503":
-            batch.fail(NoStreamResponseError())  # no stream takes the subject
-            return
-        try:
-            reply = json.loads(msg.data)
-            seq = int(tokens[3])
-        except (ValueError, IndexError):
-            return
-        if isinstance(reply, dict):
-            batch.on_reply(reply, seq)
 
     async def _send_batch(self, chunk: Sequence[Outgoing]) -> asyncio.Future[Msg]:
         """Send one atomic batch; its commit's reply (failed at once if it could not be sent)."""
@@ -297,82 +257,10 @@ def _pub_ack_error(msg: Msg | BaseException) -> BaseException | None:
         ack = json.loads(msg.data)
     except ValueError:
         return APIError(description=f"unreadable PubAck: {msg.data[:100]!r}")
-    return _api_error(ack["error"]) if "error" in ack else None
-
-
-def _api_error(error: dict[str, Any]) -> APIError:
-    """The error a PubAck carries. nats-py's APIError.from_error raises it rather than return it,
-    which took a publish_many down with one refused message."""
-    try:
-        APIError.from_error(error)
-    except APIError as exc:
-        return exc
-    return APIError(description=str(error))  # pragma: no cover  # from_error always raises
+    return api_error(ack["error"]) if "error" in ack else None
 
 
 def _failed(exc: BaseException) -> asyncio.Future[Msg]:
     f: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
     f.set_exception(exc)
     return f
-
-
-# A message of a fast batch the server never stored, though it refused no message of its own
-# (a later one of a batch ended by another's error, or all of a batch refused whole): sent again.
-_AGAIN = Exception("send again")
-
-
-@dataclasses.dataclass
-class _FastBatch:
-    """What the server said so far of one fast batch (Publisher.publish_fast)."""
-
-    id: str
-    size: int
-    done: asyncio.Future[None]
-    flowed: int = 0  # the highest flow ack: messages 1..flowed are stored
-    count: int | None = None  # the PubAck's: messages 1..count are stored, and the batch ended
-    failure: BaseException | None = None  # it could not be sent, or no stream takes it
-    errors: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # a refused message's
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.done.done():
-            self.failure = exc
-            self.done.set_result(None)
-
-    def on_reply(self, reply: dict[str, Any], seq: int) -> None:
-        """One reply, sent to the reply subject of message `seq`."""
-        kind = reply.get("type")
-        if kind == "ack":
-            self.flowed = max(self.flowed, int(reply.get("seq", 0)))
-        elif kind == "err":
-            self.errors[int(reply.get("seq", 0))] = dict(reply.get("error") or {})
-        elif kind is None and "error" in reply:
-            # Message `seq` was refused before it joined the batch (too large, limits, the flag
-            # off), or the batch is gone (its first message refused: each later one is then
-            # "unknown batch"). The batch goes on without it; in gap mode "fail" the next
-            # message ends it, and its PubAck says how many were stored.
-            self.errors[seq] = dict(reply["error"])
-            if len(self.errors) >= self.size:
-                self.done.set_result(None)
-        elif kind is None and reply.get("batch") == self.id:
-            self.count = int(reply.get("count", 0))
-            self.done.set_result(None)
-        # "gap" is informational: in gap mode "fail" a gap ends the batch, and its PubAck says so.
-        # Anything else (a plain PubAck from a server that does not know fast ingest) proves
-        # nothing about the batch: its messages time out and are retried, deduplicated.
-
-    @property
-    def disabled(self) -> bool:
-        return any(e.get("err_code") == ERR_BATCH_DISABLED for e in self.errors.values())
-
-    def result(self, seq: int) -> BaseException | None:
-        """Message `seq`'s outcome: None (stored), its error, or _AGAIN."""
-        stored = self.count if self.count is not None else self.flowed
-        if seq <= stored:
-            return None
-        if (error := self.errors.get(seq)) is not None:
-            return _AGAIN if error.get("err_code") in ERR_BATCH_ONLY else _api_error(error)
-        if self.failure is not None:
-            return self.failure
-        if not self.done.done() or self.done.cancelled():
-            return TimeoutError("no PubAck before the publish timeout")
-        return _AGAIN

@@ -5,7 +5,6 @@ its purge, the choice between atomic and fast-ingest event batches."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 from datetime import timedelta
@@ -21,6 +20,7 @@ from worker import metrics
 from worker.contract import Subjects
 from worker.core.ports import FetchFailed
 from worker.errors import ConfigError, TransientError
+from worker.natsconn import server_has_fast_ingest as server_has_fast_ingest  # the broker's, from here
 
 if TYPE_CHECKING:
     from worker.config import Settings
@@ -29,11 +29,6 @@ log = logging.getLogger("worker.broker")
 
 # The command consumer's redelivery delay for an unacknowledged command (see ensure_streams).
 ACK_WAIT_S = 10
-# Fast-ingest batch publish (ADR-50's "fast" batches, allow_batched streams) came with this server.
-FAST_INGEST_SINCE = (2, 14)
-# nats-py knows the allow_batched stream setting since 2.13 (the oldest supported, 2.12, does not:
-# with it, events go in atomic batches).
-CLIENT_KNOWS_BATCHED = "allow_batched" in {f.name for f in dataclasses.fields(api.StreamConfig)}
 # Stream metadata a retired command stream carries: the stream that took its subjects over
 # (timer-service migrate-streams). Replicas follow it, and drain the old stream meanwhile.
 SUCCESSOR = "timer-service.successor"
@@ -55,7 +50,8 @@ def stream_configs(s: Settings, subjects: Subjects, fast_ingest: bool) -> list[a
             max_age=s.command_max_age.total_seconds(),
             num_replicas=s.stream_replicas,
             duplicate_window=120,
-            # Producers may send commands in atomic batches (TimerClient.schedule_many).
+            # Producers may send commands in atomic batches (TimerClient.schedule_many), and in
+            # fast-ingest ones where the server takes them (below).
             allow_atomic=True,
         ),
         events := _published(s, s.event_stream, subjects.due("*")),
@@ -66,7 +62,7 @@ def stream_configs(s: Settings, subjects: Subjects, fast_ingest: bool) -> list[a
     # Fast-ingest batches only where the server knows them: a stream with allow_batched needs
     # API level 4 (2.14), and an older server would ignore the flag anyway.
     if fast_ingest:
-        events.allow_batched = True
+        configs[0].allow_batched = events.allow_batched = True
     return configs
 
 
@@ -95,17 +91,6 @@ def check_limits(s: Settings, streams: dict[str, api.StreamConfig], command: str
             f"stream {command}: max age {_age(command_age)} must not exceed TIMER_RETENTION"
             f" ({_age(s.retention)}), or a late duplicate ScheduleTimer re-arms a deleted timer"
         )
-
-
-def server_has_fast_ingest(nc: NATS | None) -> bool:
-    """Whether the server `nc` is connected to, and this nats-py, know fast-ingest batches."""
-    if not CLIENT_KNOWS_BATCHED or nc is None or not nc.is_connected:
-        return False
-    try:
-        version = nc.connected_server_version
-        return (version.major, version.minor) >= FAST_INGEST_SINCE
-    except (TypeError, ValueError, AttributeError):  # no version in the server's INFO
-        return False
 
 
 def event_batches(s: Settings, events: api.StreamConfig, fast_ingest: bool, was_fast: bool) -> bool:

@@ -76,6 +76,7 @@ async def _migrate(broker: Broker, to: str | None, wait: float | None, say: Call
         await js.stream_info(successor)
     except NotFoundError:
         first = int(info.state.last_seq) + 1
+        ours = broker.stream_configs()[0]  # the batch flags this service gives a command stream
         config = dataclasses.replace(
             info.config,
             name=successor,
@@ -83,7 +84,10 @@ async def _migrate(broker: Broker, to: str | None, wait: float | None, say: Call
             retention=api.RetentionPolicy.LIMITS,
             metadata=None,
             first_seq=first,
+            allow_atomic=ours.allow_atomic,
         )
+        if getattr(ours, "allow_batched", False):  # TimerClient.schedule_many's fast batches
+            config.allow_batched = True
         await js.add_stream(config)
         say(f"stream {successor} created (limits retention, first sequence {first}); it takes the commands")
     try:
