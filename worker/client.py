@@ -20,17 +20,15 @@ import json
 import os
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, NamedTuple
 
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.js import api
 from nats.js.errors import APIError
 
+from worker.consumer import DueEvent, due_events
 from worker.contract import CONTROL_TYPES, TENANT_RE, ControlKind, Subjects, iso
 from worker.natsconn import (
     ATOMIC_BATCH_MAX,
@@ -57,31 +55,6 @@ class Sent:
     id: str  # the envelope id, also its Nats-Msg-Id
     outcome: Literal["accepted", "duplicate", "error"]  # duplicate: JetStream already had this id
     error: str | None = None
-
-
-class DueEvent:
-    """One DueTimeReached (docs/CONTRACT.md) from due_events: its envelope, and ack()."""
-
-    __slots__ = ("acked", "event", "msg")
-
-    def __init__(self, msg: Msg, event: dict[str, Any]) -> None:
-        self.msg = msg
-        self.event = event  # the envelope: id, type, tenantId, correlationId, timestampMs, payload
-        self.acked = False
-
-    @property
-    def id(self) -> str:
-        """One id per occurrence, however often it is delivered: drop one already handled."""
-        return str(self.event["id"])
-
-    @property
-    def payload(self) -> dict[str, Any]:
-        payload: dict[str, Any] = self.event["payload"]
-        return payload
-
-    def ack(self) -> None:
-        """Handled: acknowledged with the next batch of acknowledgements (see due_events)."""
-        self.acked = True
 
 
 class _Command(NamedTuple):  # a tuple: schedule_many makes tens of thousands a second
@@ -357,7 +330,7 @@ class TimerClient:
             return {"description": f"{type(exc).__name__}: {exc}"}
         return batch_ack_error(reply.data, len(part))
 
-    async def due_events(
+    def due_events(
         self,
         tenant_id: str,
         *,
@@ -367,67 +340,15 @@ class TimerClient:
         max_ack_pending: int = 4096,
     ) -> AsyncGenerator[DueEvent, None]:
         """The tenant's DueTimeReached events, oldest first, from the durable consumer `durable`
-        on `stream` (created when missing). Call `event.ack()` once an event is handled: events
-        not acknowledged come again after the consumer's ack wait (30 s), here or to the next
-        consumer of that name, so an event is handled at least once.
-
-        Cheaper per event than a pull subscription read with fetch(): the server pushes events
-        as they are stored (with flow control), and acknowledgements go in batches: the consumer
-        acknowledges "all up to here" (AckPolicy ALL) for the longest run of acknowledged events,
-        every `ack_every` events and whenever no more events are waiting. An event acknowledged
-        out of order is held back until those before it are acknowledged too.
-        """
-        subject = self.subjects.due(_tenant(tenant_id))
-        config = api.ConsumerConfig(
-            ack_policy=api.AckPolicy.ALL,
-            max_ack_pending=max_ack_pending,
-            flow_control=True,
-            idle_heartbeat=5.0,
-        )
-        # Our own queue, fed by nats-py's callback (which answers flow control and heartbeats):
-        # reading the subscription with next_msg() or `messages` costs a task per event.
-        arrived: asyncio.Queue[Msg] = asyncio.Queue()
-
-        async def put(msg: Msg) -> None:
-            arrived.put_nowait(msg)
-
-        sub = await self.js.subscribe(
-            subject,
+        on `stream` (created when missing); worker/consumer.py says how they are acknowledged."""
+        return due_events(
+            self.js,
+            self.subjects.due(_tenant(tenant_id)),
             durable=durable,
             stream=stream,
-            cb=put,
-            manual_ack=True,
-            config=config,
-            pending_msgs_limit=max_ack_pending * 2,
+            ack_every=ack_every,
+            max_ack_pending=max_ack_pending,
         )
-        unacked: deque[DueEvent] = deque()
-        last_done: Msg | None = None
-        since_ack = 0
-
-        async def flush() -> None:
-            nonlocal last_done, since_ack
-            while unacked and unacked[0].acked:
-                last_done = unacked.popleft().msg
-            if last_done is not None:
-                await last_done.ack()  # AckPolicy ALL: this one and every event before it
-                last_done, since_ack = None, 0
-
-        try:
-            while True:
-                if arrived.empty() or since_ack >= ack_every:
-                    await flush()
-                msg = arrived.get_nowait() if not arrived.empty() else await arrived.get()
-                while unacked and unacked[0].acked:
-                    last_done = unacked.popleft().msg
-                    since_ack += 1
-                event = DueEvent(msg, json.loads(msg.data))
-                unacked.append(event)
-                yield event
-        finally:
-            try:
-                await flush()
-            finally:
-                await sub.unsubscribe()
 
     async def close(self) -> None:
         if self._owns:
