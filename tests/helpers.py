@@ -129,3 +129,17 @@ def settings_env(settings: Settings) -> dict[str, str]:
         env[f"TIMER_{name.upper()}"] = str(value)
     env.pop("TIMER_WORKER_ID", None)
     return env
+
+
+async def due_events(js: Any, settings: Settings, count: int) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """The first `count` DueTimeReached events of tenant acme: (body, headers), in stream order."""
+    sub = await js.pull_subscribe(f"{settings.subject_prefix}.acme.timer.due", stream=settings.event_stream)
+    got: list[Any] = []
+
+    async def fetched() -> bool:
+        with contextlib.suppress(TimeoutError):
+            got.extend(await sub.fetch(count - len(got), timeout=0.5))
+        return len(got) >= count
+
+    await until(fetched, what=f"{count} DueTimeReached events")
+    return [(json.loads(m.data), dict(m.headers or {})) for m in got]

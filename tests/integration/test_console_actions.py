@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from tests.helpers import iso_in, jetstream, query, row, running_replica, until
+from tests.helpers import due_events, iso_in, jetstream, query, row, running_replica, until
 from tests.integration.test_console import _login, console_settings
 from worker.config import Settings
 from worker.ops.console.app import create_app
@@ -132,19 +132,6 @@ async def test_pause_and_resume_a_tenant_and_a_timer_from_the_console(
     ]
 
 
-async def _due_events(js: Any, settings: Settings, count: int) -> list[tuple[dict[str, Any], dict[str, str]]]:
-    sub = await js.pull_subscribe(f"{settings.subject_prefix}.acme.timer.due", stream=settings.event_stream)
-    got: list[Any] = []
-
-    async def fetched() -> bool:
-        with contextlib.suppress(TimeoutError):
-            got.extend(await sub.fetch(count - len(got), timeout=0.5))
-        return len(got) >= count
-
-    await until(fetched, what=f"{count} DueTimeReached events")
-    return [(json.loads(m.data), dict(m.headers or {})) for m in got]
-
-
 async def test_a_timer_rescheduled_or_fired_from_the_console_keeps_its_carried_headers_and_data(
     settings: Settings, db_url: str
 ) -> None:
@@ -164,7 +151,7 @@ async def test_a_timer_rescheduled_or_fired_from_the_console_keeps_its_carried_h
             due = iso_in(1, db_url)
             moved = on.post("/act/reschedule/acme/moved", data={"csrf": csrf, "confirm": "yes", "dueAt": due})
             assert moved.status_code == 303
-            events = await _due_events(js, settings, 2)
+            events = await due_events(js, settings, 2)
     assert sorted(e["payload"]["serviceCallId"] for e, _ in events) == ["fired", "moved"]
     for event, got in events:
         assert event["data"] == {"order": event["payload"]["serviceCallId"]}

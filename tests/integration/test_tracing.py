@@ -4,7 +4,6 @@ Postgres and NATS."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any
 
@@ -13,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from tests.helpers import iso_in, jetstream, message_ids, row, running_replica, until
+from tests.helpers import due_events, iso_in, jetstream, message_ids, row, running_replica, until
 from worker.config import Settings
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -23,20 +22,6 @@ TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 async def schedule(js: Any, settings: Settings, body: dict[str, Any], headers: dict[str, str]) -> None:
     subject = f"{settings.subject_prefix}.{body['tenantId']}.timer.schedule"
     await js.publish(subject, json.dumps(body).encode(), headers=headers)
-
-
-async def due_events(js: Any, settings: Settings, count: int) -> list[tuple[dict[str, Any], dict[str, str]]]:
-    """The first `count` DueTimeReached events of tenant acme: (body, headers), in stream order."""
-    sub = await js.pull_subscribe(f"{settings.subject_prefix}.acme.timer.due", stream=settings.event_stream)
-    got: list[Any] = []
-
-    async def fetched() -> bool:
-        with contextlib.suppress(TimeoutError):
-            got.extend(await sub.fetch(count - len(got), timeout=0.5))
-        return len(got) >= count
-
-    await until(fetched, what=f"{count} DueTimeReached events")
-    return [(json.loads(m.data), dict(m.headers or {})) for m in got]
 
 
 async def test_a_producers_trace_context_and_allowed_headers_reach_every_occurrence(
