@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shlex
 import statistics
 import sys
@@ -42,12 +43,26 @@ def main(argv: list[str] | None = None, prog: str = MODULE_PROG) -> int:
         return 2
 
 
+# TIMER_* variables the bench's replicas inherit that are not a setting of the run (where the
+# servers are, credentials): left out of the command a report names.
+_NOT_A_SETTING = re.compile(r"URL|SECRET|PASSWORD|SEED|CREDS|TOKEN|KEY|_FILE$")
+
+
 def invocation(prog: str, module_prog: str, make_target: str, argv: list[str]) -> str:
-    """The command a report names, as it was typed: `make <target> ARGS=...` when make ran the module."""
+    """The command a report names, as it was typed: `make <target> ARGS=...` when make ran the
+    module, after the TIMER_* settings the replicas inherit from this environment (a run with
+    TIMER_EVENTS_FAST_INGEST=on is another configuration, and its report says so)."""
     given = shlex.join(argv)
+    settings = " ".join(
+        f"{k}={shlex.quote(v)}"
+        for k, v in sorted(os.environ.items())
+        if k.startswith("TIMER_") and not _NOT_A_SETTING.search(k)
+    )
     if prog == module_prog and os.environ.get("MAKELEVEL"):
-        return f"make {make_target}" + (f" ARGS={shlex.quote(given)}" if given else "")
-    return f"{prog} {given}".rstrip()
+        command = f"make {make_target}" + (f" ARGS={shlex.quote(given)}" if given else "")
+    else:
+        command = f"{prog} {given}".rstrip()
+    return f"{settings} {command}".lstrip()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -124,6 +124,8 @@ def test_tree_cpu_keeps_a_child_that_has_exited() -> None:
 
 def test_a_report_names_the_command_as_typed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MAKELEVEL", raising=False)
+    for name in [k for k in os.environ if k.startswith("TIMER_")]:  # a setting would lead the command
+        monkeypatch.delenv(name)
     assert invocation(MODULE_PROG, MODULE_PROG, "bench", ["drain", "--runs", "5"]) == (
         "python -m tools.bench drain --runs 5"
     )
@@ -134,3 +136,15 @@ def test_a_report_names_the_command_as_typed(monkeypatch: pytest.MonkeyPatch) ->
     assert invocation(MODULE_PROG, MODULE_PROG, "bench", []) == "make bench"
     # `timer-service bench` inside something make started (`make test`) is still itself
     assert invocation("timer-service bench", MODULE_PROG, "bench", ["idle"]) == "timer-service bench idle"
+
+
+def test_a_report_names_the_settings_its_replicas_inherit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MAKELEVEL", raising=False)
+    for name in [k for k in os.environ if k.startswith("TIMER_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TIMER_EVENTS_FAST_INGEST", "on")
+    monkeypatch.setenv("TIMER_DATABASE_URL", "postgresql://u:secret@db/timers")  # where, not how
+    monkeypatch.setenv("TIMER_FLEET_SECRET", "s3cret")
+    assert invocation(MODULE_PROG, MODULE_PROG, "bench", ["drain"]) == (
+        "TIMER_EVENTS_FAST_INGEST=on python -m tools.bench drain"
+    )
