@@ -106,12 +106,14 @@ class Publisher:
             return await self.publish_fast(messages, timeout)
         if not self.atomic or len(messages) < ATOMIC_BATCH_MIN:
             return await self.publish_many(messages, timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout  # the fallback below shares it: the caller's timeout is all there is
         chunks = [messages[i : i + ATOMIC_BATCH_MAX] for i in range(0, len(messages), ATOMIC_BATCH_MAX)]
         commits: list[asyncio.Future[Msg]] = []
         try:
             for chunk in chunks:
                 commits.append(await self._send_batch(chunk))
-            await asyncio.wait(commits, timeout=timeout)
+            await asyncio.wait(commits, timeout=max(0.0, deadline - loop.time()))
             replies = [_reply(c) for c in commits]
         finally:
             for c in commits:
@@ -131,7 +133,7 @@ class Publisher:
                     log.warning(
                         "atomic publish off", extra={"action": "atomic_publish_off", "error": str(error)}
                     )
-                results += await self.publish_many(chunk, timeout)
+                results += await self.publish_many(chunk, max(0.0, deadline - loop.time()))
         self._after(results)
         return results
 

@@ -71,6 +71,10 @@ def next_of(timer: Claimed) -> tuple[datetime | None, int | None]:
     return (nxt[0], nxt[1]) if nxt else (None, None)
 
 
+async def _no_results() -> list[BaseException | None]:
+    return []
+
+
 async def _settle(tasks: set[asyncio.Task[None]], keep: int) -> None:
     """Wait until at most `keep` tasks run; an error of one that ended is raised here."""
     while len(tasks) > keep:
@@ -346,10 +350,14 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
         started = time.perf_counter()
         with tracing.span("timer.publish", **{"timer.count": len(due), "timer.retries": retries}):
             traced = tracing.publish_spans(due, messages)
-            results = [
-                *(await self.broker.publish_atomic(first, timeout) if first else []),
-                *(await self.broker.publish_many(again, timeout) if again else []),
-            ]
+            # Side by side, within one timeout (held under the lease): one after the other they
+            # could outlast it, and Postgres would end the claim's idle session, rolling back
+            # every claim, so that the next claim had the same shape again.
+            published, republished = await asyncio.gather(
+                self.broker.publish_atomic(first, timeout) if first else _no_results(),
+                self.broker.publish_many(again, timeout) if again else _no_results(),
+            )
+            results = [*published, *republished]
             if traced:
                 tracing.end_publish_spans(traced, results)
         metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
