@@ -88,7 +88,7 @@ async def test_readiness_answers_while_every_pool_connection_hangs(
     # The server goes away (the primary died): its refusal is the answer, long before the bound.
     proxy.refuse(True)
     proxy.drop_all()
-    for _ in range(2):  # the broken connection, then the refused reconnect
+    for _ in range(2):  # on the broken connection and a refused new one; then a refused one alone
         started = time.monotonic()
         with pytest.raises(TransientError):
             await store.ping()
@@ -118,6 +118,19 @@ async def test_a_host_that_stops_answering_is_not_ready_within_the_bound(db_url:
         await pinger.ping()
     finally:
         proxy.drop_all()
+        await pinger.close()
+
+
+async def test_a_connection_ended_while_idle_is_not_a_false_not_ready(db_url: str, proxy: Proxy) -> None:
+    """A server restart, idle_session_timeout or a dropped link ends the idle connection between
+    two probes: the server is fine, and the ping asks it on a new connection."""
+    pinger = Pinger(proxy.url_for(db_url), {"autocommit": True})
+    try:
+        await pinger.ping()
+        assert proxy.drop_all() == 1
+        await pinger.ping()
+        assert proxy.accepted == 2
+    finally:
         await pinger.close()
 
 

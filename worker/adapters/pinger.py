@@ -64,16 +64,29 @@ class Pinger:
 
     async def _ping(self) -> None:
         conn = self._conn
+        if conn is not None and not conn.closed:
+            try:
+                await self._select(conn)
+                return
+            except psycopg.OperationalError:
+                # Ended while it sat idle (a restart, idle_session_timeout, a dropped link): that
+                # says nothing about the server now, which a new connection asks.
+                pass
+        await self._select(await self._connect())
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        conn = await psycopg.AsyncConnection.connect(self._conninfo, **self._kwargs)
+        self._conn = conn
+        return conn
+
+    async def _select(self, conn: psycopg.AsyncConnection[Any]) -> None:
         try:
-            if conn is None or conn.closed:
-                conn = self._conn = await psycopg.AsyncConnection.connect(self._conninfo, **self._kwargs)
             await conn.execute(QUERIES["ping"])
         except BaseException:
             # Broken, cancelled or refused: the next ping starts on a new connection.
             if self._conn is conn:
                 self._conn = None
-            if conn is not None:
-                await conn.close()
+            await conn.close()
             raise
 
     def _abandon(self, flight: asyncio.Task[None]) -> None:
