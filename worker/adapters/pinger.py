@@ -1,8 +1,8 @@
 """Readiness's own connection to Postgres, outside the pool.
 
-The pool is the wrong place to ask "is Postgres there?": its connections are out while claims'
-batches wait on their COMMIT (a synchronous standby that stalls holds every one of them), and when
-the primary dies they are gone and the pool's reconnects fail until a writable server appears.
+The pool is the wrong place to ask "is Postgres there?": its connections can all be out in claim
+batches whose COMMIT waits (for a stalling synchronous standby, say), and when the primary dies
+they are gone and the pool's reconnects fail until a writable server appears.
 Either way a ping that asks the pool for a connection waits out its timeout, however fast the
 real answer is ("connection refused", "read-only"): in the failover-sync chaos scenario every
 replica's /readyz took 2 s to say not ready (docs/RELIABILITY.md). One connection of its own,
