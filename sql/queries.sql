@@ -797,3 +797,8 @@ LIMIT %(top)s;
 -- name: tenant_paused
 -- Whether one tenant is paused, and since when (`status --tenant`, describe, the console).
 SELECT paused_at FROM paused_tenants WHERE tenant_id = %(tenant_id)s AND paused_at IS NOT NULL;
+
+-- name: ping
+-- Readiness (adapters/pinger.py): the server answers. Reads nothing, so it answers on a read-only
+-- server too; the store's last write error says whether writes go through.
+SELECT 1;
