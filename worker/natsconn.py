@@ -49,12 +49,11 @@ async def nats_connect(servers: str | list[str], **options: Any) -> NATS:
 _CLIENT_NEEDS = ("_send_publish", "_send_command", "_flush_pending")
 _INSTANCE_NEEDS = ("_flush_queue", "_max_payload", "_skip_subject_validation", "stats")
 _MODULE_NEEDS = ("_validate_subject", "_HEADER_KEY_RE")
-_HDR_LINE = b"NATS/1.0\r\n"
 _CRLF = b"\r\n"
 _NEWLINES = str.maketrans({"\r": " ", "\n": " "})  # nats-py's: a value never ends its header line
-# A header key's encoded `Key: ` once checked (None: a blank key, which nats-py skips). Bounded:
-# carried headers come from users; past the bound keys are checked each time, as nats-py does.
-_KEYS: dict[str, bytes | None] = {}
+# A header key's `Key: ` once checked (None: a blank key, which nats-py skips). Bounded: carried
+# headers come from users; past the bound keys are checked each time, as nats-py does.
+_KEYS: dict[str, str | None] = {}
 _KEYS_MAX = 256
 _wire_ok: bool | None = None  # _wire_matches' verdict, once per process
 
@@ -65,14 +64,14 @@ class _Slow(Exception):
     """Something nats-py refuses or handles one message at a time: the batch goes through `publish`."""
 
 
-def _key(k: str) -> bytes | None:
-    if (known := _KEYS.get(k, b"")) != b"":
+def _key(k: str) -> str | None:
+    if (known := _KEYS.get(k, "")) != "":
         return known
     key = k.strip()
     if not key:
         encoded = None
     elif nats.aio.client._HEADER_KEY_RE.fullmatch(key):
-        encoded = key.encode() + b": "
+        encoded = key + ": "
     else:
         raise _Slow  # nats-py raises BadHeaderError(key): let it, at the same message
     if len(_KEYS) < _KEYS_MAX:
@@ -80,33 +79,37 @@ def _key(k: str) -> bytes | None:
     return encoded
 
 
-def encode(messages: Sequence[Message]) -> bytes:
-    """The PUB/HPUB commands nats-py's `_send_publish` makes of these messages, joined.
-    Raises _Slow for an empty subject or a malformed header key (nats-py's to refuse)."""
+def encode(messages: Sequence[Message], max_payload: int = 1 << 62) -> tuple[bytes, int]:
+    """The PUB/HPUB commands nats-py's `_send_publish` makes of these messages, joined, and the
+    size of their payloads. Raises _Slow for what nats-py refuses: an empty subject, a malformed
+    header key, a payload over `max_payload`."""
     parts: list[bytes] = []
     add = parts.append
     key = _key
+    size = 0
     for subject, payload, reply, headers in messages:
-        if not subject:
+        if not subject or len(payload) > max_payload:
             raise _Slow
+        size += len(payload)
         if headers is None:
             add(f"PUB {subject} {reply} {len(payload)}\r\n".encode())
         else:
-            block = [_HDR_LINE]
+            # Built as text and encoded once with the protocol line: the header block's length is
+            # its length in UTF-8, the text's own when it is ASCII (keys always are).
+            hdr = "NATS/1.0\r\n"
             for k, v in headers.items():
-                if (kb := key(k)) is None:
+                if (ks := key(k)) is None:
                     continue
                 value = v.strip()
                 if "\r" in value or "\n" in value:
                     value = value.translate(_NEWLINES)
-                block += (kb, value.encode(), _CRLF)
-            block.append(_CRLF)
-            hdr = b"".join(block)
-            add(f"HPUB {subject} {reply} {len(hdr)} {len(hdr) + len(payload)}\r\n".encode())
-            add(hdr)
+                hdr += f"{ks}{value}\r\n"
+            hdr += "\r\n"
+            n = len(hdr) if hdr.isascii() else len(hdr.encode())
+            add(f"HPUB {subject} {reply} {n} {n + len(payload)}\r\n{hdr}".encode())
         add(payload)
         add(_CRLF)
-    return b"".join(parts)
+    return b"".join(parts), size
 
 
 def _fits(nc: NATS) -> bool:
@@ -126,12 +129,13 @@ async def _wire_matches() -> bool:
         sample: list[Message] = [
             ("a.b", b"x", "", None),
             ("a.b", b"\xc3\xa9", "_INBOX.r.1", {" K-1 ": " v\r\nw ", " ": "blank", "Nats-Msg-Id": "i"}),
+            ("\u00e9.b", b"", "r", {"K": "d\u00fb \u2713", "L": ""}),
         ]
         try:
             probe = NATS()
             for subject, payload, reply, headers in sample:
                 await probe._send_publish(subject, reply, payload, len(payload), headers)
-            _wire_ok = b"".join(probe._pending) == encode(sample)
+            _wire_ok = b"".join(probe._pending) == encode(sample)[0]
         except Exception:  # an internal renamed or reshaped
             _wire_ok = False
     return _wire_ok
@@ -148,22 +152,18 @@ async def publish_all(nc: NATS, messages: Sequence[Message]) -> None:
     try:
         if not (_fits(nc) and await _wire_matches()) or not nc.is_connected or nc.is_draining_pubs:
             raise _Slow
-        limit = nc._max_payload
-        size = 0
-        checked: set[str] = set()
-        validate = nats.aio.client._validate_subject
-        for subject, payload, reply, _ in messages:
-            if len(payload) > limit:
-                raise _Slow
-            size += len(payload)
-            if nc._skip_subject_validation:
-                continue
-            for s in (subject, reply) if reply else (subject,):
-                if s not in checked:
-                    validate(s)  # raises BadSubjectError: _Slow below, so it comes at its message
-                    checked.add(s)
-        command = encode(messages)
-    except (_Slow, nats.errors.BadSubjectError):
+        if not nc._skip_subject_validation:
+            validate = nats.aio.client._validate_subject
+            for subject in {m[0] for m in messages}:  # a batch has few: one per tenant
+                validate(subject)
+            # Replies differ per message (fast batches): checked joined, the same check, as
+            # publish's is whitespace and emptiness (and "" means no reply, never checked).
+            if replies := "".join([m[2] for m in messages]):
+                validate(replies)
+        command, size = encode(messages, nc._max_payload)
+    # What nats-py refuses (BadSubjectError, BadHeaderError, MaxPayloadError, a header that is
+    # not text...): its own publish raises it, at the same message, after those before it went out.
+    except (_Slow, nats.errors.Error, AttributeError, TypeError, ValueError):
         for subject, payload, reply, headers in messages:
             await nc.publish(subject, payload, reply=reply, headers=headers)
         return

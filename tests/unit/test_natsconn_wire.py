@@ -104,6 +104,8 @@ def test_any_batch_is_what_nats_py_sends(messages: list[Message]) -> None:
         (("svc.acme.timer", b"x", "", {"Bad Key": "v"}), nats.errors.BadHeaderError),
         (("svc.acme.timer", b"x", "", {"K:\r\nPUB": "v"}), nats.errors.BadHeaderError),
         (("svc.acme.timer", b"x" * 2000, "", None), nats.errors.MaxPayloadError),
+        (("svc.acme.timer", b"x", "", {"K": "\ud800"}), UnicodeEncodeError),  # not UTF-8
+        (("svc.acme.timer", b"x", "", {"K": 5}), AttributeError),  # not text: nats-py calls strip
     ],
 )
 def test_a_refused_message_raises_nats_pys_error_after_those_before_it_went_out(
@@ -188,5 +190,6 @@ def test_a_nats_py_that_encodes_differently_gets_publish(monkeypatch: pytest.Mon
 def test_encode_is_what_nats_py_sends_today() -> None:
     assert asyncio.run(natsconn._wire_matches()) is True
     assert encode([("a.b", b"hi", "r", {"K": "v"}), ("a", b"", "", None)]) == (
-        b"HPUB a.b r 18 20\r\nNATS/1.0\r\nK: v\r\n\r\nhi\r\nPUB a  0\r\n\r\n"
+        b"HPUB a.b r 18 20\r\nNATS/1.0\r\nK: v\r\n\r\nhi\r\nPUB a  0\r\n\r\n",
+        2,
     )
