@@ -85,7 +85,7 @@ def encode(messages: Sequence[Message], max_payload: int = 1 << 62) -> tuple[byt
     header key, a payload over `max_payload`."""
     parts: list[bytes] = []
     add = parts.append
-    key = _key
+    known = _KEYS
     size = 0
     for subject, payload, reply, headers in messages:
         if not subject or len(payload) > max_payload:
@@ -98,7 +98,9 @@ def encode(messages: Sequence[Message], max_payload: int = 1 << 62) -> tuple[byt
             # its length in UTF-8, the text's own when it is ASCII (keys always are).
             hdr = "NATS/1.0\r\n"
             for k, v in headers.items():
-                if (ks := key(k)) is None:
+                if (ks := known.get(k, "")) == "":
+                    ks = _key(k)
+                if ks is None:
                     continue
                 value = v.strip()
                 if "\r" in value or "\n" in value:
