@@ -3,11 +3,108 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from typing import Any
 
+import pytest
+from prometheus_client import REGISTRY
+
 from tests.chaos.proxy import Proxy
-from tests.helpers import iso_in, query, running_replica, until
+from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
 from worker.config import Settings
+from worker.contract import Outgoing
+from worker.core.domain import ClaimParams
+from worker.core.ports import ClaimedBatch
+from worker.service import Replica
+
+
+def applied(kind: str) -> float:
+    """Commands of this kind intake took, whatever their outcome."""
+    return sum(
+        REGISTRY.get_sample_value("timer_commands_applied_total", {"kind": kind, "outcome": o}) or 0.0
+        for o in ("applied", "ignored", "deferred", "stuck", "partial")
+    )
+
+
+def insert_due(db_url: str, key: str) -> None:
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at)"
+        " VALUES ('acme', %s, 'Scheduled', %s, %s)",
+        key,
+        iso_in(-1, db_url),
+        iso_in(-1, db_url),
+    )
+
+
+async def test_a_reschedule_after_a_batch_rolled_back_past_its_puback_does_not_fire_a_one_shot_twice(
+    settings: Settings, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch's session ends after the PubAck (a dropped connection, a failover, the idle
+    timeout on a slow publish): Postgres rolls the claim back, and the row looks as if the timer
+    had never been claimed, though its event is out. A ScheduleTimer that arrives then, before the
+    next claim, must not make the one-shot timer fire a second time at the new dueAt (README,
+    States: a reschedule once the timer is claimed is ignored for a one-shot timer).
+
+    The replica records the acknowledged firing again at once, in a transaction of its own
+    (FiringLoop._record_again): the reschedule, sent once the session is gone and that record
+    is in, meets a Reached timer. Claims stay shut until intake has taken it, so a timer left
+    Scheduled by the rollback could only be claimed again after the reschedule."""
+    replica = Replica(settings.model_copy(update={"lease_ms": 10_000}))
+    died, claims_open = asyncio.Event(), asyncio.Event()
+    publish_atomic = replica.broker.publish_atomic
+    claim = replica.store.claim
+
+    async def gated(params: ClaimParams) -> ClaimedBatch:
+        if died.is_set():  # the next claim comes after the reschedule: a poll interval's wait
+            await claims_open.wait()
+        return await claim(params)
+
+    async def dies_after_puback(messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
+        results = await publish_atomic(messages, timeout)
+        if not died.is_set():
+            assert results == [None] * len(messages)
+            killed = query(
+                db_url,
+                "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND state LIKE 'idle in transaction%%'",
+            )
+            assert len(killed) == 1, "the batch's session was not found: nothing was tested"
+            # Ended, its claim rolled back: pg_terminate_backend only signals it.
+            await until(
+                lambda: query(db_url, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", killed[0][0]) == [],
+                what="the batch's session to end",
+            )
+            died.set()
+        return results
+
+    monkeypatch.setattr(replica.store, "claim", gated)
+    monkeypatch.setattr(replica.broker, "publish_atomic", dies_after_puback)
+    task = asyncio.create_task(replica.run(handle_signals=False))
+    try:
+        await until(lambda: replica.started.is_set(), what="replica start")
+        insert_due(db_url, "once")
+        await until(died.is_set, what="the event published and its batch's session ended")
+        # Claims are shut: only the record in a transaction of its own can make it Reached.
+        await until(
+            lambda: row(db_url, "acme", "once")["state"] == "Reached",  # type: ignore[index]
+            what="the acknowledged firing recorded again after the rollback",
+        )
+        reached = row(db_url, "acme", "once")
+        before = applied("schedule")
+        async with jetstream(settings) as js:
+            body = {"tenantId": "acme", "serviceCallId": "once", "dueAt": iso_in(2, db_url)}
+            await publish_raw(js, settings, "acme", "schedule", body)
+        await until(lambda: applied("schedule") > before, what="intake to take the reschedule")
+        claims_open.set()
+        assert row(db_url, "acme", "once") == reached  # Reached is final: the reschedule was ignored
+    finally:
+        replica.stop.set()
+        await asyncio.wait_for(task, timeout=30)
+    async with jetstream(settings) as js:
+        events = (await js.stream_info(settings.event_stream)).state.messages
+    assert events == 1, f"a one-shot timer fired {events} times (its old dueAt, then the new one)"
 
 
 async def test_a_batch_whose_every_publish_beats_the_publish_timeout_is_recorded(

@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters import pausing
-from worker.adapters.batch import Batch
+from worker.adapters.batch import Batch, mark_again_params
 from worker.adapters.claim_rows import claim_result
 from worker.adapters.pgerrors import classify
 from worker.adapters.pinger import Pinger
@@ -23,6 +23,7 @@ from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
 from worker.core.domain import (
     Applied,
     ClaimParams,
+    Fired,
     Key,
     Outcome,
     Position,
@@ -287,6 +288,11 @@ class Store:
             await self.pool.putconn(conn)
             return Batch(self.pool, self._db, None, result)
         return Batch(self.pool, self._db, conn, result)
+
+    async def record_again(self, fired: Sequence[Fired]) -> int:
+        """Mark acknowledged firings whose batch's transaction was lost (sql/queries.sql,
+        mark_fired_again): one statement on another pooled connection, committed on its own."""
+        return await self._execute_count("mark_fired_again", mark_again_params(fired))
 
     async def _execute_count(self, name: str, params: dict[str, Any]) -> int:
         with self._db(write=True):
