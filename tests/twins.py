@@ -462,8 +462,7 @@ class TwinStore:
                 or row.state != "Scheduled"
                 or (row.tenant_id, row.service_call_id) in held
                 or (row.lease_expires_at is not None and row.lease_expires_at >= now)
-                or (row.due_at, row.occurrence_index, row.anchor_due_at) != (t.due_at, t.occurrence_index, t.anchor_due_at)
-                or _definition(row) != (t.repeat_every, t.repeat_times, t.repeat_timezone, t.repeat_cron, t.repeat_until)
+                or _occurrence(row) != _occurrence_of(t)
             ):
                 continue
             marked += 1
@@ -493,10 +492,17 @@ class TwinStore:
         return released
 
 
-def _definition(row: Row) -> tuple[Any, ...]:
-    """A row's repeat as a Claimed carries it."""
+def _occurrence(row: Row) -> tuple[Any, ...]:
+    """The occurrence a row holds and its definition, as mark_fired_again compares them."""
     r = row.repeat
-    return (None,) * 5 if r is None else (r.every, r.times, r.timezone, r.cron, r.until)
+    repeat = (None,) * 5 if r is None else (r.every, r.times, r.timezone, r.cron, r.until)
+    return (row.due_at, row.occurrence_index, row.anchor_due_at, *repeat)
+
+
+def _occurrence_of(t: Claimed) -> tuple[Any, ...]:
+    """The same, of the claimed occurrence that was published."""
+    repeat = (t.repeat_every, t.repeat_times, t.repeat_timezone, t.repeat_cron, t.repeat_until)
+    return (t.due_at, t.occurrence_index, t.anchor_due_at, *repeat)
 
 
 class TwinBatch:
