@@ -416,22 +416,9 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
         try:
             marked = await self.store.record_again(fired)
         except Exception as exc:  # the batch's own error is what the loop judges, raised after this
-            log.warning(
-                "record again failed",
-                extra={
-                    "action": "record_again_failed",
-                    "count": len(fired),
-                    "error": f"{type(exc).__name__}: {exc}",
-                },
-            )
+            again = {"count": len(fired), "error": f"{type(exc).__name__}: {exc}"}
+            log.warning("record again failed", extra={"action": "record_again_failed", **again})
             return
         metrics.MARKED.inc(marked)
-        log.warning(
-            "batch recorded again",
-            extra={
-                "action": "recorded_again",
-                "count": len(fired),
-                "marked": marked,
-                "error": f"{type(lost).__name__}: {lost}",
-            },
-        )
+        done = {"count": len(fired), "marked": marked, "error": f"{type(lost).__name__}: {lost}"}
+        log.warning("batch recorded again", extra={"action": "recorded_again", **done})
