@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -38,19 +40,13 @@ def insert_due(db_url: str, key: str) -> None:
     )
 
 
-async def test_a_reschedule_after_a_batch_rolled_back_past_its_puback_does_not_fire_a_one_shot_twice(
+@contextlib.asynccontextmanager
+async def first_batch_lost_after_its_puback(
     settings: Settings, db_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The batch's session ends after the PubAck (a dropped connection, a failover, the idle
-    timeout on a slow publish): Postgres rolls the claim back, and the row looks as if the timer
-    had never been claimed, though its event is out. A ScheduleTimer that arrives then, before the
-    next claim, must not make the one-shot timer fire a second time at the new dueAt (README,
-    States: a reschedule once the timer is claimed is ignored for a one-shot timer).
-
-    The replica records the acknowledged firing again at once, in a transaction of its own
-    (FiringLoop._record_again): the reschedule, sent once the session is gone and that record
-    is in, meets a Reached timer. Claims stay shut until intake has taken it, so a timer left
-    Scheduled by the rollback could only be claimed again after the reschedule."""
+) -> AsyncIterator[tuple[asyncio.Event, asyncio.Event]]:
+    """A running replica whose first batch's session is ended right after its PubAck, and waited
+    for until gone (pg_terminate_backend only signals it): its claim is rolled back. Yields
+    (died, claims_open): once died is set, the replica's claims wait for claims_open."""
     replica = Replica(settings.model_copy(update={"lease_ms": 10_000}))
     died, claims_open = asyncio.Event(), asyncio.Event()
     publish_atomic = replica.broker.publish_atomic
@@ -71,7 +67,6 @@ async def test_a_reschedule_after_a_batch_rolled_back_past_its_puback_does_not_f
                 " WHERE datname = current_database() AND state LIKE 'idle in transaction%%'",
             )
             assert len(killed) == 1, "the batch's session was not found: nothing was tested"
-            # Ended, its claim rolled back: pg_terminate_backend only signals it.
             await until(
                 lambda: query(db_url, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", killed[0][0]) == [],
                 what="the batch's session to end",
@@ -84,6 +79,32 @@ async def test_a_reschedule_after_a_batch_rolled_back_past_its_puback_does_not_f
     task = asyncio.create_task(replica.run(handle_signals=False))
     try:
         await until(lambda: replica.started.is_set(), what="replica start")
+        yield died, claims_open
+    finally:
+        claims_open.set()
+        replica.stop.set()
+        await asyncio.wait_for(task, timeout=30)
+
+
+async def events_stored(settings: Settings) -> int:
+    async with jetstream(settings) as js:
+        return (await js.stream_info(settings.event_stream)).state.messages
+
+
+async def test_a_reschedule_after_a_batch_rolled_back_past_its_puback_does_not_fire_a_one_shot_twice(
+    settings: Settings, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch's session ends after the PubAck (a dropped connection, a failover, the idle
+    timeout on a slow publish): Postgres rolls the claim back, and the row looks as if the timer
+    had never been claimed, though its event is out. A ScheduleTimer that arrives then, before the
+    next claim, must not make the one-shot timer fire a second time at the new dueAt (README,
+    States: a reschedule once the timer is claimed is ignored for a one-shot timer).
+
+    The replica records the acknowledged firing again at once, in a transaction of its own
+    (FiringLoop._record_again): the reschedule, sent once the session is gone and that record
+    is in, meets a Reached timer. Claims stay shut until intake has taken it, so a timer left
+    Scheduled by the rollback could only be claimed again after the reschedule."""
+    async with first_batch_lost_after_its_puback(settings, db_url, monkeypatch) as (died, claims_open):
         insert_due(db_url, "once")
         await until(died.is_set, what="the event published and its batch's session ended")
         # Claims are shut: only the record in a transaction of its own can make it Reached.
@@ -99,12 +120,38 @@ async def test_a_reschedule_after_a_batch_rolled_back_past_its_puback_does_not_f
         await until(lambda: applied("schedule") > before, what="intake to take the reschedule")
         claims_open.set()
         assert row(db_url, "acme", "once") == reached  # Reached is final: the reschedule was ignored
-    finally:
-        replica.stop.set()
-        await asyncio.wait_for(task, timeout=30)
-    async with jetstream(settings) as js:
-        events = (await js.stream_info(settings.event_stream)).state.messages
+    events = await events_stored(settings)
     assert events == 1, f"a one-shot timer fired {events} times (its old dueAt, then the new one)"
+
+
+async def test_a_recurring_timer_whose_batch_rolled_back_past_its_puback_moves_on_once(
+    settings: Settings, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the same path, with claims shut, a recurring timer's next occurrence is stored
+    once: the row holds occurrence 1, an hour after the first, fired once, unleased. (A second
+    publish of occurrence 0 would be deduplicated, so the row, not the stream, is the proof.)"""
+    async with first_batch_lost_after_its_puback(settings, db_url, monkeypatch) as (died, claims_open):
+        query(
+            db_url,
+            "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, repeat_every)"
+            " VALUES ('acme', 'tick', 'Scheduled', now() - interval '1 s', now() - interval '1 s', 'PT1H')",
+        )
+        await until(died.is_set, what="the event published and its batch's session ended")
+        await until(
+            lambda: row(db_url, "acme", "tick")["occurrence_index"] == 1,  # type: ignore[index]
+            what="the acknowledged firing recorded again after the rollback",
+        )
+        claims_open.set()
+    stored = row(db_url, "acme", "tick")
+    assert stored is not None
+    assert (stored["state"], stored["fired_count"], stored["attempts"], stored["lease_owner"]) == (
+        "Scheduled",
+        1,
+        0,
+        None,
+    )
+    assert stored["due_at"] == stored["anchor_due_at"] + timedelta(hours=1)
+    assert await events_stored(settings) == 1
 
 
 async def test_a_batch_whose_every_publish_beats_the_publish_timeout_is_recorded(
