@@ -19,8 +19,8 @@ from worker.adapters.store import Store
 from worker.config import Settings
 from worker.contract import Outgoing, PauseTimers
 from worker.core.domain import ClaimParams, Fired
-from worker.core.firing import next_of
 from worker.core.ports import ClaimedBatch
+from worker.core.recurrence import next_of
 from worker.errors import TransientError
 from worker.service import Replica
 

@@ -11,14 +11,14 @@ from datetime import UTC, datetime
 
 from worker import metrics, tracing
 from worker.config import Settings
-from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, Repeat, due_event, iso
+from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, due_event, iso
 from worker.core.clock import Clock
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Claimed, ClaimParams, Fired, Key, Leased, Unreadable
 from worker.core.headers import stored_carried_problem
 from worker.core.loop import Loop
 from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore
-from worker.core.recurrence import next_occurrence
+from worker.core.recurrence import next_of
 from worker.core.waiting import wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import verdict
@@ -47,28 +47,6 @@ LOOKAHEAD_MS = 100
 # Each holds a pooled connection across its publish (its claim's transaction), as does the fresh
 # lane's: Settings.db_pool_size leaves room for intake and the reads beside them.
 PIPELINE_DEPTH = 2
-
-
-def next_of(timer: Claimed) -> tuple[datetime | None, int | None]:
-    """The occurrence after this one, for a recurring timer; (None, None) when it was the last.
-
-    The first due after the timer's recurrence reference (the claimed_at column): one that came
-    due during downtime is skipped, one that came due while a crashed replica's lease ran out is
-    not (it fires, late; claim_due).
-    """
-    if (timer.repeat_every is None and timer.repeat_cron is None) or timer.anchor_due_at is None:
-        return None, None
-    repeat = Repeat(
-        timer.repeat_every,
-        timer.repeat_times,
-        timer.repeat_timezone,
-        cron=timer.repeat_cron,
-        until=timer.repeat_until,
-    )
-    nxt = next_occurrence(
-        repeat, timer.anchor_due_at, timer.occurrence_index, timer.recurrence_ref, fired_at=timer.due_at
-    )
-    return (nxt[0], nxt[1]) if nxt else (None, None)
 
 
 async def _no_results() -> list[BaseException | None]:
@@ -386,11 +364,9 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
     ) -> None:
         """Mark what was acknowledged and release what failed, in the claim's transaction.
 
-        Not retried: an error ends that transaction, and Postgres rolls the claim back with it, so
-        its rows are free at once. Its failures need nothing more: another claim takes them. But
+        Not retried: an error rolls the claim back, its rows free at once for another claim. But
         its firings are out, and a row that looks never claimed would take a command meanwhile (a
-        reschedule would fire a one-shot timer twice): they are recorded again at once, in a
-        transaction of their own (_record_again), before the error goes on."""
+        reschedule firing a one-shot timer twice): _record_again records them, then the error goes on."""
         with tracing.span("timer.mark", **{"timer.count": len(fired)}) as span:
             try:
                 marked = await batch.record(fired, failed)

@@ -68,6 +68,7 @@ from cronsim import CronSim, CronSimError
 
 # Repeat is the contract's (a ScheduleTimer field): the data this arithmetic reads.
 from worker.contract import LATEST_DUE_AT, Repeat
+from worker.core.domain import Claimed
 
 # Occurrence indexes are stored in a Postgres `integer` column.
 MAX_INDEX = 2**31 - 1
@@ -349,3 +350,25 @@ def _next_every(
             lo = mid + 1
     at = _occurrence(period, zone, anchor, hi)
     return None if at is None else (at, hi)
+
+
+def next_of(timer: Claimed) -> tuple[datetime | None, int | None]:
+    """The occurrence after this one, for a recurring timer; (None, None) when it was the last.
+
+    The first due after the timer's recurrence reference (the claimed_at column): one that came
+    due during downtime is skipped, one that came due while a crashed replica's lease ran out is
+    not (it fires, late; claim_due).
+    """
+    if (timer.repeat_every is None and timer.repeat_cron is None) or timer.anchor_due_at is None:
+        return None, None
+    repeat = Repeat(
+        timer.repeat_every,
+        timer.repeat_times,
+        timer.repeat_timezone,
+        cron=timer.repeat_cron,
+        until=timer.repeat_until,
+    )
+    nxt = next_occurrence(
+        repeat, timer.anchor_due_at, timer.occurrence_index, timer.recurrence_ref, fired_at=timer.due_at
+    )
+    return (nxt[0], nxt[1]) if nxt else (None, None)
