@@ -736,7 +736,7 @@ WHERE tenant_id = %(tenant_id)s AND state = 'Paused' AND paused_at IS NULL
 -- name: pause_timer
 -- Pause one timer (Scheduled or already Paused with its tenant). A claimed occurrence whose lease
 -- is committed (a publish backing off) fires: the row stays Scheduled, its claim untouched, with
--- paused_at recorded, so its mark stores the next occurrence Paused (mark_fired): `changed`. A
+-- paused_at recorded, so its mark stores the next occurrence Paused (mark_fired): `applied`. A
 -- claim's batch in flight holds the row (FOR NO KEY UPDATE, claim_due) with its lease not yet
 -- visible: `claimed`, the command waits for that occurrence to be recorded. Locked as lock_keys
 -- does (it waits for a batch of commands, not for a claim), so the pause never waits for a batch
@@ -773,7 +773,7 @@ WITH s AS MATERIALIZED (
            OR %(control_seq)s::bigint >= t.control_seq OR %(control_stored_at)s::timestamptz > t.control_stored_at)
     RETURNING t.state IN ('Scheduled', 'Paused') AS pending
 )
-SELECT EXISTS (SELECT FROM u WHERE u.pending) AS changed,
+SELECT EXISTS (SELECT FROM u WHERE u.pending) AS applied, NULL::timestamptz AS due_at,
        EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM k) AS claimed;
 
 -- name: resume_timer
@@ -782,29 +782,38 @@ SELECT EXISTS (SELECT FROM u WHERE u.pending) AS changed,
 -- timer: a replica of the release before 0011 leaves paused_at on the rows it cancels or un-pauses
 -- (and then fires), and resuming those would bring a Cancelled or Reached timer back to fire.
 -- A claimed one (paused as its occurrence was claimed, pause_timer) keeps its claim and state.
--- Stream order as in pause_timer: no row when an older resume; a resume that finds nothing paused
--- still records its position (the pause before it, deferred, may come back after it).
-WITH o AS MATERIALIZED (
-    SELECT tenant_id, service_call_id, paused_at IS NOT NULL AND state IN ('Scheduled', 'Paused') AS live
-    FROM timers t
+-- Stream order as in pause_timer: an older resume changes nothing; one that finds nothing paused
+-- still records its position (the pause before it, deferred, may come back after it). Locked as
+-- pause_timer: a row a claim's batch in flight holds is `claimed`, and the resume waits for that
+-- occurrence to be recorded (offered again) rather than hold intake up, or record its position
+-- on a row whose claim may yet roll back.
+WITH s AS MATERIALIZED (
+    SELECT 1 FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s
+    FOR KEY SHARE
+), k AS MATERIALIZED (
+    SELECT paused_at IS NOT NULL AND state IN ('Scheduled', 'Paused') AS live FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s AND EXISTS (SELECT FROM s)
+    FOR UPDATE SKIP LOCKED
+), u AS (
+    UPDATE timers t SET
+        state = CASE WHEN NOT k.live OR t.lease_expires_at IS NOT NULL THEN t.state
+                     WHEN EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = t.tenant_id AND p.paused_at IS NOT NULL)
+                     THEN 'Paused' ELSE 'Scheduled' END,
+        paused_at = CASE WHEN k.live THEN NULL ELSE t.paused_at END,
+        claimed_at = CASE WHEN NOT k.live OR t.lease_expires_at IS NOT NULL THEN t.claimed_at END,
+        updated_at = CASE WHEN k.live THEN now() ELSE t.updated_at END,
+        control_seq = coalesce(%(control_seq)s::bigint, t.control_seq),
+        control_stored_at = coalesce(%(control_stored_at)s::timestamptz, t.control_stored_at)
+    FROM k
     WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s
-      AND (paused_at IS NOT NULL AND state IN ('Scheduled', 'Paused') OR %(control_seq)s::bigint IS NOT NULL)
+      AND (k.live OR %(control_seq)s::bigint IS NOT NULL)  -- else nothing to write
       AND (%(control_seq)s::bigint IS NULL OR t.control_seq IS NULL OR t.control_stored_at IS NULL
            OR %(control_seq)s::bigint >= t.control_seq OR %(control_stored_at)s::timestamptz > t.control_stored_at)
-    FOR NO KEY UPDATE
+    RETURNING k.live AS applied, CASE WHEN k.live AND t.state = 'Scheduled' THEN t.due_at END AS due_at
 )
-UPDATE timers t SET
-    state = CASE WHEN NOT o.live OR t.lease_expires_at IS NOT NULL THEN t.state
-                 WHEN EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = t.tenant_id AND p.paused_at IS NOT NULL)
-                 THEN 'Paused' ELSE 'Scheduled' END,
-    paused_at = CASE WHEN o.live THEN NULL ELSE t.paused_at END,
-    claimed_at = CASE WHEN NOT o.live OR t.lease_expires_at IS NOT NULL THEN t.claimed_at END,
-    updated_at = CASE WHEN o.live THEN now() ELSE t.updated_at END,
-    control_seq = coalesce(%(control_seq)s::bigint, t.control_seq),
-    control_stored_at = coalesce(%(control_stored_at)s::timestamptz, t.control_stored_at)
-FROM o
-WHERE t.tenant_id = o.tenant_id AND t.service_call_id = o.service_call_id
-RETURNING o.live AS applied, CASE WHEN o.live AND t.state = 'Scheduled' THEN t.due_at END AS due_at;
+SELECT coalesce((SELECT u.applied FROM u), false) AS applied, (SELECT u.due_at FROM u) AS due_at,
+       EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM k) AS claimed;
 
 -- name: paused_gauges
 -- The timer_paused and timer_paused_tenants gauges: paused timers counted up to %(cap)s through

@@ -288,7 +288,7 @@ class TwinStore:
         row, now = self.rows.get(key), self.now()
         if row is None:
             return Applied(["ignored"], None)
-        if not resume and self._in_flight(key):  # a claim's batch holds it: the pause waits for its mark
+        if self._in_flight(key):  # a claim's batch holds it: the pause or resume waits for its mark
             return Applied(["deferred" if row.state == "Scheduled" else "ignored"], None)
         last = row.control
         # Older than its last pause or resume: changes nothing (pause_timer, resume_timer).

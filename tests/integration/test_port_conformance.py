@@ -506,8 +506,9 @@ async def test_a_timers_pauses_and_resumes_apply_in_stream_order_whatever_order_
     await ports.apply([ScheduleTimer("acme", "rec", at(-1).replace(microsecond=0), None, None, every)])
     batch = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
     (held,) = batch.result.claimed
-    # A claim's batch in flight holds it: the pause waits for it (offered again later).
+    # A claim's batch in flight holds it: the pause, and a resume, wait for it (offered again later).
     assert (await ports.pause(pause(key="rec"), at_seq(10))).outcomes == ["deferred"]
+    assert (await ports.pause(pause(key="rec", resume=True), at_seq(11))).outcomes == ["deferred"]
     assert await batch.record([Fired(held, held.due_at + timedelta(hours=1), 1)], []) == 1
     # The resume sent after it finds nothing paused; the pause, back after it, changes nothing.
     assert (await ports.pause(pause(key="rec", resume=True), at_seq(11))).outcomes == ["ignored"]

@@ -122,11 +122,8 @@ async def pause_one(
     async with conn.transaction():
         cur = await conn.execute(QUERIES["resume_timer" if resume else "pause_timer"], params)
         found = await cur.fetchone()
-    if resume:
-        # No row: no such timer, or an older resume; a row not `applied`: nothing was paused.
-        applied = found is not None and bool(found[0])
-        return Applied(["applied" if applied else "ignored"], found[1] if found is not None else None)
-    changed, claimed = found if found is not None else (False, False)
-    # A claimed occurrence fires: with its lease committed, paused_at is recorded (changed) and its
-    # mark stores the next one Paused; held by a claim's batch in flight, the pause waits for it.
-    return Applied(["deferred" if claimed else "applied" if changed else "ignored"], None)
+    applied, due, claimed = found if found is not None else (False, None, False)
+    # A claimed occurrence fires: with its lease committed, a pause records paused_at (applied) and
+    # the mark stores the next one Paused; held by a claim's batch in flight, the pause or resume
+    # waits for it (offered again). A resume's dueAt: when it made the timer claimable again.
+    return Applied(["deferred" if claimed else "applied" if applied else "ignored"], due)
