@@ -368,6 +368,72 @@ WHERE t.ctid = ANY (ARRAY(SELECT tid FROM f))
   AND t.lease_token = f.lease_token
   AND t.due_at = f.due_at;
 
+-- name: mark_fired_again
+-- Record again, in a transaction of its own, firings whose claim's transaction ended after their
+-- PubAck (its session killed or timed out, a dropped connection: Batch.record raised). Postgres
+-- rolled the claim back, and the row looks as if never claimed though its event is out; a
+-- command arriving now would apply to it (a reschedule would fire a one-shot timer twice), so
+-- the firing loop records them at once (docs/RELIABILITY.md, The claim's transaction).
+-- No lease token fences this: the claim is gone. The row is found by key, and marked only while
+-- it still holds the very occurrence that was published, so a command or a claim that came
+-- between wins and this marks nothing:
+--   * state Scheduled, the same dueAt and occurrence index, and the same definition (anchor and
+--     repeat: the next occurrence was computed from them; a reschedule to the same dueAt with
+--     another repeat is another timer);
+--   * no live lease: a claim committed since (a stop's, or a failed publish's back-off) owns it;
+--   * FOR UPDATE SKIP LOCKED: a row locked now is another replica's batch in flight (it
+--     republishes with the same Nats-Msg-Id, deduplicated, and marks it) or a command being
+--     applied (the window that remains). FOR UPDATE, not a claim's NO KEY UPDATE: intake's
+--     lock_keys waits for this short transaction, and then meets the recorded timer.
+-- Then it sets exactly what mark_fired sets. claimed_at is the claim's recurrence reference
+-- (recurrence_ref): the rolled-back row no longer holds it.
+WITH f AS MATERIALIZED (
+    SELECT f.*, statement_timestamp() AS db_now
+    FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
+                %(occurrence_index)b::int[], %(anchor_due_at)b::timestamptz[], %(repeat_every)b::text[],
+                %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(repeat_cron)b::text[],
+                %(repeat_until)b::timestamptz[], %(recurrence_ref)b::timestamptz[],
+                %(next_due_at)b::timestamptz[], %(next_index)b::int[])
+         AS f(tenant_id, service_call_id, due_at, occurrence_index, anchor_due_at, repeat_every,
+              repeat_times, repeat_timezone, repeat_cron, repeat_until, recurrence_ref,
+              next_due_at, next_index)
+),
+-- The published occurrence, still as it was, and not locked by anyone else.
+still AS MATERIALIZED (
+    SELECT t.tenant_id, t.service_call_id
+    FROM timers t JOIN f ON (t.tenant_id, t.service_call_id) = (f.tenant_id, f.service_call_id)
+    WHERE t.state = 'Scheduled'
+      AND t.due_at = f.due_at
+      AND t.occurrence_index = f.occurrence_index
+      AND t.anchor_due_at IS NOT DISTINCT FROM f.anchor_due_at
+      AND t.repeat_every IS NOT DISTINCT FROM f.repeat_every
+      AND t.repeat_times IS NOT DISTINCT FROM f.repeat_times
+      AND t.repeat_timezone IS NOT DISTINCT FROM f.repeat_timezone
+      AND t.repeat_cron IS NOT DISTINCT FROM f.repeat_cron
+      AND t.repeat_until IS NOT DISTINCT FROM f.repeat_until
+      AND (t.lease_expires_at IS NULL OR t.lease_expires_at < f.db_now)
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE timers t SET
+    -- As mark_fired, column for column.
+    state = CASE WHEN f.next_due_at IS NULL THEN 'Reached'
+                 WHEN t.paused_at IS NOT NULL
+                   OR t.tenant_id IN (SELECT p.tenant_id FROM paused_tenants p WHERE p.paused_at IS NOT NULL)
+                 THEN 'Paused' ELSE 'Scheduled' END,
+    paused_at = CASE WHEN f.next_due_at IS NOT NULL THEN t.paused_at END,
+    due_at = coalesce(f.next_due_at, t.due_at),
+    occurrence_index = coalesce(f.next_index, t.occurrence_index),
+    fired_count = least(t.fired_count, 2147483646) + 1,
+    reached_at = f.db_now,
+    updated_at = f.db_now,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    attempts = 0,
+    claimed_at = CASE WHEN f.next_due_at <= f.db_now THEN f.recurrence_ref END,
+    last_error = NULL
+FROM still JOIN f ON (still.tenant_id, still.service_call_id) = (f.tenant_id, f.service_call_id)
+WHERE (t.tenant_id, t.service_call_id) = (still.tenant_id, still.service_call_id);
+
 -- name: retry_later
 -- A publish failed or timed out (it may still have reached the stream), or the row could not be
 -- made into an event: keep the occurrence claimed, so it still fires, and let any replica retry
@@ -832,3 +898,8 @@ LIMIT %(top)s;
 -- name: tenant_paused
 -- Whether one tenant is paused, and since when (`status --tenant`, describe, the console).
 SELECT paused_at FROM paused_tenants WHERE tenant_id = %(tenant_id)s AND paused_at IS NOT NULL;
+
+-- name: ping
+-- Readiness (adapters/pinger.py): the server answers. Reads nothing, so it answers on a read-only
+-- server too; the store's last write error says whether writes go through.
+SELECT 1;

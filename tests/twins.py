@@ -463,6 +463,38 @@ class TwinStore:
         self.log.append(("mark_fired", list(fired)))
         return marked
 
+    async def record_again(self, fired: Sequence[Fired]) -> int:
+        """mark_fired_again: by key, only a row still holding that very occurrence (Scheduled, same
+        dueAt, index and definition), with no live lease and no batch in flight holding it."""
+        self._end_frozen()
+        now = self.now()
+        held = {(row.tenant_id, row.service_call_id) for b in self.open for row, _ in b.before}
+        marked = 0
+        for f in fired:
+            t = f.timer
+            row = self.rows.get((t.tenant_id, t.service_call_id))
+            if (
+                row is None
+                or row.state != "Scheduled"
+                or (row.tenant_id, row.service_call_id) in held
+                or (row.lease_expires_at is not None and row.lease_expires_at >= now)
+                or _occurrence(row) != _occurrence_of(t)
+            ):
+                continue
+            marked += 1
+            row.lease_owner = row.lease_expires_at = row.first_claimed_at = None
+            row.attempts, row.last_error, row.updated_at = 0, None, now
+            if f.next_due_at is None:
+                row.state, row.paused_at = "Reached", None
+            else:
+                row.due_at, row.occurrence_index = f.next_due_at, f.next_index or 0
+                row.state = "Paused" if row.paused_at or self._tenant_paused(row.tenant_id) else "Scheduled"
+            # The claim's reference, which the rollback took from the row (mark_fired_again).
+            due_now = f.next_due_at is not None and f.next_due_at.timestamp() <= now
+            row.claimed_at = t.recurrence_ref if due_now else None
+        self.log.append(("mark_fired_again", list(fired)))
+        return marked
+
     def _retry_later(self, failed: Sequence[tuple[Leased, str, int]]) -> int:
         released = 0
         for timer, error, backoff_ms in failed:
@@ -474,6 +506,19 @@ class TwinStore:
             row.last_error = error
         self.log.append(("retry_later", list(failed)))
         return released
+
+
+def _occurrence(row: Row) -> tuple[Any, ...]:
+    """The occurrence a row holds and its definition, as mark_fired_again compares them."""
+    r = row.repeat
+    repeat = (None,) * 5 if r is None else (r.every, r.times, r.timezone, r.cron, r.until)
+    return (row.due_at, row.occurrence_index, row.anchor_due_at, *repeat)
+
+
+def _occurrence_of(t: Claimed) -> tuple[Any, ...]:
+    """The same, of the claimed occurrence that was published."""
+    repeat = (t.repeat_every, t.repeat_times, t.repeat_timezone, t.repeat_cron, t.repeat_until)
+    return (t.due_at, t.occurrence_index, t.anchor_due_at, *repeat)
 
 
 class TwinBatch:

@@ -37,6 +37,7 @@ from worker.natsconn import (
     atomic_batch_headers,
     batch_ack_error,
     nats_connect,
+    publish_all,
     server_has_fast_ingest,
 )
 
@@ -317,12 +318,14 @@ class TimerClient:
     async def _batch(self, part: list[_Command], timeout: float) -> dict[str, Any] | None:
         """Send one atomic batch; None once its PubAck confirms every command, else why not."""
         batch_id = uuid.uuid4().hex
-        publish = self.nc.publish
         try:
-            # atomic_batch_headers' headers, without its copy of a dict made for each message
-            for seq, c in enumerate(part[:-1], start=1):
-                headers = {"Nats-Msg-Id": c.id, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq)}
-                await publish(c.subject, c.body, headers=headers)
+            # atomic_batch_headers' headers (without its copy of a dict per message), in one write
+            ours = {"Nats-Batch-Id": batch_id}
+            messages = [
+                (c.subject, c.body, "", {"Nats-Msg-Id": c.id, **ours, "Nats-Batch-Sequence": str(seq)})
+                for seq, c in enumerate(part[:-1], start=1)
+            ]
+            await publish_all(self.nc, messages)
             last = part[-1]
             headers = atomic_batch_headers({"Nats-Msg-Id": last.id}, batch_id, len(part), commit=True)
             reply = await self.nc.request(last.subject, last.body, timeout=timeout, headers=headers)

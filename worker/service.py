@@ -88,6 +88,7 @@ class Replica:
             return await self._supervise()
         finally:
             await self.broker.close()
+            await self.store.close()
             await self.pool.close()
             await self.http.close()
 
@@ -219,8 +220,8 @@ class Replica:
         if self.broker.problem:
             self.broker.check_streams_soon()  # until it is gone: a stream created by hand, say
             return False, self.broker.problem
-        try:
-            await asyncio.wait_for(self.store.ping(), timeout=2)
+        try:  # bounded by the store (pinger.PING_TIMEOUT_S), on a connection outside the pool
+            await self.store.ping()
         except (TransientError, DatabaseError, TimeoutError) as exc:
             return False, f"postgres not reachable: {type(exc.__cause__ or exc).__name__}"
         if self.store.write_failure:  # reachable, but refusing writes (read-only, disk full)

@@ -95,28 +95,32 @@ async def test_an_acknowledgement_that_cannot_be_buffered_in_an_outage_does_not_
         assert not replica.stop.is_set(), "intake died on an acknowledgement it could not send"
 
 
-async def test_a_batch_split_by_a_reconnect_does_not_turn_atomic_publishing_off(settings: Settings) -> None:
+async def test_a_batch_split_by_a_reconnect_does_not_turn_atomic_publishing_off(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A reconnect in the middle of an atomic batch loses part of it: the server refuses the
     commit (the batch is incomplete). That says nothing about the stream; the batch goes one by
     one and the next one is atomic again. Only a stream without allow_atomic turns batching off."""
+    from worker.adapters import batches
     from worker.adapters.broker import Broker
     from worker.contract import Outgoing
+    from worker.natsconn import Message
 
     broker = Broker(settings)
     await broker.connect()
     try:
         await broker.ensure_streams()
         assert broker.nc is not None
-        send = broker.nc.publish
+        send_all = batches.publish_all  # a batch but its commit goes out in one write
         lost = []
 
-        async def lose_the_second(subject: str, payload: bytes = b"", **kw: Any) -> None:
-            if (kw.get("headers") or {}).get("Nats-Batch-Sequence") == "2" and not lost:
-                lost.append(subject)  # as if the connection dropped it
-                return
-            await send(subject, payload, **kw)
+        async def lose_the_second(nc: Any, messages: list[Message]) -> None:
+            kept = [m for m in messages if (m[3] or {}).get("Nats-Batch-Sequence") != "2" or lost]
+            if len(kept) < len(messages):
+                lost.append(messages[1][0])  # as if the connection dropped it
+            await send_all(nc, kept)
 
-        broker.nc.publish = lose_the_second  # type: ignore[method-assign]
+        monkeypatch.setattr(batches, "publish_all", lose_the_second)
         due = settings.subject_prefix + ".acme.timer.due"
 
         def batch(tag: str) -> list[Outgoing]:

@@ -13,8 +13,8 @@ from typing import Protocol
 
 import pytest
 
-from tests.helpers import until
-from tests.twins import TwinPublisher, TwinStore, claim_params
+from tests.helpers import query, until
+from tests.twins import TwinBatch, TwinPublisher, TwinStore, claim_params
 from worker.adapters import db
 from worker.adapters.broker import Broker
 from worker.adapters.store import Store
@@ -534,3 +534,79 @@ async def test_a_timers_pauses_and_resumes_apply_in_stream_order_whatever_order_
     assert (await ports.apply([dataclasses.replace(moved)], [at_seq(15)])).outcomes == ["applied"]
     assert (await ports.pause(pause(key="rec"), at_seq(12))).outcomes == ["ignored"]
     assert await state_of(ports, "rec") == "Scheduled"
+
+
+async def lose(ports: Ports, batch: ClaimedBatch, db_url: str) -> None:
+    """End a batch's session under it, as a kill or a dropped connection does: its claim is rolled
+    back (Postgres: once the session is gone, which pg_terminate_backend only asks for)."""
+    if isinstance(ports, TwinStore):
+        assert isinstance(batch, TwinBatch)
+        batch.roll_back()
+        return
+    (pid,) = query(
+        db_url,
+        "SELECT pid FROM pg_stat_activity"
+        " WHERE datname = current_database() AND state LIKE 'idle in transaction%%'",
+    )[0]
+    query(db_url, "SELECT pg_terminate_backend(%s)", pid)
+    await until(
+        lambda: query(db_url, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", pid) == [],
+        what="the batch's session to end",
+    )
+
+
+async def test_firings_whose_batch_was_lost_after_the_puback_are_recorded_again_once(
+    ports: Ports, db_url: str
+) -> None:
+    """A one-shot timer ends Reached, and a recurring one moves to its next occurrence exactly
+    once, however often the record is made again."""
+    start = at(-1).replace(microsecond=0)
+    every = ScheduleTimer("acme", "tick", start, None, 1, Repeat("PT1H", None, None))
+    await ports.apply([schedule("once", -1), every])
+    batch = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
+    claimed = {c.service_call_id: c for c in batch.result.claimed}
+    fired = [Fired(claimed["once"], None, None), Fired(claimed["tick"], start + timedelta(hours=1), 1)]
+    await lose(ports, batch, db_url)
+    with pytest.raises(TransientError):
+        await batch.record(fired, [])
+    await batch.close()
+    assert await ports.record_again(fired) == 2
+    assert await ports.record_again(fired) == 0  # the rows hold the next occurrence, or none
+    assert [await state_of(ports, k) for k in ("once", "tick")] == ["Reached", "Scheduled"]
+    assert (await ports.apply([schedule("once", 60, ts=2)])).outcomes == ["ignored"]  # Reached is final
+    (nxt,) = (
+        await claim_closed(ports, claim_params("b", 10, 0, lease_ms=10_000, ahead_ms=3_700_000))
+    ).claimed
+    assert (nxt.service_call_id, nxt.due_at, nxt.occurrence_index, nxt.attempts) == (
+        "tick",
+        start + timedelta(hours=1),
+        1,
+        1,
+    )
+
+
+async def test_the_record_made_again_leaves_what_a_command_or_another_claim_took_since(
+    ports: Ports, db_url: str
+) -> None:
+    """Between the rollback and the record made again: a reschedule applied to the unclaimed row
+    (it wins: the record marks nothing), another replica's batch in flight (its row is locked; it
+    re-publishes with the same id and marks it), a claim ended unrecorded (its lease holds it)."""
+    await ports.apply([schedule("moved", -3), schedule("flight", -2), schedule("leased", -1)])
+    batch = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
+    fired = [Fired(c, None, None) for c in batch.result.claimed]
+    await lose(ports, batch, db_url)
+    with pytest.raises(TransientError):
+        await batch.record(fired, [])
+    await batch.close()
+    assert (await ports.apply([schedule("moved", 60, ts=2)])).outcomes == ["applied"]
+    flight = await ports.claim(claim_params("b", 1, 0, lease_ms=10_000, ahead_ms=100))  # oldest first
+    assert [c.service_call_id for c in flight.result.claimed] == ["flight"]
+    assert [c.service_call_id for c in await claim_one(ports, "c")] == ["leased"]
+    assert await ports.record_again(fired) == 0
+    assert [await state_of(ports, k) for k in ("moved", "flight", "leased")] == ["Scheduled"] * 3
+    (held,) = flight.result.claimed
+    assert await flight.record([Fired(held, None, None)], []) == 1
+    (moved,) = (
+        await claim_closed(ports, claim_params("d", 10, 0, lease_ms=10_000, ahead_ms=120_000))
+    ).claimed
+    assert moved.service_call_id == "moved" and moved.due_at > at(30)  # its new dueAt, not fired

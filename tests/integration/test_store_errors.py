@@ -31,6 +31,7 @@ from tests.helpers import (
     running_replica,
     until,
 )
+from worker.adapters import db
 from worker.adapters.pgerrors import classify
 from worker.config import Settings
 from worker.errors import ConfigError, DatabaseError, TransientError
@@ -392,3 +393,22 @@ async def test_a_row_at_the_largest_attempts_count_fires_without_stopping_the_cl
     async with running_replica(settings) as replica, recorder(settings) as rec:
         await until(lambda: rec.keys()[("acme", "worn-out")] > 0, what="the worn-out timer fired")
         assert not replica.stop.is_set()
+
+
+def test_sessions_notice_a_silent_peer_within_seconds_unless_the_url_says_otherwise(db_url: str) -> None:
+    """A host lost without closing its connections (a partition): both ends give up after about
+    30 s, not the operating system's 15 minutes (db.session_conninfo). The server's end holds a
+    claim's row locks while it writes to a vanished replica; this end, a COMMIT sent to a
+    vanished primary."""
+    with db.connect(db_url) as conn:
+        server = conn.execute(
+            "SELECT current_setting('tcp_user_timeout'), current_setting('tcp_keepalives_idle')"
+        )
+        assert server.fetchone() == ("30000", "10")
+        client = conn.info.get_parameters()
+        assert (client.get("keepalives_idle"), client.get("tcp_user_timeout")) == ("10", "30000")
+    with db.connect(
+        f"{db_url}{'&' if '?' in db_url else '?'}tcp_user_timeout=5000&keepalives_idle=60"
+    ) as conn:
+        client = conn.info.get_parameters()
+        assert (client.get("keepalives_idle"), client.get("tcp_user_timeout")) == ("60", "5000")

@@ -1,5 +1,6 @@
 """Micro-benchmarks of the firing path's pure CPU code (issue 21, item 7): per-call time of
-`firing_id` and `due_event` on a drain's kind of occurrences.
+`firing_id` and `due_event` on a drain's kind of occurrences, and of publishing their events in an
+atomic batch: nats-py's `publish` one by one against `natsconn.publish_all` (one write).
 
     python -m tools.bench.micro                      # best of 15 rounds of 100,000 calls each
     python -m tools.bench.micro --against main       # A/B: worker/contract.py at that git revision
@@ -14,6 +15,7 @@ printed beside the figures, as everywhere in tools/bench.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import subprocess
 import sys
@@ -24,9 +26,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from nats.aio.client import Client as NATS
+
 import worker.contract
 from tools.bench.calibrate import cpu_loop_ms
 from worker.core.domain import Claimed
+from worker.natsconn import Message, atomic_batch_headers, publish_all
 
 PROG = "python -m tools.bench.micro"
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +73,47 @@ def cases(contract: types.ModuleType) -> dict[str, Callable[[], object]]:
     return {"firing_id": ids_only, "due_event": events}
 
 
+def publish_cases(loop: asyncio.AbstractEventLoop) -> dict[str, dict[str, Callable[[], object]]]:
+    """A claim's events sent as the broker sends an atomic batch (adapters/batches.py), each call
+    one message with its headers built, on a client that seems connected and whose output (its
+    pending buffer) is dropped after each batch: nats-py's `publish` and `publish_all`."""
+    reached = datetime(2026, 11, 23, 10, tzinfo=UTC)
+    ids = worker.contract.MessageIds(SECRET)
+    events = [
+        worker.contract.due_event(
+            c, "svc." + c.tenant_id + ".timer.due", worker.contract.iso(reached), 0, ids
+        )
+        for c in occurrences()
+    ]
+    nc = NATS()
+    nc._status = NATS.CONNECTED
+    nc._max_payload = 1 << 20
+
+    def messages() -> list[Message]:
+        return [
+            (e.subject, e.payload, "", atomic_batch_headers(e.headers, "b" * 32, seq, commit=False))
+            for seq, e in enumerate(events, start=1)
+        ]
+
+    async def one_by_one() -> None:
+        for subject, payload, reply, headers in messages():
+            await nc.publish(subject, payload, reply=reply, headers=headers)
+
+    def run(batch: Callable[[], Any]) -> Callable[[], object]:
+        def once() -> object:
+            loop.run_until_complete(batch())
+            nc._pending.clear()
+            nc._pending_data_size = 0
+            return None
+
+        return once
+
+    return {
+        "nats-py": {"publish": run(one_by_one)},
+        "publish_all": {"publish": run(lambda: publish_all(nc, messages()))},
+    }
+
+
 def contract_at(rev: str) -> types.ModuleType:
     """worker/contract.py as it was at a git revision (standard library only, so it loads alone)."""
     try:
@@ -92,7 +138,8 @@ def contract_at(rev: str) -> types.ModuleType:
 def measure(versions: dict[str, types.ModuleType], calls: int, repeat: int) -> dict[str, Any]:
     """Best-of-`repeat` nanoseconds per call of each case and version; versions take turns."""
     loops = max(1, calls // BATCH)
-    built = {v: cases(m) for v, m in versions.items()}
+    loop = asyncio.new_event_loop()
+    built = {v: cases(m) for v, m in versions.items()} | publish_cases(loop)
     best: dict[str, float] = {}
     for _ in range(repeat):
         for version, fns in built.items():
@@ -100,6 +147,7 @@ def measure(versions: dict[str, types.ModuleType], calls: int, repeat: int) -> d
                 key = f"{case}_ns@{version}"
                 seconds = timeit.timeit(fn, number=loops)
                 best[key] = min(best.get(key, seconds), seconds)
+    loop.close()
     return {k: round(s / (loops * BATCH) * 1e9, 1) for k, s in best.items()}
 
 
@@ -123,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     calibration = [cpu_loop_ms()]
     result = measure(versions, args.calls, args.repeat)
     calibration.append(cpu_loop_ms())
-    ratios = {}
+    ratios = {
+        "publish_publish_all/nats-py": round(
+            result["publish_ns@publish_all"] / result["publish_ns@nats-py"], 3
+        )
+    }
     if args.against:
         for case in ("firing_id", "due_event"):
             ratios[f"{case}_this/{args.against}"] = round(

@@ -1,5 +1,6 @@
-"""A/B of the producer's bulk path: `TimerClient.schedule_many` of worker/client.py at a git
-revision against this tree's, taking turns round by round on one embedded nats-server.
+"""A/B of the producer's bulk path: `TimerClient.schedule_many` of worker/client.py (and the wire
+code of worker/natsconn.py) at a git revision against this tree's, taking turns round by round on
+one embedded nats-server.
 
     python -m tools.bench.producer_ab --against main       # 6 rounds of 50,000 commands each
 
@@ -42,17 +43,36 @@ ROOT = Path(__file__).resolve().parents[2]
 CALL_SIZE = 10_000  # as the producer scenario and `timer-service schedule --from-file`
 
 
-def client_at(rev: str) -> types.ModuleType:
-    """worker/client.py as it was at a git revision, importing this tree's other modules."""
+def source_at(rev: str, path: str) -> str:
     shown = subprocess.run(
-        ["git", "show", f"{rev}:worker/client.py"], cwd=ROOT, capture_output=True, text=True, check=False
+        ["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True, check=False
     )
     if shown.returncode != 0:
-        raise ValueError(f"no worker/client.py at {rev!r}: {shown.stderr.strip()}")
-    module = types.ModuleType(f"_client_at_{rev}")
+        raise ValueError(f"no {path} at {rev!r}: {shown.stderr.strip()}")
+    return shown.stdout
+
+
+def module_of(source: str, origin: str, name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
     sys.modules[module.__name__] = module  # dataclasses look their module up while the classes are made
-    exec(compile(shown.stdout, f"{rev}:worker/client.py", "exec"), module.__dict__)
+    exec(compile(source, origin, "exec"), module.__dict__)
     return module
+
+
+def client_at(rev: str) -> types.ModuleType:
+    """worker/client.py as it was at a git revision, with worker/natsconn.py as it was then (the
+    batches' wire code lives there: this tree's would make the older client as fast as this one),
+    importing this tree's other modules."""
+    client = source_at(rev, "worker/client.py")
+    natsconn = module_of(
+        source_at(rev, "worker/natsconn.py"), f"{rev}:worker/natsconn.py", f"_natsconn_at_{rev}"
+    )
+    ours = sys.modules["worker.natsconn"]
+    sys.modules["worker.natsconn"] = natsconn  # what the older client's `from worker.natsconn` finds
+    try:
+        return module_of(client, f"{rev}:worker/client.py", f"_client_at_{rev}")
+    finally:
+        sys.modules["worker.natsconn"] = ours
 
 
 def server_cpu_s(pid: int) -> float:

@@ -88,6 +88,32 @@ def mark_params(fired: Sequence[Fired]) -> dict[str, Any]:
     return params
 
 
+def mark_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
+    """mark_fired_again's: each firing's key, its occurrence and definition (the guard), and what
+    to mark. A column NULL in every row is sent as one NULL (unnest pads it): most timers repeat
+    nothing."""
+    timers = [f.timer for f in fired]
+
+    def column(values: list[Any]) -> list[Any] | None:
+        return values if any(v is not None for v in values) else None
+
+    return {
+        "tenant_id": [t.tenant_id for t in timers],
+        "service_call_id": [t.service_call_id for t in timers],
+        "due_at": [t.due_at for t in timers],
+        "occurrence_index": [t.occurrence_index for t in timers],
+        "recurrence_ref": [t.recurrence_ref for t in timers],
+        "anchor_due_at": column([t.anchor_due_at for t in timers]),
+        "repeat_every": column([t.repeat_every for t in timers]),
+        "repeat_times": column([t.repeat_times for t in timers]),
+        "repeat_timezone": column([t.repeat_timezone for t in timers]),
+        "repeat_cron": column([t.repeat_cron for t in timers]),
+        "repeat_until": column([t.repeat_until for t in timers]),
+        "next_due_at": column([f.next_due_at for f in fired]),
+        "next_index": column([f.next_index for f in fired]),
+    }
+
+
 def _retry_params(failed: Sequence[Failed]) -> dict[str, Any]:
     """(occurrence, error, back-off ms) each."""
     return {

@@ -29,6 +29,7 @@ from worker.natsconn import (
     api_error,
     atomic_batch_headers,
     batch_ack_error,
+    publish_all,
 )
 
 if TYPE_CHECKING:
@@ -187,9 +188,13 @@ class Publisher:
         assert self.nc is not None
         batch_id = uuid.uuid4().hex
         try:
-            for seq, m in enumerate(chunk[:-1], start=1):
-                headers = atomic_batch_headers(m.headers, batch_id, seq, commit=False)
-                await self.nc.publish(m.subject, m.payload, headers=headers)
+            await publish_all(
+                self.nc,
+                [
+                    (m.subject, m.payload, "", atomic_batch_headers(m.headers, batch_id, seq, commit=False))
+                    for seq, m in enumerate(chunk[:-1], start=1)
+                ],
+            )
         except Exception as exc:  # the server drops a batch never committed
             return _failed(exc)
         last = chunk[-1]

@@ -52,6 +52,12 @@ ADAPTERS.register_loader("timestamptz", _SafeTimestamptzText)
 ADAPTERS.register_loader("timestamptz", _SafeTimestamptzBinary)
 
 
+CLIENT_TCP = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+              "tcp_user_timeout": 30_000}  # fmt: skip
+SERVER_TCP = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3,
+              "tcp_user_timeout": 30_000}  # fmt: skip
+
+
 def session_conninfo(conninfo: str) -> str:
     """The conninfo with the session's pins, for every connection of the service (pool, migrations,
     operator tools). TimeZone=UTC: psycopg returns times in the session's zone, and west of UTC the
@@ -59,8 +65,18 @@ def session_conninfo(conninfo: str) -> str:
     fail. client_encoding=UTF8: a database or role may set another (ALTER DATABASE ... SET
     client_encoding), and then an id such as 注文-42 could not be sent; on a UTF8 database
     (require_utf8) this one converts nothing."""
-    options = conninfo_to_dict(conninfo).get("options") or ""
-    return make_conninfo(conninfo, options=f"{options} -c TimeZone=UTC".strip(), client_encoding="UTF8")
+    given = conninfo_to_dict(conninfo)
+    options = f"{given.get('options') or ''} -c TimeZone=UTC".strip()
+    # Both ends notice a peer gone silent (a host lost, a partition) within about 30 s rather
+    # than the operating system's 15 minutes: this end through keepalives and tcp_user_timeout, a
+    # COMMIT that would otherwise wait on a vanished primary; the server's end through its own,
+    # a backend blocked writing a claim's rows to a vanished replica, its row locks held. Unless
+    # the URL says otherwise.
+    for name, value in SERVER_TCP.items():
+        if f"{name}=" not in options:
+            options += f" -c {name}={value}"
+    client = {k: v for k, v in CLIENT_TCP.items() if k not in given}
+    return make_conninfo(conninfo, options=options, client_encoding="UTF8", **client)
 
 
 def require_utf8(conninfo: str) -> None:

@@ -14,14 +14,16 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters import pausing
-from worker.adapters.batch import Batch
+from worker.adapters.batch import Batch, mark_again_params
 from worker.adapters.claim_rows import claim_result
 from worker.adapters.pgerrors import classify
+from worker.adapters.pinger import Pinger
 from worker.adapters.queries import QUERIES
 from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
 from worker.core.domain import (
     Applied,
     ClaimParams,
+    Fired,
     Key,
     Outcome,
     Position,
@@ -89,6 +91,7 @@ class Store:
         # The error of the last write, until one succeeds: `SELECT 1` still answers on a read-only
         # database, so readiness asks this too.
         self.write_failure: str | None = None
+        self._pinger = Pinger.beside(pool)
 
     @contextlib.contextmanager
     def _db(self, write: bool = False) -> Iterator[None]:
@@ -286,6 +289,11 @@ class Store:
             return Batch(self.pool, self._db, None, result)
         return Batch(self.pool, self._db, conn, result)
 
+    async def record_again(self, fired: Sequence[Fired]) -> int:
+        """Mark acknowledged firings whose batch's transaction was lost (sql/queries.sql,
+        mark_fired_again): one statement on another pooled connection, committed on its own."""
+        return await self._execute_count("mark_fired_again", mark_again_params(fired))
+
     async def _execute_count(self, name: str, params: dict[str, Any]) -> int:
         with self._db(write=True):
             async with self.pool.connection() as conn:
@@ -362,9 +370,13 @@ class Store:
                 return await pausing.pause(conn, command, position, self.stuck_after)
 
     async def ping(self) -> None:
+        """Answer whether Postgres does, within pinger.PING_TIMEOUT_S (PingTimeout), on a connection
+        of its own: never waiting for the pool, whose connections may all be in batches."""
         with self._db():
-            async with self.pool.connection(timeout=2) as conn:
-                await conn.execute("SELECT 1")
+            await self._pinger.ping()
+
+    async def close(self) -> None:
+        await self._pinger.close()
 
 
 async def _lock_tenants_shared(conn: psycopg.AsyncConnection[Any], commands: Sequence[Command]) -> None:

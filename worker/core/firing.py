@@ -387,10 +387,17 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
         """Mark what was acknowledged and release what failed, in the claim's transaction.
 
         Not retried: an error ends that transaction, and Postgres rolls the claim back with it, so
-        its rows are free at once and another claim fires them again (same Nats-Msg-Id: JetStream
-        drops the copy within its duplicate window)."""
+        its rows are free at once. Its failures need nothing more: another claim takes them. But
+        its firings are out, and a row that looks never claimed would take a command meanwhile (a
+        reschedule would fire a one-shot timer twice): they are recorded again at once, in a
+        transaction of their own (_record_again), before the error goes on."""
         with tracing.span("timer.mark", **{"timer.count": len(fired)}) as span:
-            marked = await batch.record(fired, failed)
+            try:
+                marked = await batch.record(fired, failed)
+            except Exception as exc:
+                if fired:
+                    await self._record_again(fired, exc)
+                raise
             span.set_attribute("timer.marked", marked)
             span.set_attribute("timer.fenced", len(fired) - marked)
         metrics.MARKED.inc(marked)
@@ -400,3 +407,18 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
                 "lease lost before mark",
                 extra={"action": "fence_rejected", "count": len(fired) - marked},
             )
+
+    async def _record_again(self, fired: list[Fired], lost: Exception) -> None:
+        """Mark acknowledged firings whose claim's transaction was lost (`lost`), each only where
+        its row still holds that occurrence, unclaimed (FiringStore.record_again). Once: if this
+        fails too (the database gone), another claim fires them again, deduplicated by their
+        Nats-Msg-Id, and a command that came first meanwhile applies (docs/RELIABILITY.md)."""
+        try:
+            marked = await self.store.record_again(fired)
+        except Exception as exc:  # the batch's own error is what the loop judges, raised after this
+            again = {"count": len(fired), "error": f"{type(exc).__name__}: {exc}"}
+            log.warning("record again failed", extra={"action": "record_again_failed", **again})
+            return
+        metrics.MARKED.inc(marked)
+        done = {"count": len(fired), "marked": marked, "error": f"{type(lost).__name__}: {lost}"}
+        log.warning("batch recorded again", extra={"action": "recorded_again", **done})

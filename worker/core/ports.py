@@ -48,6 +48,13 @@ class FiringStore(Protocol):
         back as `unreadable`, not raised."""
         ...
 
+    async def record_again(self, fired: Sequence[Fired]) -> int:
+        """Mark, in a transaction of its own, firings whose batch raised in record after their
+        PubAck (its claim rolled back with it): each row still holding that very occurrence,
+        unleased and unlocked, is marked as record would have; one a command changed or another
+        claim holds since is left alone. Returns how many were marked."""
+        ...
+
 
 class IntakeStore(Protocol):
     """Intake's database: apply a batch of commands in one transaction, each timer's in the order

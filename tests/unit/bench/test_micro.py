@@ -15,6 +15,9 @@ def test_it_times_both_cases_per_call(capsys: pytest.CaptureFixture[str]) -> Non
     report = json.loads(capsys.readouterr().out)
     assert (report["calls_per_round"], report["rounds"]) == (2000, 2)
     assert report["firing_id_ns@this"] > 0 and report["due_event_ns@this"] > 0
+    assert report["publish_ns@nats-py"] > 0 and report["publish_ns@publish_all"] > 0
+    ratio = report["publish_ns@publish_all"] / report["publish_ns@nats-py"]
+    assert report["publish_publish_all/nats-py"] == round(ratio, 3)
     assert len(report["cpu_loop_ms"]) == 2  # the machine's speed before and after, beside the figures
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from tools.bench import producer_ab
@@ -18,3 +20,13 @@ def test_bad_input_is_one_line(argv: list[str], message: str, capsys: pytest.Cap
     assert producer_ab.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"python -m tools.bench.producer_ab: {message}") and err.count("\n") == 1, err
+
+
+def test_the_older_client_gets_the_older_wire_code() -> None:
+    """The batches' wire code is in natsconn.py: with this tree's, the A/B would compare it with itself."""
+    import worker.natsconn
+
+    older = producer_ab.client_at("HEAD")
+    assert older.FastBatches is not worker.natsconn.FastBatches
+    assert older.FastBatches.__module__ == "_natsconn_at_HEAD"
+    assert sys.modules["worker.natsconn"] is worker.natsconn  # this tree's again for everyone else

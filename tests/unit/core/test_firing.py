@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import pytest
@@ -12,6 +13,7 @@ from tests.helpers import until
 from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore, claim_params, event_id
 from worker.config import Settings, load_settings
 from worker.contract import ScheduleTimer
+from worker.core.domain import Fired
 from worker.core.firing import LOOKAHEAD_MS, PIPELINE_DEPTH, RETRY_BACKOFF_MS, FiringLoop
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError
@@ -122,24 +124,79 @@ async def test_first_attempts_go_in_one_atomic_batch_and_retries_one_by_one(
     assert len(publisher.calls) == 2
 
 
-async def test_a_batch_recorded_after_its_lease_changes_nothing(settings: Settings, time: FakeTime) -> None:
-    """The lease runs out while the publish is on the wire: Postgres ended the claim's session
-    (idle_in_transaction_session_timeout is the lease), so the mark fails and changes nothing;
-    another replica re-fires them, deduplicated."""
-    store, publisher = TwinStore(time), TwinPublisher(time)
-    clock = FakeClock(time)
-    await schedule(store, time, -2.0, -1.0)
+def stall_past(settings: Settings, time: FakeTime) -> Callable[[], None]:
+    """A PubAck that takes longer than the lease: Postgres ends the claim's session
+    (idle_in_transaction_session_timeout is the lease) and rolls the claim back."""
 
     def stall() -> None:
-        time.t += settings.lease_ms / 1000 + 0.1  # the PubAck took longer than the lease
+        time.t += settings.lease_ms / 1000 + 0.1
 
-    publisher.on_publish = stall
+    return stall
+
+
+async def test_a_batch_whose_transaction_ended_after_its_puback_is_recorded_again_at_once(
+    settings: Settings, time: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The mark in the claim's transaction fails, and that error still reaches the loop; the
+    acknowledged firings are recorded in a transaction of their own, so a command arriving next
+    meets them fired (a reschedule of a one-shot timer is ignored), not as if never claimed."""
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    await schedule(store, time, -2.0, -1.0)
+    publisher.on_publish = stall_past(settings, time)
     marked = counter("timer_marked_total")
     with pytest.raises(TransientError, match="idle-in-transaction"):
-        await firing(settings, store, publisher, clock).tick()
+        await firing(settings, store, publisher, FakeClock(time)).tick()
+    assert counter("timer_marked_total") - marked == 2
+    assert [r.state for r in store.rows.values()] == ["Reached", "Reached"]
+    assert [name for name, _ in store.log].count("mark_fired_again") == 1
+    (again,) = [r for r in caplog.records if getattr(r, "action", None) == "recorded_again"]
+    assert (getattr(again, "count", None), getattr(again, "marked", None)) == (2, 2)
+    assert len(publisher.stored) == 2
+
+
+async def test_a_batch_recorded_after_another_replica_took_its_rows_changes_nothing(
+    settings: Settings, time: FakeTime
+) -> None:
+    """Another replica claimed the rows once the lease ran out (their batch in flight): neither
+    the mark nor the record made again touches them; that replica re-publishes (deduplicated by
+    the same Nats-Msg-Id) and marks them."""
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    await schedule(store, time, -2.0, -1.0)
+    publisher.gate = asyncio.Event()
+    tick = asyncio.create_task(firing(settings, store, publisher, FakeClock(time)).tick())
+    try:
+        await until(lambda: len(publisher.calls) == 1, what="the batch's publish on the wire")
+        time.t += settings.lease_ms / 1000 + 0.1  # the PubAck took longer than the lease
+        other = await store.claim(claim_params("other", 10, 0, lease_ms=settings.lease_ms))
+        assert len(other.result.claimed) == 2
+    finally:
+        publisher.gate.set()
+    marked = counter("timer_marked_total")
+    with pytest.raises(TransientError, match="idle-in-transaction"):
+        await tick
     assert counter("timer_marked_total") - marked == 0
-    assert [r.state for r in store.rows.values()] == ["Scheduled", "Scheduled"]
-    assert len(publisher.stored) == 2  # published: the next claim's re-publish is a duplicate
+    assert [(r.state, r.lease_owner) for r in store.rows.values()] == [("Scheduled", "other")] * 2
+    assert await other.record([Fired(c, None, None) for c in other.result.claimed], []) == 2
+
+
+async def test_a_record_made_again_that_fails_is_logged_and_the_batchs_error_goes_on(
+    settings: Settings, time: FakeTime, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database gone for the second transaction too: the rows stay as the rollback left them
+    (another claim fires them again, deduplicated), and the loop sees the batch's error."""
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    await schedule(store, time, -1.0)
+    publisher.on_publish = stall_past(settings, time)
+
+    async def gone(fired: Sequence[Fired]) -> int:
+        raise TransientError("postgres: connection refused")
+
+    monkeypatch.setattr(store, "record_again", gone)
+    with pytest.raises(TransientError, match="idle-in-transaction"):
+        await firing(settings, store, publisher, FakeClock(time)).tick()
+    assert [r.state for r in store.rows.values()] == ["Scheduled"]
+    (failed,) = [r for r in caplog.records if getattr(r, "action", None) == "record_again_failed"]
+    assert getattr(failed, "error", None) == "TransientError: postgres: connection refused"
 
 
 async def test_a_failed_publish_is_released_for_a_retry_not_marked(
