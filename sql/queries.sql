@@ -802,11 +802,16 @@ WHERE tenant_id = %(tenant_id)s AND state = 'Paused' AND paused_at IS NULL
 -- name: pause_timer
 -- Pause one timer (Scheduled or already Paused with its tenant). A claimed occurrence whose lease
 -- is committed (a publish backing off) fires: the row stays Scheduled, its claim untouched, with
--- paused_at recorded, so its mark stores the next occurrence Paused (mark_fired): `changed`. A
+-- paused_at recorded, so its mark stores the next occurrence Paused (mark_fired): `applied`. A
 -- claim's batch in flight holds the row (FOR NO KEY UPDATE, claim_due) with its lease not yet
 -- visible: `claimed`, the command waits for that occurrence to be recorded. Locked as lock_keys
 -- does (it waits for a batch of commands, not for a claim), so the pause never waits for a batch
 -- that a rollback after its PubAck would leave looking unfired.
+-- Stream order (0013): a pause earlier in the stream than the timer's last pause or resume
+-- (control_seq, control_stored_at; compared as command_seq in upsert_schedules) changes nothing, so
+-- a pause deferred behind a claim never undoes the resume sent after it. Every pause that reaches
+-- the row records its position, a finished timer's too (a ScheduleTimer may bring it back). Not
+-- command_seq: a deferred ScheduleTimer older than a pause still applies.
 WITH s AS MATERIALIZED (
     SELECT 1 FROM timers
     WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s
@@ -817,34 +822,64 @@ WITH s AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ), u AS (
     UPDATE timers t SET
-        state = CASE WHEN t.lease_expires_at IS NULL THEN 'Paused' ELSE t.state END,
-        paused_at = coalesce(t.paused_at, now()),
-        claimed_at = CASE WHEN t.lease_expires_at IS NULL THEN NULL ELSE t.claimed_at END,
-        updated_at = CASE WHEN t.lease_expires_at IS NULL THEN now() ELSE t.updated_at END
+        state = CASE WHEN t.state IN ('Scheduled', 'Paused') AND t.lease_expires_at IS NULL THEN 'Paused'
+                     ELSE t.state END,
+        paused_at = CASE WHEN t.state IN ('Scheduled', 'Paused') THEN coalesce(t.paused_at, now())
+                         ELSE t.paused_at END,
+        claimed_at = CASE WHEN t.state IN ('Scheduled', 'Paused') AND t.lease_expires_at IS NULL THEN NULL
+                          ELSE t.claimed_at END,
+        updated_at = CASE WHEN t.state IN ('Scheduled', 'Paused') AND t.lease_expires_at IS NULL THEN now()
+                          ELSE t.updated_at END,
+        control_seq = coalesce(%(control_seq)s::bigint, t.control_seq),
+        control_stored_at = coalesce(%(control_stored_at)s::timestamptz, t.control_stored_at)
     WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s
-      AND t.state IN ('Scheduled', 'Paused')
       AND EXISTS (SELECT FROM k)  -- only a row this statement holds: never waits for a claim
-    RETURNING true
+      AND (t.state IN ('Scheduled', 'Paused') OR %(control_seq)s::bigint IS NOT NULL)  -- else nothing to write
+      AND (%(control_seq)s::bigint IS NULL OR t.control_seq IS NULL OR t.control_stored_at IS NULL
+           OR %(control_seq)s::bigint >= t.control_seq OR %(control_stored_at)s::timestamptz > t.control_stored_at)
+    RETURNING t.state IN ('Scheduled', 'Paused') AS pending
 )
-SELECT EXISTS (SELECT FROM u) AS changed,
+SELECT EXISTS (SELECT FROM u WHERE u.pending) AS applied, NULL::timestamptz AS due_at,
        EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM k) AS claimed;
 
 -- name: resume_timer
 -- End one timer's own pause: Scheduled again, unless its tenant is paused (then it stays Paused and
--- the tenant's resume frees it). RETURNING its dueAt when it is claimable again. Only a pending
+-- the tenant's resume frees it). `applied` and, when it is claimable again, its dueAt. Only a pending
 -- timer: a replica of the release before 0011 leaves paused_at on the rows it cancels or un-pauses
 -- (and then fires), and resuming those would bring a Cancelled or Reached timer back to fire.
 -- A claimed one (paused as its occurrence was claimed, pause_timer) keeps its claim and state.
-UPDATE timers t SET
-    state = CASE WHEN t.lease_expires_at IS NOT NULL THEN t.state
-                 WHEN EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = t.tenant_id AND p.paused_at IS NOT NULL)
-                 THEN 'Paused' ELSE 'Scheduled' END,
-    paused_at = NULL,
-    claimed_at = CASE WHEN t.lease_expires_at IS NOT NULL THEN t.claimed_at END,
-    updated_at = now()
-WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s AND t.paused_at IS NOT NULL
-  AND t.state IN ('Scheduled', 'Paused')
-RETURNING CASE WHEN t.state = 'Scheduled' THEN t.due_at END AS due_at;
+-- Stream order as in pause_timer: an older resume changes nothing; one that finds nothing paused
+-- still records its position (the pause before it, deferred, may come back after it). Locked as
+-- pause_timer: a row a claim's batch in flight holds is `claimed`, and the resume waits for that
+-- occurrence to be recorded (offered again) rather than hold intake up, or record its position
+-- on a row whose claim may yet roll back.
+WITH s AS MATERIALIZED (
+    SELECT 1 FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s
+    FOR KEY SHARE
+), k AS MATERIALIZED (
+    SELECT paused_at IS NOT NULL AND state IN ('Scheduled', 'Paused') AS live FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s AND EXISTS (SELECT FROM s)
+    FOR UPDATE SKIP LOCKED
+), u AS (
+    UPDATE timers t SET
+        state = CASE WHEN NOT k.live OR t.lease_expires_at IS NOT NULL THEN t.state
+                     WHEN EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = t.tenant_id AND p.paused_at IS NOT NULL)
+                     THEN 'Paused' ELSE 'Scheduled' END,
+        paused_at = CASE WHEN k.live THEN NULL ELSE t.paused_at END,
+        claimed_at = CASE WHEN NOT k.live OR t.lease_expires_at IS NOT NULL THEN t.claimed_at END,
+        updated_at = CASE WHEN k.live THEN now() ELSE t.updated_at END,
+        control_seq = coalesce(%(control_seq)s::bigint, t.control_seq),
+        control_stored_at = coalesce(%(control_stored_at)s::timestamptz, t.control_stored_at)
+    FROM k
+    WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s
+      AND (k.live OR %(control_seq)s::bigint IS NOT NULL)  -- else nothing to write
+      AND (%(control_seq)s::bigint IS NULL OR t.control_seq IS NULL OR t.control_stored_at IS NULL
+           OR %(control_seq)s::bigint >= t.control_seq OR %(control_stored_at)s::timestamptz > t.control_stored_at)
+    RETURNING k.live AS applied, CASE WHEN k.live AND t.state = 'Scheduled' THEN t.due_at END AS due_at
+)
+SELECT coalesce((SELECT u.applied FROM u), false) AS applied, (SELECT u.due_at FROM u) AS due_at,
+       EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM k) AS claimed;
 
 -- name: paused_gauges
 -- The timer_paused and timer_paused_tenants gauges: paused timers counted up to %(cap)s through

@@ -97,6 +97,7 @@ class Row:
     deferred: list[int] = field(default_factory=list)  # deferred_seqs (never stale here)
     position: Position | None = None  # command_seq and command_stored_at
     paused_at: float | None = None  # paused by itself (pause with its serviceCallId), since when
+    control: Position | None = None  # control_seq and control_stored_at: its last own pause or resume
 
 
 class TwinStore:
@@ -215,7 +216,7 @@ class TwinStore:
             self.rows[c.tenant_id, c.service_call_id] = Row(
                 c.tenant_id, c.service_call_id, state, c.due_at, c.correlation_id,
                 ts, c.due_at, c.repeat, carried=c.carried, position=kept, updated_at=self.now(),
-                paused_at=own_pause,
+                paused_at=own_pause, control=row.control if row is not None else None,  # the column stays
             )  # fmt: skip
             return "applied"
         assert isinstance(c, CancelTimer)
@@ -228,6 +229,7 @@ class TwinStore:
             ts,
             position=kept,
             updated_at=self.now(),
+            control=row.control if row is not None else None,
         )
         return "applied"
 
@@ -251,7 +253,7 @@ class TwinStore:
         pause or resume clears claimed_at, so claim() applies the downtime rule on resume."""
         self.log.append(("pause", command))
         if command.service_call_id is not None:
-            return self._pause_one((command.tenant_id, command.service_call_id), command.resume)
+            return self._pause_one((command.tenant_id, command.service_call_id), command.resume, position)
         tenant, now = command.tenant_id, self.now()
         since, last = self.paused_tenants.get(tenant, (None, None))
         later = (
@@ -282,10 +284,26 @@ class TwinStore:
         outcome: Outcome = "applied" if not left else "stuck" if len(stuck) == len(left) else "deferred"
         return Applied([outcome], min(dues, default=None))
 
-    def _pause_one(self, key: Key, resume: bool) -> Applied:
+    def _pause_one(self, key: Key, resume: bool, position: Position | None) -> Applied:
         row, now = self.rows.get(key), self.now()
+        if row is None:
+            return Applied(["ignored"], None)
+        if self._in_flight(key):  # a claim's batch holds it: the pause or resume waits for its mark
+            return Applied(["deferred" if row.state == "Scheduled" else "ignored"], None)
+        last = row.control
+        # Older than its last pause or resume: changes nothing (pause_timer, resume_timer).
+        if (
+            position is not None
+            and last is not None
+            and position.seq < last.seq
+            and position.stored_at <= last.stored_at
+        ):
+            return Applied(["ignored"], None)
+        # Recorded even when there is nothing to pause or resume: a pause deferred behind a claim may
+        # come back after it; a finished timer's too, as a ScheduleTimer may re-arm it.
+        row.control = position or row.control
         if resume:
-            if row is None or row.paused_at is None or row.state not in ("Scheduled", "Paused"):
+            if row.paused_at is None or row.state not in ("Scheduled", "Paused"):
                 return Applied(["ignored"], None)
             if row.lease_expires_at is not None:  # claimed as it was paused: its claim stays
                 row.paused_at, row.updated_at = None, now
@@ -293,10 +311,8 @@ class TwinStore:
             row.state = "Paused" if self._tenant_paused(key[0]) else "Scheduled"
             row.paused_at, row.claimed_at, row.updated_at = None, None, now
             return Applied(["applied"], row.due_at if row.state == "Scheduled" else None)
-        if row is None or row.state not in ("Scheduled", "Paused"):
+        if row.state not in ("Scheduled", "Paused"):
             return Applied(["ignored"], None)
-        if self._in_flight(key):  # a claim's batch holds it: the pause waits for its mark
-            return Applied(["deferred" if row.state == "Scheduled" else "ignored"], None)
         row.paused_at = row.paused_at or now
         if row.lease_expires_at is not None:
             # A released claim fires after its back-off; its mark stores the next one Paused.

@@ -491,6 +491,51 @@ async def test_the_mark_of_an_occurrence_claimed_as_its_timer_or_tenant_was_paus
     assert await state_of(ports, "rel") == "Paused"
 
 
+def at_seq(seq: int) -> Position:
+    """A timer's pause or resume at this place in the command stream (one stream: one stored time)."""
+    return Position(seq, T0)
+
+
+async def test_a_timers_pauses_and_resumes_apply_in_stream_order_whatever_order_they_arrive_in(
+    ports: Ports,
+) -> None:
+    """README, Pause and resume: one older than the timer's last pause or resume changes nothing,
+    even a resume that found nothing to resume; their order is their own (a ScheduleTimer older than
+    them still applies) and outlives the timer's cancel and a ScheduleTimer bringing it back."""
+    every = Repeat("PT1H", None, None)
+    await ports.apply([ScheduleTimer("acme", "rec", at(-1).replace(microsecond=0), None, None, every)])
+    batch = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
+    (held,) = batch.result.claimed
+    # A claim's batch in flight holds it: the pause, and a resume, wait for it (offered again later).
+    assert (await ports.pause(pause(key="rec"), at_seq(10))).outcomes == ["deferred"]
+    assert (await ports.pause(pause(key="rec", resume=True), at_seq(11))).outcomes == ["deferred"]
+    assert await batch.record([Fired(held, held.due_at + timedelta(hours=1), 1)], []) == 1
+    # The resume sent after it finds nothing paused; the pause, back after it, changes nothing.
+    assert (await ports.pause(pause(key="rec", resume=True), at_seq(11))).outcomes == ["ignored"]
+    assert (await ports.pause(pause(key="rec"), at_seq(10))).outcomes == ["ignored"]
+    assert await state_of(ports, "rec") == "Scheduled"
+
+    # A newer pause applies (again when redelivered); an older resume then changes nothing.
+    assert (await ports.pause(pause(key="rec"), at_seq(12))).outcomes == ["applied"]
+    assert (await ports.pause(pause(key="rec"), at_seq(12))).outcomes == ["applied"]
+    assert (await ports.pause(pause(key="rec", resume=True), at_seq(11))).outcomes == ["ignored"]
+    assert await state_of(ports, "rec") == "Paused"
+    # A ScheduleTimer earlier in the stream than the pause (deferred, say) still applies: stored
+    # Paused, as any reschedule of a paused timer.
+    moved = ScheduleTimer("acme", "rec", at(120).replace(microsecond=0), None, None, every)
+    assert (await ports.apply([moved], [at_seq(5)])).outcomes == ["applied"]
+    assert await state_of(ports, "rec") == "Paused"
+    resumed = await ports.pause(pause(key="rec", resume=True), at_seq(13))
+    assert resumed.outcomes == ["applied"] and resumed.soonest_due == moved.due_at
+    assert await state_of(ports, "rec") == "Scheduled"
+    # Cancelled and scheduled again: positions only grow, so a pause older than the last resume
+    # (a replica that took it side by side) still changes nothing.
+    assert (await ports.apply([CancelTimer("acme", "rec", None, None)], [at_seq(14)])).outcomes == ["applied"]
+    assert (await ports.apply([dataclasses.replace(moved)], [at_seq(15)])).outcomes == ["applied"]
+    assert (await ports.pause(pause(key="rec"), at_seq(12))).outcomes == ["ignored"]
+    assert await state_of(ports, "rec") == "Scheduled"
+
+
 async def lose(ports: Ports, batch: ClaimedBatch, db_url: str) -> None:
     """End a batch's session under it, as a kill or a dropped connection does: its claim is rolled
     back (Postgres: once the session is gone, which pg_terminate_backend only asks for)."""

@@ -45,7 +45,7 @@ async def pause(
     own transaction; or the one timer's row."""
     if command.service_call_id is not None:
         key = (command.tenant_id, command.service_call_id)
-        return await pause_one(conn, key, command.resume)
+        return await pause_one(conn, key, command.resume, position)
     tenant = {"tenant_id": command.tenant_id}
     flip = {
         **tenant,
@@ -108,14 +108,22 @@ async def _left(
     return (int(found[0]), int(found[1]), int(found[2])) if found else (0, 0, 0)
 
 
-async def pause_one(conn: psycopg.AsyncConnection[Any], key: Key, resume: bool) -> Applied:
-    params = {"tenant_id": key[0], "service_call_id": key[1]}
+async def pause_one(
+    conn: psycopg.AsyncConnection[Any], key: Key, resume: bool, position: Position | None
+) -> Applied:
+    """One timer's pause or resume, in stream order (`position`: one older than the timer's last
+    pause or resume is ignored, so a pause deferred behind a claim never undoes a later resume)."""
+    params = {
+        "tenant_id": key[0],
+        "service_call_id": key[1],
+        "control_seq": None if position is None else position.seq,
+        "control_stored_at": None if position is None else position.stored_at,
+    }
     async with conn.transaction():
         cur = await conn.execute(QUERIES["resume_timer" if resume else "pause_timer"], params)
         found = await cur.fetchone()
-    if resume:
-        return Applied(["ignored" if found is None else "applied"], None if found is None else found[0])
-    changed, claimed = found if found is not None else (False, False)
-    # A claimed occurrence fires: with its lease committed, paused_at is recorded (changed) and its
-    # mark stores the next one Paused; held by a claim's batch in flight, the pause waits for it.
-    return Applied(["deferred" if claimed else "applied" if changed else "ignored"], None)
+    applied, due, claimed = found if found is not None else (False, None, False)
+    # A claimed occurrence fires: with its lease committed, a pause records paused_at (applied) and
+    # the mark stores the next one Paused; held by a claim's batch in flight, the pause or resume
+    # waits for it (offered again). A resume's dueAt: when it made the timer claimable again.
+    return Applied(["deferred" if claimed else "applied" if applied else "ignored"], due)
