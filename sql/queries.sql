@@ -149,7 +149,9 @@ RETURNING t.tenant_id, t.service_call_id, t.due_at;
 -- tombstone carrying its timestampMs, so an older ScheduleTimer arriving later stays ignored.
 -- Stream order, stream position and deferred_seqs as in upsert_schedules. A Paused timer is cancelled
 -- like a Scheduled one, and the cancel ends its own pause (paused_at): a later ScheduleTimer of the key
--- starts unpaused, unless its tenant is paused.
+-- starts unpaused, unless its tenant is paused. Ending a pause, it takes its place in the order of
+-- the timer's pauses and resumes (control_seq, 0013): a pause older than the cancel (deferred
+-- behind a claim's batch) changes nothing when it comes back, even to a timer scheduled again since.
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts, command_seq,
                          command_stored_at)
 SELECT i.tenant_id, i.service_call_id, 'Cancelled', NULL, i.correlation_id, i.command_ts, i.command_seq,
@@ -163,6 +165,9 @@ ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     command_ts = coalesce(excluded.command_ts, t.command_ts),
     command_seq = coalesce(excluded.command_seq, t.command_seq),
     command_stored_at = coalesce(excluded.command_stored_at, t.command_stored_at),
+    control_seq = CASE WHEN excluded.command_seq IS NULL THEN t.control_seq ELSE excluded.command_seq END,
+    control_stored_at = CASE WHEN excluded.command_seq IS NULL THEN t.control_stored_at
+                             ELSE excluded.command_stored_at END,
     deferred_seqs = CASE WHEN t.updated_at >= now() - %(order_grace)s::interval
                          THEN nullif(array_remove(t.deferred_seqs, excluded.command_seq), '{}') END,
     updated_at = now()

@@ -229,7 +229,7 @@ class TwinStore:
             ts,
             position=kept,
             updated_at=self.now(),
-            control=row.control if row is not None else None,
+            control=position or (row.control if row is not None else None),  # it ends a pause: cancel_timers
         )
         return "applied"
 

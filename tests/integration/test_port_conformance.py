@@ -534,6 +534,13 @@ async def test_a_timers_pauses_and_resumes_apply_in_stream_order_whatever_order_
     assert (await ports.apply([dataclasses.replace(moved)], [at_seq(15)])).outcomes == ["applied"]
     assert (await ports.pause(pause(key="rec"), at_seq(12))).outcomes == ["ignored"]
     assert await state_of(ports, "rec") == "Scheduled"
+    # A cancel ends a pause, so it takes its place among them: a pause sent before the cancel (it
+    # waited behind a claim's batch) changes nothing when it comes back to the timer scheduled again.
+    assert (await ports.pause(pause(key="rec"), at_seq(16))).outcomes == ["applied"]
+    assert (await ports.apply([CancelTimer("acme", "rec", None, None)], [at_seq(18)])).outcomes == ["applied"]
+    assert (await ports.apply([dataclasses.replace(moved)], [at_seq(19)])).outcomes == ["applied"]
+    assert (await ports.pause(pause(key="rec"), at_seq(17))).outcomes == ["ignored"]
+    assert await state_of(ports, "rec") == "Scheduled"
 
 
 async def lose(ports: Ports, batch: ClaimedBatch, db_url: str) -> None:

@@ -1,5 +1,6 @@
-"""Review of "one transaction per claim batch": each test here failed on main when it was written
-(branch review-batch); see the commit that added it for the defect it shows."""
+"""A claim batch's transaction on a bad day: its session ended after the PubAck, a slow NATS, a
+command deferred behind it. Each test failed before its fix (an adversarial review of one
+transaction per claim batch, issue 21)."""
 
 from __future__ import annotations
 
