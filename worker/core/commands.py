@@ -169,7 +169,10 @@ def _load(body: bytes) -> JsonObject:
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> JsonObject:
     # Called for every object at any depth, with keys already unescaped ("a" and "\u0061" are one key).
-    obj: JsonObject = {}
+    obj = dict(pairs)  # in C: the common case, no key twice, costs no Python loop per key
+    if len(obj) == len(pairs):
+        return obj
+    obj = {}
     for key, value in pairs:
         if key in obj:
             raise _Reject("duplicate_key", f"key {_show(key)} appears twice in one object")
