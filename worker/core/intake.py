@@ -78,8 +78,8 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                     )
                     await wait_any(1.0, stop)
         finally:
-            # Fetched messages are never marked done in the pull subscription's queue, so
-            # draining the connection would wait on it until its timeout: unsubscribe first.
+            # Before the connection drains: commands delivered to this replica but never handed
+            # out go back to the consumer now (the broker NAKs them), not after the ack wait.
             await sub.unsubscribe()
 
     async def handle(self, msgs: Sequence[ReceivedCommand]) -> None:
