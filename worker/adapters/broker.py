@@ -253,7 +253,8 @@ class Broker:
             log.warning("stream check failed", extra={"action": "stream_check_failed", "error": str(exc)})
 
     async def command_subscription(self) -> CommandFeed:
-        return CommandFeed(self.js, self.settings.consumer, self.commands)
+        assert self.nc is not None, "connect() first"
+        return CommandFeed(self.nc, self.settings.consumer, self.commands)
 
     async def tend_commands(self, stop: asyncio.Event) -> None:
         """Until stop, about once a second: purge acknowledged commands from a limits command

@@ -4,7 +4,6 @@ its purge, the choice between atomic and fast-ingest event batches."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from datetime import timedelta
@@ -17,6 +16,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
 from worker import metrics
+from worker.adapters.pull import Pull, PullFailed
 from worker.contract import Subjects
 from worker.core.ports import FetchFailed
 from worker.errors import ConfigError, TransientError
@@ -245,42 +245,43 @@ class CommandStreams:
 class CommandFeed:
     """The shared consumer's commands, from the stream the broker reads now. After a cut-over,
     while the old stream still holds commands (in flight, or deferred), each fetch looks there
-    first, briefly: the old stream's commands come before the new one's in stream order too."""
+    first, briefly: the old stream's commands come before the new one's in stream order too.
+    Each stream is read with a Pull of ours (pull.py), not nats-py's PullSubscription."""
 
-    def __init__(self, js: JetStreamContext, consumer: str, streams: CommandStreams) -> None:
-        self._js = js
+    def __init__(self, nc: NATS, consumer: str, streams: CommandStreams) -> None:
+        self._nc = nc
         self._consumer = consumer
         self._streams = streams
-        self._subs: dict[str, JetStreamContext.PullSubscription] = {}
+        self._pulls: dict[str, Pull] = {}
 
-    async def _sub(self, stream: str) -> JetStreamContext.PullSubscription:
-        if stream not in self._subs:
-            self._subs[stream] = await self._js.pull_subscribe_bind(self._consumer, stream)
-        return self._subs[stream]
+    async def _pull(self, stream: str) -> Pull:
+        if stream not in self._pulls:
+            pull = Pull(self._nc, stream, self._consumer)
+            await pull.start()
+            self._pulls[stream] = pull
+        return self._pulls[stream]
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
         b = self._streams
-        for gone in [name for name in self._subs if name not in (b.command_stream, b.draining)]:
-            with contextlib.suppress(nats.errors.Error):  # fetched commands can still be acknowledged
-                await self._subs.pop(gone).unsubscribe()
+        for gone in [name for name in self._pulls if name not in (b.command_stream, b.draining)]:
+            await self._pulls.pop(gone).unsubscribe()  # fetched commands can still be acknowledged
         if b.draining is not None:
             try:
-                if msgs := await (await self._sub(b.draining)).fetch(batch, timeout=DRAIN_FETCH_S):
+                if msgs := await (await self._pull(b.draining)).fetch(batch, timeout=DRAIN_FETCH_S):
                     return msgs
-            except (TimeoutError, nats.errors.Error):  # nothing there now; tend_commands sees it go
+            except (TimeoutError, PullFailed, nats.errors.Error):  # none now; tend_commands sees it go
                 pass
         try:
-            return await (await self._sub(b.command_stream)).fetch(batch, timeout=timeout)
+            return await (await self._pull(b.command_stream)).fetch(batch, timeout=timeout)
         except TimeoutError:  # nats.errors.TimeoutError is one too: nothing came, not a failure
             raise
-        except nats.errors.Error as exc:  # the core knows no nats-py error (ports.FetchFailed)
+        except (PullFailed, nats.errors.Error) as exc:  # the core knows no nats-py error (ports.FetchFailed)
             raise FetchFailed(f"{type(exc).__name__}: {exc}") from exc
 
     async def unsubscribe(self) -> None:
-        for sub in self._subs.values():
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
-        self._subs.clear()
+        for pull in self._pulls.values():
+            await pull.unsubscribe()
+        self._pulls.clear()
 
 
 def _age(d: timedelta) -> str:

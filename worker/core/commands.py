@@ -156,9 +156,7 @@ def _load(body: bytes) -> JsonObject:
     except UnicodeDecodeError as exc:
         raise _Reject("invalid_utf8", f"body is not UTF-8 (byte {exc.start})") from None
     try:
-        doc = json.loads(
-            text, object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite_float
-        )
+        doc = _DECODER.decode(text)
     # ValueError: syntax, and integers past Python's digit limit; RecursionError: deep nesting.
     except (ValueError, RecursionError) as exc:
         raise _Reject("invalid_json", f"body is not JSON: {exc}") from None
@@ -169,7 +167,10 @@ def _load(body: bytes) -> JsonObject:
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> JsonObject:
     # Called for every object at any depth, with keys already unescaped ("a" and "\u0061" are one key).
-    obj: JsonObject = {}
+    obj = dict(pairs)  # in C: the common case, no key twice, costs no Python loop per key
+    if len(obj) == len(pairs):
+        return obj
+    obj = {}
     for key, value in pairs:
         if key in obj:
             raise _Reject("duplicate_key", f"key {_show(key)} appears twice in one object")
@@ -186,6 +187,12 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):  # 1e999 parses to inf without ever spelling "Infinity"
         raise _Reject("non_finite_number", f"number {_show(text)} is out of range")
     return value
+
+
+# Made once: json.loads with hooks builds a new decoder (and its scanner) for every body.
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite_float
+)
 
 
 def _unwrap(kind: CommandKind, doc: JsonObject) -> tuple[JsonObject, JsonObject]:

@@ -68,6 +68,8 @@ def _identifier(value: str, key: str, reason: Reason) -> str:
         raise _Reject(reason, f"{key} is empty")
     if len(value) > MAX_ID_CHARS:
         raise _Reject(reason, f"{key} has {len(value)} characters, more than {MAX_ID_CHARS}")
+    if value.isprintable():  # no Cc or Cs among them: the common case, without a lookup per character
+        return value
     for ch in value:
         if unicodedata.category(ch) in ("Cc", "Cs"):
             raise _Reject(reason, f"{key} holds a control character or lone surrogate {_show(ch)}")
@@ -112,17 +114,22 @@ def _due_at(text: str) -> datetime:
         raise _Reject(
             "bad_due_at", f"dueAt {_show(text)} is not RFC 3339 with an offset (2026-11-22T09:00:00Z)"
         )
-    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
-    micros = int((m[7] or "").ljust(6, "0")[:6])
-    offset = timedelta(0)
-    if m[8] is not None:
-        if int(m[10]) > 59:
+    year, month, day, hour, minute, second, fraction, sign, hours, minutes = m.groups()
+    micros = int(fraction[:6].ljust(6, "0")) if fraction else 0
+    # Z, the form nearly every producer sends, is UTC already: no offset to build and undo
+    # (issue 21's intake profile).
+    offset = None
+    if sign is not None:
+        if int(minutes) > 59:
             raise _Reject("bad_due_at", f"dueAt {_show(text)} has an offset with minutes past 59")
-        offset = timedelta(hours=int(m[9]), minutes=int(m[10])) * (-1 if m[8] == "-" else 1)
+        offset = timedelta(hours=int(hours), minutes=int(minutes)) * (-1 if sign == "-" else 1)
     try:
         # Out-of-range fields, an offset of 24h or more, or an instant before year 1 or after
         # year 9999 once moved to UTC (0001-01-01T00:00+01:00) all land here.
-        due = datetime(year, month, day, hour, minute, second, micros, timezone(offset)).astimezone(UTC)
+        zone = UTC if offset is None else timezone(offset)
+        due = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micros, zone)
+        if zone is not UTC:
+            due = due.astimezone(UTC)
     except (ValueError, OverflowError) as exc:
         raise _Reject("bad_due_at", f"dueAt {_show(text)} is not a valid instant: {exc}") from None
     if not EARLIEST_DUE_AT <= due <= LATEST_DUE_AT:

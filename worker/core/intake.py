@@ -6,8 +6,10 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from worker import metrics, tracing
 from worker.config import Settings
@@ -25,6 +27,9 @@ from worker.core.waiting import retry_transient, wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError, verdict
 
+if TYPE_CHECKING:
+    from prometheus_client import Counter as LabelledCounter
+
 log = logging.getLogger("worker.intake")
 
 FETCH_WAIT_S = 1.0
@@ -38,6 +43,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
     ) -> None:
         super().__init__(settings, store, broker, wakeup, clock)
         self._carry = settings.carried_names
+        self._received: Counter[tuple[str, ...]] = Counter()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until stop: fetch a batch and handle it. A batch in hand is finished, never dropped."""
@@ -72,8 +78,8 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                     )
                     await wait_any(1.0, stop)
         finally:
-            # Fetched messages are never marked done in the pull subscription's queue, so
-            # draining the connection would wait on it until its timeout: unsubscribe first.
+            # Before the connection drains: commands delivered to this replica but never handed
+            # out go back to the consumer now (the broker NAKs them), not after the ack wait.
             await sub.unsubscribe()
 
     async def handle(self, msgs: Sequence[ReceivedCommand]) -> None:
@@ -81,12 +87,15 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             now = datetime.now(UTC)
             commands: list[tuple[ReceivedCommand, Command | PauseTimers]] = []
             rejected: list[tuple[ReceivedCommand, Rejection]] = []
-            for msg in msgs:
-                parsed = self.parse(msg, now)
-                if isinstance(parsed, Rejection):
-                    rejected.append((msg, parsed))
-                else:
-                    commands.append((msg, parsed))
+            try:
+                for msg in msgs:
+                    parsed = self.parse(msg, now)
+                    if isinstance(parsed, Rejection):
+                        rejected.append((msg, parsed))
+                    else:
+                        commands.append((msg, parsed))
+            finally:
+                _count(metrics.COMMANDS_RECEIVED, self._received)
             span.set_attribute("timer.rejected", len(rejected))
             if rejected:
                 await self.reject(rejected)
@@ -128,7 +137,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         if where is None or (kind := where[1]) not in ("schedule", "cancel", "pause", "resume"):
             return Rejection("bad_subject", "subject is not <prefix>.<tenant>.timer.<kind>", INVALID_TENANT)
         tenant = where[0]
-        metrics.COMMANDS_RECEIVED.labels(kind).inc()
+        self._received[(kind,)] += 1  # counted once per batch (handle): a labels() call each is not free
         if kind == "pause" or kind == "resume":
             return parse_control(kind, tenant, msg.data)
         command = parse_command(
@@ -281,16 +290,20 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         metrics.COMMAND_BATCH_SECONDS.observe(time.perf_counter() - started)
         crash_point("committed")
         stuck: list[tuple[ReceivedCommand, Rejection]] = []
-        for (msg, command), outcome in zip(batch, applied.outcomes, strict=True):
-            kind = "schedule" if isinstance(command, ScheduleTimer) else "cancel"
-            if outcome == "stuck":  # waited past TIMER_STUCK_AFTER: give up, visibly
-                stuck.append((msg, Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id)))
-                continue
-            metrics.COMMANDS_APPLIED.labels(kind, outcome).inc()
-            if outcome == "deferred":  # its occurrence is being fired: apply after that
-                await settle(msg, self.s.lease_ms / 1000)
-            else:
-                await settle(msg)
+        outcomes: Counter[tuple[str, ...]] = Counter()
+        try:
+            for (msg, command), outcome in zip(batch, applied.outcomes, strict=True):
+                kind = "schedule" if isinstance(command, ScheduleTimer) else "cancel"
+                if outcome == "stuck":  # waited past TIMER_STUCK_AFTER: give up, visibly
+                    stuck.append((msg, Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id)))
+                    continue
+                outcomes[kind, outcome] += 1
+                if outcome == "deferred":  # its occurrence is being fired: apply after that
+                    await settle(msg, self.s.lease_ms / 1000)
+                else:
+                    await settle(msg)
+        finally:
+            _count(metrics.COMMANDS_APPLIED, outcomes)
         if stuck:
             log.warning(
                 "commands given up",
@@ -329,6 +342,13 @@ async def settle(msg: ReceivedCommand, retry_in: float | None = None) -> None:
         metrics.COMMAND_SETTLE_FAILED.inc()
         # Counted, and logged at debug only: in an outage every command of a batch meets it.
         log.debug("command not settled", extra={"action": "settle_failed", "error": f"{type(exc).__name__}"})
+
+
+def _count(counter: LabelledCounter, counts: Counter[tuple[str, ...]]) -> None:
+    """Add a batch's counts to a labelled metric, one labels() call per label set, and start over."""
+    for labels, n in counts.items():
+        counter.labels(*labels).inc(n)
+    counts.clear()
 
 
 def _coalesce(batch: Sequence[tuple[ReceivedCommand, Command | PauseTimers]]) -> tuple[list[int], set[int]]:

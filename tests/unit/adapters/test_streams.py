@@ -6,51 +6,67 @@ from __future__ import annotations
 from typing import Any
 
 import nats.errors
-import nats.js.errors
 import pytest
+from nats.aio.msg import Msg
 
+from worker.adapters.pull import PullFailed
 from worker.adapters.streams import CommandFeed, CommandStreams
 from worker.config import load_settings
 from worker.core.ports import FetchFailed
 
 
-class Subscription:
-    def __init__(self, error: Exception) -> None:
-        self.error = error
+class Conn:
+    """The calls CommandFeed's pulls make of a nats-py connection: a request that cannot be sent
+    raises `error`; one that can is answered with the status `answer`, if any."""
 
-    async def fetch(self, batch: int, timeout: float) -> list[Any]:
-        raise self.error
+    def __init__(self, error: Exception | None = None, answer: str | None = None) -> None:
+        self.error, self.answer = error, answer
+        self.cb: Any = None
+
+    def new_inbox(self) -> str:
+        return "_INBOX.test"
+
+    async def subscribe(self, subject: str, cb: Any) -> Conn:
+        self.cb = cb
+        return self
+
+    async def unsubscribe(self) -> None:
+        pass
+
+    async def publish(self, subject: str, payload: bytes = b"", reply: str = "") -> None:
+        if self.error is not None:
+            raise self.error
+        if self.answer is not None:
+            await self.cb(Msg(self, subject=reply, reply="", headers={"Status": self.answer}))  # type: ignore[arg-type]
 
 
-class Js:
-    """The one call CommandFeed makes of a JetStream context to get a subscription."""
-
-    def __init__(self, error: Exception) -> None:
-        self.sub = Subscription(error)
-
-    async def pull_subscribe_bind(self, consumer: str, stream: str) -> Subscription:
-        return self.sub
-
-
-def feed(error: Exception) -> CommandFeed:
+def feed(conn: Conn) -> CommandFeed:
     settings = load_settings()
-    return CommandFeed(Js(error), settings.consumer, CommandStreams(settings))  # type: ignore[arg-type]
+    return CommandFeed(conn, settings.consumer, CommandStreams(settings))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     "error",
-    [nats.js.errors.ServiceUnavailableError(), nats.errors.ConnectionReconnectingError()],
-    ids=["no-leader", "reconnecting"],
+    [nats.errors.ConnectionClosedError(), nats.errors.ConnectionReconnectingError()],
+    ids=["closed", "reconnecting"],
 )
 async def test_a_nats_error_reaches_intake_as_fetch_failed_naming_it(error: Exception) -> None:
     with pytest.raises(FetchFailed) as caught:
-        await feed(error).fetch(10, 0.1)
+        await feed(Conn(error)).fetch(10, 0.1)
     assert str(caught.value).startswith(f"{type(error).__name__}: "), caught.value
     assert caught.value.__cause__ is error
+
+
+async def test_a_pull_the_server_refuses_reaches_intake_as_fetch_failed() -> None:
+    """No responders: no consumer (deleted), or no leader for its stream now."""
+    with pytest.raises(FetchFailed) as caught:
+        await feed(Conn(answer="503")).fetch(10, 1.0)
+    assert str(caught.value) == "PullFailed: 503"
+    assert isinstance(caught.value.__cause__, PullFailed)
 
 
 async def test_a_fetch_that_timed_out_stays_a_timeout() -> None:
     """Nothing came: not a failure, and not logged as one."""
     with pytest.raises(TimeoutError) as caught:
-        await feed(nats.errors.TimeoutError()).fetch(10, 0.1)
+        await feed(Conn()).fetch(10, 0.1)
     assert not isinstance(caught.value, FetchFailed)

@@ -10,6 +10,7 @@ from typing import Any
 
 import nats.errors
 from nats.aio.msg import Msg
+from prometheus_client import REGISTRY
 
 from tests.twins import FakeClock, FakeTime, TwinBroker, TwinStore, claim_params
 from worker.config import Settings, load_settings
@@ -146,3 +147,26 @@ async def test_intake_survives_a_stream_without_leader_and_a_reconnect() -> None
     assert sub.fetches == 4
     assert broker.checks == 2, "a 503 may be a deleted consumer: each failure has the streams checked"
     assert sub.unsubscribed, "a stopped intake lets go of its subscription, so the drain is quick"
+
+
+async def test_a_batch_is_counted_per_kind_and_outcome_as_one_by_one() -> None:
+    """Intake adds up a batch's counts before it touches the metrics (one labels() per label set):
+    the totals are what counting each command gave."""
+    time, _, broker, intake = setup()
+    due = datetime.fromtimestamp(time.t + 60, UTC)
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = {
+        "received": sample("timer_commands_received_total", kind="schedule"),
+        "cancels": sample("timer_commands_received_total", kind="cancel"),
+        "applied": sample("timer_commands_applied_total", kind="schedule", outcome="applied"),
+    }
+    for key in ("a", "b", "c"):
+        broker.add(broker.subjects.of("acme", "schedule"), command("ScheduleTimer", "acme", key, due))
+    broker.add(broker.subjects.of("acme", "cancel"), command("CancelTimer", "acme", "zz", ts=2))
+    await fetch_and_handle(broker, intake)
+    assert sample("timer_commands_received_total", kind="schedule") - before["received"] == 3
+    assert sample("timer_commands_received_total", kind="cancel") - before["cancels"] == 1
+    assert sample("timer_commands_applied_total", kind="schedule", outcome="applied") - before["applied"] == 3
