@@ -17,8 +17,10 @@ fetch: none is ever dropped. The statuses a pull gets (ADR-13 of nats-architectu
   when other requests will take what is there, so the next request of that fetch waits its turn
   (no `no_wait`) instead of asking again and again.
 - 409 Leadership Change, Server Shutdown: the request is gone; the next one goes to the new leader.
-- 409 anything else (Consumer Deleted, Exceeded MaxRequestBatch, ...), 503 no responders (no
-  consumer, or no leader now), or any other status: PullFailed, naming it.
+- 409 Exceeded MaxRequestBatch of N (the consumer caps a pull's batch): PullFailed once, naming
+  it, and every later request asks for at most N, so intake goes on in smaller batches.
+- 409 anything else (Consumer Deleted, ...), 503 no responders (no consumer, or no leader now),
+  or any other status: PullFailed, naming it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import re
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -44,6 +47,7 @@ EXPIRES_MARGIN_S = 0.01
 FORGET_AFTER_S = 1.0
 # 409s after which the consumer is still there: ask again.
 _REQUEST_GONE = frozenset({"Leadership Change", "Server Shutdown"})
+_MAX_BATCH = re.compile(r"Exceeded MaxRequestBatch of (\d+)")
 
 
 class PullFailed(Exception):
@@ -71,6 +75,7 @@ class Pull:
         self._buffer: deque[Msg] = deque()
         self._request: _Request | None = None  # the one request this pull has out, if any
         self._failed: str | None = None
+        self._max_batch: int | None = None  # the consumer's cap on a pull's batch, once it said so
         self._changed = asyncio.Event()
 
     async def start(self) -> None:
@@ -104,6 +109,8 @@ class Pull:
         self._request = None
         if code in ("404", "408") or (code == "409" and description in _REQUEST_GONE):
             return
+        if code == "409" and (cap := _MAX_BATCH.search(description)):
+            self._max_batch = max(1, int(cap.group(1)))
         self._failed = f"{code or 'no status'} {description}".strip()
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
@@ -111,6 +118,7 @@ class Pull:
         `timeout`. TimeoutError when nothing came, PullFailed when the server refused the pull,
         a nats.errors.Error when the request could not be sent."""
         deadline = time.monotonic() + timeout
+        batch = min(batch, self._max_batch or batch)
         no_wait = True
         while True:
             self._changed.clear()  # before looking: what arrives from here on wakes the wait
@@ -130,9 +138,11 @@ class Pull:
                 return self._take(batch)
             if request is None:
                 expires = deadline - now - EXPIRES_MARGIN_S
-                if expires <= 0:
+                if expires <= 0 and not no_wait:
                     raise TimeoutError
-                await self._ask(batch, expires, no_wait)
+                # A fetch shorter than the margin still asks once: no_wait, without an expiry
+                # (the server answers at once), and what comes later waits in the buffer.
+                await self._ask(batch, max(expires, 0.0), no_wait)
                 no_wait = False  # a request that ends empty-handed, then waits its turn
                 request = self._request
             wake = deadline
@@ -148,7 +158,9 @@ class Pull:
 
     async def _ask(self, batch: int, expires: float, no_wait: bool) -> None:
         reply = f"{self._inbox}.{next(self._ids)}"
-        body: dict[str, object] = {"batch": batch, "expires": int(expires * 1e9)}
+        body: dict[str, object] = {"batch": batch}
+        if expires > 0:
+            body["expires"] = int(expires * 1e9)
         if no_wait:
             body["no_wait"] = True
         expires_at = time.monotonic() + expires

@@ -61,7 +61,9 @@ def stored_carried_problem(carried: object) -> str | None:
     if not isinstance(carried, dict):
         return f"carried headers are {_json_type(carried)}, not an object"
     for name, value in carried.items():
-        if not _HEADER_NAME_RE.match(name) or name.lower() == "nats-msg-id":
+        # Never a Nats-* header, as intake never stores one (Settings): a Nats-Batch-Commit would
+        # end an atomic batch of events early, a Nats-Expected-* get the event refused each time.
+        if not _HEADER_NAME_RE.match(name) or name.lower().startswith("nats-"):
             return f"carried headers hold a header name NATS cannot carry: {_show(name)}"
         if not isinstance(value, str) or len(value) > MAX_CARRIED_VALUE_CHARS or not value.isprintable():
             return (

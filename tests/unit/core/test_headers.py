@@ -6,7 +6,7 @@ import pytest
 
 from worker.config import load_settings
 from worker.contract import MAX_CARRIED_VALUE_CHARS
-from worker.core.headers import carried_headers
+from worker.core.headers import carried_headers, stored_carried_problem
 from worker.errors import ConfigError
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -76,3 +76,21 @@ def test_the_setting_names_headers_case_blind() -> None:
 def test_a_header_name_no_producer_may_send_stops_start_up(bad: str) -> None:
     with pytest.raises(ConfigError, match="TIMER_CARRY_HEADERS"):
         load_settings(carry_headers=bad)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Nats-Batch-Commit",  # on an atomic batch's message before the last: the batch ends there
+        "Nats-Batch-Id",
+        "Nats-Expected-Last-Sequence",  # the event refused by its stream, every attempt
+        "Nats-Rollup",
+        "Nats-TTL",
+        "nats-expected-stream",
+    ],
+)
+def test_a_stored_nats_header_cannot_go_on_an_event(name: str) -> None:
+    # The column is JSON anyone with write access can change (stored_carried_problem says so):
+    # intake never stores a Nats-* name (Settings refuses to carry one), so firing must not
+    # publish one that was written there by hand either, not only Nats-Msg-Id.
+    assert stored_carried_problem({name: "1"}) is not None
