@@ -80,14 +80,13 @@ async def test_a_batch_with_a_command_already_stored_reports_it_as_a_duplicate(
     assert client._fast, "the command stream takes fast batches"
     # A producer retrying a batch whose PubAck it lost sends the same ids again. A fast batch
     # would skip them in silence, so ids sent before never go in one (fresh=False).
-    from worker.envelopes import Envelope
+    from worker import client as client_module
 
-    again = [Envelope(settings.subject_prefix + ".acme.timer.schedule", s.id, b"{}") for s in first]
+    again = [
+        client_module._Command(settings.subject_prefix + ".acme.timer.schedule", s.id, b"{}") for s in first
+    ]
     fresh = client._commands("schedule", "ScheduleTimer", timers(1, start=9))
-    commands = [*again, *fresh]
-    results = await client._send_many(
-        len(commands), lambda a, b: commands[a:b], commands[0].subject, timeout=5, fresh=False
-    )
+    results = await client._send_many([*again, *fresh], timeout=5, fresh=False)
     assert [s.outcome for s in results] == ["duplicate"] * 3 + ["accepted"]
     stored, _, _ = await command_headers(streams, settings)
     assert stored == 4

@@ -5,7 +5,7 @@ Every `import` in worker/ is read with `ast`, wherever it stands: at the top, in
 reader has to follow, so it counts.
 
 - the contract is pure: no worker module, nothing outside the standard library;
-- the producer client (client.py, its consumer.py and envelopes.py) imports only the contract and its NATS
+- the producer client (client.py and its consumer.py) imports only the contract and its NATS
   connection (and nats-py);
 - the core (worker/core) imports no adapter, no operator tool, no devkit, not the composition
   root, and neither the database driver nor nats-py: it reads a received message through its own
@@ -89,7 +89,7 @@ def layer(name: str) -> str:
         return "package"
     if parts[1] in CROSS_CUTTING:
         return "cross-cutting"
-    if parts[1] in ("consumer", "envelopes"):  # the client's DueTimeReached consumer, its envelopes
+    if parts[1] == "consumer":  # the client's consumer of DueTimeReached, a module of its own
         return "client"
     return parts[1]  # contract, client, service
 
