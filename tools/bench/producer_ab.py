@@ -4,9 +4,9 @@ one embedded nats-server.
 
     python -m tools.bench.producer_ab --against main       # 6 rounds of 50,000 commands each
 
-The command stream allows atomic and fast-ingest batches; this tree's client sends with
-`--fast-ingest` (default "on": on this one-replica stream "auto" would keep atomic batches), the
-older one as it did. `--sync-always`: the server fsyncs every JetStream write.
+The command stream allows atomic and fast-ingest batches; both clients send with
+`--fast-ingest` (default "on": on this one-replica stream "auto" would keep atomic batches), a
+client older than that setting as it did. `--sync-always`: the server fsyncs every JetStream write.
 
 On a shared machine the `producer` scenario's rate moves with other work more than with the
 client; here the two versions alternate (the order swapping each round), and beside each rate
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import os
 import statistics
@@ -120,7 +121,11 @@ async def measure(
         for r in range(rounds):
             for name in list(versions)[:: 1 if r % 2 == 0 else -1]:
                 await nc.jetstream().purge_stream("COMMANDS")  # each round into an empty stream
-                options = {"fast_ingest": fast_ingest} if versions[name] is worker.client else {}
+                # Both in the same batches whenever both can choose (an older client without the
+                # setting sends as it did): a fast-ingest client against an atomic one measured
+                # the batch kind, not the code (1.23 x between two copies of one client).
+                knows = "fast_ingest" in inspect.signature(versions[name].TimerClient.connect).parameters
+                options = {"fast_ingest": fast_ingest} if knows else {}
                 seen[name].append(
                     await one_round(server.url, versions[name], server.pid, n, f"{name}{r}", options)
                 )
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fast-ingest",
         choices=["auto", "on", "off"],
         default="on",
-        help="this tree's client's fast_ingest (default on)",
+        help="the clients' fast_ingest, where a client has it (default on)",
     )
     p.add_argument("--sync-always", action="store_true", help="the server fsyncs every JetStream write")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
