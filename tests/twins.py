@@ -449,19 +449,24 @@ class TwinStore:
             if row is None or row.due_at != f.timer.due_at:
                 continue
             marked += 1
-            row.lease_owner = row.lease_token = row.lease_expires_at = row.first_claimed_at = None
-            row.attempts, row.last_error, row.updated_at = 0, None, now
-            if f.next_due_at is None:
-                row.state, row.paused_at = "Reached", None
-            else:
-                row.due_at, row.occurrence_index = f.next_due_at, f.next_index or 0
-                # Paused while this occurrence was claimed (its own pause, or its tenant's).
-                row.state = "Paused" if row.paused_at or self._tenant_paused(row.tenant_id) else "Scheduled"
+            row.lease_token = None
+            self._record_firing(row, f, now)
             # An occurrence due already keeps this one's reference (mark_fired).
             if f.next_due_at is None or f.next_due_at.timestamp() > now:
                 row.claimed_at = None
         self.log.append(("mark_fired", list(fired)))
         return marked
+
+    def _record_firing(self, row: Row, f: Fired, now: float) -> None:
+        """What mark_fired and mark_fired_again both set: the lease gone, and Reached or the next
+        occurrence (Paused when this one was claimed under its own pause or its tenant's)."""
+        row.lease_owner = row.lease_expires_at = row.first_claimed_at = None
+        row.attempts, row.last_error, row.updated_at = 0, None, now
+        if f.next_due_at is None:
+            row.state, row.paused_at = "Reached", None
+        else:
+            row.due_at, row.occurrence_index = f.next_due_at, f.next_index or 0
+            row.state = "Paused" if row.paused_at or self._tenant_paused(row.tenant_id) else "Scheduled"
 
     async def record_again(self, fired: Sequence[Fired]) -> int:
         """mark_fired_again: by key, only a row still holding that very occurrence (Scheduled, same
@@ -482,13 +487,7 @@ class TwinStore:
             ):
                 continue
             marked += 1
-            row.lease_owner = row.lease_expires_at = row.first_claimed_at = None
-            row.attempts, row.last_error, row.updated_at = 0, None, now
-            if f.next_due_at is None:
-                row.state, row.paused_at = "Reached", None
-            else:
-                row.due_at, row.occurrence_index = f.next_due_at, f.next_index or 0
-                row.state = "Paused" if row.paused_at or self._tenant_paused(row.tenant_id) else "Scheduled"
+            self._record_firing(row, f, now)
             # The claim's reference, which the rollback took from the row (mark_fired_again).
             due_now = f.next_due_at is not None and f.next_due_at.timestamp() <= now
             row.claimed_at = t.recurrence_ref if due_now else None
