@@ -11,6 +11,7 @@ from typing import Any
 
 import nats
 import psycopg
+from prometheus_client import REGISTRY
 
 from worker.adapters import db
 from worker.config import Settings
@@ -76,6 +77,29 @@ def query(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(db_url, autocommit=True) as conn:
         cur = conn.execute(sql, params)  # type: ignore[arg-type]
         return cur.fetchall() if cur.description else []
+
+
+def insert_due(db_url: str, key: str, tenant: str = "acme") -> None:
+    """A one-shot timer of `tenant` that came due a second ago (the database's clock), stored as
+    intake would leave it, without a command."""
+    due = iso_in(-1, db_url)
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at)"
+        " VALUES (%s, %s, 'Scheduled', %s, %s)",
+        tenant,
+        key,
+        due,
+        due,
+    )
+
+
+def commands_applied(kind: str, *outcomes: str) -> float:
+    """Commands of this kind intake took with any of these outcomes (timer_commands_applied_total)."""
+    return sum(
+        REGISTRY.get_sample_value("timer_commands_applied_total", {"kind": kind, "outcome": o}) or 0.0
+        for o in outcomes
+    )
 
 
 def message_ids(db_url: str) -> MessageIds:

@@ -11,10 +11,19 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from prometheus_client import REGISTRY
 
 from tests.chaos.proxy import Proxy
-from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
+from tests.helpers import (
+    commands_applied,
+    insert_due,
+    iso_in,
+    jetstream,
+    publish_raw,
+    query,
+    row,
+    running_replica,
+    until,
+)
 from worker.adapters import db
 from worker.adapters.store import Store
 from worker.config import Settings
@@ -24,24 +33,8 @@ from worker.core.firing import next_of
 from worker.core.ports import ClaimedBatch
 from worker.service import Replica
 
-
-def applied(kind: str) -> float:
-    """Commands of this kind intake took, whatever their outcome."""
-    return sum(
-        REGISTRY.get_sample_value("timer_commands_applied_total", {"kind": kind, "outcome": o}) or 0.0
-        for o in ("applied", "ignored", "deferred", "stuck", "partial")
-    )
-
-
-def insert_due(db_url: str, key: str) -> None:
-    query(
-        db_url,
-        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at)"
-        " VALUES ('acme', %s, 'Scheduled', %s, %s)",
-        key,
-        iso_in(-1, db_url),
-        iso_in(-1, db_url),
-    )
+# Whatever its outcome: that intake took the command is what counts.
+OUTCOMES = ("applied", "ignored", "deferred", "stuck", "partial")
 
 
 @contextlib.asynccontextmanager
@@ -117,11 +110,13 @@ async def test_a_reschedule_after_a_batch_rolled_back_past_its_puback_does_not_f
             what="the acknowledged firing recorded again after the rollback",
         )
         reached = row(db_url, "acme", "once")
-        before = applied("schedule")
+        before = commands_applied("schedule", *OUTCOMES)
         async with jetstream(settings) as js:
             body = {"tenantId": "acme", "serviceCallId": "once", "dueAt": iso_in(2, db_url)}
             await publish_raw(js, settings, "acme", "schedule", body)
-        await until(lambda: applied("schedule") > before, what="intake to take the reschedule")
+        await until(
+            lambda: commands_applied("schedule", *OUTCOMES) > before, what="intake to take the reschedule"
+        )
         claims_open.set()
         assert row(db_url, "acme", "once") == reached  # Reached is final: the reschedule was ignored
     events = await events_stored(settings)

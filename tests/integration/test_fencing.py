@@ -11,9 +11,17 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 
 import pytest
-from prometheus_client import REGISTRY
 
-from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
+from tests.helpers import (
+    commands_applied,
+    insert_due,
+    jetstream,
+    publish_raw,
+    query,
+    row,
+    running_replica,
+    until,
+)
 from worker.adapters import db
 from worker.adapters.store import Store
 from worker.config import Settings
@@ -23,17 +31,6 @@ from worker.core.ports import ClaimedBatch
 from worker.core.recurrence import next_of
 from worker.errors import TransientError
 from worker.service import Replica
-
-
-def insert_due(db_url: str, key: str) -> None:
-    query(
-        db_url,
-        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at)"
-        " VALUES ('acme', %s, 'Scheduled', %s, %s)",
-        key,
-        iso_in(-1, db_url),
-        iso_in(-1, db_url),
-    )
 
 
 def lease_expired(db_url: str) -> bool:
@@ -255,12 +252,6 @@ async def test_a_hard_stop_ends_a_replica_whose_publish_hangs_and_loses_nothing(
         assert (await js.stream_info(settings.event_stream)).state.messages == 1
 
 
-def applied(kind: str, outcome: str) -> float:
-    return (
-        REGISTRY.get_sample_value("timer_commands_applied_total", {"kind": kind, "outcome": outcome}) or 0.0
-    )
-
-
 def waiting_on_a_lock(db_url: str) -> bool:
     return query(
         db_url,
@@ -297,13 +288,13 @@ async def test_a_cancel_for_a_timer_whose_batch_dies_after_its_puback_comes_too_
         await until(lambda: replica.started.is_set(), what="replica start")
         insert_due(db_url, "late")
         await until(published.is_set, what="the event published, its batch held open")
-        deferred = applied("cancel", "deferred")
+        deferred = commands_applied("cancel", "deferred")
         async with jetstream(settings) as js:
             body = {"tenantId": "acme", "serviceCallId": "late", "timestampMs": 2**40}
             await publish_raw(js, settings, "acme", "cancel", body)
         # Deferred (this fix) or waiting on the row (the shape that lets it apply after the rollback).
         await until(
-            lambda: applied("cancel", "deferred") > deferred or waiting_on_a_lock(db_url),
+            lambda: commands_applied("cancel", "deferred") > deferred or waiting_on_a_lock(db_url),
             what="intake to take the cancel",
         )
         ((killed,),) = query(
@@ -313,10 +304,11 @@ async def test_a_cancel_for_a_timer_whose_batch_dies_after_its_puback_comes_too_
         )
         assert killed == 1, "the held batch's session was not found: nothing was tested"
         release.set()  # its record fails: the claim is gone with its session
-        ignored = applied("cancel", "ignored")
+        ignored = commands_applied("cancel", "ignored")
         await until(
             lambda: (
-                applied("cancel", "ignored") > ignored or row(db_url, "acme", "late")["state"] == "Cancelled"
+                commands_applied("cancel", "ignored") > ignored
+                or row(db_url, "acme", "late")["state"] == "Cancelled"
             ),  # type: ignore[index]
             timeout=40,
             what="the cancel to come back and meet the timer",

@@ -5,7 +5,9 @@ pause behind a stuck claim."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -81,17 +83,20 @@ def _tenant_flag(db_url: str, tenant: str) -> Any:
     return rows[0][0] if rows else "absent"
 
 
-async def _schedule_in_stalled_intake(
-    db_url: str, tenant: str, sid: str, due: datetime
-) -> psycopg.Connection:
+@contextlib.contextmanager
+def _schedule_in_stalled_intake(db_url: str, tenant: str, sid: str, due: datetime) -> Iterator[None]:
     """An intake transaction that ran its statements (exactly the replica's: its tenants' shared
     lock, then upsert_schedules, with Store.apply's parameters) and then stalled before COMMIT: a
     replica stopped by a GC pause, CPU starvation, or a slow link to Postgres between the statement
-    and its commit. Returns the open connection; the caller commits it."""
+    and its commit. It commits when the block ends, however it ends."""
     conn = psycopg.connect(db_url)
-    conn.execute(QUERIES["lock_tenants_shared"], {"keys": tenant_lock_keys([tenant])}).fetchall()
-    conn.execute(QUERIES["upsert_schedules"], _upsert_params(tenant, sid, due)).fetchall()
-    return conn
+    try:
+        conn.execute(QUERIES["lock_tenants_shared"], {"keys": tenant_lock_keys([tenant])}).fetchall()
+        conn.execute(QUERIES["upsert_schedules"], _upsert_params(tenant, sid, due)).fetchall()
+        yield
+    finally:
+        conn.commit()
+        conn.close()
 
 
 # Issue 23 review, defect 1: a resume acknowledged while a ScheduleTimer of the tenant was in flight
@@ -107,17 +112,13 @@ async def test_a_resume_racing_an_in_flight_schedule_frees_the_new_timer_too(
         await until(lambda: _tenant_flag(db_url, "acme") not in (None, "absent"), what="tenant paused")
         await until(lambda: consumer_idle(settings), timeout=30, what="pause acknowledged")
         (now,) = query(db_url, "SELECT now()")[0]
-        stalled = await _schedule_in_stalled_intake(db_url, "acme", "late", now - timedelta(seconds=1))
-        try:
+        with _schedule_in_stalled_intake(db_url, "acme", "late", now - timedelta(seconds=1)):
             await publish_raw(js, settings, "acme", "resume", {"tenantId": "acme"})
             await until(
                 lambda: _acknowledged_or_waiting(settings, db_url, "acme", False),
                 timeout=30,
                 what="resume under way",
             )
-        finally:
-            stalled.commit()
-            stalled.close()
         await until(lambda: _tenant_flag(db_url, "acme") is None, what="tenant resumed")
         await until(lambda: consumer_idle(settings), timeout=30, what="resume acknowledged")
         # Due 1 s before: it fires once the tenant is resumed. Left Paused (the defect), it never does.
@@ -138,17 +139,13 @@ async def test_a_pause_racing_an_in_flight_schedule_pauses_the_new_timer_too(
         )  # fmt: skip
         await until(lambda: row(db_url, "acme", "first") is not None)
         (now,) = query(db_url, "SELECT now()")[0]
-        stalled = await _schedule_in_stalled_intake(db_url, "acme", "sneak", now + timedelta(seconds=2))
-        try:
+        with _schedule_in_stalled_intake(db_url, "acme", "sneak", now + timedelta(seconds=2)):
             await publish_raw(js, settings, "acme", "pause", {"tenantId": "acme"})
             await until(
                 lambda: _acknowledged_or_waiting(settings, db_url, "acme", True),
                 timeout=30,
                 what="pause under way",
             )
-        finally:
-            stalled.commit()
-            stalled.close()
         await until(lambda: _tenant_flag(db_url, "acme") not in (None, "absent"), what="tenant paused")
         await until(lambda: consumer_idle(settings), timeout=30, what="pause acknowledged")
         await _canary_fired(settings, db_url, js, rec, after=now + timedelta(seconds=2))
