@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import collections
 import math
 import platform
 import time
@@ -111,6 +112,14 @@ def tick(loop: str) -> None:
 
 def last_tick(loop: str) -> float | None:
     return _last_tick.get(loop)
+
+
+def inc_many(counter: Counter, counts: collections.Counter[tuple[str, ...]]) -> None:
+    """Add a batch's counts to a labelled counter, one labels() call per label set (one per
+    command was not free on intake's path), and start `counts` over."""
+    for labels, n in counts.items():
+        counter.labels(*labels).inc(n)
+    counts.clear()
 
 
 def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:

@@ -9,7 +9,6 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from worker import metrics, tracing
 from worker.config import Settings
@@ -26,9 +25,6 @@ from worker.core.received import ReceivedCommand, position
 from worker.core.waiting import retry_transient, wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError, verdict
-
-if TYPE_CHECKING:
-    from prometheus_client import Counter as LabelledCounter
 
 log = logging.getLogger("worker.intake")
 
@@ -95,7 +91,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                     else:
                         commands.append((msg, parsed))
             finally:
-                _count(metrics.COMMANDS_RECEIVED, self._received)
+                metrics.inc_many(metrics.COMMANDS_RECEIVED, self._received)
             span.set_attribute("timer.rejected", len(rejected))
             if rejected:
                 await self.reject(rejected)
@@ -303,7 +299,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 else:
                     await settle(msg)
         finally:
-            _count(metrics.COMMANDS_APPLIED, outcomes)
+            metrics.inc_many(metrics.COMMANDS_APPLIED, outcomes)
         if stuck:
             log.warning(
                 "commands given up",
@@ -342,13 +338,6 @@ async def settle(msg: ReceivedCommand, retry_in: float | None = None) -> None:
         metrics.COMMAND_SETTLE_FAILED.inc()
         # Counted, and logged at debug only: in an outage every command of a batch meets it.
         log.debug("command not settled", extra={"action": "settle_failed", "error": f"{type(exc).__name__}"})
-
-
-def _count(counter: LabelledCounter, counts: Counter[tuple[str, ...]]) -> None:
-    """Add a batch's counts to a labelled metric, one labels() call per label set, and start over."""
-    for labels, n in counts.items():
-        counter.labels(*labels).inc(n)
-    counts.clear()
 
 
 def _coalesce(batch: Sequence[tuple[ReceivedCommand, Command | PauseTimers]]) -> tuple[list[int], set[int]]:
