@@ -83,11 +83,21 @@ def stored_time(msg: Delivered, *, truncated: bool = False) -> datetime:
     """
     if not truncated:
         return msg.metadata.timestamp
-    tokens = (msg.reply or "").split(".")
-    nanos = tokens[7] if len(tokens) == 9 else tokens[9] if len(tokens) >= 11 else None
-    if nanos is None or not nanos.isdigit():
+    found = _ack_tokens(msg.reply)
+    if found is None or not found[1].isdigit():
         return msg.metadata.timestamp
-    return EPOCH + timedelta(microseconds=int(nanos) // 1000)
+    return EPOCH + timedelta(microseconds=int(found[1]) // 1000)
+
+
+def _ack_tokens(reply: str | None) -> tuple[str, str] | None:
+    """(the stream sequence, the stored time in nanoseconds) as an ack subject writes them (see
+    stored_time for its two shapes), unchecked; None for a subject of neither shape."""
+    tokens = (reply or "").split(".")
+    if len(tokens) == 9:
+        return tokens[5], tokens[7]
+    if len(tokens) >= 11:  # with a domain and an account hash
+        return tokens[7], tokens[9]
+    return None
 
 
 def position(msg: ReceivedCommand) -> Position:
@@ -97,15 +107,9 @@ def position(msg: ReceivedCommand) -> Position:
     gets the Position, and its DLQ copy the id, it always got): Msg.metadata builds a frozen
     dataclass of eight fields per message, a few microseconds that intake paid for every
     command (issue 21's profile). A subject of another shape is left to Msg.metadata."""
-    tokens = (msg.reply or "").split(".")
-    count = len(tokens)
-    if tokens[0] == "$JS" and count > 1 and tokens[1] == "ACK":
-        if count == 9:
-            seq, nanos = tokens[5], tokens[7]
-        elif count >= 11:  # with a domain and an account hash
-            seq, nanos = tokens[7], tokens[9]
-        else:
-            seq = nanos = ""
+    reply = msg.reply or ""
+    if reply.startswith("$JS.ACK.") and (found := _ack_tokens(reply)) is not None:
+        seq, nanos = found
         if seq.isdigit() and nanos.isdigit():
             return Position(int(seq), datetime.fromtimestamp(int(nanos) / 1_000_000_000.0, UTC))
     return Position(msg.metadata.sequence.stream, stored_time(msg))
