@@ -34,6 +34,7 @@ from worker.natsconn import (
     ATOMIC_BATCH_MAX,
     ERR_ATOMIC_DISABLED,
     FastBatches,
+    atomic_batch_head,
     atomic_batch_headers,
     batch_ack_error,
     nats_connect,
@@ -319,13 +320,8 @@ class TimerClient:
         """Send one atomic batch; None once its PubAck confirms every command, else why not."""
         batch_id = uuid.uuid4().hex
         try:
-            # atomic_batch_headers' headers (without its copy of a dict per message), in one write
-            ours = {"Nats-Batch-Id": batch_id}
-            messages = [
-                (c.subject, c.body, "", {"Nats-Msg-Id": c.id, **ours, "Nats-Batch-Sequence": str(seq)})
-                for seq, c in enumerate(part[:-1], start=1)
-            ]
-            await publish_all(self.nc, messages)
+            head = atomic_batch_head([(c.subject, c.body, {"Nats-Msg-Id": c.id}) for c in part], batch_id)
+            await publish_all(self.nc, head)
             last = part[-1]
             headers = atomic_batch_headers({"Nats-Msg-Id": last.id}, batch_id, len(part), commit=True)
             reply = await self.nc.request(last.subject, last.body, timeout=timeout, headers=headers)

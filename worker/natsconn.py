@@ -195,6 +195,17 @@ def atomic_batch_headers(
     return out
 
 
+def atomic_batch_head(
+    chunk: Sequence[tuple[str, bytes, dict[str, str] | None]], batch_id: str
+) -> list[Message]:
+    """Every message of atomic batch `batch_id` but its commit (the last of `chunk`, which is sent
+    with atomic_batch_headers(..., commit=True) to get the batch's PubAck), for publish_all."""
+    return [
+        (subject, payload, "", atomic_batch_headers(headers, batch_id, seq, commit=False))
+        for seq, (subject, payload, headers) in enumerate(chunk[:-1], start=1)
+    ]
+
+
 def batch_ack_error(reply: bytes, size: int) -> dict[str, Any] | None:
     """None when a batch's PubAck confirms all `size` messages; else the error it carries."""
     try:

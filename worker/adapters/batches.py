@@ -27,6 +27,7 @@ from worker.natsconn import (
     FastBatch,
     FastBatches,
     api_error,
+    atomic_batch_head,
     atomic_batch_headers,
     batch_ack_error,
     publish_all,
@@ -188,13 +189,7 @@ class Publisher:
         assert self.nc is not None
         batch_id = uuid.uuid4().hex
         try:
-            await publish_all(
-                self.nc,
-                [
-                    (m.subject, m.payload, "", atomic_batch_headers(m.headers, batch_id, seq, commit=False))
-                    for seq, m in enumerate(chunk[:-1], start=1)
-                ],
-            )
+            await publish_all(self.nc, atomic_batch_head(chunk, batch_id))
         except Exception as exc:  # the server drops a batch never committed
             return _failed(exc)
         last = chunk[-1]
