@@ -3,24 +3,56 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import json.scanner
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
+from worker.natsconn import acknowledge, take_raw
+
+_DECODER = json.JSONDecoder()
+_SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # typeshed: "a make_scanner"
+_STATUS = b"NATS/1.0 "  # a status message's header line; a message with headers starts `NATS/1.0\r\n`
+_STALLED = b"Nats-Consumer-Stalled:"
+
 
 class DueEvent:
-    """One DueTimeReached (docs/CONTRACT.md) from due_events: its envelope, and ack()."""
+    """One DueTimeReached (docs/CONTRACT.md) from due_events: its envelope, headers, and ack()."""
 
-    __slots__ = ("acked", "event", "msg")
+    __slots__ = ("_acks", "_event", "_headers", "_raw_headers", "_subject", "acked", "data", "reply")
 
-    def __init__(self, msg: Msg, event: dict[str, Any]) -> None:
-        self.msg = msg
-        self.event = event  # the envelope: id, type, tenantId, correlationId, timestampMs, payload
+    def __init__(
+        self,
+        subject: bytes,
+        reply: bytes,
+        data: bytes,
+        raw_headers: bytes | None,
+        headers: dict[str, str] | None,
+        acks: _Acks,
+    ) -> None:
+        self._subject, self._acks = subject, acks
+        self.reply = reply  # where its acknowledgement goes
+        self.data = data  # the envelope as published: JSON
+        self._raw_headers, self._headers = raw_headers, headers
+        self._event: dict[str, Any] | None = None
         self.acked = False
+
+    @property
+    def event(self) -> dict[str, Any]:
+        """The envelope: id, type, tenantId, correlationId, timestampMs, payload."""
+        if self._event is None:
+            self._event = _decode(self.data)
+        return self._event
+
+    @property
+    def subject(self) -> str:
+        """Where it was published: `<prefix>.<tenantId>.timer.due`."""
+        return self._subject.decode()
 
     @property
     def id(self) -> str:
@@ -32,9 +64,49 @@ class DueEvent:
         payload: dict[str, Any] = self.event["payload"]
         return payload
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """Its NATS headers: Nats-Msg-Id, and those carried from the ScheduleTimer (traceparent…)."""
+        if self._headers is None:
+            self._headers = _parse_headers(self._raw_headers)
+        return self._headers
+
     def ack(self) -> None:
         """Handled: acknowledged with the next batch of acknowledgements (see due_events)."""
-        self.acked = True
+        if not self.acked:
+            self.acked = True
+            self._acks.open.pop(self.reply, None)
+            self._acks.done.append(self.reply)
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    # The C scanner alone, without decode()'s whitespace passes: a third less per event. Anything
+    # it does not take whole (whitespace around, not JSON) goes to decode(), which says why.
+    text = data.decode()
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration:
+        end = -1
+    if end != len(text):
+        value = _DECODER.decode(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"a DueTimeReached is a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _parse_headers(raw: bytes | None) -> dict[str, str]:
+    # As nats-py reads a header block: `Name: value` lines after the `NATS/1.0` line.
+    headers: dict[str, str] = {}
+    for line in (raw or b"").split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip():
+            headers[name.strip().decode("ascii", "replace")] = value.strip().decode("utf-8", "replace")
+    return headers
+
+
+# What arrives, in order: an event (subject, reply, data, raw headers, parsed headers), or a
+# subject to answer with an empty message (flow control, a stalled consumer's heartbeat).
+_Arrival = tuple[bytes, bytes, bytes, bytes | None, dict[str, str] | None] | str
 
 
 async def due_events(
@@ -49,61 +121,135 @@ async def due_events(
     """The DueTimeReached events on `subject`, oldest first, from the durable consumer `durable`
     on `stream` (created when missing). Call `event.ack()` once an event is handled: events
     not acknowledged come again after the consumer's ack wait (30 s), here or to the next
-    consumer of that name, so an event is handled at least once.
+    consumer of that name, so an event is handled at least once. When the loop ends, the
+    events it was given but not acknowledged, and those received but not yet given, are handed
+    back at once (a NAK each), for the next reader.
 
     Cheaper per event than a pull subscription read with fetch(): the server pushes events
-    as they are stored (with flow control), and acknowledgements go in batches: the consumer
-    acknowledges "all up to here" (AckPolicy ALL) for the longest run of acknowledged events,
-    every `ack_every` events and whenever no more events are waiting. An event acknowledged
-    out of order is held back until those before it are acknowledged too.
+    as they are stored (with flow control), and each event's acknowledgement goes out with
+    others in one write, every `ack_every` events and whenever no more events are waiting.
+    Each event is acknowledged on its own (AckPolicy EXPLICIT): with AckPolicy ALL, a reader
+    that took over from one stopped with events in flight acknowledged those too with its first
+    ack, unhandled (they come again only after the ack wait, behind newer ones).
+
+    The events are read as the connection parses them (natsconn.take_raw), before nats-py makes
+    a message of each, parses its headers and queues it for a task: that was half of a
+    consumer's CPU per event (docs/BENCHMARKS.md). Flow control and heartbeats are answered
+    here, in order with the events, as nats-py would.
     """
     config = api.ConsumerConfig(
-        ack_policy=api.AckPolicy.ALL,
+        ack_policy=api.AckPolicy.EXPLICIT,
         max_ack_pending=max_ack_pending,
         flow_control=True,
         idle_heartbeat=5.0,
     )
-    # Our own queue, fed by nats-py's callback (which answers flow control and heartbeats):
-    # reading the subscription with next_msg() or `messages` costs a task per event.
-    arrived: asyncio.Queue[Msg] = asyncio.Queue()
+    nc = js._nc
+    arrived: deque[_Arrival] = deque()
+    waiting = asyncio.Event()
+    acks = _Acks()
 
-    async def put(msg: Msg) -> None:
-        arrived.put_nowait(msg)
+    def on_raw(subject: bytes, reply: bytes, data: bytes, raw_headers: bytes | None) -> None:
+        if raw_headers is None or not raw_headers.startswith(_STATUS):
+            arrived.append((subject, reply, data, raw_headers, None))
+        elif raw_headers[9:12] == b"100":  # flow control (it has a reply) or an idle heartbeat
+            answer = reply.decode() if reply else _stalled(raw_headers)
+            if answer:
+                arrived.append(answer)
+        waiting.set()
 
+    # (flow_control given again: nats-py sets the config's from this argument, False by default)
     sub = await js.subscribe(
-        subject,
-        durable=durable,
-        stream=stream,
-        cb=put,
-        manual_ack=True,
-        config=config,
-        pending_msgs_limit=max_ack_pending * 2,
+        subject, durable=durable, stream=stream, manual_ack=True, config=config, flow_control=True
     )
-    unacked: deque[DueEvent] = deque()
-    last_done: Msg | None = None
-    since_ack = 0
+    # Without a callback nats-py keeps what arrives in the subscription's queue: what came
+    # before take_raw, all older than what the handler gets, is taken from there first.
+    release = take_raw(nc, sub._id, on_raw)
+    if release is not None:  # (no await since take_raw: `arrived` is still empty)
+        while (early := _queued(sub)) is not None:
+            arrived.append(_arrival(early))
+    try:
+        policy = (await js.consumer_info(stream, durable)).config.ack_policy
+        if policy != api.AckPolicy.EXPLICIT:
+            raise ValueError(
+                f"consumer {durable!r} on {stream} acknowledges with ack_policy {policy}, not explicit: "
+                "one reader's ack would cover events another had in flight, unhandled. Delete it "
+                "(`nats consumer rm`) once idle, or read from a new durable name"
+            )
+    except BaseException:
+        await _close(nc, sub, release, acks, arrived)
+        raise
 
-    async def flush() -> None:
-        nonlocal last_done, since_ack
-        while unacked and unacked[0].acked:
-            last_done = unacked.popleft().msg
-        if last_done is not None:
-            await last_done.ack()  # AckPolicy ALL: this one and every event before it
-            last_done, since_ack = None, 0
+    async def next_arrival() -> _Arrival:
+        if release is None:  # this nats-py's internals are not take_raw's: its own queue
+            return _arrival(await sub.next_msg(timeout=None))
+        while not arrived:
+            waiting.clear()
+            await waiting.wait()
+        return arrived.popleft()
 
     try:
         while True:
-            if arrived.empty() or since_ack >= ack_every:
-                await flush()
-            msg = arrived.get_nowait() if not arrived.empty() else await arrived.get()
-            while unacked and unacked[0].acked:
-                last_done = unacked.popleft().msg
-                since_ack += 1
-            event = DueEvent(msg, json.loads(msg.data))
-            unacked.append(event)
+            if not arrived or len(acks.done) >= ack_every:
+                await acks.send(nc)
+            arrival = await next_arrival()
+            if isinstance(arrival, str):  # answered once the events before it are out
+                await nc.publish(arrival)
+                continue
+            event = DueEvent(*arrival, acks)
+            acks.open[event.reply] = None
             yield event
     finally:
-        try:
-            await flush()
-        finally:
-            await sub.unsubscribe()
+        await _close(nc, sub, release, acks, arrived)
+
+
+class _Acks:
+    """The acknowledgements not yet sent, and the events given out and not acknowledged."""
+
+    __slots__ = ("done", "open")
+
+    def __init__(self) -> None:
+        self.done: list[bytes] = []  # reply subjects
+        self.open: dict[bytes, None] = {}
+
+    async def send(self, nc: Any, body: bytes = b"") -> None:
+        if self.done:  # an empty message is an ack (+ACK)
+            replies, self.done = self.done, []
+            await acknowledge(nc, replies, body)
+
+
+async def _close(
+    nc: Any, sub: Any, release: Callable[[], None] | None, acks: _Acks, arrived: deque[_Arrival]
+) -> None:
+    # Handed back for the next reader now, not after the ack wait; but only once the server
+    # has stopped pushing here (it would push them straight back): after the UNSUB, and after
+    # what it sent before it, which the round trip of a flush brings in.
+    try:
+        await acks.send(nc)
+        await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await nc.flush(timeout=5)
+        acks.done = [*acks.open, *(a[1] for a in arrived if not isinstance(a, str))]
+        acks.open.clear()
+        await acks.send(nc, b"-NAK")
+    finally:
+        if release is not None:
+            release()
+
+
+def _arrival(msg: Msg) -> _Arrival:
+    return (msg.subject.encode(), msg.reply.encode(), msg.data, None, msg.headers or {})
+
+
+def _stalled(raw_headers: bytes) -> str | None:
+    # An idle heartbeat names, when the server thinks the consumer stalled, where to send the
+    # flow control answer it missed.
+    at = raw_headers.find(_STALLED)
+    if at < 0:
+        return None
+    return raw_headers[at + len(_STALLED) :].split(b"\r\n", 1)[0].strip().decode() or None
+
+
+def _queued(sub: Any) -> Msg | None:
+    # The subscription's own queue: only what arrived between the SUB and take_raw.
+    queue: asyncio.Queue[Msg] = sub._pending_queue
+    return None if queue.empty() else queue.get_nowait()

@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import nats.aio.client
@@ -38,6 +38,39 @@ async def nats_connect(servers: str | list[str], **options: Any) -> NATS:
     nc = _TlsEnforcingClient()
     await nc.connect(servers, **options)
     return nc
+
+
+# subject, reply, payload, header block (its `NATS/1.0…` line included) or None, as read
+RawHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
+
+
+def take_raw(nc: NATS, sid: int, handler: RawHandler) -> Callable[[], None] | None:
+    """Hand the messages of subscription `sid` to `handler` as the connection reads them, before
+    nats-py makes a Msg of each, parses its headers and queues it for the subscription's task
+    (half of a consumer's CPU per message). Returns the undo; None when this nats-py's parser
+    does not go through `_process_msg` (the caller reads the subscription as usual).
+    Every other subscription is untouched. The handler runs inside the read loop: it must not block."""
+    process = getattr(nc, "_process_msg", None)
+    if process is None or not asyncio.iscoroutinefunction(process):
+        return None
+    handlers: dict[int, RawHandler] | None = nc.__dict__.get("_raw_handlers")
+    if handlers is None:
+        routes: dict[int, RawHandler] = {}
+
+        async def routed(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+            if (to := routes.get(sid)) is None:
+                await process(sid, subject, reply, data, headers)
+            else:
+                to(subject, reply, data, headers)
+
+        nc.__dict__["_raw_handlers"] = handlers = routes
+        nc.__dict__["_process_msg"] = routed  # the parser calls `self.nc._process_msg`
+    handlers[sid] = handler
+
+    def release() -> None:
+        handlers.pop(sid, None)
+
+    return release
 
 
 # Publishing many messages in one write (issue 21): nats-py's `publish` costs, per message, the
@@ -174,6 +207,25 @@ async def publish_all(nc: NATS, messages: Sequence[Message]) -> None:
     nc.stats["out_msgs"] += len(messages)
     nc.stats["out_bytes"] += size
     await nc._send_command(command)
+    if nc._flush_queue is not None and nc._flush_queue.empty():
+        await nc._flush_pending()
+
+
+async def acknowledge(nc: NATS, replies: Sequence[bytes], body: bytes = b"") -> None:
+    """`await nc.publish(reply.decode(), body)` for each reply subject a JetStream consumer was
+    given (an empty body acknowledges, `-NAK` hands back), in one write, as publish_all. The
+    subjects are the server's own, read off its MSG lines: never blank, never spaced, so there
+    is nothing to check or encode, which is most of publish_all's cost per message."""
+    if not replies:
+        return
+    if not (_fits(nc) and await _wire_matches()) or not nc.is_connected or nc.is_draining_pubs:
+        for reply in replies:
+            await nc.publish(reply.decode(), body)
+        return
+    rest = b"  %d\r\n%s\r\n" % (len(body), body)  # no reply of its own: nats-py's two spaces
+    nc.stats["out_msgs"] += len(replies)
+    nc.stats["out_bytes"] += len(body) * len(replies)
+    await nc._send_command(b"".join([b"PUB " + reply + rest for reply in replies]))
     if nc._flush_queue is not None and nc._flush_queue.empty():
         await nc._flush_pending()
 

@@ -22,7 +22,6 @@ import nats
 import nats.errors
 import nats.js.errors
 import psycopg
-from nats.aio.msg import Msg
 
 from tests.chaos.checker import Event, Row, Verdict, Window, check, lost_outside
 from tests.chaos.workload import Workload, ms_of
@@ -30,7 +29,7 @@ from tests.helpers import until
 from worker.contract import Subjects
 from worker.core.crashpoints import CRASH_EXIT
 from worker.devkit.harness import ReplicaSet
-from worker.devkit.recorder import Recorder
+from worker.devkit.recorder import Received, Recorder
 
 SETTLE_TIMEOUT_S = 180.0
 
@@ -230,8 +229,8 @@ class Run:
 Copy = tuple[str, bytes]  # a DLQ copy: (its subject's tenant token, the command's body)
 
 
-def _copy(subjects: Subjects) -> Callable[[float, Msg], Copy]:
-    def keep(_received: float, msg: Msg) -> Copy:
+def _copy(subjects: Subjects) -> Callable[[float, Received], Copy]:
+    def keep(_received: float, msg: Received) -> Copy:
         where = subjects.split(msg.subject)
         assert where is not None, msg.subject  # the DLQ stream only binds <prefix>.*.timer.dlq
         return where[0], msg.data
@@ -239,7 +238,7 @@ def _copy(subjects: Subjects) -> Callable[[float, Msg], Copy]:
     return keep
 
 
-def _event(received: float, msg: Msg) -> Event:
+def _event(received: float, msg: Received) -> Event:
     body = json.loads(msg.data)
     p = body["payload"]
     return Event(

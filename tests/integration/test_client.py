@@ -218,7 +218,7 @@ async def test_scheduled_in_bulk_they_fire_and_due_events_acknowledges_in_batche
         assert sorted(seen) == sorted(f"b-{i}" for i in range(n))
         await until(lambda: row(db_url, "acme", "b-0") is not None)
         info = await client.js.consumer_info(settings.event_stream, "billing")
-        assert info.config.ack_policy == api.AckPolicy.ALL
+        assert info.config.ack_policy == api.AckPolicy.EXPLICIT
 
         async def all_acknowledged() -> bool:
             # Acks are published, not requested: the server takes them in its own time.

@@ -73,6 +73,25 @@ def test_the_wire_is_byte_for_byte_nats_pys() -> None:
     assert want[1]["out_msgs"] == len(messages)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.from_regex(r"\$JS\.ACK\.[A-Z_]{1,9}\.[a-z-]{1,9}(\.[0-9]{1,19}){6}", fullmatch=True), max_size=8
+    ),
+    st.sampled_from([b"", b"-NAK", b"+TERM"]),
+)
+def test_acknowledgements_are_what_nats_py_sends(replies: list[str], body: bytes) -> None:
+    async def run() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        ours, theirs = connected(), connected()
+        await natsconn.acknowledge(ours, [r.encode() for r in replies], body)
+        for reply in replies:
+            await theirs.publish(reply, body)
+        return outcome(ours, None), outcome(theirs, None)
+
+    got, want = asyncio.run(run())
+    assert got == want
+
+
 header_keys = st.text(alphabet="!#$%&'*+-.^_`|~09AZaz ", min_size=0, max_size=12)
 header_values = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20)
 subjects = st.text(alphabet="abcXYZ09._-*>$é", min_size=1, max_size=30)

@@ -192,8 +192,11 @@ class Rig:
         return total
 
     # -- observation ----------------------------------------------------------------------------
-    def recorder(self, tenant: str = "*") -> EventRecorder:
-        return EventRecorder(self.nc_, self.names["subject_prefix"], self.names["event_stream"], tenant)
+    def recorder(self, tenant: str = "*", durable: str | None = None) -> EventRecorder:
+        """Every event as stored (an ordered consumer); with `durable`, as a user's consumer gets them."""
+        return EventRecorder(
+            self.nc_, self.names["subject_prefix"], self.names["event_stream"], tenant, durable
+        )
 
     async def events_state(self) -> StreamState:
         """Messages in the event stream and the times of the first and last (nats-py drops those)."""

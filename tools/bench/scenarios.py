@@ -134,13 +134,16 @@ async def _lateness(ctx: Context, rate: int, pending: int = 1_000_000, duration:
         await rig.seed(pending, start_s=86_400, rate=pending / 86_400, key_prefix="f-")
         names = rig.start_replicas(ctx.replicas)
         await rig.wait_replicas_up(names)
-        recorder = rig.recorder()
+        recorder = rig.recorder(durable="bench-receiver")  # received as a user's consumer would
         await recorder.start()
         ctx.progress(f"{n:,} timers coming due at {rate:,}/s for {duration:.0f}s")
         await rig.seed(n, start_s=5 + n / 50_000, rate=rate, key_prefix="l-")
         rss: list[float] = []
-        await _until_fired(rig, n, timeout=duration + 120, progress=ctx.progress, rss=rss)
-        await recorder.wait_for(n, timeout=30)
+        try:
+            await _until_fired(rig, n, timeout=duration + 120, progress=ctx.progress, rss=rss)
+            await recorder.wait_for(n, timeout=30)
+        finally:
+            await recorder.stop()
         fired = len({e.service_call_id for e in recorder.firings})
         return {
             "due_per_s": rate,

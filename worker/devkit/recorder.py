@@ -4,21 +4,33 @@ the chaos suite (one recorder for all four, so they measure the same way)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from worker.consumer import due_events
 from worker.contract import Subjects
 
 T = TypeVar("T")
+
+
+class Received(Protocol):
+    """A message as `keep` sees it: a nats-py Msg, or the client's DueEvent."""
+
+    @property
+    def subject(self) -> str: ...
+
+    @property
+    def data(self) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +45,7 @@ class Firing:
     received_at: float  # epoch seconds, this process's clock
 
     @classmethod
-    def of(cls, received_at: float, msg: Msg) -> Firing:
+    def of(cls, received_at: float, msg: Received) -> Firing:
         body = json.loads(msg.data)
         p = body["payload"]
         due, reached = (datetime.fromisoformat(p[k]).timestamp() for k in ("dueAt", "reachedAt"))
@@ -48,13 +60,25 @@ class Recorder(Generic[T]):
     stream holds. On its own connection, which reconnects for ever, unless given one. `keep`
     runs as each message arrives: a bench run receives hundreds of thousands, too many to hold
     as nats-py messages.
+
+    With `durable`, through what a user's consumer would use instead (the client's due_events
+    on that durable consumer, each event acknowledged): the benchmarks measure the receive
+    time and CPU of that (it re-delivers what was not acknowledged, so a record may repeat).
     """
 
-    def __init__(self, nats_: str | NATS, subject: str, stream: str, keep: Callable[[float, Msg], T]) -> None:
-        self.subject, self.stream, self.keep = subject, stream, keep
+    def __init__(
+        self,
+        nats_: str | NATS,
+        subject: str,
+        stream: str,
+        keep: Callable[[float, Received], T],
+        durable: str | None = None,
+    ) -> None:
+        self.subject, self.stream, self.keep, self.durable = subject, stream, keep, durable
         self.records: list[T] = []
         self._url = nats_ if isinstance(nats_, str) else None
         self._nc = None if isinstance(nats_, str) else nats_
+        self._receiving: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self._url is not None:
@@ -62,15 +86,30 @@ class Recorder(Generic[T]):
                 self._url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2
             )
         assert self._nc is not None
-        await self._nc.jetstream().subscribe(
-            self.subject, cb=self._on_msg, ordered_consumer=True, stream=self.stream
+        js = self._nc.jetstream()
+        if self.durable is None:
+            await js.subscribe(self.subject, cb=self._on_msg, ordered_consumer=True, stream=self.stream)
+            return
+        events = due_events(
+            js, self.subject, durable=self.durable, stream=self.stream, ack_every=256, max_ack_pending=4096
         )
+
+        async def receive() -> None:  # the consumer delivers all the stream holds, however late it starts
+            async for event in events:
+                self.records.append(self.keep(time.time(), event))
+                event.ack()
+
+        self._receiving = asyncio.create_task(receive())
 
     async def _on_msg(self, msg: Msg) -> None:
         self.records.append(self.keep(time.time(), msg))
 
     async def stop(self) -> None:
         """Closes the connection it opened (one it was given stays open)."""
+        if self._receiving is not None:
+            self._receiving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._receiving
         if self._url is not None and self._nc is not None:
             await self._nc.close()
             self._nc = None
@@ -79,8 +118,10 @@ class Recorder(Generic[T]):
 class EventRecorder(Recorder[Firing]):
     """Every DueTimeReached of `tenant` (every tenant by default) under this subject prefix."""
 
-    def __init__(self, nats_: str | NATS, prefix: str, stream: str, tenant: str = "*") -> None:
-        super().__init__(nats_, Subjects(prefix).due(tenant), stream, Firing.of)
+    def __init__(
+        self, nats_: str | NATS, prefix: str, stream: str, tenant: str = "*", durable: str | None = None
+    ) -> None:
+        super().__init__(nats_, Subjects(prefix).due(tenant), stream, Firing.of, durable)
 
     @property
     def firings(self) -> list[Firing]:

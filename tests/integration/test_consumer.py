@@ -1,0 +1,174 @@
+"""TimerClient.due_events reads its events as the connection parses them (natsconn.take_raw): every
+event once and in stream order, headers intact, flow control answered, acknowledgements batched;
+and the same through nats-py's own queue where take_raw cannot hook in."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.msg import Msg
+from nats.js import api
+
+from tests.helpers import until
+from worker import consumer
+from worker.adapters.broker import Broker
+from worker.client import TimerClient
+from worker.config import Settings
+
+PAD = "x" * 400  # events of ~600 bytes: a few thousand pass the server's first flow-control window
+
+
+@pytest.fixture
+async def streams(settings: Settings) -> AsyncIterator[Broker]:
+    b = Broker(settings)
+    await b.connect()
+    await b.ensure_streams()
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[TimerClient]:
+    async with TimerClient(
+        await nats.connect(settings.nats_url), settings.subject_prefix, owns_connection=True
+    ) as c:
+        yield c
+
+
+async def publish_events(streams: Broker, settings: Settings, n: int, start: int = 0) -> None:
+    subject = f"{settings.subject_prefix}.acme.timer.due"
+    for i in range(start, start + n):
+        body = {"id": f"e-{i}", "type": "DueTimeReached", "tenantId": "acme", "payload": {"i": i, "pad": PAD}}
+        headers = {"Nats-Msg-Id": f"e-{i}", "traceparent": f"00-{i:032x}-{i:016x}-01"}
+        await streams.nc.publish(subject, json.dumps(body).encode(), headers=headers)
+    await streams.nc.flush()
+    await until(lambda: stored(streams, settings, start + n), what=f"{start + n} events stored")
+
+
+async def stored(streams: Broker, settings: Settings, n: int) -> bool:
+    return (await streams.js.stream_info(settings.event_stream)).state.messages >= n
+
+
+async def receive(
+    client: TimerClient, settings: Settings, n: int, ack: bool = True
+) -> list[consumer.DueEvent]:
+    got: list[consumer.DueEvent] = []
+    events = client.due_events("acme", durable="billing", stream=settings.event_stream, ack_every=100)
+    async with asyncio.timeout(60):
+        async for event in events:
+            got.append(event)
+            if ack:
+                event.ack()
+            if len(got) == n:
+                break
+    await events.aclose()
+    return got
+
+
+async def all_acknowledged(client: TimerClient, settings: Settings) -> bool:
+    info = await client.js.consumer_info(settings.event_stream, "billing")
+    return info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_every_event_once_in_order_with_its_headers_and_flow_control_answered(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    n = 4000  # ~2.4 MB: past the server's first flow-control request (at 1 MiB pending)
+    answers: list[str] = []
+
+    async def answered(msg: Msg) -> None:
+        answers.append(msg.subject)
+
+    await streams.nc.subscribe("$JS.FC.>", cb=answered)
+    await publish_events(streams, settings, n)
+    got = await receive(client, settings, n)
+    assert [e.id for e in got] == [f"e-{i}" for i in range(n)]
+    assert got[7].payload["i"] == 7 and got[7].subject == f"{settings.subject_prefix}.acme.timer.due"
+    assert got[7].headers == {"Nats-Msg-Id": "e-7", "traceparent": f"00-{7:032x}-{7:016x}-01"}
+    await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
+    await streams.nc.flush()
+    assert answers, "the server asked for flow control and was answered (else delivery stalls)"
+
+
+async def test_a_reader_that_stops_hands_back_what_it_did_not_acknowledge_at_once(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    # The next reader binds to the consumer and the server pushes the handed-back events first:
+    # some may arrive before the hook is in place, and come first, in order.
+    await publish_events(streams, settings, 300)
+    first = await receive(client, settings, 120)
+    assert [e.id for e in first] == [f"e-{i}" for i in range(120)]
+    await publish_events(streams, settings, 300, start=300)
+    rest = await receive(client, settings, 480)  # within 60 s: the ack wait (30 s) is not waited for
+    assert [e.id for e in rest] == [f"e-{i}" for i in range(120, 600)]
+    await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
+
+
+async def test_events_in_flight_at_a_readers_crash_are_not_acknowledged_by_the_next_reader(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    # The consumer as due_events makes it, with a short ack wait so that redelivery is quick.
+    config = api.ConsumerConfig(
+        durable_name="billing",
+        deliver_subject="deliver.billing",
+        filter_subject=f"{settings.subject_prefix}.acme.timer.due",
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=2,
+        max_ack_pending=4096,
+        flow_control=True,
+        idle_heartbeat=5.0,
+    )
+    await streams.js.add_consumer(settings.event_stream, config)
+    await publish_events(streams, settings, 300)
+    crashing = TimerClient(await nats.connect(settings.nats_url), settings.subject_prefix)
+    events = crashing.due_events("acme", durable="billing", stream=settings.event_stream, ack_every=100)
+    async for event in events:  # all 300 delivered; 120 handled, their acks sent when idle
+        if int(event.id[2:]) < 120:
+            event.ack()
+        if event.id == "e-299":
+            break
+    await crashing.nc.close()  # gone without a word: the other 180 are in flight
+    with contextlib.suppress(Exception):
+        await events.aclose()
+    await publish_events(streams, settings, 300, start=300)
+    seen: set[str] = set()
+    after = client.due_events("acme", durable="billing", stream=settings.event_stream, ack_every=100)
+    async with asyncio.timeout(60):
+        async for event in after:  # new events first; the 180 after their ack wait
+            seen.add(event.id)
+            event.ack()
+            if len(seen & {f"e-{i}" for i in range(120, 600)}) == 480:
+                break
+    await after.aclose()
+    await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
+
+
+async def test_a_consumer_that_acknowledges_all_up_to_one_is_refused_with_why(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    config = api.ConsumerConfig(
+        durable_name="billing",
+        deliver_subject="deliver.billing",
+        filter_subject=f"{settings.subject_prefix}.acme.timer.due",
+        ack_policy=api.AckPolicy.ALL,
+    )
+    await streams.js.add_consumer(settings.event_stream, config)
+    events = client.due_events("acme", durable="billing", stream=settings.event_stream)
+    with pytest.raises(ValueError, match=r"ack_policy .*all.*not explicit"):
+        await events.__anext__()
+
+
+async def test_events_come_through_nats_py_where_take_raw_cannot_hook_in(
+    streams: Broker, client: TimerClient, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consumer, "take_raw", lambda *_: None)  # a nats-py whose parser it does not know
+    await publish_events(streams, settings, 300)
+    got = await receive(client, settings, 300)
+    assert [e.id for e in got] == [f"e-{i}" for i in range(300)]
+    assert got[3].headers["traceparent"] == f"00-{3:032x}-{3:016x}-01"
+    await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")

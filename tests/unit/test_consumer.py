@@ -1,0 +1,74 @@
+"""The consumer's own reading of what nats-py would read for it: take_raw's routing by
+subscription, the envelope's decoding and the header block's parsing (held to nats-py's)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from nats.aio.client import Client as NATS
+
+from worker.consumer import _decode, _parse_headers
+from worker.natsconn import encode, take_raw
+
+
+async def test_take_raw_routes_its_subscription_only_until_released() -> None:
+    nc = NATS()
+    through_nats_py: list[tuple[Any, ...]] = []
+
+    async def process_msg(*args: Any) -> None:  # stands for nats-py's own, which it wraps
+        through_nats_py.append(args)
+
+    nc._process_msg = process_msg  # type: ignore[method-assign]
+    taken: list[tuple[Any, ...]] = []
+    release = take_raw(nc, 7, lambda *args: taken.append(args))
+    assert release is not None
+    await nc._process_msg(7, b"a.b", b"r", b"data", None)
+    await nc._process_msg(8, b"c.d", b"", b"other", b"NATS/1.0\r\n\r\n")
+    assert taken == [(b"a.b", b"r", b"data", None)]
+    assert through_nats_py == [(8, b"c.d", b"", b"other", b"NATS/1.0\r\n\r\n")]
+    release()
+    await nc._process_msg(7, b"a.b", b"r", b"again", None)
+    assert len(taken) == 1 and through_nats_py[-1][3] == b"again"
+
+
+def test_take_raw_declines_a_client_whose_parser_it_does_not_know() -> None:
+    class Other:
+        def _process_msg(self, *args: Any) -> None:  # not a coroutine: not nats-py 2's
+            pass
+
+    assert take_raw(Other(), 1, lambda *args: None) is None  # type: ignore[arg-type]
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(),
+        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+        max_leaves=8,
+    )
+)
+def test_an_envelope_decodes_as_json_loads_does(inner: Any) -> None:
+    value = {"id": "e", "payload": inner}
+    for text in (json.dumps(value), json.dumps(value, indent=1), f"  {json.dumps(value)}\n"):
+        assert _decode(text.encode()) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"a": 1} x', "[1]", "nul"])
+def test_what_is_not_one_json_object_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        _decode(text.encode())
+
+
+header_keys = st.from_regex(r"[A-Za-z][A-Za-z0-9-]{0,20}", fullmatch=True)
+header_values = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=30)
+
+
+@given(st.dictionaries(header_keys, header_values, min_size=1, max_size=6))
+def test_a_header_block_parses_as_nats_py_parses_it(headers: dict[str, str]) -> None:
+    wire, _ = encode([("s", b"x", "", headers)])
+    block = wire[wire.index(b"\r\n") + 2 :]  # after the HPUB line: the header block, then the payload
+    block = block[: block.index(b"\r\n\r\n") + 4]
+    assert _parse_headers(block) == NATS._parse_header_lines(block[len(b"NATS/1.0\r\n") :])
