@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ("tools.bench.micro", "usage: python -m tools.bench.micro "),  # docs/BENCHMARKS.md
         ("tools.bench.indexcost", "usage: python -m tools.bench.indexcost "),  # docs/BENCHMARKS.md
         ("tools.bench.producer_ab", "usage: python -m tools.bench.producer_ab "),  # docs/BENCHMARKS.md
+        ("tools.bench.consumer", "usage: python -m tools.bench.consumer "),  # docs/BENCHMARKS.md
     ],
 )
 def test_the_documented_entry_points_run_from_the_repository_root(module: str, usage: str) -> None:
@@ -97,3 +98,23 @@ def test_indexcost_applies_the_same_commands_with_and_without_the_index(
     # The index is the one difference, and the runs wrote into it: more than its metapage (8 KiB).
     assert report["index_kb"]["with_index"] > 8 and report["index_kb"]["without_index"] is None
     assert "[indexcost 2/2]" in out.stderr
+
+
+def test_the_consumer_bench_has_each_reader_read_every_event() -> None:
+    argv = ["--rounds", "2", "--events", "600"]
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.bench.consumer", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    readers = ["due_events", "ordered", "push", "fetch"]
+    # a reader returns only once it has read all 600 (else the run times out and exits non-zero)
+    assert report["command"] == "python -m tools.bench.consumer " + " ".join(argv)
+    assert [len(report["cpu_ms_per_1k_runs"][r]) for r in readers] == [2, 2, 2, 2]
+    assert report["cpu_over_ordered"]["ordered"] == 1.0 and len(report["cpu_loop_ms"]) == 2
+    assert all(report["events_per_s"][r] > 0 for r in readers)
