@@ -272,14 +272,26 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
             (c for c in claimed if (c.tenant_id, c.service_call_id) in nexts), key=lambda c: c.due_at
         )
         fired: list[Fired] = []
-        while waiting:
-            now = self.clock.now()  # never ahead of the database clock: never early
-            ready = bisect.bisect_right(waiting, now, key=lambda c: c.due_at.timestamp())
-            if ready == 0:
-                await self.clock.sleep(waiting[0].due_at.timestamp() - now)
-                continue
-            await self._publish(waiting[:ready], datetime.fromtimestamp(now, UTC), nexts, fired, failed)
-            waiting = waiting[ready:]
+        # Each due instant's events go out when it comes, not after the PubAcks of the instant
+        # before: waiting for those made every later event of the claim a round trip later.
+        # All are acknowledged (or failed) before anything is recorded.
+        sends: list[asyncio.Task[None]] = []
+        try:
+            while waiting:
+                now = self.clock.now()  # never ahead of the database clock: never early
+                ready = bisect.bisect_right(waiting, now, key=lambda c: c.due_at.timestamp())
+                if ready == 0:
+                    await self.clock.sleep(waiting[0].due_at.timestamp() - now)
+                    continue
+                group, waiting = waiting[:ready], waiting[ready:]
+                at = datetime.fromtimestamp(now, UTC)
+                sends.append(asyncio.create_task(self._publish(group, at, nexts, fired, failed)))
+            for send in sends:
+                await send
+        finally:
+            for send in sends:
+                send.cancel()  # after an error or a stop: those still out end here too
+            await asyncio.gather(*sends, return_exceptions=True)
         crash_point("published")
         await self._record(batch, fired, failed)
         crash_point("marked")

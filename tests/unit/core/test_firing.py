@@ -72,6 +72,27 @@ async def test_nothing_is_published_before_its_due_time_on_the_database_clock(
     assert all(r.state == "Reached" for r in store.rows.values())
 
 
+async def test_each_due_instant_goes_out_without_waiting_for_the_pubacks_of_the_one_before(
+    settings: Settings, time: FakeTime
+) -> None:
+    """A claim reaches ahead over several due instants: each is published when it comes, while
+    the PubAcks of those before are still awaited; nothing is recorded until all are in."""
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    await schedule(store, time, 0.01, 0.02, 0.03)
+    publisher.gate = asyncio.Event()  # no PubAck until set
+    task = asyncio.create_task(firing(settings, store, publisher, FakeClock(time)).tick())
+    try:
+        await until(lambda: len(publisher.calls) == 3, what="all three instants on the wire at once")
+        assert [len(c.messages) for c in publisher.calls] == [1, 1, 1]
+        assert all(r.state == "Scheduled" for r in store.rows.values()), "recorded before its PubAck"
+        publisher.gate.set()
+        await task
+    finally:
+        publisher.gate.set()
+        await task
+    assert all(r.state == "Reached" for r in store.rows.values())
+
+
 async def test_while_claims_come_back_full_the_next_claim_overlaps_the_publishes_before_it(
     settings: Settings, time: FakeTime
 ) -> None:
