@@ -178,6 +178,20 @@ async def publish_all(nc: NATS, messages: Sequence[Message]) -> None:
         await nc._flush_pending()
 
 
+async def written(nc: NATS) -> None:
+    """Until what was published on `nc` so far is handed to its socket. nats-py writes from its own
+    flusher task, at the publisher's next wait: a publisher going on with CPU work (building the
+    next batch) would hold the last one back meanwhile, and the server would sit idle. Returns at
+    once when not connected (nats-py then buffers, and writes on reconnecting)."""
+    if not (_fits(nc) and nc.is_connected) or nc._flush_queue is None:
+        return
+    # The flusher answers the queued futures in order, each once everything pending before it
+    # is written (or the connection is lost: then too, and publishing's own errors tell).
+    done = await nc._flush_pending()
+    if isinstance(done, asyncio.Future):
+        await done
+
+
 # JetStream atomic batch publish (ADR-50, nats-server 2.12+), shared by the service's broker and
 # the producer client: each message of a batch carries the batch id and its place in it, the last
 # one the commit, and only the commit gets a reply, the batch's PubAck (all stored, or none).

@@ -86,7 +86,7 @@ async def test_a_batch_with_a_command_already_stored_reports_it_as_a_duplicate(
         client_module._Command(settings.subject_prefix + ".acme.timer.schedule", s.id, b"{}") for s in first
     ]
     fresh = client._commands("schedule", "ScheduleTimer", timers(1, start=9))
-    results = await client._send_many([*again, *fresh], timeout=5, fresh=False)
+    results = await client._send_many([[*again, *fresh]], timeout=5, fresh=False)
     assert [s.outcome for s in results] == ["duplicate"] * 3 + ["accepted"]
     stored, _, _ = await command_headers(streams, settings)
     assert stored == 4
