@@ -406,6 +406,7 @@ class _Envelopes:
     def payloads(self, items: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, str] | Sent]:
         """Each item's subject, envelope text after its id up to the payload, and payload JSON."""
         tenants, out = self.tenants, list[tuple[str, str, str] | Sent]()
+        last_due, last_text = None, ""
         for item in items:
             tenant = item.get("tenantId")
             known = tenants.get(tenant) if isinstance(tenant, str) else None
@@ -416,7 +417,11 @@ class _Envelopes:
                 middle = f'", "type": {self.type}, "tenantId": {json.dumps(tenant)}, "correlationId": '
                 known = tenants[tenant] = (self.subjects.of(tenant, self.kind), middle)
             if isinstance(due := item.get("dueAt"), datetime):
-                item = {**item, "dueAt": iso(due)}  # a copy: the caller's own is left as it was
+                # The commands of a call often share their due time (reminders for 9:00): the
+                # last one's text is kept, and reused for the very same datetime.
+                if due is not last_due:
+                    last_due, last_text = due, iso(due)
+                item = {**item, "dueAt": last_text}  # a copy: the caller's own is left as it was
             correlation = item.get("correlationId")
             head = known[1] + (_ascii(correlation) if isinstance(correlation, str) else "null") + self.stamp
             out.append((known[0], head, _json(item)))
@@ -444,14 +449,17 @@ def _json(payload: Mapping[str, Any]) -> str:
         return json.dumps(payload if isinstance(payload, dict) else dict(payload))
 
 
+# RFC 9562: the two bits after the version's nibble are 10; the hex digit they start, by the digit drawn.
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
+
+
 def _uuid4s(n: int) -> list[str]:
     """n random UUIDs (version 4), as str(uuid.uuid4()) makes them, from one read of os.urandom
     for all n instead of one each: a third of the time per id."""
-    hexes = os.urandom(16 * n).hex()
-    variant = "89ab"  # RFC 9562: the two bits after the version's nibble are 10
+    h, v = os.urandom(16 * n).hex(), _VARIANT
     return [
-        f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant[int(h[16], 16) & 3]}{h[17:20]}-{h[20:32]}"
-        for h in (hexes[i : i + 32] for i in range(0, 32 * n, 32))
+        f"{h[i:j]}-{h[j : j + 4]}-4{h[j + 5 : j + 8]}-{v[h[j + 8]]}{h[j + 9 : j + 12]}-{h[j + 12 : j + 24]}"
+        for i, j in zip(range(0, 32 * n, 32), range(8, 32 * n, 32), strict=True)
     ]
 
 

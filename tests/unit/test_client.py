@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 
-from worker.client import Sent, TimerClient, _Command, _command, _uuid4s
+from worker.client import Sent, TimerClient, _Command, _command, _json, _uuid4s
 
 DUE = datetime(2026, 11, 25, 9, 30, 0, 123456, tzinfo=UTC)
 
@@ -112,3 +115,34 @@ def test_a_bad_tenant_is_an_error_in_its_place_and_the_rest_are_built() -> None:
     assert [body(out[i])["payload"]["serviceCallId"] for i in (0, 3)] == ["a", "e"]
     for bad in out[1:3]:
         assert isinstance(bad, Sent) and bad.outcome == "error" and "tenantId must match" in (bad.error or "")
+
+
+text = st.text(alphabet=st.characters(codec=None, exclude_categories=()))  # any code point, surrogates too
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(st.dictionaries(text, text | json_values, max_size=6))
+@settings(max_examples=300)
+def test_a_payload_is_encoded_byte_for_byte_as_json_dumps_does(payload: dict[str, Any]) -> None:
+    # Text-only payloads take the string encoder's path, the others json.dumps: both must match it.
+    assert _json(payload) == json.dumps(payload)
+    assert _json(MappingProxyType(payload)) == json.dumps(payload)  # any Mapping, as dict(t) took
+
+
+def test_a_payload_json_dumps_refuses_raises_before_anything_is_built() -> None:
+    timers = [{"tenantId": "acme", "serviceCallId": "a", "dueAt": DUE, "data": object()}]
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        client()._commands("schedule", "ScheduleTimer", timers)
+
+
+def test_each_command_keeps_its_own_due_time_when_a_call_mixes_several() -> None:
+    other = datetime(2027, 1, 2, 3, 4, 5, 6000, tzinfo=UTC)
+    dues = [DUE, DUE, other, DUE, "2026-11-25T09:30:00Z", other]
+    timers = [{"tenantId": "acme", "serviceCallId": f"sc-{i}", "dueAt": d} for i, d in enumerate(dues)]
+    commands = client()._commands("schedule", "ScheduleTimer", timers)
+    want = ["2026-11-25T09:30:00.123Z"] * 2 + ["2027-01-02T03:04:05.006Z", "2026-11-25T09:30:00.123Z"]
+    assert [body(c)["payload"]["dueAt"] for c in commands] == [*want, dues[4], "2027-01-02T03:04:05.006Z"]
