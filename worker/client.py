@@ -17,20 +17,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
-import time
 import uuid
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from datetime import datetime
-from json.encoder import encode_basestring_ascii as _ascii
 from types import TracebackType
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
 from nats.js.errors import APIError
 
 from worker.consumer import DueEvent, due_events
 from worker.contract import CONTROL_TYPES, TENANT_RE, ControlKind, Subjects, iso
+from worker.envelopes import Command, Envelopes, envelope
 from worker.natsconn import (
     ATOMIC_BATCH_MAX,
     ERR_ATOMIC_DISABLED,
@@ -59,12 +57,6 @@ class Sent:
     id: str  # the envelope id, also its Nats-Msg-Id
     outcome: Literal["accepted", "duplicate", "error"]  # duplicate: JetStream already had this id
     error: str | None = None
-
-
-class _Command(NamedTuple):  # a tuple: schedule_many makes tens of thousands a second
-    subject: str
-    id: str
-    body: bytes
 
 
 FastIngest = Literal["auto", "on", "off"]
@@ -180,7 +172,7 @@ class TimerClient:
         correlation_id: str | None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        command = _command(subject, kind, payload, correlation_id)
+        command = envelope(subject, kind, payload, correlation_id)
         # The envelope id as Nats-Msg-Id, set last: a retried publish of this same command is dropped.
         sent = {**(headers or {}), "Nats-Msg-Id": command.id}
         await self.js.publish(subject, command.body, headers=sent)
@@ -201,9 +193,10 @@ class TimerClient:
 
     def _commands(
         self, kind: Literal["schedule", "cancel"], type_: str, items: Iterable[Mapping[str, Any]]
-    ) -> list[_Command | Sent]:
-        """The envelopes of one call, all at once (schedule_many builds them a batch at a time)."""
-        envelopes = _Envelopes(self.subjects, kind, type_)
+    ) -> list[Command | str]:
+        """The envelopes of one call, all at once (schedule_many builds them a batch at a time); in
+        place of an item with a bad tenant, why it is not sent."""
+        envelopes = Envelopes(self.subjects, kind, type_)
         return envelopes.part(envelopes.payloads(items))
 
     async def _many(
@@ -213,20 +206,21 @@ class TimerClient:
         items: Iterable[Mapping[str, Any]],
         timeout: float,
     ) -> list[Sent]:
-        envelopes = _Envelopes(self.subjects, kind, type_)
+        envelopes = Envelopes(self.subjects, kind, type_)
         payloads = envelopes.payloads(items)  # a payload json.dumps refuses raises here: nothing sent
         step = ATOMIC_BATCH_MAX
         parts = (envelopes.part(payloads[i : i + step]) for i in range(0, len(payloads), step))
         return await self._send_many(parts, timeout)
 
     async def _send_many(
-        self, parts: Iterable[Sequence[_Command | Sent]], timeout: float, *, fresh: bool = True
+        self, parts: Iterable[Sequence[Command | str]], timeout: float, *, fresh: bool = True
     ) -> list[Sent]:
-        """Send each part as a batch, taking the next part from `parts` (building it: most of the
-        client's work) only once this one is on the wire, so the server stores one batch while
-        the next is built; at most BATCHES_IN_FLIGHT batches await their PubAck.
+        """Send each part (its commands, and the reason in place of one not sent) as a batch,
+        taking the next from `parts` (building it: most of the client's work) only once this one
+        is on the wire, so the server stores one batch while the next is built; at most
+        BATCHES_IN_FLIGHT batches await their PubAck.
 
-        `fresh`: every id is new (uuid4s of _Envelopes). Only then may fast batches carry them:
+        `fresh`: every id is new (uuid4s of Envelopes). Only then may fast batches carry them:
         a fast batch skips an id JetStream already has in silence, counted as stored, so an id
         sent before goes in an atomic batch, which is refused whole and then sent one by one,
         each PubAck saying duplicate or not."""
@@ -235,7 +229,7 @@ class TimerClient:
         fast: bool | None = None  # decided on the first part of more than one command
         tasks: list[asyncio.Task[None]] = []
 
-        async def one(i: int, c: _Command) -> None:
+        async def one(i: int, c: Command) -> None:
             async with singles:
                 try:
                     ack = await self.js.publish(
@@ -245,7 +239,7 @@ class TimerClient:
                 except Exception as exc:  # each command's own outcome; none ends the others
                     results[i] = Sent(c.id, "error", f"{type(exc).__name__}: {exc}")
 
-        async def chunk(part: list[tuple[int, _Command]], slot: bool) -> None:
+        async def chunk(part: list[tuple[int, Command]], slot: bool) -> None:
             # `slot`: this part holds one of `batches`, given back once its batch is answered.
             try:
                 if slot and fast and self._fast:
@@ -268,8 +262,8 @@ class TimerClient:
         try:
             for part in parts:
                 base = len(results)
-                results.extend(c if isinstance(c, Sent) else None for c in part)
-                todo = [(base + j, c) for j, c in enumerate(part) if isinstance(c, _Command)]
+                results.extend(Sent("", "error", c) if isinstance(c, str) else None for c in part)
+                todo = [(base + j, c) for j, c in enumerate(part) if isinstance(c, Command)]
                 if fast is None and len(todo) > 1:
                     fast = fresh and await self._fast_batched(todo[0][1].subject)
                 slot = len(todo) > 1 and (bool(fast and self._fast) or self._atomic)
@@ -306,8 +300,8 @@ class TimerClient:
         return self._fast
 
     async def _fast_batch(
-        self, part: list[tuple[int, _Command]], results: list[Sent | None], timeout: float
-    ) -> list[tuple[int, _Command]]:
+        self, part: list[tuple[int, Command]], results: list[Sent | None], timeout: float
+    ) -> list[tuple[int, Command]]:
         """Send one fast batch and fill in `results` for what its replies settle; what is left to
         send one by one with the same ids (never stored, or not known to be: unanswered)."""
         batch = await self._fast_batches.send(
@@ -319,7 +313,7 @@ class TimerClient:
             self._fast_batches.forget([batch])
         if batch.disabled:
             self._fast = False  # the stream's owner took allow_batched away: atomic from now on
-        again: list[tuple[int, _Command]] = []
+        again: list[tuple[int, Command]] = []
         for seq, (i, c) in enumerate(part, start=1):
             result = batch.result(seq)
             if result is None:  # fresh ids: none was skipped as a duplicate
@@ -330,7 +324,7 @@ class TimerClient:
                 again.append((i, c))
         return again
 
-    async def _batch(self, part: list[_Command], timeout: float) -> dict[str, Any] | None:
+    async def _batch(self, part: list[Command], timeout: float) -> dict[str, Any] | None:
         """Send one atomic batch; None once its PubAck confirms every command, else why not."""
         batch_id = uuid.uuid4().hex
         try:
@@ -374,93 +368,6 @@ class TimerClient:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
-
-
-def _command(subject: str, kind: str, payload: dict[str, Any], correlation_id: str | None) -> _Command:
-    envelope = {
-        "id": str(uuid.uuid4()),
-        "type": kind,
-        "tenantId": payload["tenantId"],
-        "correlationId": correlation_id,
-        "timestampMs": time.time_ns() // 1_000_000,
-        "payload": payload,
-    }
-    return _Command(subject, envelope["id"], json.dumps(envelope).encode())
-
-
-class _Envelopes:
-    """The envelopes of one bulk call, byte for byte what json.dumps makes of `_command`'s
-    (tests/unit/test_client.py), in two steps: `payloads` checks each tenant (once per tenant)
-    and encodes each payload, for the whole call before anything is sent (a bad tenant is an
-    error in its place; a payload json.dumps refuses raises, as it always did); `part` gives a
-    slice of them ids and their envelopes' text as its batch is about to go out. The per-command
-    costs that are not the command's own (a clock read, a uuid4's system call, a tenant's check
-    and subject) are paid once per call or per part."""
-
-    def __init__(self, subjects: Subjects, kind: Literal["schedule", "cancel"], type_: str) -> None:
-        self.subjects, self.kind, self.type = subjects, kind, json.dumps(type_)
-        self.stamp = f', "timestampMs": {time.time_ns() // 1_000_000}, "payload": '  # one per call
-        # tenant -> its subject and its envelope's text from the id to correlationId.
-        self.tenants: dict[str, tuple[str, str]] = {}
-
-    def payloads(self, items: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, str] | Sent]:
-        """Each item's subject, envelope text after its id up to the payload, and payload JSON."""
-        tenants, out = self.tenants, list[tuple[str, str, str] | Sent]()
-        last_due, last_text = None, ""
-        for item in items:
-            tenant = item.get("tenantId")
-            known = tenants.get(tenant) if isinstance(tenant, str) else None
-            if known is None:
-                if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
-                    out.append(Sent("", "error", f"tenantId must match {TENANT_RE.pattern}: {tenant!r}"))
-                    continue
-                middle = f'", "type": {self.type}, "tenantId": {json.dumps(tenant)}, "correlationId": '
-                known = tenants[tenant] = (self.subjects.of(tenant, self.kind), middle)
-            if isinstance(due := item.get("dueAt"), datetime):
-                # The commands of a call often share their due time (reminders for 9:00): the
-                # last one's text is kept, and reused for the very same datetime.
-                if due is not last_due:
-                    last_due, last_text = due, iso(due)
-                item = {**item, "dueAt": last_text}  # a copy: the caller's own is left as it was
-            correlation = item.get("correlationId")
-            head = known[1] + (_ascii(correlation) if isinstance(correlation, str) else "null") + self.stamp
-            out.append((known[0], head, _json(item)))
-        return out
-
-    def part(self, payloads: Sequence[tuple[str, str, str] | Sent]) -> list[_Command | Sent]:
-        """The commands of these payloads, each with a new id."""
-        out: list[_Command | Sent] = []
-        for id_, p in zip(_uuid4s(len(payloads)), payloads, strict=True):
-            if isinstance(p, Sent):
-                out.append(p)
-            else:
-                subject, head, payload = p
-                out.append(_Command(subject, id_, f'{{"id": "{id_}{head}{payload}}}'.encode()))
-        return out
-
-
-def _json(payload: Mapping[str, Any]) -> str:
-    """json.dumps(dict(payload)), byte for byte. The common payload, text keys and text values,
-    is joined from json's own string encoder: a third of json.dumps' time, whose cost per call
-    is mostly setting up its encoder."""
-    try:
-        return "{" + ", ".join([_ascii(k) + ": " + _ascii(v) for k, v in payload.items()]) + "}"
-    except TypeError:  # a key or value that is not text (the string encoder takes only str)
-        return json.dumps(payload if isinstance(payload, dict) else dict(payload))
-
-
-# RFC 9562: the two bits after the version's nibble are 10; the hex digit they start, by the digit drawn.
-_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
-
-
-def _uuid4s(n: int) -> list[str]:
-    """n random UUIDs (version 4), as str(uuid.uuid4()) makes them, from one read of os.urandom
-    for all n instead of one each: a third of the time per id."""
-    h, v = os.urandom(16 * n).hex(), _VARIANT
-    return [
-        f"{h[i:j]}-{h[j : j + 4]}-4{h[j + 5 : j + 8]}-{v[h[j + 8]]}{h[j + 9 : j + 12]}-{h[j + 12 : j + 24]}"
-        for i, j in zip(range(0, 32 * n, 32), range(8, 32 * n, 32), strict=True)
-    ]
 
 
 def _tenant(tenant_id: str) -> str:

@@ -13,11 +13,11 @@ import pytest
 from nats.js import api
 
 from tests.helpers import row, running_replica, until
-from worker import client as client_module
 from worker import natsconn
 from worker.adapters.broker import Broker
 from worker.client import TimerClient
 from worker.config import Settings
+from worker.envelopes import Command, Envelopes
 
 
 @pytest.fixture
@@ -82,9 +82,7 @@ async def test_a_batch_with_a_command_already_stored_reports_it_as_a_duplicate(
     assert client._fast, "the command stream takes fast batches"
     # A producer retrying a batch whose PubAck it lost sends the same ids again. A fast batch
     # would skip them in silence, so ids sent before never go in one (fresh=False).
-    again = [
-        client_module._Command(settings.subject_prefix + ".acme.timer.schedule", s.id, b"{}") for s in first
-    ]
+    again = [Command(settings.subject_prefix + ".acme.timer.schedule", s.id, b"{}") for s in first]
     fresh = client._commands("schedule", "ScheduleTimer", timers(1, start=9))
     results = await client._send_many([[*again, *fresh]], timeout=5, fresh=False)
     assert [s.outcome for s in results] == ["duplicate"] * 3 + ["accepted"]
@@ -241,13 +239,13 @@ async def test_each_batch_is_on_the_wire_before_the_next_is_built(
     # may still wait in nats-py's buffer for its flusher when the next part is built.
     sender = fast_client if fast else client
     waiting: list[int] = []
-    part = client_module._Envelopes.part
+    part = Envelopes.part
 
-    def building(self: client_module._Envelopes, payloads: Any) -> list[Any]:
+    def building(self: Envelopes, payloads: Any) -> list[Any]:
         waiting.append(sender.nc._pending_data_size)
         return part(self, payloads)
 
-    monkeypatch.setattr(client_module._Envelopes, "part", building)
+    monkeypatch.setattr(Envelopes, "part", building)
     sent = await sender.schedule_many(timers(3500))  # four batches
     assert [s.outcome for s in sent] == ["accepted"] * 3500
     assert sender._fast is fast
