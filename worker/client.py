@@ -17,19 +17,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
-import time
 import uuid
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
 from nats.js.errors import APIError
 
 from worker.consumer import DueEvent, due_events
 from worker.contract import CONTROL_TYPES, TENANT_RE, ControlKind, Subjects, iso
+from worker.envelopes import Command, Envelopes, envelope
 from worker.natsconn import (
     ATOMIC_BATCH_MAX,
     ERR_ATOMIC_DISABLED,
@@ -40,6 +39,7 @@ from worker.natsconn import (
     nats_connect,
     publish_all,
     server_has_fast_ingest,
+    written,
 )
 
 # Atomic or fast batches of commands awaiting their PubAck at once: enough to keep the server busy while
@@ -57,12 +57,6 @@ class Sent:
     id: str  # the envelope id, also its Nats-Msg-Id
     outcome: Literal["accepted", "duplicate", "error"]  # duplicate: JetStream already had this id
     error: str | None = None
-
-
-class _Command(NamedTuple):  # a tuple: schedule_many makes tens of thousands a second
-    subject: str
-    id: str
-    body: bytes
 
 
 FastIngest = Literal["auto", "on", "off"]
@@ -178,7 +172,7 @@ class TimerClient:
         correlation_id: str | None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        command = _command(subject, kind, payload, correlation_id)
+        command = envelope(subject, kind, payload, correlation_id)
         # The envelope id as Nats-Msg-Id, set last: a retried publish of this same command is dropped.
         sent = {**(headers or {}), "Nats-Msg-Id": command.id}
         await self.js.publish(subject, command.body, headers=sent)
@@ -191,59 +185,51 @@ class TimerClient:
         tenant; a command the service rejects goes to the DLQ (worker.core.commands.parse_command
         checks as the service does). The commands of one call carry one `timestampMs`: they are
         issued together, and stream order settles ties (docs/CONTRACT.md, Ordering)."""
-        return await self._send_many(self._commands("schedule", "ScheduleTimer", timers), timeout)
+        return await self._many("schedule", "ScheduleTimer", timers, timeout)
 
     async def cancel_many(self, timers: Iterable[Mapping[str, Any]], timeout: float = 10.0) -> list[Sent]:
         """Send many CancelTimer commands (`{"tenantId", "serviceCallId"}` each); as schedule_many."""
-        return await self._send_many(self._commands("cancel", "CancelTimer", timers), timeout)
+        return await self._many("cancel", "CancelTimer", timers, timeout)
 
     def _commands(
         self, kind: Literal["schedule", "cancel"], type_: str, items: Iterable[Mapping[str, Any]]
-    ) -> list[_Command | Sent]:
-        """The envelopes `_command` makes, built for a whole call at once: the per-command costs
-        that are not the command's own (a clock read, a uuid4's system call, a tenant's check and
-        subject) are paid once per call."""
-        payloads = [dict(t) for t in items]  # copies: dueAt is rewritten, the caller's is not
-        ids = _uuid4s(len(payloads))
-        stamp = f', "timestampMs": {time.time_ns() // 1_000_000}, "payload": '
-        # tenant -> its subject, and its envelope's text from the id to correlationId: each
-        # tenant is checked once, and only the payload goes through json.dumps per command.
-        tenants: dict[str, tuple[str, str]] = {}
-        dumps = json.dumps
-        out: list[_Command | Sent] = []
-        for id_, payload in zip(ids, payloads, strict=True):
-            tenant = payload.get("tenantId")
-            known = tenants.get(tenant) if isinstance(tenant, str) else None
-            if known is None:
-                if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
-                    out.append(Sent("", "error", f"tenantId must match {TENANT_RE.pattern}: {tenant!r}"))
-                    continue
-                middle = f'", "type": {dumps(type_)}, "tenantId": {dumps(tenant)}, "correlationId": '
-                known = tenants[tenant] = (self.subjects.of(tenant, kind), middle)
-            subject, middle = known
-            if isinstance(due := payload.get("dueAt"), datetime):
-                payload["dueAt"] = iso(due)
-            correlation = payload.get("correlationId")
-            correlation_json = dumps(correlation) if isinstance(correlation, str) else "null"
-            # Byte for byte what json.dumps makes of _command's envelope (tests/unit/test_client.py).
-            body = f'{{"id": "{id_}{middle}{correlation_json}{stamp}{dumps(payload)}}}'
-            out.append(_Command(subject, id_, body.encode()))
-        return out
+    ) -> list[Command | str]:
+        """The envelopes of one call, all at once (schedule_many builds them a batch at a time); in
+        place of an item with a bad tenant, why it is not sent."""
+        envelopes = Envelopes(self.subjects, kind, type_)
+        return envelopes.part(envelopes.payloads(items))
+
+    async def _many(
+        self,
+        kind: Literal["schedule", "cancel"],
+        type_: str,
+        items: Iterable[Mapping[str, Any]],
+        timeout: float,
+    ) -> list[Sent]:
+        envelopes = Envelopes(self.subjects, kind, type_)
+        payloads = envelopes.payloads(items)  # a payload json.dumps refuses raises here: nothing sent
+        step = ATOMIC_BATCH_MAX
+        parts = (envelopes.part(payloads[i : i + step]) for i in range(0, len(payloads), step))
+        return await self._send_many(parts, timeout)
 
     async def _send_many(
-        self, commands: list[_Command | Sent], timeout: float, *, fresh: bool = True
+        self, parts: Iterable[Sequence[Command | str]], timeout: float, *, fresh: bool = True
     ) -> list[Sent]:
-        """`fresh`: every id is new (uuid4s of _commands). Only then may fast batches carry them:
+        """Send each part (its commands, and the reason in place of one not sent) as a batch,
+        taking the next from `parts` (building it: most of the client's work) only once this one
+        is on the wire, so the server stores one batch while the next is built; at most
+        BATCHES_IN_FLIGHT batches await their PubAck.
+
+        `fresh`: every id is new (uuid4s of Envelopes). Only then may fast batches carry them:
         a fast batch skips an id JetStream already has in silence, counted as stored, so an id
         sent before goes in an atomic batch, which is refused whole and then sent one by one,
         each PubAck saying duplicate or not."""
-        results: list[Sent | None] = [c if isinstance(c, Sent) else None for c in commands]
-        todo = [(i, c) for i, c in enumerate(commands) if isinstance(c, _Command)]
-        chunks = [todo[i : i + ATOMIC_BATCH_MAX] for i in range(0, len(todo), ATOMIC_BATCH_MAX)]
+        results: list[Sent | None] = []
         batches, singles = asyncio.Semaphore(BATCHES_IN_FLIGHT), asyncio.Semaphore(SINGLES_IN_FLIGHT)
-        fast = fresh and len(todo) > 1 and await self._fast_batched(todo[0][1].subject)
+        fast: bool | None = None  # decided on the first part of more than one command
+        tasks: list[asyncio.Task[None]] = []
 
-        async def one(i: int, c: _Command) -> None:
+        async def one(i: int, c: Command) -> None:
             async with singles:
                 try:
                     ack = await self.js.publish(
@@ -253,24 +239,46 @@ class TimerClient:
                 except Exception as exc:  # each command's own outcome; none ends the others
                     results[i] = Sent(c.id, "error", f"{type(exc).__name__}: {exc}")
 
-        async def chunk(part: list[tuple[int, _Command]]) -> None:
-            if fast and self._fast and len(part) > 1:
-                async with batches:
+        async def chunk(part: list[tuple[int, Command]], slot: bool) -> None:
+            # `slot`: this part holds one of `batches`, given back once its batch is answered.
+            try:
+                if slot and fast and self._fast:
                     part = await self._fast_batch(part, results, timeout)
-            elif self._atomic and len(part) > 1:
-                async with batches:
+                elif slot and self._atomic:
                     error = await self._batch([c for _, c in part], timeout)
-                if error is None:
-                    for i, c in part:
-                        results[i] = Sent(c.id, "accepted")
-                    return
-                if error.get("err_code") == ERR_ATOMIC_DISABLED:
-                    self._atomic = False  # a command stream made before schedule_many
+                    if error is None:
+                        for i, c in part:
+                            results[i] = Sent(c.id, "accepted")
+                        return
+                    if error.get("err_code") == ERR_ATOMIC_DISABLED:
+                        self._atomic = False  # a command stream made before schedule_many
+            finally:
+                if slot:
+                    batches.release()
             # Refused, lost or unanswered: one by one, with the same ids, so what the batch
             # stored after all is reported as a duplicate and stored once.
             await asyncio.gather(*(one(i, c) for i, c in part))
 
-        await asyncio.gather(*(chunk(part) for part in chunks))
+        try:
+            for part in parts:
+                base = len(results)
+                results.extend(Sent("", "error", c) if isinstance(c, str) else None for c in part)
+                todo = [(base + j, c) for j, c in enumerate(part) if isinstance(c, Command)]
+                if fast is None and len(todo) > 1:
+                    fast = fresh and await self._fast_batched(todo[0][1].subject)
+                slot = len(todo) > 1 and (bool(fast and self._fast) or self._atomic)
+                if slot:
+                    await batches.acquire()
+                if todo:
+                    tasks.append(asyncio.create_task(chunk(todo, slot)))
+                    # Its first step publishes the batch; nats-py's flusher task then writes it.
+                    await asyncio.sleep(0)
+                    await written(self.nc)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            raise
+        await asyncio.gather(*tasks)
         return [r if r is not None else Sent("", "error", "not sent") for r in results]
 
     async def _fast_batched(self, subject: str) -> bool:
@@ -292,8 +300,8 @@ class TimerClient:
         return self._fast
 
     async def _fast_batch(
-        self, part: list[tuple[int, _Command]], results: list[Sent | None], timeout: float
-    ) -> list[tuple[int, _Command]]:
+        self, part: list[tuple[int, Command]], results: list[Sent | None], timeout: float
+    ) -> list[tuple[int, Command]]:
         """Send one fast batch and fill in `results` for what its replies settle; what is left to
         send one by one with the same ids (never stored, or not known to be: unanswered)."""
         batch = await self._fast_batches.send(
@@ -305,7 +313,7 @@ class TimerClient:
             self._fast_batches.forget([batch])
         if batch.disabled:
             self._fast = False  # the stream's owner took allow_batched away: atomic from now on
-        again: list[tuple[int, _Command]] = []
+        again: list[tuple[int, Command]] = []
         for seq, (i, c) in enumerate(part, start=1):
             result = batch.result(seq)
             if result is None:  # fresh ids: none was skipped as a duplicate
@@ -316,7 +324,7 @@ class TimerClient:
                 again.append((i, c))
         return again
 
-    async def _batch(self, part: list[_Command], timeout: float) -> dict[str, Any] | None:
+    async def _batch(self, part: list[Command], timeout: float) -> dict[str, Any] | None:
         """Send one atomic batch; None once its PubAck confirms every command, else why not."""
         batch_id = uuid.uuid4().hex
         try:
@@ -360,29 +368,6 @@ class TimerClient:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
-
-
-def _command(subject: str, kind: str, payload: dict[str, Any], correlation_id: str | None) -> _Command:
-    envelope = {
-        "id": str(uuid.uuid4()),
-        "type": kind,
-        "tenantId": payload["tenantId"],
-        "correlationId": correlation_id,
-        "timestampMs": time.time_ns() // 1_000_000,
-        "payload": payload,
-    }
-    return _Command(subject, envelope["id"], json.dumps(envelope).encode())
-
-
-def _uuid4s(n: int) -> list[str]:
-    """n random UUIDs (version 4), as str(uuid.uuid4()) makes them, from one read of os.urandom
-    for all n instead of one each: a third of the time per id."""
-    hexes = os.urandom(16 * n).hex()
-    variant = "89ab"  # RFC 9562: the two bits after the version's nibble are 10
-    return [
-        f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant[int(h[16], 16) & 3]}{h[17:20]}-{h[20:32]}"
-        for h in (hexes[i : i + 32] for i in range(0, 32 * n, 32))
-    ]
 
 
 def _tenant(tenant_id: str) -> str:

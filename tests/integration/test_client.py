@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import nats
 import pytest
@@ -16,6 +17,7 @@ from worker import natsconn
 from worker.adapters.broker import Broker
 from worker.client import TimerClient
 from worker.config import Settings
+from worker.envelopes import Command, Envelopes
 
 
 @pytest.fixture
@@ -80,13 +82,9 @@ async def test_a_batch_with_a_command_already_stored_reports_it_as_a_duplicate(
     assert client._fast, "the command stream takes fast batches"
     # A producer retrying a batch whose PubAck it lost sends the same ids again. A fast batch
     # would skip them in silence, so ids sent before never go in one (fresh=False).
-    from worker import client as client_module
-
-    again = [
-        client_module._Command(settings.subject_prefix + ".acme.timer.schedule", s.id, b"{}") for s in first
-    ]
+    again = [Command(settings.subject_prefix + ".acme.timer.schedule", s.id, b"{}") for s in first]
     fresh = client._commands("schedule", "ScheduleTimer", timers(1, start=9))
-    results = await client._send_many([*again, *fresh], timeout=5, fresh=False)
+    results = await client._send_many([[*again, *fresh]], timeout=5, fresh=False)
     assert [s.outcome for s in results] == ["duplicate"] * 3 + ["accepted"]
     stored, _, _ = await command_headers(streams, settings)
     assert stored == 4
@@ -226,3 +224,41 @@ async def test_scheduled_in_bulk_they_fire_and_due_events_acknowledges_in_batche
 
         await until(all_acknowledged, what="every handled event acknowledged")
         assert info.delivered.consumer_seq == n, "each delivered once"
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["atomic", "fast"])
+async def test_each_batch_is_on_the_wire_before_the_next_is_built(
+    streams: Broker,
+    client: TimerClient,
+    fast_client: TimerClient,
+    settings: Settings,
+    fast: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The server stores one batch while the client builds the next: nothing of the batches before
+    # may still wait in nats-py's buffer for its flusher when the next part is built.
+    sender = fast_client if fast else client
+    waiting: list[int] = []
+    part = Envelopes.part
+
+    def building(self: Envelopes, payloads: Any) -> list[Any]:
+        waiting.append(sender.nc._pending_data_size)
+        return part(self, payloads)
+
+    monkeypatch.setattr(Envelopes, "part", building)
+    sent = await sender.schedule_many(timers(3500))  # four batches
+    assert [s.outcome for s in sent] == ["accepted"] * 3500
+    assert sender._fast is fast
+    assert waiting == [0, 0, 0, 0]
+    stored, _, _ = await command_headers(streams, settings)
+    assert stored == 3500
+
+
+async def test_a_payload_json_dumps_refuses_raises_and_nothing_is_sent(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    items = [*timers(2500), {"tenantId": "acme", "serviceCallId": "x", "dueAt": "x", "data": {1j}}]
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        await client.schedule_many(items)
+    info = await streams.js.stream_info(settings.command_stream)
+    assert info.state.messages == 0

@@ -68,14 +68,15 @@ def lowest(requirement: str) -> str:
 def test_client_imports_without_the_services_dependencies() -> None:
     # In a child: this process has imported the service already. The client must not register
     # the service's metrics in a producer's own Prometheus registry, nor need psycopg or pydantic;
-    # of the package it needs its consumer, the contract and the TLS-enforcing connection, nothing
-    # of the server.
+    # of the package it needs its consumer, its envelopes, the contract and the TLS-enforcing
+    # connection, nothing of the server.
     code = "import sys, worker.client; print(*(m for m in sys.modules if m in {!r} or m[:7] == 'worker.'))"
     result = _run(sys.executable, "-c", code.format(SERVICE_ONLY))
     assert sorted(result.stdout.split()) == [
         "worker.client",
         "worker.consumer",
         "worker.contract",
+        "worker.envelopes",
         "worker.natsconn",
     ]
 

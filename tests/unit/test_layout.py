@@ -89,7 +89,7 @@ def layer(name: str) -> str:
         return "package"
     if parts[1] in CROSS_CUTTING:
         return "cross-cutting"
-    if parts[1] == "consumer":  # the client's consumer of DueTimeReached, a module of its own
+    if parts[1] in {"consumer", "envelopes"}:  # the client's consumer of DueTimeReached, its envelopes
         return "client"
     return parts[1]  # contract, client, service
 

@@ -119,6 +119,10 @@ def test_any_batch_is_what_nats_py_sends(messages: list[Message]) -> None:
     [
         (("svc.acme timer", b"x", "", None), nats.errors.BadSubjectError),
         (("svc.acme.timer", b"x", "reply\r\nPUB evil 0", None), nats.errors.BadSubjectError),
+        (("svc.acme.timer", b"x", "re\tply", None), nats.errors.BadSubjectError),  # each whitespace alone
+        (("svc.acme.timer", b"x", "re\nply", None), nats.errors.BadSubjectError),
+        (("svc.acme.timer", b"x", "re\rply", None), nats.errors.BadSubjectError),
+        (("svc.acme.timer", b"x", "re ply", None), nats.errors.BadSubjectError),
         (("", b"x", "", None), nats.errors.BadSubjectError),
         (("svc.acme.timer", b"x", "", {"Bad Key": "v"}), nats.errors.BadHeaderError),
         (("svc.acme.timer", b"x", "", {"K:\r\nPUB": "v"}), nats.errors.BadHeaderError),
@@ -212,3 +216,19 @@ def test_encode_is_what_nats_py_sends_today() -> None:
         b"HPUB a.b r 18 20\r\nNATS/1.0\r\nK: v\r\n\r\nhi\r\nPUB a  0\r\n\r\n",
         2,
     )
+
+
+def test_replies_are_scanned_for_what_this_nats_py_refuses_and_its_own_check_runs_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # This nats-py refuses whitespace in a reply: publish_all scans for it instead of its regex.
+    assert natsconn._SUBJECT_WHITESPACE == " \t\r\n"
+    bad: Message = ("svc.acme.timer", b"x", "re\u2028ply", None)  # what the scan does not look for
+    got, want = asyncio.run(both([BATCH[0], BATCH[1], bad]))
+    assert got == want and want[2] is type(None)
+    # A nats-py whose check is another (here: this one's) gets its check run on the joined replies.
+    monkeypatch.setattr(natsconn, "_SUBJECT_WHITESPACE", None)
+    for reply in ("ok.reply", "re\tply"):
+        got, want = asyncio.run(both([BATCH[0], BATCH[1], ("svc.acme.timer", b"x", reply, None)]))
+        assert got == want
+    assert want[2] is nats.errors.BadSubjectError

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -61,19 +62,26 @@ def module_of(source: str, origin: str, name: str) -> types.ModuleType:
 
 
 def client_at(rev: str) -> types.ModuleType:
-    """worker/client.py as it was at a git revision, with worker/natsconn.py as it was then (the
-    batches' wire code lives there: this tree's would make the older client as fast as this one),
-    importing this tree's other modules."""
+    """worker/client.py as it was at a git revision, with worker/natsconn.py (the batches' wire
+    code: this tree's would make the older client as fast as this one) and worker/envelopes.py
+    (its envelopes, where the revision has it) as they were then, importing this tree's other
+    modules."""
     client = source_at(rev, "worker/client.py")
-    natsconn = module_of(
-        source_at(rev, "worker/natsconn.py"), f"{rev}:worker/natsconn.py", f"_natsconn_at_{rev}"
-    )
-    ours = sys.modules["worker.natsconn"]
-    sys.modules["worker.natsconn"] = natsconn  # what the older client's `from worker.natsconn` finds
+    olders = {"worker.natsconn": source_at(rev, "worker/natsconn.py")}
+    with contextlib.suppress(ValueError):  # a revision before the envelopes had a module of their own
+        olders["worker.envelopes"] = source_at(rev, "worker/envelopes.py")
+    ours = {name: sys.modules.get(name) for name in olders}
     try:
+        for name, source in olders.items():
+            # what the older client's `from worker.natsconn import` (or envelopes) finds
+            sys.modules[name] = module_of(source, f"{rev}:{name}", f"_{name.split('.')[1]}_at_{rev}")
         return module_of(client, f"{rev}:worker/client.py", f"_client_at_{rev}")
     finally:
-        sys.modules["worker.natsconn"] = ours
+        for name, module in ours.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
 
 
 def server_cpu_s(pid: int) -> float:
