@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
@@ -19,6 +20,9 @@ _DECODER = json.JSONDecoder()
 _SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # typeshed: "a make_scanner"
 _STATUS = b"NATS/1.0 "  # a status message's header line; a message with headers starts `NATS/1.0\r\n`
 _STALLED = b"Nats-Consumer-Stalled:"
+# A consumer without idle heartbeats (made by hand): how long a reader waits in silence before
+# it looks whether its connection and its consumer are still there.
+_SILENCE_WITHOUT_HEARTBEATS = 30.0
 
 
 class DueEvent:
@@ -150,7 +154,8 @@ async def due_events(
 
     def on_raw(subject: bytes, reply: bytes, data: bytes, raw_headers: bytes | None) -> None:
         if raw_headers is None or not raw_headers.startswith(_STATUS):
-            arrived.append((subject, reply, data, raw_headers, None))
+            if reply:  # else not the consumer's (_delivered)
+                arrived.append((subject, reply, data, raw_headers, None))
         elif raw_headers[9:12] == b"100":  # flow control (it has a reply) or an idle heartbeat
             answer = reply.decode() if reply else _stalled(raw_headers)
             if answer:
@@ -166,9 +171,11 @@ async def due_events(
     release = take_raw(nc, sub._id, on_raw)
     if release is not None:  # (no await since take_raw: `arrived` is still empty)
         while (early := _queued(sub)) is not None:
-            arrived.append(_arrival(early))
+            if _delivered(early):
+                arrived.append(_arrival(early))
     try:
-        policy = (await js.consumer_info(stream, durable)).config.ack_policy
+        bound = (await js.consumer_info(stream, durable)).config
+        policy = bound.ack_policy
         if policy != api.AckPolicy.EXPLICIT:
             raise ValueError(
                 f"consumer {durable!r} on {stream} acknowledges with ack_policy {policy}, not explicit: "
@@ -179,12 +186,27 @@ async def due_events(
         await _close(nc, sub, release, acks, arrived)
         raise
 
+    # The server tells a push consumer's reader neither that its consumer was deleted nor, here,
+    # that the connection closed: it goes silent. Two heartbeats missed, as nats-py's own check.
+    silence = 2 * (bound.idle_heartbeat or _SILENCE_WITHOUT_HEARTBEATS / 2)
+
     async def next_arrival() -> _Arrival:
         if release is None:  # this nats-py's internals are not take_raw's: its own queue
-            return _arrival(await sub.next_msg(timeout=None))
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=silence)
+                except nats.errors.TimeoutError:  # (heartbeats are nats-py's: never here)
+                    await _still_there(js, stream, durable)
+                    continue
+                if _delivered(msg):
+                    return _arrival(msg)
         while not arrived:
             waiting.clear()
-            await waiting.wait()
+            try:
+                async with asyncio.timeout(silence):  # any arrival, a heartbeat too, sets `waiting`
+                    await waiting.wait()
+            except TimeoutError:
+                await _still_there(js, stream, durable)
         return arrived.popleft()
 
     try:
@@ -217,6 +239,18 @@ class _Acks:
             await acknowledge(nc, replies, body)
 
 
+async def _still_there(js: JetStreamContext, stream: str, durable: str) -> None:
+    """After a silence: raises what ended the reading, if something did (nats-py's next_msg
+    raises ConnectionClosedError; consumer_info NotFoundError for a consumer deleted)."""
+    nc = js._nc
+    if nc.is_closed:
+        raise nats.errors.ConnectionClosedError
+    if nc.is_connected:  # (reconnecting: heartbeats come again after, or it closes)
+        # A slow or restarting server says nothing of the consumer: looked at again after the next silence.
+        with contextlib.suppress(nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            await js.consumer_info(stream, durable)
+
+
 async def _close(
     nc: Any, sub: Any, release: Callable[[], None] | None, acks: _Acks, arrived: deque[_Arrival]
 ) -> None:
@@ -231,9 +265,25 @@ async def _close(
         acks.done = [*acks.open, *(a[1] for a in arrived if not isinstance(a, str))]
         acks.open.clear()
         await acks.send(nc, b"-NAK")
+    except (
+        nats.errors.ConnectionClosedError,
+        nats.errors.ConnectionDrainingError,
+        nats.errors.BadSubscriptionError,
+    ):
+        # Closed or drained under it (TimerClient.close): nothing goes out any more, and what it
+        # held comes again after the ack wait. Raised here, it would take the place of what
+        # ended the loop (a cancel, the user's own error).
+        pass
     finally:
         if release is not None:
             release()
+
+
+def _delivered(msg: Msg) -> bool:
+    # JetStream delivers each message with its ack subject as reply: one without is not the
+    # consumer's (someone else's, on the deliver subject) and cannot be acknowledged (an ack to
+    # "" is a protocol error: the server cuts the connection, and the acks written with it).
+    return bool(msg.reply)
 
 
 def _arrival(msg: Msg) -> _Arrival:

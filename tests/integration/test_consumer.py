@@ -172,3 +172,105 @@ async def test_events_come_through_nats_py_where_take_raw_cannot_hook_in(
     assert [e.id for e in got] == [f"e-{i}" for i in range(300)]
     assert got[3].headers["traceparent"] == f"00-{3:032x}-{3:016x}-01"
     await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
+
+
+async def billing_consumer(streams: Broker, settings: Settings, idle_heartbeat: float) -> str:
+    """The consumer as due_events makes it, with a short heartbeat; its deliver subject."""
+    config = api.ConsumerConfig(
+        durable_name="billing",
+        deliver_subject="deliver.billing",
+        filter_subject=f"{settings.subject_prefix}.acme.timer.due",
+        ack_policy=api.AckPolicy.EXPLICIT,
+        max_ack_pending=4096,
+        flow_control=True,
+        idle_heartbeat=idle_heartbeat,
+    )
+    await streams.js.add_consumer(settings.event_stream, config)
+    return "deliver.billing"
+
+
+async def reading(client: TimerClient, settings: Settings, got: list[str]) -> None:
+    async for event in client.due_events("acme", durable="billing", stream=settings.event_stream):
+        got.append(event.id)
+        event.ack()
+
+
+async def ended(reader: asyncio.Task[None]) -> None:
+    # Waited for, not awaited: a timeout would cancel it, and what the cancel makes of it is
+    # another test's matter.
+    await asyncio.wait([reader], timeout=30)
+    if not reader.done():
+        reader.cancel()
+        await asyncio.wait([reader])
+        pytest.fail("the reader is still waiting")
+
+
+@pytest.mark.parametrize("end", ["close", "drain"])
+async def test_a_reader_whose_connection_ends_is_told_not_left_waiting(
+    streams: Broker, settings: Settings, end: str
+) -> None:
+    await billing_consumer(streams, settings, idle_heartbeat=0.5)
+    await publish_events(streams, settings, 10)
+    nc = await nats.connect(settings.nats_url)
+    got: list[str] = []
+    reader = asyncio.create_task(reading(TimerClient(nc, settings.subject_prefix), settings, got))
+    await until(lambda: len(got) == 10, what="the events read")
+    await (nc.close() if end == "close" else nc.drain())
+    await ended(reader)
+    with pytest.raises(nats.errors.ConnectionClosedError):  # as nats-py's own next_msg does
+        reader.result()
+
+
+async def test_a_reader_whose_consumer_is_deleted_is_told_not_left_waiting(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    await billing_consumer(streams, settings, idle_heartbeat=0.5)
+    await publish_events(streams, settings, 10)
+    got: list[str] = []
+    reader = asyncio.create_task(reading(client, settings, got))
+    await until(lambda: len(got) == 10, what="the events read")
+    await streams.js.delete_consumer(settings.event_stream, "billing")  # the server sends nothing
+    await ended(reader)
+    with pytest.raises(nats.js.errors.NotFoundError):
+        reader.result()
+
+
+async def test_a_reader_cancelled_after_its_connection_closed_ends_cancelled(
+    streams: Broker, settings: Settings
+) -> None:
+    await publish_events(streams, settings, 10)
+    nc = await nats.connect(settings.nats_url)
+    got: list[str] = []
+    reader = asyncio.create_task(reading(TimerClient(nc, settings.subject_prefix), settings, got))
+    await until(lambda: len(got) == 10, what="the events read")
+    await nc.close()
+    reader.cancel()  # at once: well within the 10 s of silence after which it looks for itself
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    assert reader.cancelled(), "closing on a closed connection must not turn a cancel into its error"
+
+
+async def test_a_message_on_the_deliver_subject_that_is_no_delivery_is_passed_over(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    # Without a reply it cannot be acknowledged: an ack to "" is a protocol error that cuts the
+    # connection, and the acks written with it are lost (their events come again).
+    deliver = await billing_consumer(streams, settings, idle_heartbeat=5.0)
+    await publish_events(streams, settings, 10)
+    got: list[str] = []
+    events = client.due_events("acme", durable="billing", stream=settings.event_stream, ack_every=100)
+    async with asyncio.timeout(60):
+        async for event in events:
+            event.ack()
+            got.append(event.id)
+            if len(got) == 10:
+                await streams.nc.publish(deliver, b"not an event")
+                await streams.nc.publish(deliver, b"", headers={"k": "v"})
+                await streams.nc.flush()
+                await publish_events(streams, settings, 10, start=10)
+            if len(got) == 20:
+                break
+    await events.aclose()
+    assert got == [f"e-{i}" for i in range(20)]
+    await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
+    assert client.nc.stats["reconnects"] == 0
