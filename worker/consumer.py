@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
@@ -246,9 +247,12 @@ async def _still_there(js: JetStreamContext, stream: str, durable: str) -> None:
     if nc.is_closed:
         raise nats.errors.ConnectionClosedError
     if nc.is_connected:  # (reconnecting: heartbeats come again after, or it closes)
-        # A slow or restarting server says nothing of the consumer: looked at again after the next silence.
-        with contextlib.suppress(nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        try:
             await js.consumer_info(stream, durable)
+        except (nats.js.errors.NotFoundError, nats.errors.ConnectionClosedError):
+            raise
+        except nats.errors.Error:  # slow, or restarting (503): looked at again after the next silence
+            pass
 
 
 async def _close(

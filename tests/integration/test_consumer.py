@@ -19,6 +19,7 @@ from worker import consumer
 from worker.adapters.broker import Broker
 from worker.client import TimerClient
 from worker.config import Settings
+from worker.devkit.embedded import EmbeddedNats
 
 PAD = "x" * 400  # events of ~600 bytes: a few thousand pass the server's first flow-control window
 
@@ -274,3 +275,38 @@ async def test_a_message_on_the_deliver_subject_that_is_no_delivery_is_passed_ov
     assert got == [f"e-{i}" for i in range(20)]
     await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
     assert client.nc.stats["reconnects"] == 0
+
+
+@pytest.mark.timeout(120)
+async def test_a_reader_reads_on_across_a_server_restart(
+    streams: Broker, settings: Settings, embedded_nats: EmbeddedNats | None
+) -> None:
+    # The connection re-subscribes with the same sid: the events after the restart come to the
+    # same hook, in order, and a reader looking for its consumer while the server is away or
+    # starting (no responders, 503) does not take that for its consumer gone.
+    assert embedded_nats is not None, "stops and restarts NATS: needs the embedded server"
+    await billing_consumer(streams, settings, idle_heartbeat=0.5)
+    await publish_events(streams, settings, 100)
+    nc = await nats.connect(settings.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    client = TimerClient(nc, settings.subject_prefix, owns_connection=True)
+    got: list[str] = []
+    reader = asyncio.create_task(reading(client, settings, got))
+    try:
+        await until(lambda: len(got) == 100, what="the events before the restart read")
+        await until(lambda: all_acknowledged(client, settings), what="those acknowledged")
+        embedded_nats.stop()
+        await until(lambda: not nc.is_connected, what="the reader sees NATS gone")
+        await asyncio.sleep(2)  # not a wait for anything: an outage of two silences (1 s each)
+        embedded_nats.start()
+        await until(lambda: nc.is_connected, what="the reader reconnected")
+        await until(lambda: streams.nc.is_connected, what="the publisher reconnected")
+        await publish_events(streams, settings, 100, start=100)
+        await until(lambda: len(got) == 200 or reader.done(), what="the events after the restart read")
+        assert not reader.done(), reader
+        assert got == [f"e-{i}" for i in range(200)]
+        await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
+    finally:
+        embedded_nats.start()
+        reader.cancel()
+        await asyncio.wait([reader])
+        await client.close()
