@@ -21,6 +21,7 @@ _DECODER = json.JSONDecoder()
 _SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # typeshed: "a make_scanner"
 _STATUS = b"NATS/1.0 "  # a status message's header line; a message with headers starts `NATS/1.0\r\n`
 _STALLED = b"Nats-Consumer-Stalled:"
+_GONE = object()  # what _Acks.open holds for an event no longer open: acknowledged, or handed back
 # A consumer without idle heartbeats (made by hand): how long a reader waits in silence before
 # it looks whether its connection and its consumer are still there.
 _SILENCE_WITHOUT_HEARTBEATS = 30.0
@@ -77,10 +78,10 @@ class DueEvent:
         return self._headers
 
     def ack(self) -> None:
-        """Handled: acknowledged with the next batch of acknowledgements (see due_events)."""
-        if not self.acked:
+        """Handled: acknowledged with the next batch of acknowledgements (see due_events). Once
+        the loop has ended it does nothing (`acked` stays False): the event was handed back."""
+        if self._acks.open.pop(self.reply, _GONE) is None:  # given out, not acknowledged, not handed back
             self.acked = True
-            self._acks.open.pop(self.reply, None)
             self._acks.done.append(self.reply)
 
 
@@ -234,10 +235,10 @@ class _Acks:
         self.done: list[bytes] = []  # reply subjects
         self.open: dict[bytes, None] = {}
 
-    async def send(self, nc: Any, body: bytes = b"") -> None:
+    async def send(self, nc: Any) -> None:
         if self.done:  # an empty message is an ack (+ACK)
             replies, self.done = self.done, []
-            await acknowledge(nc, replies, body)
+            await acknowledge(nc, replies)
 
 
 async def _still_there(js: JetStreamContext, stream: str, durable: str) -> None:
@@ -266,9 +267,10 @@ async def _close(
         await sub.unsubscribe()
         with contextlib.suppress(Exception):
             await nc.flush(timeout=5)
-        acks.done = [*acks.open, *(a[1] for a in arrived if not isinstance(a, str))]
-        acks.open.clear()
-        await acks.send(nc, b"-NAK")
+        await acks.send(nc)  # those acknowledged meanwhile (by handlers in other tasks)
+        back = [*acks.open, *(a[1] for a in arrived if not isinstance(a, str))]
+        acks.open.clear()  # from here ack() does nothing: the event comes again
+        await acknowledge(nc, back, b"-NAK")
     except (
         nats.errors.ConnectionClosedError,
         nats.errors.ConnectionDrainingError,
@@ -279,6 +281,7 @@ async def _close(
         # ended the loop (a cancel, the user's own error).
         pass
     finally:
+        acks.open.clear()
         if release is not None:
             release()
 

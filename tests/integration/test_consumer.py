@@ -310,3 +310,16 @@ async def test_a_reader_reads_on_across_a_server_restart(
         reader.cancel()
         await asyncio.wait([reader])
         await client.close()
+
+
+async def test_an_event_acknowledged_after_its_loop_ended_is_not_said_to_be_and_comes_again(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    await publish_events(streams, settings, 20)
+    late = await receive(client, settings, 20, ack=False)
+    for event in late[:10]:
+        event.ack()
+        assert not event.acked, "handed back when the loop ended: nothing acknowledges it now"
+    again = await receive(client, settings, 20)
+    assert [e.id for e in again] == [f"e-{i}" for i in range(20)]
+    await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
