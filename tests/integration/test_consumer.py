@@ -222,9 +222,12 @@ async def test_a_reader_whose_connection_ends_is_told_not_left_waiting(
         reader.result()
 
 
+@pytest.mark.parametrize("hooked", [True, False], ids=["take_raw", "nats-py's queue"])
 async def test_a_reader_whose_consumer_is_deleted_is_told_not_left_waiting(
-    streams: Broker, client: TimerClient, settings: Settings
+    streams: Broker, client: TimerClient, settings: Settings, monkeypatch: pytest.MonkeyPatch, hooked: bool
 ) -> None:
+    if not hooked:
+        monkeypatch.setattr(consumer, "take_raw", lambda *_: None)
     await billing_consumer(streams, settings, idle_heartbeat=0.5)
     await publish_events(streams, settings, 10)
     got: list[str] = []
