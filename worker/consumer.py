@@ -80,9 +80,12 @@ class DueEvent:
     def ack(self) -> None:
         """Handled: acknowledged with the next batch of acknowledgements (see due_events). Once
         the loop has ended it does nothing (`acked` stays False): the event was handed back."""
-        if self._acks.open.pop(self.reply, _GONE) is None:  # given out, not acknowledged, not handed back
+        acks = self._acks
+        if acks.open.pop(self.reply, _GONE) is None:  # given out, not acknowledged, not handed back
             self.acked = True
-            self._acks.done.append(self.reply)
+            acks.done.append(self.reply)
+            if acks.wake is not None:  # acked by a handler of its own while the reader waits
+                acks.wake.set()
 
 
 def _decode(data: bytes) -> dict[str, Any]:
@@ -133,7 +136,8 @@ async def due_events(
 
     Cheaper per event than a pull subscription read with fetch(): the server pushes events
     as they are stored (with flow control), and each event's acknowledgement goes out with
-    others in one write, every `ack_every` events and whenever no more events are waiting.
+    others in one write, every `ack_every` events and whenever no more events are waiting
+    (acks made meanwhile, by handlers in tasks of their own, go at once).
     Each event is acknowledged on its own (AckPolicy EXPLICIT): with AckPolicy ALL, a reader
     that took over from one stopped with events in flight acknowledged those too with its first
     ack, unhandled (they come again only after the ack wait, behind newer ones).
@@ -203,12 +207,18 @@ async def due_events(
                 if _delivered(msg):
                     return _arrival(msg)
         while not arrived:
+            if acks.done:  # acked while it waited: sent now, not with a next event that may not come
+                await acks.send(nc)
+                continue
             waiting.clear()
+            acks.wake = waiting
             try:
                 async with asyncio.timeout(silence):  # any arrival, a heartbeat too, sets `waiting`
                     await waiting.wait()
             except TimeoutError:
                 await _still_there(js, stream, durable)
+            finally:
+                acks.wake = None
         return arrived.popleft()
 
     try:
@@ -229,11 +239,12 @@ async def due_events(
 class _Acks:
     """The acknowledgements not yet sent, and the events given out and not acknowledged."""
 
-    __slots__ = ("done", "open")
+    __slots__ = ("done", "open", "wake")
 
     def __init__(self) -> None:
         self.done: list[bytes] = []  # reply subjects
         self.open: dict[bytes, None] = {}
+        self.wake: asyncio.Event | None = None  # while the reader waits for events: what wakes it
 
     async def send(self, nc: Any) -> None:
         if self.done:  # an empty message is an ack (+ACK)
