@@ -202,7 +202,7 @@ async def due_events(
                 try:
                     msg = await sub.next_msg(timeout=silence)
                 except nats.errors.TimeoutError:  # (heartbeats are nats-py's: never here)
-                    await _still_there(js, stream, durable)
+                    await _still_there(js, stream, durable, bound.deliver_subject)
                     continue
                 if _delivered(msg):
                     return _arrival(msg)
@@ -216,7 +216,7 @@ async def due_events(
                 async with asyncio.timeout(silence):  # any arrival, a heartbeat too, sets `waiting`
                     await waiting.wait()
             except TimeoutError:
-                await _still_there(js, stream, durable)
+                await _still_there(js, stream, durable, bound.deliver_subject)
             finally:
                 acks.wake = None
         return arrived.popleft()
@@ -252,19 +252,24 @@ class _Acks:
             await acknowledge(nc, replies)
 
 
-async def _still_there(js: JetStreamContext, stream: str, durable: str) -> None:
+async def _still_there(js: JetStreamContext, stream: str, durable: str, deliver: str | None) -> None:
     """After a silence: raises what ended the reading, if something did (nats-py's next_msg
     raises ConnectionClosedError; consumer_info NotFoundError for a consumer deleted)."""
     nc = js._nc
     if nc.is_closed:
         raise nats.errors.ConnectionClosedError
-    if nc.is_connected:  # (reconnecting: heartbeats come again after, or it closes)
-        try:
-            await js.consumer_info(stream, durable)
-        except (nats.js.errors.NotFoundError, nats.errors.ConnectionClosedError):
-            raise
-        except nats.errors.Error:  # slow, or restarting (503): looked at again after the next silence
-            pass
+    if not nc.is_connected:  # reconnecting: heartbeats come again after, or it closes
+        return
+    try:
+        info = await js.consumer_info(stream, durable)
+    except (nats.js.errors.NotFoundError, nats.errors.ConnectionClosedError):
+        raise
+    except nats.errors.Error:  # slow, or restarting (503): looked at again after the next silence
+        return
+    if info.config.deliver_subject != deliver:  # deleted, and made again by another reader
+        raise nats.js.errors.Error(
+            description=f"consumer {durable!r} on {stream} was deleted and made again, for another reader"
+        )
 
 
 async def _close(

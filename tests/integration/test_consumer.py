@@ -177,7 +177,12 @@ async def test_events_come_through_nats_py_where_take_raw_cannot_hook_in(
 
 async def billing_consumer(streams: Broker, settings: Settings, idle_heartbeat: float) -> str:
     """The consumer as due_events makes it, with a short heartbeat; its deliver subject."""
-    config = api.ConsumerConfig(
+    await streams.js.add_consumer(settings.event_stream, billing_config(settings, idle_heartbeat))
+    return "deliver.billing"
+
+
+def billing_config(settings: Settings, idle_heartbeat: float) -> api.ConsumerConfig:
+    return api.ConsumerConfig(
         durable_name="billing",
         deliver_subject="deliver.billing",
         filter_subject=f"{settings.subject_prefix}.acme.timer.due",
@@ -186,8 +191,6 @@ async def billing_consumer(streams: Broker, settings: Settings, idle_heartbeat: 
         flow_control=True,
         idle_heartbeat=idle_heartbeat,
     )
-    await streams.js.add_consumer(settings.event_stream, config)
-    return "deliver.billing"
 
 
 async def reading(client: TimerClient, settings: Settings, got: list[str]) -> None:
@@ -236,6 +239,25 @@ async def test_a_reader_whose_consumer_is_deleted_is_told_not_left_waiting(
     await streams.js.delete_consumer(settings.event_stream, "billing")  # the server sends nothing
     await ended(reader)
     with pytest.raises(nats.js.errors.NotFoundError):
+        reader.result()
+
+
+async def test_a_reader_whose_consumer_is_made_again_for_another_is_told_not_left_waiting(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    # Deleted (`nats consumer rm`, as the ack policy refusal advises) and made again by another
+    # reader's due_events, on a deliver subject of its own: this reader would never get an event.
+    await billing_consumer(streams, settings, idle_heartbeat=0.5)
+    await publish_events(streams, settings, 10)
+    got: list[str] = []
+    reader = asyncio.create_task(reading(client, settings, got))
+    await until(lambda: len(got) == 10, what="the events read")
+    await streams.js.delete_consumer(settings.event_stream, "billing")
+    config = billing_config(settings, idle_heartbeat=0.5)
+    config.deliver_subject = "deliver.another"
+    await streams.js.add_consumer(settings.event_stream, config)
+    await ended(reader)
+    with pytest.raises(nats.js.errors.Error, match="deleted and made again"):
         reader.result()
 
 

@@ -4,6 +4,7 @@ subscription, the envelope's decoding and the header block's parsing (held to na
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
+from nats.js import api
 
 from worker.consumer import _decode, _parse_headers, _still_there
 from worker.natsconn import encode, take_raw
@@ -80,16 +82,23 @@ class _Silent:
     """A JetStream context as a reader finds it after a silence: its connection, its consumer."""
 
     def __init__(
-        self, *, closed: bool = False, connected: bool = True, error: Exception | None = None
+        self,
+        *,
+        closed: bool = False,
+        connected: bool = True,
+        error: Exception | None = None,
+        deliver: str = "d.b",
     ) -> None:
         self._nc = self
-        self.is_closed, self.is_connected, self.error = closed, connected, error
+        self.is_closed, self.is_connected, self.error, self.deliver = closed, connected, error, deliver
         self.looked = 0
 
-    async def consumer_info(self, stream: str, durable: str) -> None:
+    async def consumer_info(self, stream: str, durable: str) -> api.ConsumerInfo:
         self.looked += 1
         if self.error is not None:
             raise self.error
+        config = api.ConsumerConfig(deliver_subject=self.deliver)
+        return api.ConsumerInfo(stream_name=stream, name=durable, config=config, created=datetime.now(UTC))
 
 
 @pytest.mark.parametrize(
@@ -101,13 +110,14 @@ class _Silent:
             nats.js.errors.NotFoundError,
         ),
         (_Silent(error=nats.errors.ConnectionClosedError()), nats.errors.ConnectionClosedError),
+        (_Silent(deliver="d.another"), nats.js.errors.Error),  # made again, for another reader
     ],
 )
 async def test_after_a_silence_a_reader_ends_when_its_connection_or_its_consumer_is_gone(
     js: _Silent, raised: type[Exception]
 ) -> None:
     with pytest.raises(raised):
-        await _still_there(js, "S", "d")  # type: ignore[arg-type]
+        await _still_there(js, "S", "d", "d.b")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -121,5 +131,5 @@ async def test_after_a_silence_a_reader_ends_when_its_connection_or_its_consumer
     ],
 )
 async def test_after_a_silence_a_reader_reads_on_when_the_server_is_only_slow_or_away(js: _Silent) -> None:
-    await _still_there(js, "S", "d")  # type: ignore[arg-type]
+    await _still_there(js, "S", "d", "d.b")  # type: ignore[arg-type]
     assert js.looked == (1 if js.is_connected else 0)
