@@ -10,6 +10,8 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
@@ -19,6 +21,10 @@ _DECODER = json.JSONDecoder()
 _SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # typeshed: "a make_scanner"
 _STATUS = b"NATS/1.0 "  # a status message's header line; a message with headers starts `NATS/1.0\r\n`
 _STALLED = b"Nats-Consumer-Stalled:"
+_GONE = object()  # what _Acks.open holds for an event no longer open: acknowledged, or handed back
+# A consumer without idle heartbeats (made by hand): how long a reader waits in silence before
+# it looks whether its connection and its consumer are still there.
+_SILENCE_WITHOUT_HEARTBEATS = 30.0
 
 
 class DueEvent:
@@ -72,11 +78,14 @@ class DueEvent:
         return self._headers
 
     def ack(self) -> None:
-        """Handled: acknowledged with the next batch of acknowledgements (see due_events)."""
-        if not self.acked:
+        """Handled: acknowledged with the next batch of acknowledgements (see due_events). Once
+        the loop has ended it does nothing (`acked` stays False): the event was handed back."""
+        acks = self._acks
+        if acks.open.pop(self.reply, _GONE) is None:  # given out, not acknowledged, not handed back
             self.acked = True
-            self._acks.open.pop(self.reply, None)
-            self._acks.done.append(self.reply)
+            acks.done.append(self.reply)
+            if acks.wake is not None:  # acked by a handler of its own while the reader waits
+                acks.wake.set()
 
 
 def _decode(data: bytes) -> dict[str, Any]:
@@ -127,7 +136,8 @@ async def due_events(
 
     Cheaper per event than a pull subscription read with fetch(): the server pushes events
     as they are stored (with flow control), and each event's acknowledgement goes out with
-    others in one write, every `ack_every` events and whenever no more events are waiting.
+    others in one write, every `ack_every` events and whenever no more events are waiting
+    (acks made meanwhile, by handlers in tasks of their own, go at once).
     Each event is acknowledged on its own (AckPolicy EXPLICIT): with AckPolicy ALL, a reader
     that took over from one stopped with events in flight acknowledged those too with its first
     ack, unhandled (they come again only after the ack wait, behind newer ones).
@@ -150,7 +160,8 @@ async def due_events(
 
     def on_raw(subject: bytes, reply: bytes, data: bytes, raw_headers: bytes | None) -> None:
         if raw_headers is None or not raw_headers.startswith(_STATUS):
-            arrived.append((subject, reply, data, raw_headers, None))
+            if reply:  # else not the consumer's (_delivered)
+                arrived.append((subject, reply, data, raw_headers, None))
         elif raw_headers[9:12] == b"100":  # flow control (it has a reply) or an idle heartbeat
             answer = reply.decode() if reply else _stalled(raw_headers)
             if answer:
@@ -166,9 +177,11 @@ async def due_events(
     release = take_raw(nc, sub._id, on_raw)
     if release is not None:  # (no await since take_raw: `arrived` is still empty)
         while (early := _queued(sub)) is not None:
-            arrived.append(_arrival(early))
+            if _delivered(early):
+                arrived.append(_arrival(early))
     try:
-        policy = (await js.consumer_info(stream, durable)).config.ack_policy
+        bound = (await js.consumer_info(stream, durable)).config
+        policy = bound.ack_policy
         if policy != api.AckPolicy.EXPLICIT:
             raise ValueError(
                 f"consumer {durable!r} on {stream} acknowledges with ack_policy {policy}, not explicit: "
@@ -179,12 +192,33 @@ async def due_events(
         await _close(nc, sub, release, acks, arrived)
         raise
 
+    # The server tells a push consumer's reader neither that its consumer was deleted nor, here,
+    # that the connection closed: it goes silent. Two heartbeats missed, as nats-py's own check.
+    silence = 2 * (bound.idle_heartbeat or _SILENCE_WITHOUT_HEARTBEATS / 2)
+
     async def next_arrival() -> _Arrival:
         if release is None:  # this nats-py's internals are not take_raw's: its own queue
-            return _arrival(await sub.next_msg(timeout=None))
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=silence)
+                except nats.errors.TimeoutError:  # (heartbeats are nats-py's: never here)
+                    await _still_there(js, stream, durable, bound.deliver_subject)
+                    continue
+                if _delivered(msg):
+                    return _arrival(msg)
         while not arrived:
+            if acks.done:  # acked while it waited: sent now, not with a next event that may not come
+                await acks.send(nc)
+                continue
             waiting.clear()
-            await waiting.wait()
+            acks.wake = waiting
+            try:
+                async with asyncio.timeout(silence):  # any arrival, a heartbeat too, sets `waiting`
+                    await waiting.wait()
+            except TimeoutError:
+                await _still_there(js, stream, durable, bound.deliver_subject)
+            finally:
+                acks.wake = None
         return arrived.popleft()
 
     try:
@@ -205,16 +239,37 @@ async def due_events(
 class _Acks:
     """The acknowledgements not yet sent, and the events given out and not acknowledged."""
 
-    __slots__ = ("done", "open")
+    __slots__ = ("done", "open", "wake")
 
     def __init__(self) -> None:
         self.done: list[bytes] = []  # reply subjects
         self.open: dict[bytes, None] = {}
+        self.wake: asyncio.Event | None = None  # while the reader waits for events: what wakes it
 
-    async def send(self, nc: Any, body: bytes = b"") -> None:
+    async def send(self, nc: Any) -> None:
         if self.done:  # an empty message is an ack (+ACK)
             replies, self.done = self.done, []
-            await acknowledge(nc, replies, body)
+            await acknowledge(nc, replies)
+
+
+async def _still_there(js: JetStreamContext, stream: str, durable: str, deliver: str | None) -> None:
+    """After a silence: raises what ended the reading, if something did (nats-py's next_msg
+    raises ConnectionClosedError; consumer_info NotFoundError for a consumer deleted)."""
+    nc = js._nc
+    if nc.is_closed:
+        raise nats.errors.ConnectionClosedError
+    if not nc.is_connected:  # reconnecting: heartbeats come again after, or it closes
+        return
+    try:
+        info = await js.consumer_info(stream, durable)
+    except (nats.js.errors.NotFoundError, nats.errors.ConnectionClosedError):
+        raise
+    except nats.errors.Error:  # slow, or restarting (503): looked at again after the next silence
+        return
+    if info.config.deliver_subject != deliver:  # deleted, and made again by another reader
+        raise nats.js.errors.Error(
+            description=f"consumer {durable!r} on {stream} was deleted and made again, for another reader"
+        )
 
 
 async def _close(
@@ -228,12 +283,30 @@ async def _close(
         await sub.unsubscribe()
         with contextlib.suppress(Exception):
             await nc.flush(timeout=5)
-        acks.done = [*acks.open, *(a[1] for a in arrived if not isinstance(a, str))]
-        acks.open.clear()
-        await acks.send(nc, b"-NAK")
+        await acks.send(nc)  # those acknowledged meanwhile (by handlers in other tasks)
+        back = [*acks.open, *(a[1] for a in arrived if not isinstance(a, str))]
+        acks.open.clear()  # from here ack() does nothing: the event comes again
+        await acknowledge(nc, back, b"-NAK")
+    except (
+        nats.errors.ConnectionClosedError,
+        nats.errors.ConnectionDrainingError,
+        nats.errors.BadSubscriptionError,
+    ):
+        # Closed or drained under it (TimerClient.close): nothing goes out any more, and what it
+        # held comes again after the ack wait. Raised here, it would take the place of what
+        # ended the loop (a cancel, the user's own error).
+        pass
     finally:
+        acks.open.clear()
         if release is not None:
             release()
+
+
+def _delivered(msg: Msg) -> bool:
+    # JetStream delivers each message with its ack subject as reply: one without is not the
+    # consumer's (someone else's, on the deliver subject) and cannot be acknowledged (an ack to
+    # "" is a protocol error: the server cuts the connection, and the acks written with it).
+    return bool(msg.reply)
 
 
 def _arrival(msg: Msg) -> _Arrival:

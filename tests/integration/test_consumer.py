@@ -19,6 +19,7 @@ from worker import consumer
 from worker.adapters.broker import Broker
 from worker.client import TimerClient
 from worker.config import Settings
+from worker.devkit.embedded import EmbeddedNats
 
 PAD = "x" * 400  # events of ~600 bytes: a few thousand pass the server's first flow-control window
 
@@ -172,3 +173,210 @@ async def test_events_come_through_nats_py_where_take_raw_cannot_hook_in(
     assert [e.id for e in got] == [f"e-{i}" for i in range(300)]
     assert got[3].headers["traceparent"] == f"00-{3:032x}-{3:016x}-01"
     await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
+
+
+async def billing_consumer(streams: Broker, settings: Settings, idle_heartbeat: float) -> str:
+    """The consumer as due_events makes it, with a short heartbeat; its deliver subject."""
+    await streams.js.add_consumer(settings.event_stream, billing_config(settings, idle_heartbeat))
+    return "deliver.billing"
+
+
+def billing_config(settings: Settings, idle_heartbeat: float) -> api.ConsumerConfig:
+    return api.ConsumerConfig(
+        durable_name="billing",
+        deliver_subject="deliver.billing",
+        filter_subject=f"{settings.subject_prefix}.acme.timer.due",
+        ack_policy=api.AckPolicy.EXPLICIT,
+        max_ack_pending=4096,
+        flow_control=True,
+        idle_heartbeat=idle_heartbeat,
+    )
+
+
+async def reading(client: TimerClient, settings: Settings, got: list[str]) -> None:
+    async for event in client.due_events("acme", durable="billing", stream=settings.event_stream):
+        got.append(event.id)
+        event.ack()
+
+
+async def ended(reader: asyncio.Task[None]) -> None:
+    # Waited for, not awaited: a timeout would cancel it, and what the cancel makes of it is
+    # another test's matter.
+    await asyncio.wait([reader], timeout=30)
+    if not reader.done():
+        reader.cancel()
+        await asyncio.wait([reader])
+        pytest.fail("the reader is still waiting")
+
+
+@pytest.mark.parametrize("end", ["close", "drain"])
+async def test_a_reader_whose_connection_ends_is_told_not_left_waiting(
+    streams: Broker, settings: Settings, end: str
+) -> None:
+    await billing_consumer(streams, settings, idle_heartbeat=0.5)
+    await publish_events(streams, settings, 10)
+    nc = await nats.connect(settings.nats_url)
+    got: list[str] = []
+    reader = asyncio.create_task(reading(TimerClient(nc, settings.subject_prefix), settings, got))
+    await until(lambda: len(got) == 10, what="the events read")
+    await (nc.close() if end == "close" else nc.drain())
+    await ended(reader)
+    with pytest.raises(nats.errors.ConnectionClosedError):  # as nats-py's own next_msg does
+        reader.result()
+
+
+@pytest.mark.parametrize("hooked", [True, False], ids=["take_raw", "nats-py's queue"])
+async def test_a_reader_whose_consumer_is_deleted_is_told_not_left_waiting(
+    streams: Broker, client: TimerClient, settings: Settings, monkeypatch: pytest.MonkeyPatch, hooked: bool
+) -> None:
+    if not hooked:
+        monkeypatch.setattr(consumer, "take_raw", lambda *_: None)
+    await billing_consumer(streams, settings, idle_heartbeat=0.5)
+    await publish_events(streams, settings, 10)
+    got: list[str] = []
+    reader = asyncio.create_task(reading(client, settings, got))
+    await until(lambda: len(got) == 10, what="the events read")
+    await streams.js.delete_consumer(settings.event_stream, "billing")  # the server sends nothing
+    await ended(reader)
+    with pytest.raises(nats.js.errors.NotFoundError):
+        reader.result()
+
+
+async def test_a_reader_whose_consumer_is_made_again_for_another_is_told_not_left_waiting(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    # Deleted (`nats consumer rm`, as the ack policy refusal advises) and made again by another
+    # reader's due_events, on a deliver subject of its own: this reader would never get an event.
+    await billing_consumer(streams, settings, idle_heartbeat=0.5)
+    await publish_events(streams, settings, 10)
+    got: list[str] = []
+    reader = asyncio.create_task(reading(client, settings, got))
+    await until(lambda: len(got) == 10, what="the events read")
+    await streams.js.delete_consumer(settings.event_stream, "billing")
+    config = billing_config(settings, idle_heartbeat=0.5)
+    config.deliver_subject = "deliver.another"
+    await streams.js.add_consumer(settings.event_stream, config)
+    await ended(reader)
+    with pytest.raises(nats.js.errors.Error, match="deleted and made again"):
+        reader.result()
+
+
+async def test_a_reader_cancelled_after_its_connection_closed_ends_cancelled(
+    streams: Broker, settings: Settings
+) -> None:
+    await publish_events(streams, settings, 10)
+    nc = await nats.connect(settings.nats_url)
+    got: list[str] = []
+    reader = asyncio.create_task(reading(TimerClient(nc, settings.subject_prefix), settings, got))
+    await until(lambda: len(got) == 10, what="the events read")
+    await nc.close()
+    reader.cancel()  # at once: well within the 10 s of silence after which it looks for itself
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    assert reader.cancelled(), "closing on a closed connection must not turn a cancel into its error"
+
+
+async def test_a_message_on_the_deliver_subject_that_is_no_delivery_is_passed_over(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    # Without a reply it cannot be acknowledged: an ack to "" is a protocol error that cuts the
+    # connection, and the acks written with it are lost (their events come again).
+    deliver = await billing_consumer(streams, settings, idle_heartbeat=5.0)
+    await publish_events(streams, settings, 10)
+    got: list[str] = []
+    events = client.due_events("acme", durable="billing", stream=settings.event_stream, ack_every=100)
+    async with asyncio.timeout(60):
+        async for event in events:
+            event.ack()
+            got.append(event.id)
+            if len(got) == 10:
+                await streams.nc.publish(deliver, b"not an event")
+                await streams.nc.publish(deliver, b"", headers={"k": "v"})
+                await streams.nc.flush()
+                await publish_events(streams, settings, 10, start=10)
+            if len(got) == 20:
+                break
+    await events.aclose()
+    assert got == [f"e-{i}" for i in range(20)]
+    await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
+    assert client.nc.stats["reconnects"] == 0
+
+
+@pytest.mark.timeout(120)
+async def test_a_reader_reads_on_across_a_server_restart(
+    streams: Broker, settings: Settings, embedded_nats: EmbeddedNats | None
+) -> None:
+    # The connection re-subscribes with the same sid: the events after the restart come to the
+    # same hook, in order, and a reader looking for its consumer while the server is away or
+    # starting (no responders, 503) does not take that for its consumer gone.
+    assert embedded_nats is not None, "stops and restarts NATS: needs the embedded server"
+    await billing_consumer(streams, settings, idle_heartbeat=0.5)
+    await publish_events(streams, settings, 100)
+    nc = await nats.connect(settings.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    client = TimerClient(nc, settings.subject_prefix, owns_connection=True)
+    got: list[str] = []
+    reader = asyncio.create_task(reading(client, settings, got))
+    try:
+        await until(lambda: len(got) == 100, what="the events before the restart read")
+        await until(lambda: all_acknowledged(client, settings), what="those acknowledged")
+        embedded_nats.stop()
+        await until(lambda: not nc.is_connected, what="the reader sees NATS gone")
+        await asyncio.sleep(2)  # not a wait for anything: an outage of two silences (1 s each)
+        embedded_nats.start()
+        await until(lambda: nc.is_connected, what="the reader reconnected")
+        await until(lambda: streams.nc.is_connected, what="the publisher reconnected")
+        await publish_events(streams, settings, 100, start=100)
+        await until(lambda: len(got) == 200 or reader.done(), what="the events after the restart read")
+        assert not reader.done(), reader
+        assert got == [f"e-{i}" for i in range(200)]
+        await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
+    finally:
+        embedded_nats.start()
+        reader.cancel()
+        await asyncio.wait([reader])
+        await client.close()
+
+
+async def test_an_event_acknowledged_after_its_loop_ended_is_not_said_to_be_and_comes_again(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    await publish_events(streams, settings, 20)
+    late = await receive(client, settings, 20, ack=False)
+    for event in late[:10]:
+        event.ack()
+        assert not event.acked, "handed back when the loop ended: nothing acknowledges it now"
+    again = await receive(client, settings, 20)
+    assert [e.id for e in again] == [f"e-{i}" for i in range(20)]
+    await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
+
+
+async def test_acks_made_while_the_reader_waits_go_out_without_another_event(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    # Handlers in tasks of their own ack after the loop went back to waiting: "sent when idle"
+    # must hold for them too, not wait for a next event that a quiet tenant may not send for
+    # longer than the ack wait (then they come again, handled twice).
+    await publish_events(streams, settings, 10)
+    handled = asyncio.Event()
+    given: list[consumer.DueEvent] = []
+
+    async def handle(event: consumer.DueEvent) -> None:
+        await handled.wait()
+        event.ack()
+
+    async def read() -> None:
+        async with asyncio.TaskGroup() as handlers:
+            async for event in client.due_events("acme", durable="billing", stream=settings.event_stream):
+                given.append(event)
+                handlers.create_task(handle(event))
+
+    reader = asyncio.create_task(read())
+    try:
+        await until(lambda: len(given) == 10, what="the events given out")
+        handled.set()
+        await until(lambda: all(e.acked for e in given), what="the handlers' acks")
+        await until(lambda: all_acknowledged(client, settings), timeout=10, what="their acks sent")
+        assert not reader.done(), reader
+    finally:
+        reader.cancel()
+        await asyncio.wait([reader])

@@ -4,14 +4,18 @@ subscription, the envelope's decoding and the header block's parsing (held to na
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
+from nats.js import api
 
-from worker.consumer import _decode, _parse_headers
+from worker.consumer import _decode, _parse_headers, _still_there
 from worker.natsconn import encode, take_raw
 
 
@@ -72,3 +76,60 @@ def test_a_header_block_parses_as_nats_py_parses_it(headers: dict[str, str]) -> 
     block = wire[wire.index(b"\r\n") + 2 :]  # after the HPUB line: the header block, then the payload
     block = block[: block.index(b"\r\n\r\n") + 4]
     assert _parse_headers(block) == NATS._parse_header_lines(block[len(b"NATS/1.0\r\n") :])
+
+
+class _Silent:
+    """A JetStream context as a reader finds it after a silence: its connection, its consumer."""
+
+    def __init__(
+        self,
+        *,
+        closed: bool = False,
+        connected: bool = True,
+        error: Exception | None = None,
+        deliver: str = "d.b",
+    ) -> None:
+        self._nc = self
+        self.is_closed, self.is_connected, self.error, self.deliver = closed, connected, error, deliver
+        self.looked = 0
+
+    async def consumer_info(self, stream: str, durable: str) -> api.ConsumerInfo:
+        self.looked += 1
+        if self.error is not None:
+            raise self.error
+        config = api.ConsumerConfig(deliver_subject=self.deliver)
+        return api.ConsumerInfo(stream_name=stream, name=durable, config=config, created=datetime.now(UTC))
+
+
+@pytest.mark.parametrize(
+    ("js", "raised"),
+    [
+        (_Silent(closed=True, connected=False), nats.errors.ConnectionClosedError),
+        (
+            _Silent(error=nats.js.errors.NotFoundError(code=404, description="consumer not found")),
+            nats.js.errors.NotFoundError,
+        ),
+        (_Silent(error=nats.errors.ConnectionClosedError()), nats.errors.ConnectionClosedError),
+        (_Silent(deliver="d.another"), nats.js.errors.Error),  # made again, for another reader
+    ],
+)
+async def test_after_a_silence_a_reader_ends_when_its_connection_or_its_consumer_is_gone(
+    js: _Silent, raised: type[Exception]
+) -> None:
+    with pytest.raises(raised):
+        await _still_there(js, "S", "d", "d.b")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "js",
+    [
+        _Silent(),
+        _Silent(connected=False),  # reconnecting: heartbeats come again after
+        _Silent(error=nats.js.errors.ServiceUnavailableError(code=503)),  # a restarting server
+        _Silent(error=nats.errors.TimeoutError()),
+        _Silent(error=nats.errors.NoRespondersError()),
+    ],
+)
+async def test_after_a_silence_a_reader_reads_on_when_the_server_is_only_slow_or_away(js: _Silent) -> None:
+    await _still_there(js, "S", "d", "d.b")  # type: ignore[arg-type]
+    assert js.looked == (1 if js.is_connected else 0)
