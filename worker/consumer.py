@@ -169,9 +169,17 @@ async def due_events(
         waiting.set()
 
     # (flow_control given again: nats-py sets the config's from this argument, False by default)
-    sub = await js.subscribe(
-        subject, durable=durable, stream=stream, manual_ack=True, config=config, flow_control=True
-    )
+    try:
+        sub = await js.subscribe(
+            subject, durable=durable, stream=stream, manual_ack=True, config=config, flow_control=True
+        )
+    except TypeError as exc:  # nats-py's word for a durable of that name that is a pull consumer
+        if "deliver_subject" not in str(exc):
+            raise
+        raise ValueError(
+            f"consumer {durable!r} on {stream} is a pull consumer: due_events reads a push consumer "
+            "of its own; give it another durable name"
+        ) from None
     # Without a callback nats-py keeps what arrives in the subscription's queue: what came
     # before take_raw, all older than what the handler gets, is taken from there first.
     release = take_raw(nc, sub._id, on_raw)

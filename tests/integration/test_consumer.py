@@ -380,3 +380,13 @@ async def test_acks_made_while_the_reader_waits_go_out_without_another_event(
     finally:
         reader.cancel()
         await asyncio.wait([reader])
+
+
+async def test_a_pull_consumer_of_that_name_is_refused_with_why(
+    streams: Broker, client: TimerClient, settings: Settings
+) -> None:
+    config = api.ConsumerConfig(durable_name="billing", ack_policy=api.AckPolicy.EXPLICIT)
+    await streams.js.add_consumer(settings.event_stream, config)
+    events = client.due_events("acme", durable="billing", stream=settings.event_stream)
+    with pytest.raises(ValueError, match=r"'billing' on .* is a pull consumer"):
+        await events.__anext__()
