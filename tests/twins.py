@@ -62,7 +62,7 @@ class FakeClock:
         self.time, self.behind_s, self.early_s = time, behind_s, early_s
         self.readings: list[datetime] = []
 
-    def observe(self, reading: datetime) -> None:
+    def observe(self, reading: datetime, received: float | None = None) -> None:
         self.readings.append(reading)
 
     def now(self) -> float:

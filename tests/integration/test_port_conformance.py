@@ -98,7 +98,10 @@ async def test_a_claim_takes_what_is_due_once_and_says_when_the_next_comes(ports
         "applied",
         "applied",
     ]
+    sent = time.monotonic()
     result = await claim_closed(ports, claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
+    if isinstance(ports, Store):  # when its clock reading arrived, for the estimate (the twin's: now)
+        assert result.received is not None and sent <= result.received <= time.monotonic()
     assert [(c.service_call_id, c.attempts) for c in result.claimed] == [("due", 1)]
     assert not result.unreadable
     assert result.next_due_in_ms is not None and 58_000 < result.next_due_in_ms < 60_000

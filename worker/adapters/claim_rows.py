@@ -43,8 +43,11 @@ def _reader_for(names: tuple[str, ...]) -> _ClaimReader:
     )
 
 
-def claim_result(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> ClaimResult:
-    """claim_due's rows, read by the names of its columns."""
+def claim_result(
+    names: Sequence[str], rows: Sequence[Sequence[Any]], received: float | None = None
+) -> ClaimResult:
+    """claim_due's rows, read by the names of its columns (`received`: when they arrived, on
+    time.monotonic)."""
     read = _reader_for(tuple(names))
     # The one row of a claim that took nothing has NULL in every timer column.
     key, due_at = read.tenant_id, read.due_at
@@ -56,4 +59,5 @@ def claim_result(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> ClaimRe
         unreadable=[Unreadable._make(read.unreadable(r)) for r in taken if r[due_at] is None],
         next_due_in_ms=None if next_due_at is None else (next_due_at - db_now).total_seconds() * 1000,
         db_now=db_now,
+        received=received,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -276,8 +277,9 @@ class Store:
                 await conn.execute("BEGIN")
                 cur = conn.cursor(binary=True)  # plain tuples, read by column name (claim_rows)
                 await cur.execute(QUERIES["claim_due"], sql_params)
+                received = time.monotonic()  # the clock reading is in: the rows are read after
                 rows = await cur.fetchall()
-                result = claim_result([c.name for c in cur.description or ()], rows)
+                result = claim_result([c.name for c in cur.description or ()], rows, received)
                 empty = not (result.claimed or result.unreadable)
                 if empty:
                     await conn.execute("COMMIT")

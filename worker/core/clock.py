@@ -26,7 +26,7 @@ MAX_DRIFT = 500e-6
 class Clock(Protocol):
     """The database clock as a replica knows it (the fake in tests/twins.py runs on no real time)."""
 
-    def observe(self, reading: datetime) -> None: ...
+    def observe(self, reading: datetime, received: float | None = None) -> None: ...
     def now(self) -> float: ...
     async def sleep(self, seconds: float) -> None: ...
 
@@ -37,9 +37,13 @@ class DbClock:
         self._at = monotonic()  # when the reading arrived, on the monotonic clock
         self._reading = time.time()  # a first guess until a claim reads the database clock
 
-    def observe(self, reading: datetime) -> None:
-        """A reading of the database clock, just received."""
-        self._at, self._reading = self._monotonic(), reading.timestamp()
+    def observe(self, reading: datetime, received: float | None = None) -> None:
+        """A reading of the database clock, received at `received` on the monotonic clock (None:
+        just now). The earlier that is known, the less the estimate lags: a claim's reading
+        arrives with its rows, and reading them and getting back to the loop took 0.9 ms at the
+        median at 1,000 due/s, which each occurrence of the claim was published later by."""
+        self._at = self._monotonic() if received is None else received
+        self._reading = reading.timestamp()
 
     def now(self) -> float:
         """The database clock in epoch seconds: never ahead of it, at most a reading's delay behind

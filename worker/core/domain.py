@@ -111,6 +111,9 @@ class ClaimResult:
     unreadable: list[Unreadable]
     next_due_in_ms: float | None  # until the next occurrence beyond the claim's reach
     db_now: datetime  # the database clock at the end of the claim
+    # When db_now arrived (time.monotonic), before its rows were read: the clock estimate starts
+    # from there, not from when the loop got to it (None: now).
+    received: float | None = None
 
 
 class Fired(NamedTuple):

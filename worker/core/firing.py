@@ -166,7 +166,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
                     batch = await self.store.claim(self._fresh)
                     result = batch.result
                     span.set_attribute("timer.count", len(result.claimed) + len(result.unreadable))
-                self.clock.observe(result.db_now)
+                self.clock.observe(result.db_now, result.received)
                 await self.fire(batch)
             except Exception as exc:  # never fatal: its claims expire and fire elsewhere, or here later
                 log.warning("fresh lane failed", extra={"action": "claim_failed", "error": str(exc)})
@@ -204,7 +204,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         if self.test_signal is not None:
             self.test_signal("claimed")
-        self.clock.observe(result.db_now)
+        self.clock.observe(result.db_now, result.received)
         nxt = result.next_due_in_ms
         # Wake when the next occurrence comes within reach of a claim, measured from now.
         wake_at = None if nxt is None else time.monotonic() + (nxt - LOOKAHEAD_MS) / 1000

@@ -89,3 +89,16 @@ def test_never_ahead_of_the_database_clock_under_drift_and_a_step_back(drift: fl
         now[0] = last
         clock.observe(datetime.fromtimestamp(database(last - delay), UTC))
         check(last, 0.0, delay)
+
+
+def test_the_estimate_runs_from_when_the_reading_arrived_not_from_when_it_was_observed() -> None:
+    """A claim's reading arrives with its rows and is observed after they are read: counting from
+    the arrival keeps the estimate a lower bound (nothing was read later than it arrived) and
+    that much closer to the database clock."""
+    t = [100.0]
+    w = DbClock(lambda: t[0])
+    read = datetime.fromtimestamp(1.8e9, UTC)
+    w.observe(read, received=99.990)  # arrived 10 ms ago, its rows read since
+    assert w.now() == pytest.approx(1.8e9 + 0.010 * (1 - MAX_DRIFT), abs=1e-6)
+    w.observe(read)  # without the arrival: counted from now
+    assert w.now() == pytest.approx(1.8e9, abs=1e-6)
