@@ -128,6 +128,37 @@ async def test_while_claims_come_back_full_the_next_claim_overlaps_the_publishes
     )
 
 
+async def test_while_timers_keep_coming_due_the_next_claim_goes_out_before_the_batch_before_ends(
+    settings: Settings, time: FakeTime
+) -> None:
+    """A claim reaches LOOKAHEAD_MS ahead and its batch lasts until its last occurrence is due:
+    the next claim must not wait for that batch to be acknowledged and recorded, or what comes
+    due between the two is late by a mark and a claim. At most PIPELINE_DEPTH are in flight."""
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    start = time.t
+    await schedule(store, time, *(0.01 * i for i in range(1, 60)))  # one every 10 ms, never a full batch
+    publisher.gate = asyncio.Event()  # no PubAck, so no batch ends, until set
+    loop = firing(settings, store, publisher, FakeClock(time))
+    claims: asyncio.Queue[str] = asyncio.Queue()
+    loop.test_signal = claims.put_nowait
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    try:
+        for _ in range(PIPELINE_DEPTH):
+            await asyncio.wait_for(claims.get(), timeout=5)
+        await until(lambda: any(c.at > start + 0.1 for c in publisher.calls), what="the second window on the wire")
+        with pytest.raises(TimeoutError):  # both held at the publisher: no claim more
+            await asyncio.wait_for(claims.get(), timeout=NO_CLAIM_WITHIN_S)
+        assert all(r.state == "Scheduled" for r in store.rows.values()), "recorded before its PubAck"
+        publisher.gate.set()
+        await until(lambda: all(r.state == "Reached" for r in store.rows.values()), what="all fired")
+    finally:
+        publisher.gate.set()
+        stop.set()
+        await task
+    assert len({event_id(m) for c in publisher.calls for m in c.messages}) == 59
+
+
 async def test_first_attempts_go_in_one_atomic_batch_and_retries_one_by_one(
     settings: Settings, time: FakeTime
 ) -> None:
