@@ -146,7 +146,9 @@ async def test_while_timers_keep_coming_due_the_next_claim_goes_out_before_the_b
     try:
         for _ in range(PIPELINE_DEPTH):
             await asyncio.wait_for(claims.get(), timeout=5)
-        await until(lambda: any(c.at > start + 0.1 for c in publisher.calls), what="the second window on the wire")
+        await until(
+            lambda: any(c.at > start + 0.1 for c in publisher.calls), what="the second window on the wire"
+        )
         with pytest.raises(TimeoutError):  # both held at the publisher: no claim more
             await asyncio.wait_for(claims.get(), timeout=NO_CLAIM_WITHIN_S)
         assert all(r.state == "Scheduled" for r in store.rows.values()), "recorded before its PubAck"
