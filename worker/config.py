@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TIMER_", frozen=True, extra="ignore")
 
     database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/postgres")
-    # A replica holds a connection per batch in flight across its publish (PIPELINE_DEPTH full
+    # A replica holds a connection per batch in flight across its publish (PIPELINE_DEPTH
     # batches and the fresh lane's, worker/core/firing.py), and intake, the read model and the
     # gauges need theirs beside them: 4 at least.
     db_pool_size: int = Field(6, ge=4, le=100)

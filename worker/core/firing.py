@@ -43,7 +43,7 @@ FRESH_LANE_WINDOW_MS = 2000  # "newest" means due in the last two seconds, not t
 # Claims reach this far ahead; see claim_due. A cancel or reschedule that arrives later than
 # this before dueAt may find the occurrence already claimed, and it fires (README, guarantees).
 LOOKAHEAD_MS = 100
-# Full batches in flight at once per replica: one publishing and marking while the next is claimed.
+# Batches in flight at once per replica: one publishing and marking while the next is claimed.
 # Each holds a pooled connection across its publish (its claim's transaction), as does the fresh
 # lane's: Settings.db_pool_size leaves room for intake and the reads beside them.
 PIPELINE_DEPTH = 2
