@@ -209,13 +209,8 @@ async def publish_all(nc: NATS, messages: Sequence[Message]) -> None:
         for subject, payload, reply, headers in messages:
             await nc.publish(subject, payload, reply=reply, headers=headers)
         return
-    if not messages:
-        return
-    nc.stats["out_msgs"] += len(messages)
-    nc.stats["out_bytes"] += size
-    await nc._send_command(command)
-    if nc._flush_queue is not None and nc._flush_queue.empty():
-        await nc._flush_pending()
+    if messages:
+        await _write(nc, command, len(messages), size)
 
 
 async def acknowledge(nc: NATS, replies: Sequence[bytes], body: bytes = b"") -> None:
@@ -230,9 +225,16 @@ async def acknowledge(nc: NATS, replies: Sequence[bytes], body: bytes = b"") -> 
             await nc.publish(reply.decode(), body)
         return
     rest = b"  %d\r\n%s\r\n" % (len(body), body)  # no reply of its own: nats-py's two spaces
-    nc.stats["out_msgs"] += len(replies)
-    nc.stats["out_bytes"] += len(body) * len(replies)
-    await nc._send_command(b"".join([b"PUB " + reply + rest for reply in replies]))
+    command = b"".join([b"PUB " + reply + rest for reply in replies])
+    await _write(nc, command, len(replies), len(body) * len(replies))
+
+
+async def _write(nc: NATS, command: bytes, count: int, size: int) -> None:
+    """Hand `count` encoded PUBs of `size` payload bytes to nats-py's pending buffer, counted in its
+    stats as its publish counts them, and wake its flusher as publish does."""
+    nc.stats["out_msgs"] += count
+    nc.stats["out_bytes"] += size
+    await nc._send_command(command)
     if nc._flush_queue is not None and nc._flush_queue.empty():
         await nc._flush_pending()
 

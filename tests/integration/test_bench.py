@@ -8,10 +8,26 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_json(argv: list[str], env: dict[str, str] | None = None, timeout: int = 600) -> tuple[Any, str]:
+    """Run `python <argv>` from the repository root; its JSON report (it must exit 0) and its stderr."""
+    out = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout), out.stderr
 
 
 @pytest.mark.parametrize(
@@ -36,16 +52,7 @@ def test_the_documented_entry_points_run_from_the_repository_root(module: str, u
 def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str, nats_url: str) -> None:
     env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
     argv = ["drain", "intake", "catchup", "producer", "--scale", "0.01", "--runs", "1", "--json"]
-    out = subprocess.run(
-        [sys.executable, "-m", "worker", "bench", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout)
+    report, stderr = run_json(["-m", "worker", "bench", *argv], env)
     assert report["command"] == "timer-service bench " + " ".join(argv)
     # the machine's yardstick before and after, beside the figures
     assert [set(c) >= {"cpu_loop_ms", "fsync_4k_ms_p50"} for c in report["calibration"]] == [True, True]
@@ -65,24 +72,16 @@ def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str
     assert producer["commands_per_s"] > 0 and producer["naive_commands_per_s"] > 0
     assert producer["many_over_naive"] == producer["commands_per_s"] / producer["naive_commands_per_s"]
     assert [v["metric"] for v in results["producer"]["targets"]] == ["commands_per_s"]
-    assert "[drain 1/1]" in out.stderr  # progress goes to stderr, results alone to stdout
+    assert "[drain 1/1]" in stderr  # progress goes to stderr, results alone to stdout
 
 
 def test_indexcost_applies_the_same_commands_with_and_without_the_index(
     pg_server_url: str, nats_url: str
 ) -> None:
     env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
-    out = subprocess.run(
-        [sys.executable, "-m", "tools.bench.indexcost", "--rounds", "2", "--batches", "1", "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    report, stderr = run_json(
+        ["-m", "tools.bench.indexcost", "--rounds", "2", "--batches", "1", "--json"], env
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout)
     assert [len(r) for r in report["rounds"].values()] == [2, 2]
     kinds = {
         "insert_ms",
@@ -97,21 +96,12 @@ def test_indexcost_applies_the_same_commands_with_and_without_the_index(
     assert all(with_[k] > 0 and without[k] > 0 for k in ("insert_wal_kb", "reschedule_wal_kb"))
     # The index is the one difference, and the runs wrote into it: more than its metapage (8 KiB).
     assert report["index_kb"]["with_index"] > 8 and report["index_kb"]["without_index"] is None
-    assert "[indexcost 2/2]" in out.stderr
+    assert "[indexcost 2/2]" in stderr
 
 
 def test_the_consumer_bench_has_each_reader_read_every_event() -> None:
     argv = ["--rounds", "2", "--events", "600"]
-    out = subprocess.run(
-        [sys.executable, "-m", "tools.bench.consumer", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout)
+    report, _ = run_json(["-m", "tools.bench.consumer", *argv], timeout=300)
     readers = ["due_events", "ordered", "push", "fetch"]
     # a reader returns only once it has read all 600 (else the run times out and exits non-zero)
     assert report["command"] == "python -m tools.bench.consumer " + " ".join(argv)

@@ -21,12 +21,8 @@ from worker.natsconn import ATOMIC_BATCH_MAX
 
 
 @pytest.fixture
-async def broker(settings: Settings) -> AsyncIterator[Broker]:
-    b = Broker(settings)
-    await b.connect()
-    await b.ensure_streams()
-    yield b
-    await b.close()
+def broker(streams: Broker) -> Broker:
+    return streams
 
 
 def events(settings: Settings, ids: range, tenant: str = "acme", payload: bytes = b"") -> list[Outgoing]:

@@ -21,22 +21,6 @@ from worker.envelopes import Command, Envelopes
 
 
 @pytest.fixture
-async def streams(settings: Settings) -> AsyncIterator[Broker]:
-    b = Broker(settings)
-    await b.connect()
-    await b.ensure_streams()
-    yield b
-    await b.close()
-
-
-@pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[TimerClient]:
-    c = TimerClient(await nats.connect(settings.nats_url), settings.subject_prefix, owns_connection=True)
-    async with c:
-        yield c
-
-
-@pytest.fixture
 async def fast_client(settings: Settings) -> AsyncIterator[TimerClient]:
     # "on": fast batches on this single server too (auto keeps atomic ones there: TimerClient).
     nc = await nats.connect(settings.nats_url)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
-from collections.abc import AsyncIterator
 
 import nats
 import pytest
@@ -22,23 +22,6 @@ from worker.config import Settings
 from worker.devkit.embedded import EmbeddedNats
 
 PAD = "x" * 400  # events of ~600 bytes: a few thousand pass the server's first flow-control window
-
-
-@pytest.fixture
-async def streams(settings: Settings) -> AsyncIterator[Broker]:
-    b = Broker(settings)
-    await b.connect()
-    await b.ensure_streams()
-    yield b
-    await b.close()
-
-
-@pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[TimerClient]:
-    async with TimerClient(
-        await nats.connect(settings.nats_url), settings.subject_prefix, owns_connection=True
-    ) as c:
-        yield c
 
 
 async def publish_events(streams: Broker, settings: Settings, n: int, start: int = 0) -> None:
@@ -114,16 +97,7 @@ async def test_events_in_flight_at_a_readers_crash_are_not_acknowledged_by_the_n
     streams: Broker, client: TimerClient, settings: Settings
 ) -> None:
     # The consumer as due_events makes it, with a short ack wait so that redelivery is quick.
-    config = api.ConsumerConfig(
-        durable_name="billing",
-        deliver_subject="deliver.billing",
-        filter_subject=f"{settings.subject_prefix}.acme.timer.due",
-        ack_policy=api.AckPolicy.EXPLICIT,
-        ack_wait=2,
-        max_ack_pending=4096,
-        flow_control=True,
-        idle_heartbeat=5.0,
-    )
+    config = dataclasses.replace(billing_config(settings, idle_heartbeat=5.0), ack_wait=2)
     await streams.js.add_consumer(settings.event_stream, config)
     await publish_events(streams, settings, 300)
     crashing = TimerClient(await nats.connect(settings.nats_url), settings.subject_prefix)
@@ -152,12 +126,7 @@ async def test_events_in_flight_at_a_readers_crash_are_not_acknowledged_by_the_n
 async def test_a_consumer_that_acknowledges_all_up_to_one_is_refused_with_why(
     streams: Broker, client: TimerClient, settings: Settings
 ) -> None:
-    config = api.ConsumerConfig(
-        durable_name="billing",
-        deliver_subject="deliver.billing",
-        filter_subject=f"{settings.subject_prefix}.acme.timer.due",
-        ack_policy=api.AckPolicy.ALL,
-    )
+    config = dataclasses.replace(billing_config(settings, idle_heartbeat=5.0), ack_policy=api.AckPolicy.ALL)
     await streams.js.add_consumer(settings.event_stream, config)
     events = client.due_events("acme", durable="billing", stream=settings.event_stream)
     with pytest.raises(ValueError, match=r"ack_policy .*all.*not explicit"):
