@@ -237,6 +237,10 @@ WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id;
 -- (docs/RELIABILITY.md, The claim's transaction). The lease written here commits with the mark;
 -- other sessions see it only when a batch ends unrecorded (a stop) and the lease is all that
 -- keeps its occurrences from being claimed again at once.
+-- A one-shot occurrence is written here as fired (`recorded`): its batch commits that only once
+-- every such row's event is acknowledged, else rolls the claim back and records each row again by
+-- key (Batch.record, Batch.close). One write of the row per firing, not a lease and then a mark:
+-- about 0.6 x Postgres' CPU per fire (docs/BENCHMARKS.md).
 WITH
 -- Oldest first, so an overdue backlog drains in order. Rows whose lease ran out (their replica
 -- died, or its publish failed and the back-off passed) are claimable again right here: no
@@ -273,18 +277,38 @@ newest AS MATERIALIZED (
 token AS MATERIALIZED (
     SELECT nextval('timer_lease_token') AS lease_token
 ),
--- The lease: the token and an expiry on the database clock. Only lease columns change, none
--- indexed, so on a page with room this is a HOT update. The rows are found by `ctid = ANY`: a
--- TID scan whatever the statistics and cost settings. Joined back by key, the planner chose a
--- sequential scan and a hash join at 50,000 rows with the default random_page_cost
--- (tests/integration/test_plans.py). A row updated by another transaction between this
--- statement's snapshot and its lock is locked at its new version, which this snapshot does not
--- see: it is left out of this claim and, unleased, taken by the next one.
+-- The claim. A one-shot occurrence (no repeat: worker/core/recurrence.py next_of; the test is
+-- repeated in each column, as an UPDATE's FROM cannot read the row) is recorded here as
+-- mark_fired records it, but for what it says of the claim: its lease token, attempts (claims of
+-- the occurrence, this one counted) and recurrence reference stay as a lease sets them, and
+-- reached_at is when it was claimed, never before its dueAt (a claim reaches ahead).
+-- A recurring occurrence gets the lease: the token and an expiry on the database clock; only
+-- lease columns change, none indexed, so on a page with room this is a HOT update, and its next
+-- occurrence is computed by the replica and recorded by mark_fired. The rows are found by
+-- `ctid = ANY`: a TID scan whatever the statistics and cost settings. Joined back by key, the
+-- planner chose a sequential scan and a hash join at 50,000 rows with the default
+-- random_page_cost (tests/integration/test_plans.py). A row updated by another transaction
+-- between this statement's snapshot and its lock is locked at its new version, which this
+-- snapshot does not see: it is left out of this claim and, unleased, taken by the next one.
 claimed AS (
     UPDATE timers t SET
-        lease_owner = %(owner)s,
+        state = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
+                     THEN 'Reached' ELSE t.state END,
+        paused_at = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
+                         THEN NULL ELSE t.paused_at END,
+        fired_count = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
+                           THEN least(t.fired_count, 2147483646) + 1 ELSE t.fired_count END,
+        reached_at = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
+                          THEN greatest(t.due_at, statement_timestamp()) ELSE t.reached_at END,
+        updated_at = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
+                          THEN greatest(t.due_at, statement_timestamp()) ELSE t.updated_at END,
+        last_error = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
+                          THEN NULL ELSE t.last_error END,
+        lease_owner = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
+                           THEN NULL ELSE %(owner)s END,
         lease_token = token.lease_token,
-        lease_expires_at = now() + %(lease_ms)s * interval '1 millisecond',
+        lease_expires_at = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
+                                THEN NULL ELSE now() + %(lease_ms)s * interval '1 millisecond' END,
         -- Saturates: `+ 1` past integer's maximum would fail the whole claim, one row stopping the fleet.
         attempts = least(t.attempts, 2147483646) + 1,
         -- A recurring timer's next occurrence is the first due after this (worker/core/recurrence.py).
@@ -304,9 +328,9 @@ claimed AS (
     FROM token
     WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM oldest UNION SELECT ctid FROM newest))
     RETURNING t.tenant_id, t.service_call_id, t.due_at, t.correlation_id, t.lease_token,
-              t.attempts, t.repeat_every, t.repeat_times, t.repeat_timezone, t.anchor_due_at,
-              t.occurrence_index, t.claimed_at AS recurrence_ref, t.ctid::text AS row_id,
-              t.carried_headers AS carried,
+              t.attempts, t.state = 'Reached' AS recorded, t.repeat_every, t.repeat_times,
+              t.repeat_timezone, t.anchor_due_at, t.occurrence_index, t.claimed_at AS recurrence_ref,
+              t.ctid::text AS row_id, t.carried_headers AS carried,
               -- 0009: the cron schedule, the end, and `data` as text (spliced into the event).
               t.repeat_cron, t.repeat_until, t.data::text AS data
 )
@@ -457,6 +481,41 @@ FROM f
 WHERE t.ctid = ANY (ARRAY(SELECT tid FROM f))
   AND t.ctid = f.tid
   AND t.lease_token = f.lease_token;
+
+-- name: release_again
+-- Lease again, in a transaction of its own, occurrences whose claim was rolled back (Batch: it
+-- had recorded one-shot occurrences that were not all acknowledged): as the claim left them, then
+-- retry_later (`error`, held `hold_ms` for the back-off) or a stop (`owner`, held for the lease).
+-- No row lock fences this: the claim is gone. The row is found by key and leased only while it
+-- still holds that occurrence, Scheduled and unleased (a dueAt that could not be read matches by
+-- key alone), and not locked: a command or a claim that came between wins.
+WITH f AS MATERIALIZED (
+    SELECT f.*, statement_timestamp() AS db_now
+    FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
+                %(occurrence_index)b::int[], %(recurrence_ref)b::timestamptz[], %(lease_token)b::bigint[],
+                %(attempts)b::int[], %(error)b::text[], %(hold_ms)b::bigint[])
+         AS f(tenant_id, service_call_id, due_at, occurrence_index, recurrence_ref, lease_token,
+              attempts, error, hold_ms)
+),
+still AS MATERIALIZED (
+    SELECT t.tenant_id, t.service_call_id
+    FROM timers t JOIN f ON (t.tenant_id, t.service_call_id) = (f.tenant_id, f.service_call_id)
+    WHERE t.state = 'Scheduled'
+      AND (f.due_at IS NULL OR (t.due_at = f.due_at AND t.occurrence_index = f.occurrence_index))
+      AND (t.lease_expires_at IS NULL OR t.lease_expires_at < f.db_now)
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE timers t SET
+    lease_owner = %(owner)s::text,
+    lease_token = f.lease_token,
+    lease_expires_at = f.db_now + f.hold_ms * interval '1 millisecond',
+    attempts = f.attempts,
+    -- The claim's reference: where a recurring timer's next occurrence counts from, and when a
+    -- failing occurrence was first claimed (held_among: its commands are given up after stuck_after).
+    claimed_at = f.recurrence_ref,
+    last_error = coalesce(f.error, t.last_error)
+FROM still JOIN f ON (still.tenant_id, still.service_call_id) = (f.tenant_id, f.service_call_id)
+WHERE (t.tenant_id, t.service_call_id) = (still.tenant_id, still.service_call_id);
 
 -- name: get_timer
 SELECT tenant_id, service_call_id, state, due_at, registered_at, updated_at, reached_at,

@@ -393,7 +393,9 @@ class TwinStore:
             r.first_claimed_at = r.first_claimed_at or now
             row_id = f"{r.tenant_id}/{r.service_call_id}"
             if r.due_at is None:
-                unreadable.append(Unreadable(r.tenant_id, r.service_call_id, token, r.attempts, row_id))
+                unreadable.append(
+                    Unreadable(r.tenant_id, r.service_call_id, token, r.attempts, row_id, r.claimed_at)
+                )
                 continue
             claimed.append(
                 Claimed(

@@ -279,7 +279,9 @@ class Store:
                 await cur.execute(QUERIES["claim_due"], sql_params)
                 received = time.monotonic()  # the clock reading is in: the rows are read after
                 rows = await cur.fetchall()
-                result = claim_result([c.name for c in cur.description or ()], rows, received)
+                names = [c.name for c in cur.description or ()]
+                result = claim_result(names, rows, received)
+                recorded = _recorded(names, rows)
                 empty = not (result.claimed or result.unreadable)
                 if empty:
                     await conn.execute("COMMIT")
@@ -289,7 +291,7 @@ class Store:
         if empty:
             await self.pool.putconn(conn)
             return Batch(self.pool, self._db, None, result)
-        return Batch(self.pool, self._db, conn, result)
+        return Batch(self.pool, self._db, conn, result, recorded, params)
 
     async def record_again(self, fired: Sequence[Fired]) -> int:
         """Mark acknowledged firings whose batch's transaction was lost (sql/queries.sql,
@@ -379,6 +381,12 @@ class Store:
 
     async def close(self) -> None:
         await self._pinger.close()
+
+
+def _recorded(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> frozenset[str]:
+    """The row ids of the occurrences claim_due recorded as fired (its `recorded` column)."""
+    flag, row_id = names.index("recorded"), names.index("row_id")
+    return frozenset(r[row_id] for r in rows if r[flag])
 
 
 async def _lock_tenants_shared(conn: psycopg.AsyncConnection[Any], commands: Sequence[Command]) -> None:
