@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import time as systime
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tests.helpers import until
-from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore, event_id
+from tests.twins import FakeClock, FakeTime, TwinBatch, TwinPublisher, TwinStore, event_id
 from worker.config import Settings, load_settings
 from worker.contract import Repeat, ScheduleTimer
 from worker.core.clock import DbClock
-from worker.core.domain import ClaimParams
+from worker.core.domain import ClaimParams, Failed, Fired
 from worker.core.firing import CLAIM_SPACING_S, LOOKAHEAD_MS, PIPELINE_DEPTH, FiringLoop
 from worker.core.ports import ClaimedBatch
 from worker.core.wakeup import Wakeup
+from worker.errors import DatabaseError
 
 # As in test_firing: in memory, a claim the pipeline failed to hold back signals within a few turns.
 NO_CLAIM_WITHIN_S = 0.2
@@ -166,3 +168,30 @@ async def test_on_the_real_clock_claims_keep_their_spacing_and_at_most_the_pipel
     assert sorted(k.split(":")[1] for k, _ in sent) == sorted(due)
     for key, at in sent:
         assert at >= due[key.split(":")[1]].timestamp(), f"{key} published early"
+
+
+async def test_a_fatal_error_of_a_batch_in_flight_ends_the_loop_at_once_not_at_the_next_claim(
+    settings: Settings, time: FakeTime
+) -> None:
+    """The batch fires beside the loop, which meanwhile sleeps until the next claim (a poll
+    interval here: nothing else is scheduled). An error no retry fixes ends the loop when it
+    happens, through the task group, not when the loop next looks at its batches."""
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    await store.apply([ScheduleTimer("acme", "t0", time.dt() + timedelta(seconds=0.05), None, None, None)])
+    claim = store.claim
+
+    async def mark_refused(params: ClaimParams) -> TwinBatch:
+        batch = await claim(params)
+
+        async def record(fired: Sequence[Fired], failed: Sequence[Failed]) -> int:
+            raise DatabaseError("mark_fired: column timers.reached_at does not exist")
+
+        batch.record = record  # type: ignore[method-assign]
+        return batch
+
+    store.claim = mark_refused  # type: ignore[method-assign]
+    slow = settings.model_copy(update={"poll_interval_ms": 60_000})
+    loop = firing(slow, store, publisher, FakeClock(time))
+    with pytest.raises(DatabaseError, match="reached_at"):
+        await asyncio.wait_for(loop.run(asyncio.Event()), timeout=5)
+    assert len(publisher.stored) == 1
