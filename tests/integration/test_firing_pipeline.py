@@ -26,8 +26,11 @@ from worker.core.firing import PIPELINE_DEPTH
 from worker.core.ports import ClaimedBatch
 from worker.service import Replica
 
-TIMERS = 120
+TIMERS = 200
 SPACING_S = 0.01  # one due every 10 ms: no claim is ever full, and windows overlap
+# The first comes due this long after it is sent: stored by then on a loaded machine too, so
+# that the claims take the trickle in windows rather than all at once, overdue.
+LEAD_S = 2.0
 
 
 @dataclass
@@ -75,9 +78,9 @@ async def held_replica(settings: Settings) -> AsyncIterator[tuple[Held, asyncio.
 
 
 async def schedule_trickle(settings: Settings, db_url: str) -> dict[str, float]:
-    """TIMERS one-shot timers, one due every SPACING_S from a second on (the database's clock)."""
+    """TIMERS one-shot timers, one due every SPACING_S from LEAD_S on (the database's clock)."""
     (db_now,) = query(db_url, "SELECT clock_timestamp()")[0]
-    first = db_now + timedelta(seconds=1)
+    first = db_now + timedelta(seconds=LEAD_S)
     due = {f"sc-{i}": first + timedelta(seconds=SPACING_S * i) for i in range(TIMERS)}
     async with await TimerClient.connect(settings.nats_url, settings.subject_prefix) as client:
         sent = await client.schedule_many(
