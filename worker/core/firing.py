@@ -113,7 +113,8 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
     async def run(self, stop: asyncio.Event) -> None:
         """Until stop: claim, fire, sleep until the next occurrence. In-flight work finishes.
 
-        While claims come back full, the next claim goes out as soon as one comes back: up to
+        The next claim goes out as soon as one comes back full, else when the next occurrence
+        comes within reach but CLAIM_SPACING_S after the one before at the earliest: up to
         PIPELINE_DEPTH batches publish and mark at once, so neither Postgres nor NATS waits
         for the other (docs/BENCHMARKS.md, "Where the time went").
 
