@@ -41,8 +41,8 @@ class Batch:
         db: Callable[..., AbstractContextManager[None]],
         conn: psycopg.AsyncConnection[Any] | None,
         result: ClaimResult,
-        recorded: frozenset[str] = frozenset(),
-        claim: ClaimParams | None = None,
+        recorded: frozenset[str],
+        claim: ClaimParams,
     ) -> None:
         self._pool = pool
         self._db = db  # Store._db: psycopg's errors as the store's (pgerrors.classify)
@@ -61,7 +61,7 @@ class Batch:
         self._conn = None
         recorded = self._recorded
         if recorded and not recorded.issubset(f.timer.row_id for f in fired):
-            return await self._record_again(conn, fired, failed)
+            return await self._roll_back_and_record(conn, fired, failed)
         marks = None
         leased = [f for f in fired if f.timer.row_id not in recorded] if recorded else fired
         try:
@@ -78,15 +78,16 @@ class Batch:
         return len(fired) - len(leased) + (0 if marks is None else marks.rowcount)
 
     async def close(self) -> None:
-        """End a batch that was not recorded (a stop, an error): commit its claim, so its
-        occurrences stay claimed until the lease runs out, and return the connection."""
+        """End a batch that was not recorded (a stop, an error): commit its claim (or, where it
+        recorded occurrences, roll it back and lease each row again), so its occurrences stay
+        claimed until the lease runs out, and return the connection."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
         if self._recorded:  # nothing acknowledged may be committed as fired: each row leased again
             # The session gone (or the statement refused): the claim is rolled back, its rows free.
             with contextlib.suppress(TransientError, DatabaseError):
-                await self._record_again(conn, [], [], lease=True)
+                await self._roll_back_and_record(conn, [], [], lease=True)
             return
         try:
             if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
@@ -96,7 +97,7 @@ class Batch:
         finally:
             await self._pool.putconn(conn)
 
-    async def _record_again(
+    async def _roll_back_and_record(
         self,
         conn: psycopg.AsyncConnection[Any],
         fired: Sequence[Fired],
@@ -106,7 +107,6 @@ class Batch:
         """Roll the claim back, then mark `fired` and release `failed` by key (with `lease`: every
         claimed row leased to this claim's owner, as a stop leaves them)."""
         claim = self._claim
-        assert claim is not None  # a claim that recorded rows says what it asked for
         if lease:
             held: list[Leased] = [*self.result.claimed, *self.result.unreadable]
             release = release_params(held, [None] * len(held), [claim.lease_ms] * len(held), claim.owner)

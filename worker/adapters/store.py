@@ -290,7 +290,7 @@ class Store:
                 raise
         if empty:
             await self.pool.putconn(conn)
-            return Batch(self.pool, self._db, None, result)
+            return Batch(self.pool, self._db, None, result, recorded, params)
         return Batch(self.pool, self._db, conn, result, recorded, params)
 
     async def record_again(self, fired: Sequence[Fired]) -> int:
