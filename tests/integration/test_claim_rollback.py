@@ -14,8 +14,9 @@ from tests.helpers import query, row, until
 from tests.twins import claim_params
 from worker.adapters import db
 from worker.adapters.store import Store
-from worker.contract import CancelTimer, PauseTimers, ScheduleTimer
+from worker.contract import CancelTimer, PauseTimers, Repeat, ScheduleTimer
 from worker.core.domain import Claimed, Fired
+from worker.core.firing import next_of
 from worker.core.ports import ClaimedBatch
 
 
@@ -136,22 +137,32 @@ async def test_a_stop_then_commands_the_lease_defers_them_until_the_timer_fired(
 async def test_a_tenants_pause_with_a_rolled_back_batch_in_flight_waits_for_the_failed_one(
     store: Store, db_url: str
 ) -> None:
-    await store.apply([timer("ok", -3, "calm"), timer("bad", -2, "calm"), timer("later", 600, "calm")])
+    hourly = ScheduleTimer("calm", "every", timer("every", -1).due_at, None, 1, Repeat("PT1H", None, None))
+    await store.apply(
+        [timer("ok", -3, "calm"), timer("bad", -2, "calm"), timer("later", 600, "calm"), hourly]
+    )
     batch = await store.claim(claim_params("a", 10, lease_ms=10_000))
-    ok, bad = by_key(batch)["ok"], by_key(batch)["bad"]
+    ok, bad, every = by_key(batch)["ok"], by_key(batch)["bad"], by_key(batch)["every"]
     pause = PauseTimers("calm", None, False)
-    assert (await store.pause(pause)).outcomes == ["deferred"]  # two rows held by the batch
+    assert (await store.pause(pause)).outcomes == ["deferred"]  # three rows held by the batch
     assert stored(db_url, "later", "calm")["state"] == "Paused"
-    assert await batch.record([Fired(ok, None, None)], [(bad, "publish: TimeoutError", 50)]) == 1
+    nxt = next_of(every)
+    assert nxt[0] is not None
+    fired = [Fired(ok, None, None), Fired(every, *nxt)]
+    assert await batch.record(fired, [(bad, "publish: TimeoutError", 50)]) == 2
     assert stored(db_url, "ok", "calm")["state"] == "Reached"  # not paused after it fired
+    # Recorded again after the rollback, the recurring timer's next occurrence honours the pause.
+    moved = stored(db_url, "every", "calm")
+    assert (moved["state"], moved["due_at"], moved["fired_count"]) == ("Paused", nxt[0], 1)
     # The failed one is claimed (its back-off): it fires before the pause is done with it.
     assert (await store.pause(pause)).outcomes == ["deferred"]
     assert stored(db_url, "bad", "calm")["state"] == "Scheduled"
     again, bad = await claim_until(store, db_url, "bad", "calm")
     assert await again.record([Fired(bad, None, None)], []) == 1
     assert (await store.pause(pause)).outcomes == ["applied"]
-    assert [stored(db_url, k, "calm")["state"] for k in ("ok", "bad", "later")] == [
+    assert [stored(db_url, k, "calm")["state"] for k in ("ok", "bad", "later", "every")] == [
         "Reached",
         "Reached",
+        "Paused",
         "Paused",
     ]
