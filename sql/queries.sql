@@ -415,17 +415,19 @@ WHERE t.ctid = ANY (ARRAY(SELECT tid FROM f))
 --     applied (the window that remains). FOR UPDATE, not a claim's NO KEY UPDATE: intake's
 --     lock_keys waits for this short transaction, and then meets the recorded timer.
 -- Then it sets exactly what mark_fired sets. claimed_at is the claim's recurrence reference
--- (recurrence_ref): the rolled-back row no longer holds it.
+-- (recurrence_ref): the rolled-back row no longer holds it. A one-shot occurrence (claim_due's
+-- test, on the published definition) keeps its claim's attempts, as when its claim commits it
+-- (docs/CONTRACT.md, attempts): the rollback took them from the row too.
 WITH f AS MATERIALIZED (
     SELECT f.*, statement_timestamp() AS db_now
     FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
                 %(occurrence_index)b::int[], %(anchor_due_at)b::timestamptz[], %(repeat_every)b::text[],
                 %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(repeat_cron)b::text[],
                 %(repeat_until)b::timestamptz[], %(recurrence_ref)b::timestamptz[],
-                %(next_due_at)b::timestamptz[], %(next_index)b::int[])
+                %(next_due_at)b::timestamptz[], %(next_index)b::int[], %(attempts)b::int[])
          AS f(tenant_id, service_call_id, due_at, occurrence_index, anchor_due_at, repeat_every,
               repeat_times, repeat_timezone, repeat_cron, repeat_until, recurrence_ref,
-              next_due_at, next_index)
+              next_due_at, next_index, attempts)
 ),
 -- The published occurrence, still as it was, and not locked by anyone else.
 still AS MATERIALIZED (
@@ -444,7 +446,7 @@ still AS MATERIALIZED (
     FOR UPDATE OF t SKIP LOCKED
 )
 UPDATE timers t SET
-    -- As mark_fired, column for column.
+    -- As mark_fired, column for column, but claimed_at and attempts (above).
     state = CASE WHEN f.next_due_at IS NULL THEN 'Reached'
                  WHEN t.paused_at IS NOT NULL
                    OR t.tenant_id IN (SELECT p.tenant_id FROM paused_tenants p WHERE p.paused_at IS NOT NULL)
@@ -457,7 +459,8 @@ UPDATE timers t SET
     updated_at = f.db_now,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    attempts = 0,
+    attempts = CASE WHEN f.repeat_every IS NULL AND f.repeat_cron IS NULL OR f.anchor_due_at IS NULL
+                    THEN f.attempts ELSE 0 END,
     claimed_at = CASE WHEN f.next_due_at <= f.db_now THEN f.recurrence_ref END,
     last_error = NULL
 FROM still JOIN f ON (still.tenant_id, still.service_call_id) = (f.tenant_id, f.service_call_id)

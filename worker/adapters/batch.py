@@ -166,6 +166,7 @@ def mark_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
         "repeat_until": column([t.repeat_until for t in timers]),
         "next_due_at": column([f.next_due_at for f in fired]),
         "next_index": column([f.next_index for f in fired]),
+        "attempts": [t.attempts for t in timers],  # what a one-shot occurrence keeps (CONTRACT.md)
     }
 
 
