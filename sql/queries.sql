@@ -238,9 +238,9 @@ WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id;
 -- other sessions see it only when a batch ends unrecorded (a stop) and the lease is all that
 -- keeps its occurrences from being claimed again at once.
 -- A one-shot occurrence is written here as fired (`recorded`): its batch commits that only once
--- every such row's event is acknowledged, else rolls the claim back and records each row again by
--- key (Batch.record, Batch.close). One write of the row per firing, not a lease and then a mark:
--- about 0.6 x Postgres' CPU per fire (docs/BENCHMARKS.md).
+-- its event is acknowledged, else puts it back as it was, leased (retry_later, in the same
+-- transaction: Batch.record, Batch.close). One write of the row per firing, not a lease and then
+-- a mark: about 0.6 x Postgres' CPU per fire (docs/BENCHMARKS.md).
 WITH
 -- Oldest first, so an overdue backlog drains in order. Rows whose lease ran out (their replica
 -- died, or its publish failed and the back-off passed) are claimable again right here: no
@@ -249,8 +249,17 @@ WITH
 -- UPDATE, the mode the UPDATE below takes anyway, not FOR UPDATE: intake tells a claim's lock
 -- from a command's by it (lock_keys). The row's ctid is the UPDATE's
 -- way back to it (below): the lock keeps that version in place until this statement updates it.
+-- `record`: a one-shot occurrence (no repeat: worker/core/recurrence.py next_of) whose row holds
+-- nothing the claim's write would take from it and retry_later could not put back (a pause, an
+-- earlier firing's reachedAt, an error, commands waiting: those rows take a lease and then a mark).
+-- Read here, from the version locked: a row committed anew since this statement's snapshot is not
+-- updated below (see claimed), so the version read is the one the claim writes.
 oldest AS MATERIALIZED (
-    SELECT ctid FROM timers
+    SELECT ctid,
+           (repeat_every IS NULL AND repeat_cron IS NULL OR anchor_due_at IS NULL)
+           AND paused_at IS NULL AND reached_at IS NULL AND last_error IS NULL AND deferred_seqs IS NULL
+           AS record
+    FROM timers
     WHERE state = 'Scheduled' AND due_at <= now() + %(ahead_ms)s * interval '1 millisecond'
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
     ORDER BY due_at
@@ -263,7 +272,11 @@ oldest AS MATERIALIZED (
 -- oldest first. The two overlap only when fewer rows are due than the batch holds; shared
 -- rows are locked by this statement itself and merge in the UNION below.
 newest AS MATERIALIZED (
-    SELECT ctid FROM timers
+    SELECT ctid,
+           (repeat_every IS NULL AND repeat_cron IS NULL OR anchor_due_at IS NULL)
+           AND paused_at IS NULL AND reached_at IS NULL AND last_error IS NULL AND deferred_seqs IS NULL
+           AS record
+    FROM timers
     WHERE state = 'Scheduled' AND due_at <= now() + %(ahead_ms)s * interval '1 millisecond'
       AND due_at > now() - %(fresh_window_ms)s * interval '1 millisecond'
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
@@ -277,11 +290,14 @@ newest AS MATERIALIZED (
 token AS MATERIALIZED (
     SELECT nextval('timer_lease_token') AS lease_token
 ),
--- The claim. A one-shot occurrence (no repeat: worker/core/recurrence.py next_of; the test is
--- repeated in each column, as an UPDATE's FROM cannot read the row) is recorded here as
--- mark_fired records it, but for what it says of the claim: its lease token, attempts (claims of
--- the occurrence, this one counted) and recurrence reference stay as a lease sets them, and
--- reached_at is when it was claimed, never before its dueAt (a claim reaches ahead).
+-- The rows both lanes picked (a row in both is the same version, the same `record`).
+picked AS MATERIALIZED (
+    SELECT ctid, record FROM oldest UNION SELECT ctid, record FROM newest
+),
+-- The claim. An occurrence to `record` is recorded here as mark_fired records it, but for what
+-- it says of the claim: its lease token, attempts (claims of the occurrence, this one counted)
+-- and recurrence reference stay as a lease sets them, and reached_at is when it was claimed,
+-- never before its dueAt (a claim reaches ahead).
 -- A recurring occurrence gets the lease: the token and an expiry on the database clock; only
 -- lease columns change, none indexed, so on a page with room this is a HOT update, and its next
 -- occurrence is computed by the replica and recorded by mark_fired. The rows are found by
@@ -292,23 +308,15 @@ token AS MATERIALIZED (
 -- snapshot does not see: it is left out of this claim and, unleased, taken by the next one.
 claimed AS (
     UPDATE timers t SET
-        state = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
-                     THEN 'Reached' ELSE t.state END,
-        paused_at = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
-                         THEN NULL ELSE t.paused_at END,
-        fired_count = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
-                           THEN least(t.fired_count, 2147483646) + 1 ELSE t.fired_count END,
-        reached_at = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
-                          THEN greatest(t.due_at, statement_timestamp()) ELSE t.reached_at END,
-        updated_at = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
-                          THEN greatest(t.due_at, statement_timestamp()) ELSE t.updated_at END,
-        last_error = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
-                          THEN NULL ELSE t.last_error END,
-        lease_owner = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
-                           THEN NULL ELSE %(owner)s END,
+        state = CASE WHEN p.record THEN 'Reached' ELSE t.state END,
+        paused_at = CASE WHEN p.record THEN NULL ELSE t.paused_at END,
+        fired_count = CASE WHEN p.record THEN least(t.fired_count, 2147483646) + 1 ELSE t.fired_count END,
+        reached_at = CASE WHEN p.record THEN greatest(t.due_at, statement_timestamp()) ELSE t.reached_at END,
+        updated_at = CASE WHEN p.record THEN greatest(t.due_at, statement_timestamp()) ELSE t.updated_at END,
+        last_error = CASE WHEN p.record THEN NULL ELSE t.last_error END,
+        lease_owner = CASE WHEN p.record THEN NULL ELSE %(owner)s END,
         lease_token = token.lease_token,
-        lease_expires_at = CASE WHEN t.repeat_every IS NULL AND t.repeat_cron IS NULL OR t.anchor_due_at IS NULL
-                                THEN NULL ELSE now() + %(lease_ms)s * interval '1 millisecond' END,
+        lease_expires_at = CASE WHEN p.record THEN NULL ELSE now() + %(lease_ms)s * interval '1 millisecond' END,
         -- Saturates: `+ 1` past integer's maximum would fail the whole claim, one row stopping the fleet.
         attempts = least(t.attempts, 2147483646) + 1,
         -- A recurring timer's next occurrence is the first due after this (worker/core/recurrence.py).
@@ -325,10 +333,11 @@ claimed AS (
                                               >= now() - %(downtime_ms)s * interval '1 millisecond'
                 THEN t.claimed_at
             ELSE now() END
-    FROM token
-    WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM oldest UNION SELECT ctid FROM newest))
+    FROM token, picked p
+    WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM picked))
+      AND t.ctid = p.ctid
     RETURNING t.tenant_id, t.service_call_id, t.due_at, t.correlation_id, t.lease_token,
-              t.attempts, t.state = 'Reached' AS recorded, t.repeat_every, t.repeat_times,
+              t.attempts, p.record AS recorded, t.repeat_every, t.repeat_times,
               t.repeat_timezone, t.anchor_due_at, t.occurrence_index, t.claimed_at AS recurrence_ref,
               t.ctid::text AS row_id, t.carried_headers AS carried,
               -- 0009: the cron schedule, the end, and `data` as text (spliced into the event).
@@ -385,7 +394,9 @@ UPDATE timers t SET
     updated_at = f.db_now,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    attempts = 0,
+    -- A finished timer keeps the count of claims that fired it, as claim_due records a one-shot
+    -- occurrence; a next occurrence starts at none (docs/CONTRACT.md, attempts).
+    attempts = CASE WHEN f.next_due_at IS NULL THEN t.attempts ELSE 0 END,
     -- The next occurrence is due already: it came due while this one was held up (a crashed
     -- claim's lease, a slow publish). It keeps this occurrence's reference, however overdue it
     -- is, so claim_due does not take a chain of crashes for downtime.
@@ -415,9 +426,8 @@ WHERE t.ctid = ANY (ARRAY(SELECT tid FROM f))
 --     applied (the window that remains). FOR UPDATE, not a claim's NO KEY UPDATE: intake's
 --     lock_keys waits for this short transaction, and then meets the recorded timer.
 -- Then it sets exactly what mark_fired sets. claimed_at is the claim's recurrence reference
--- (recurrence_ref): the rolled-back row no longer holds it. A one-shot occurrence (claim_due's
--- test, on the published definition) keeps its claim's attempts, as when its claim commits it
--- (docs/CONTRACT.md, attempts): the rollback took them from the row too.
+-- (recurrence_ref): the rolled-back row no longer holds it, and so are the attempts a finished
+-- timer keeps (the claim's).
 WITH f AS MATERIALIZED (
     SELECT f.*, statement_timestamp() AS db_now
     FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
@@ -459,8 +469,7 @@ UPDATE timers t SET
     updated_at = f.db_now,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    attempts = CASE WHEN f.repeat_every IS NULL AND f.repeat_cron IS NULL OR f.anchor_due_at IS NULL
-                    THEN f.attempts ELSE 0 END,
+    attempts = CASE WHEN f.next_due_at IS NULL THEN f.attempts ELSE 0 END,
     claimed_at = CASE WHEN f.next_due_at <= f.db_now THEN f.recurrence_ref END,
     last_error = NULL
 FROM still JOIN f ON (still.tenant_id, still.service_call_id) = (f.tenant_id, f.service_call_id)
@@ -470,55 +479,30 @@ WHERE (t.tenant_id, t.service_call_id) = (still.tenant_id, still.service_call_id
 -- A publish failed or timed out (it may still have reached the stream), or the row could not be
 -- made into an event: keep the occurrence claimed, so it still fires, and let any replica retry
 -- it after its own back-off, counted from now (statement_timestamp(): now() is the claim's
--- start). In the claim's transaction, fenced and found like mark_fired.
+-- start). In the claim's transaction, fenced and found like mark_fired. A stop (Batch.close)
+-- holds its claim's recorded occurrences the same way, for a lease, as their owner's (`owner`:
+-- NULL for a back-off, any replica retries it), with no error.
+-- A one-shot occurrence the claim recorded as fired (claim_due, `record`) is put back as the claim
+-- would have left it as a lease: Scheduled, its count of firings one less, and no reachedAt,
+-- pause or error before this one (the rows claim_due records hold none). Its updatedAt stays the
+-- claim's: nothing reads it on a Scheduled row without waiting commands (`record` again).
+-- In the claim's transaction, its row never looked fired to anyone: no command meets it so.
 WITH f AS MATERIALIZED (
     SELECT f.*, f.row_id::tid AS tid
     FROM unnest(%(row_id)b::text[], %(lease_token)b::bigint[], %(error)b::text[], %(backoff_ms)b::bigint[])
          AS f(row_id, lease_token, error, backoff_ms)
 )
 UPDATE timers t SET
-    lease_owner = NULL,
+    state = 'Scheduled',
+    fired_count = CASE WHEN t.state = 'Reached' THEN t.fired_count - 1 ELSE t.fired_count END,
+    reached_at = CASE WHEN t.state = 'Reached' THEN NULL ELSE t.reached_at END,
+    lease_owner = %(owner)s::text,
     lease_expires_at = statement_timestamp() + f.backoff_ms * interval '1 millisecond',
-    last_error = f.error
+    last_error = coalesce(f.error, t.last_error)
 FROM f
 WHERE t.ctid = ANY (ARRAY(SELECT tid FROM f))
   AND t.ctid = f.tid
   AND t.lease_token = f.lease_token;
-
--- name: release_again
--- Lease again, in a transaction of its own, occurrences whose claim was rolled back (Batch: it
--- had recorded one-shot occurrences that were not all acknowledged): as the claim left them, then
--- retry_later (`error`, held `hold_ms` for the back-off) or a stop (`owner`, held for the lease).
--- No row lock fences this: the claim is gone. The row is found by key and leased only while it
--- still holds that occurrence, Scheduled and unleased (a dueAt that could not be read matches by
--- key alone), and not locked: a command or a claim that came between wins.
-WITH f AS MATERIALIZED (
-    SELECT f.*, statement_timestamp() AS db_now
-    FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
-                %(occurrence_index)b::int[], %(recurrence_ref)b::timestamptz[], %(lease_token)b::bigint[],
-                %(attempts)b::int[], %(error)b::text[], %(hold_ms)b::bigint[])
-         AS f(tenant_id, service_call_id, due_at, occurrence_index, recurrence_ref, lease_token,
-              attempts, error, hold_ms)
-),
-still AS MATERIALIZED (
-    SELECT t.tenant_id, t.service_call_id
-    FROM timers t JOIN f ON (t.tenant_id, t.service_call_id) = (f.tenant_id, f.service_call_id)
-    WHERE t.state = 'Scheduled'
-      AND (f.due_at IS NULL OR (t.due_at = f.due_at AND t.occurrence_index = f.occurrence_index))
-      AND (t.lease_expires_at IS NULL OR t.lease_expires_at < f.db_now)
-    FOR UPDATE OF t SKIP LOCKED
-)
-UPDATE timers t SET
-    lease_owner = %(owner)s::text,
-    lease_token = f.lease_token,
-    lease_expires_at = f.db_now + f.hold_ms * interval '1 millisecond',
-    attempts = f.attempts,
-    -- The claim's reference: where a recurring timer's next occurrence counts from, and when a
-    -- failing occurrence was first claimed (held_among: its commands are given up after stuck_after).
-    claimed_at = f.recurrence_ref,
-    last_error = coalesce(f.error, t.last_error)
-FROM still JOIN f ON (still.tenant_id, still.service_call_id) = (f.tenant_id, f.service_call_id)
-WHERE (t.tenant_id, t.service_call_id) = (still.tenant_id, still.service_call_id);
 
 -- name: get_timer
 SELECT tenant_id, service_call_id, state, due_at, registered_at, updated_at, reached_at,

@@ -393,9 +393,7 @@ class TwinStore:
             r.first_claimed_at = r.first_claimed_at or now
             row_id = f"{r.tenant_id}/{r.service_call_id}"
             if r.due_at is None:
-                unreadable.append(
-                    Unreadable(r.tenant_id, r.service_call_id, token, r.attempts, row_id, r.claimed_at)
-                )
+                unreadable.append(Unreadable(r.tenant_id, r.service_call_id, token, r.attempts, row_id))
                 continue
             claimed.append(
                 Claimed(
@@ -463,7 +461,9 @@ class TwinStore:
         """What mark_fired and mark_fired_again both set: the lease gone, and Reached or the next
         occurrence (Paused when this one was claimed under its own pause or its tenant's)."""
         row.lease_owner = row.lease_expires_at = row.first_claimed_at = None
-        row.attempts, row.last_error, row.updated_at = 0, None, now
+        # A finished timer keeps the count of claims that fired it (docs/CONTRACT.md, attempts).
+        row.attempts = f.timer.attempts if f.next_due_at is None else 0
+        row.last_error, row.updated_at = None, now
         if f.next_due_at is None:
             row.state, row.paused_at = "Reached", None
         else:

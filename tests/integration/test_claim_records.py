@@ -1,7 +1,7 @@
 """A claim records its one-shot occurrences as fired in the row it leases (sql/queries.sql,
-claim_due): nobody sees them fired before the batch commits, and a batch that cannot commit them
-all (a failed publish, an unreadable row, a stop) rolls back and leaves every row as a lease and
-its mark would have (Batch)."""
+claim_due): nobody sees them fired before the batch commits, and one that does not fire (a failed
+publish, an unreadable row, a stop) is put back in the batch's transaction as a lease and its
+retry would have left it (Batch, retry_later)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import query, row, until
+from tests.helpers import query, row
 from tests.twins import claim_params
 from worker.adapters import db
-from worker.adapters.batch import release_params
-from worker.adapters.queries import QUERIES
 from worker.adapters.store import Store
-from worker.contract import CancelTimer, Repeat, ScheduleTimer
+from worker.contract import Repeat, ScheduleTimer
 from worker.core.domain import Fired
 from worker.core.firing import next_of
 
@@ -74,7 +72,7 @@ async def test_an_occurrence_claimed_ahead_of_its_due_at_is_not_recorded_before_
     assert stored(db_url, "ahead")["reached_at"] == due  # claimed 5 s before it came due
 
 
-async def test_a_batch_with_a_failed_one_shot_rolls_back_and_records_each_row_again(
+async def test_a_batch_with_a_failed_one_shot_puts_it_back_leased_and_records_the_others(
     store: Store, db_url: str
 ) -> None:
     hourly = Repeat("PT1H", None, None)
@@ -118,27 +116,57 @@ async def test_a_batch_that_ends_unrecorded_leaves_its_rows_claimed_not_fired(
     await other.close()
 
 
-async def test_a_row_a_command_changed_after_the_rollback_is_not_leased_again(db_url: str) -> None:
-    # The claim's session ended under it (idle in its transaction past the timeout), as between a
-    # batch's rollback and what it writes after: the rows are as before the claim, unleased.
-    pool = db.pool(db_url, "records-frozen", min_size=1, max_size=4, idle_in_transaction_ms=500)
-    async with pool:
-        store = Store(pool)
-        await store.apply([timer("kept", -2), timer("gone", -1)])
-        batch = await store.claim(claim_params("a", 10, lease_ms=10_000))
-        kept, gone = batch.result.claimed
-        await until(lambda: not query(db_url, IN_FLIGHT), what="the claim's session ended")
-        assert (await store.apply([CancelTimer("acme", "gone", None, 2)])).outcomes == ["applied"]
-        params = release_params([kept, gone], [None, None], [10_000, 10_000], "a")
-        async with store.pool.connection() as conn:
-            assert (await conn.execute(QUERIES["release_again"], params)).rowcount == 1
-        await batch.close()
-    assert stored(db_url, "kept")["lease_owner"] == "a"
-    cancelled = stored(db_url, "gone")
-    assert (cancelled["state"], cancelled["lease_owner"]) == ("Cancelled", None)
+async def test_a_recorded_occurrence_neither_fired_nor_failed_is_held_not_committed_fired(
+    store: Store, db_url: str
+) -> None:
+    # Never so from the firing loop, which ends each occurrence one way or the other: the batch
+    # holds such a one for a lease rather than commit it fired, unpublished.
+    await store.apply([timer("lost", -1)])
+    batch = await store.claim(claim_params("a", 10, lease_ms=30_000))
+    assert await batch.record([], []) == 0
+    held = stored(db_url, "lost")
+    assert (held["state"], held["fired_count"], held["reached_at"]) == ("Scheduled", 0, None)
+    assert held["lease_expires_at"] > db_now(db_url) + timedelta(seconds=20)
 
 
-IN_FLIGHT = (
-    "SELECT 1 FROM pg_stat_activity"
-    " WHERE application_name = 'records-frozen' AND state = 'idle in transaction'"
-)
+# A row holding what the claim's write of a fired one-shot occurrence would take from it: an
+# earlier error, pause, firing's reachedAt or waiting commands (claim_due, `record`).
+HISTORY = {
+    "last_error": "'publish: TimeoutError'",
+    "paused_at": "now() - interval '1 minute'",
+    "reached_at": "now() - interval '1 hour'",
+    "deferred_seqs": "ARRAY[7]::bigint[]",
+}
+
+
+@pytest.mark.parametrize("column", HISTORY)
+async def test_a_one_shot_row_with_history_keeps_it_when_its_publish_fails(
+    store: Store, db_url: str, column: str
+) -> None:
+    await store.apply([timer("old", -1)])
+    query(db_url, f"UPDATE timers SET {column} = {HISTORY[column]} WHERE service_call_id = 'old'")
+    before = stored(db_url, "old")
+    batch = await store.claim(claim_params("a", 10, lease_ms=10_000))
+    (old,) = batch.result.claimed
+    assert await batch.record([], [(old, "publish: TimeoutError", 60_000)]) == 0
+    after = stored(db_url, "old")
+    assert (after["state"], after[column], after["fired_count"]) == ("Scheduled", before[column], 0)
+
+
+@pytest.mark.parametrize("column", HISTORY)
+async def test_a_one_shot_row_with_history_is_recorded_as_any_other_when_it_fires(
+    store: Store, db_url: str, column: str
+) -> None:
+    await store.apply([timer("old", -1)])
+    query(db_url, f"UPDATE timers SET {column} = {HISTORY[column]} WHERE service_call_id = 'old'")
+    batch = await store.claim(claim_params("a", 10, lease_ms=10_000))
+    (old,) = batch.result.claimed
+    assert await batch.record([Fired(old, None, None)], []) == 1
+    done = stored(db_url, "old")
+    assert (done["state"], done["fired_count"], done["paused_at"], done["last_error"]) == (
+        "Reached",
+        1,
+        None,
+        None,
+    )
+    assert done["reached_at"] >= done["due_at"] and done["lease_expires_at"] is None

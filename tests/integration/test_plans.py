@@ -75,7 +75,7 @@ def test_a_full_batch_is_recorded_through_its_row_ids(
     if name == "mark_fired":
         params |= {"due_at": [datetime.now(UTC)] * n, "next_due_at": None, "next_index": None}
     else:
-        params |= {"error": ["publish: TimeoutError"] * n, "backoff_ms": [1000] * n}
+        params |= {"error": ["publish: TimeoutError"] * n, "backoff_ms": [1000] * n, "owner": None}
     found = scans(plan(db_url, cost, name, params))
     assert found == {("Tid Scan", "")}, f"{name} reads timers by {found}"
 

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters.queries import QUERIES
-from worker.core.domain import Claimed, ClaimParams, ClaimResult, Failed, Fired, Leased
-from worker.errors import DatabaseError, TransientError
+from worker.core.domain import ClaimParams, ClaimResult, Failed, Fired, Leased
+from worker.errors import TransientError
 
 
 class Batch:
@@ -25,13 +23,10 @@ class Batch:
     idle_in_transaction_session_timeout (the lease, adapters/db.py) ends a batch whose replica
     froze: Postgres rolls it back, and another replica claims its rows.
 
-    The claim wrote its one-shot occurrences as already recorded (`recorded`, their row ids:
-    sql/queries.sql, claim_due), so the batch commits as it stands only once each of those was
-    acknowledged. Otherwise it rolls the claim back, which undoes every row exactly, and records
-    each row again by key, in its own statement, as the claim and its mark would have: acknowledged
-    ones as fired (mark_fired_again), the rest leased (release_again). Between the two, for a
-    moment, another claim may take a row: it publishes again under the same Nats-Msg-Id
-    (deduplicated), and the statement after leaves that row alone."""
+    The claim wrote some one-shot occurrences as already fired (`recorded`, their row ids:
+    sql/queries.sql, claim_due); the batch commits that only for those acknowledged, and puts
+    each other one back, leased, in the same transaction (retry_later): until it commits, nobody
+    sees any of its rows otherwise than as the claim found them."""
 
     __slots__ = ("_claim", "_conn", "_db", "_pool", "_recorded", "result")
 
@@ -49,7 +44,7 @@ class Batch:
         self._conn = conn  # None once ended, or when the claim took nothing
         self.result = result
         self._recorded = recorded  # row ids of the occurrences the claim recorded as fired
-        self._claim = claim  # what the claim asked for: its owner and lease, for release_again
+        self._claim = claim  # what the claim asked for: its owner and lease, for a stop's hold
 
     async def record(self, fired: Sequence[Fired], failed: Sequence[Failed]) -> int:
         """Mark what was acknowledged, release what failed, and commit them with the claim: one
@@ -60,73 +55,52 @@ class Batch:
             raise TransientError("the batch already ended")
         self._conn = None
         recorded = self._recorded
-        if recorded and not recorded.issubset(f.timer.row_id for f in fired):
-            return await self._roll_back_and_record(conn, fired, failed)
-        marks = None
         leased = [f for f in fired if f.timer.row_id not in recorded] if recorded else fired
+        release: list[tuple[Leased, str | None, int]] = list(failed)
+        if len(fired) - len(leased) < len(recorded):
+            # The firing loop ends each occurrence as fired or failed; one it recorded as neither
+            # would commit as fired unpublished: held for a lease instead, whatever happened.
+            ended = {f.timer.row_id for f in fired} | {c.row_id for c, _, _ in failed}
+            release += [(h, None, self._claim.lease_ms) for h in self._recorded_among(ended)]
+        marks = None
         try:
             with self._db(write=True):
                 async with conn.pipeline():
                     if leased:
                         marks = conn.cursor()
                         await marks.execute(QUERIES["mark_fired"], mark_params(leased))
-                    if failed:
-                        await conn.execute(QUERIES["retry_later"], _retry_params(failed))
+                    if release:
+                        await conn.execute(QUERIES["retry_later"], retry_params(release))
                     await conn.execute("COMMIT")
         finally:
             await self._pool.putconn(conn)  # still in the transaction after an error: the pool rolls back
         return len(fired) - len(leased) + (0 if marks is None else marks.rowcount)
 
     async def close(self) -> None:
-        """End a batch that was not recorded (a stop, an error): commit its claim (or, where it
-        recorded occurrences, roll it back and lease each row again), so its occurrences stay
-        claimed until the lease runs out, and return the connection."""
+        """End a batch that was not recorded (a stop, an error): commit its claim, each occurrence
+        it recorded as fired put back leased (retry_later, none may commit as fired
+        unacknowledged), so they all stay claimed until the lease runs out; return the connection."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self._recorded:  # nothing acknowledged may be committed as fired: each row leased again
-            # The session gone (or the statement refused): the claim is rolled back, its rows free.
-            with contextlib.suppress(TransientError, DatabaseError):
-                await self._roll_back_and_record(conn, [], [], lease=True)
-            return
+        claim = self._claim
         try:
             if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
-                await conn.execute("COMMIT")
+                async with conn.pipeline():
+                    if held := self._recorded_among(frozenset()):
+                        hold = [(h, None, claim.lease_ms) for h in held]
+                        await conn.execute(QUERIES["retry_later"], retry_params(hold, claim.owner))
+                    await conn.execute("COMMIT")
         except psycopg.Error:
             pass  # the session is gone, and the claim with it: its rows are free again
         finally:
             await self._pool.putconn(conn)
 
-    async def _roll_back_and_record(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        fired: Sequence[Fired],
-        failed: Sequence[Failed],
-        lease: bool = False,
-    ) -> int:
-        """Roll the claim back, then mark `fired` and release `failed` by key (with `lease`: every
-        claimed row leased to this claim's owner, as a stop leaves them)."""
-        claim = self._claim
-        if lease:
-            held: list[Leased] = [*self.result.claimed, *self.result.unreadable]
-            release = release_params(held, [None] * len(held), [claim.lease_ms] * len(held), claim.owner)
-        else:
-            release = release_params(
-                [c for c, _, _ in failed], [e[:500] for _, e, _ in failed], [b for *_, b in failed]
-            )
-        marks = None
-        try:
-            with self._db(write=True):
-                async with conn.pipeline():
-                    await conn.execute("ROLLBACK")
-                    if fired:
-                        marks = conn.cursor()
-                        await marks.execute(QUERIES["mark_fired_again"], mark_again_params(fired))
-                    if release["tenant_id"]:
-                        await conn.execute(QUERIES["release_again"], release)
-        finally:
-            await self._pool.putconn(conn)
-        return 0 if marks is None else marks.rowcount
+    def _recorded_among(self, ended: Collection[str]) -> list[Leased]:
+        """The claim's occurrences it recorded as fired, but those in `ended` (row ids)."""
+        recorded = self._recorded
+        rows: list[Leased] = [*self.result.claimed, *self.result.unreadable]
+        return [r for r in rows if r.row_id in recorded and r.row_id not in ended]
 
 
 def mark_params(fired: Sequence[Fired]) -> dict[str, Any]:
@@ -170,35 +144,13 @@ def mark_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
     }
 
 
-def release_params(
-    held: Sequence[Leased], errors: Sequence[str | None], holds_ms: Sequence[int], owner: str | None = None
-) -> dict[str, Any]:
-    """release_again's: each occurrence's key, its occurrence where it could be read (an unreadable
-    dueAt is matched by key alone), what its claim wrote, and the error and time to hold it."""
-    due_at, index = zip(*(_occurrence(h) for h in held), strict=True) if held else ((), ())
+def retry_params(held: Sequence[tuple[Leased, str | None, int]], owner: str | None = None) -> dict[str, Any]:
+    """retry_later's: (occurrence, error or None to keep the row's, ms to hold it) each, and the
+    lease's owner (None: any replica's after the back-off)."""
     return {
-        "tenant_id": [h.tenant_id for h in held],
-        "service_call_id": [h.service_call_id for h in held],
-        "due_at": list(due_at),
-        "occurrence_index": list(index),
-        "recurrence_ref": [h.recurrence_ref for h in held],
-        "lease_token": [h.lease_token for h in held],
-        "attempts": [h.attempts for h in held],
-        "error": list(errors),
-        "hold_ms": list(holds_ms),
+        "row_id": [h.row_id for h, _, _ in held],
+        "lease_token": [h.lease_token for h, _, _ in held],
+        "error": [None if e is None else e[:500] for _, e, _ in held],
+        "backoff_ms": [ms for _, _, ms in held],
         "owner": owner,
-    }
-
-
-def _occurrence(held: Leased) -> tuple[datetime | None, int | None]:
-    return (held.due_at, held.occurrence_index) if isinstance(held, Claimed) else (None, None)
-
-
-def _retry_params(failed: Sequence[Failed]) -> dict[str, Any]:
-    """(occurrence, error, back-off ms) each."""
-    return {
-        "row_id": [c.row_id for c, _, _ in failed],
-        "lease_token": [c.lease_token for c, _, _ in failed],
-        "error": [e[:500] for _, e, _ in failed],
-        "backoff_ms": [b for _, _, b in failed],
     }

@@ -80,9 +80,6 @@ class Unreadable(NamedTuple):
     lease_token: int
     attempts: int
     row_id: str
-    # As Claimed's: for a one-shot timer, when its occurrence was first claimed (TIMER_STUCK_AFTER
-    # counts from it); kept when the row is released again after a rollback (Batch).
-    recurrence_ref: datetime | None = None
 
 
 # A claimed occurrence as its fence reads it (tenant_id, service_call_id, lease_token, attempts):

@@ -46,7 +46,7 @@ def test_columns_are_read_by_name_whatever_their_order_and_an_extra_one_shifts_n
     (claimed,) = result.claimed
     assert claimed == Claimed(*(ROW[f] for f in Claimed._fields))
     assert claimed.carried == {"traceparent": "x"} and claimed.data == '{"a": 1}'
-    assert result.unreadable == [Unreadable("acme", "bad", 7, 1, "(0,1)", DUE)]
+    assert result.unreadable == [Unreadable("acme", "bad", 7, 1, "(0,1)")]
     assert result.next_due_in_ms == 2000 and result.db_now == NOW
 
 

@@ -26,18 +26,14 @@ def _set_list(statement: str) -> dict[str, str]:
 def test_a_firing_recorded_again_sets_what_its_mark_would_have() -> None:
     """mark_fired_again records, after its claim was rolled back, what mark_fired would have:
     column for column but what only the claim held: the recurrence reference (it comes back as
-    recurrence_ref) and, for a one-shot occurrence, the claim's attempts, which its claim commits
-    with it (claim_due; mark_fired sees recurring occurrences only). The two SET lists are written
-    twice; this keeps them from drifting apart."""
+    recurrence_ref) and the claim's attempts, which a finished timer keeps. The two SET lists are
+    written twice; this keeps them from drifting apart."""
     mark, again = _set_list(QUERIES["mark_fired"]), _set_list(QUERIES["mark_fired_again"])
     assert mark.keys() == again.keys()
     assert mark["claimed_at"] == "CASE WHEN f.next_due_at <= f.db_now THEN t.claimed_at END"
     assert again["claimed_at"] == "CASE WHEN f.next_due_at <= f.db_now THEN f.recurrence_ref END"
-    assert mark["attempts"] == "0"
-    assert again["attempts"] == (
-        "CASE WHEN f.repeat_every IS NULL AND f.repeat_cron IS NULL OR f.anchor_due_at IS NULL"
-        " THEN f.attempts ELSE 0 END"
-    )
+    assert mark["attempts"] == "CASE WHEN f.next_due_at IS NULL THEN t.attempts ELSE 0 END"
+    assert again["attempts"] == "CASE WHEN f.next_due_at IS NULL THEN f.attempts ELSE 0 END"
     claim_only = ("claimed_at", "attempts")
     assert {c: e for c, e in mark.items() if c not in claim_only} == {
         c: e for c, e in again.items() if c not in claim_only

@@ -1,15 +1,13 @@
-"""A batch that rolls its claim back (a one-shot occurrence failed next to fired ones, a stop) and
-records each row again by key (Batch, sql/queries.sql mark_fired_again and release_again): what a
-command, a pause and the read model meet afterwards, and a row that keeps failing."""
+"""A batch whose claim recorded one-shot occurrences that did not all fire (a failed one next to
+fired ones, a stop) puts those back, leased, in its own transaction (Batch, sql/queries.sql
+retry_later): what a command, a pause and the read model meet, and a row that keeps failing."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 
 from tests.helpers import query, row, until
@@ -24,7 +22,7 @@ from worker.core.ports import ClaimedBatch
 
 @pytest.fixture
 async def store(db_url: str) -> AsyncIterator[Store]:
-    pool = db.pool(db_url, "rollback", min_size=1, max_size=4, idle_in_transaction_ms=60_000)
+    pool = db.pool(db_url, "failed", min_size=1, max_size=4, idle_in_transaction_ms=60_000)
     async with pool:
         yield Store(pool)
 
@@ -58,7 +56,7 @@ async def test_a_one_shot_fired_beside_a_failed_one_keeps_the_count_of_claims_th
     store: Store, db_url: str
 ) -> None:
     # docs/CONTRACT.md, attempts: a Reached one-shot timer keeps the count that fired it, whether
-    # its batch committed as the claim wrote it or rolled back and recorded it again.
+    # its batch committed as the claim wrote it or beside a failed one.
     await store.apply([timer("clean", -3)])
     clean = await store.claim(claim_params("a", 10, lease_ms=10_000))
     assert await clean.record([Fired(clean.result.claimed[0], None, None)], []) == 1
@@ -70,7 +68,7 @@ async def test_a_one_shot_fired_beside_a_failed_one_keeps_the_count_of_claims_th
     assert (stored(db_url, "ok")["state"], stored(db_url, "ok")["attempts"]) == ("Reached", ok.attempts)
 
 
-async def test_commands_to_a_rolled_back_batch_wait_for_it_and_meet_the_fired_timer(
+async def test_commands_to_a_batch_with_a_failed_one_shot_wait_for_it_and_meet_the_fired_timer(
     store: Store, db_url: str
 ) -> None:
     await store.apply([timer("ok", -3), timer("bad", -2)])
@@ -108,7 +106,7 @@ async def test_a_one_shot_that_keeps_failing_beside_fired_ones_counts_backs_off_
     for n in (2, 3):
         await store.apply([timer(f"n{n}", -1)])  # a neighbour that fires beside it each time
         batch, again = await claim_until(store, db_url, "bad")
-        assert again.attempts == n  # each claim counted, not reset by the rollback
+        assert again.attempts == n  # each claim counted, not reset when put back
         assert again.recurrence_ref == bad.recurrence_ref  # first claimed: where stuck counts from
         neighbours = [Fired(c, None, None) for c in batch.result.claimed if c.service_call_id != "bad"]
         assert await batch.record(neighbours, [(again, "bad_carried_headers", 50 * n)]) == len(neighbours)
@@ -125,7 +123,7 @@ async def test_a_stop_then_commands_the_lease_defers_them_until_the_timer_fired(
 ) -> None:
     await store.apply([timer("stop", -1), timer("other", -1)])
     batch = await store.claim(claim_params("a", 10, lease_ms=1_000))
-    await batch.close()  # a stop with one-shot occurrences in flight: rolled back, leased again
+    await batch.close()  # a stop with one-shot occurrences in flight: put back, leased
     assert (await store.apply([timer("stop", 60)])).outcomes == ["deferred"]
     held = stored(db_url, "stop")
     assert (held["state"], held["lease_owner"], held["fired_count"]) == ("Scheduled", "a", 0)
@@ -136,7 +134,7 @@ async def test_a_stop_then_commands_the_lease_defers_them_until_the_timer_fired(
     assert (stored(db_url, "stop")["state"], stored(db_url, "stop")["fired_count"]) == ("Reached", 1)
 
 
-async def test_a_tenants_pause_with_a_rolled_back_batch_in_flight_waits_for_the_failed_one(
+async def test_a_tenants_pause_with_a_failing_batch_in_flight_waits_for_the_failed_one(
     store: Store, db_url: str
 ) -> None:
     hourly = ScheduleTimer("calm", "every", timer("every", -1).due_at, None, 1, Repeat("PT1H", None, None))
@@ -153,7 +151,7 @@ async def test_a_tenants_pause_with_a_rolled_back_batch_in_flight_waits_for_the_
     fired = [Fired(ok, None, None), Fired(every, *nxt)]
     assert await batch.record(fired, [(bad, "publish: TimeoutError", 50)]) == 2
     assert stored(db_url, "ok", "calm")["state"] == "Reached"  # not paused after it fired
-    # Recorded again after the rollback, the recurring timer's next occurrence honours the pause.
+    # Recorded beside the failed one, the recurring timer's next occurrence honours the pause.
     moved = stored(db_url, "every", "calm")
     assert (moved["state"], moved["due_at"], moved["fired_count"]) == ("Paused", nxt[0], 1)
     # The failed one is claimed (its back-off): it fires before the pause is done with it.
@@ -168,40 +166,3 @@ async def test_a_tenants_pause_with_a_rolled_back_batch_in_flight_waits_for_the_
         "Paused",
         "Paused",
     ]
-
-
-# mark_fired_again waiting (here on a lock of paused_tenants, which it reads; in production on
-# nothing but its turn, a few milliseconds) after the batch's ROLLBACK freed the rows.
-MARK_AGAIN_WAITS = (
-    "SELECT 1 FROM pg_stat_activity WHERE application_name = 'rollback' AND wait_event_type = 'Lock'"
-    " AND query LIKE %s"
-)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # the assertion below, not the set-up
-    reason="known window (docs/RELIABILITY.md, Limits): between a batch's own rollback and its record "
-    "again, a command meets a fired one-shot timer as unfired",
-)
-async def test_a_cancel_between_a_batchs_rollback_and_its_record_again_waits_for_the_firing(
-    store: Store, db_url: str
-) -> None:
-    await store.apply([timer("ok", -3), timer("bad", -2)])
-    batch = await store.claim(claim_params("a", 10, lease_ms=10_000))
-    ok, bad = by_key(batch)["ok"], by_key(batch)["bad"]
-    with psycopg.connect(db_url, autocommit=True) as holder:
-        holder.execute("BEGIN")
-        holder.execute("LOCK TABLE paused_tenants IN ACCESS EXCLUSIVE MODE")
-        record = asyncio.create_task(batch.record([Fired(ok, None, None)], [(bad, "publish: X", 60_000)]))
-        # bool: an empty list is an answer to until. The statement's text is matched by its first
-        # line: pg_stat_activity keeps only its first track_activity_query_size bytes.
-        mark_again = "-- Record again, in a transaction of its own%"
-        await until(
-            lambda: bool(query(db_url, MARK_AGAIN_WAITS, mark_again)), what="the record again waiting"
-        )
-        # ok's DueTimeReached is acknowledged: the cancel came after the claim, so it must wait.
-        outcome = (await store.apply([CancelTimer("acme", "ok", None, 2)])).outcomes
-        holder.execute("COMMIT")
-    marked = await record
-    assert (outcome, marked, stored(db_url, "ok")["state"]) == (["deferred"], 1, "Reached")
