@@ -249,17 +249,8 @@ WITH
 -- UPDATE, the mode the UPDATE below takes anyway, not FOR UPDATE: intake tells a claim's lock
 -- from a command's by it (lock_keys). The row's ctid is the UPDATE's
 -- way back to it (below): the lock keeps that version in place until this statement updates it.
--- `record`: a one-shot occurrence (no repeat: worker/core/recurrence.py next_of) whose row holds
--- nothing the claim's write would take from it and retry_later could not put back (a pause, an
--- earlier firing's reachedAt, an error, commands waiting: those rows take a lease and then a mark).
--- Read here, from the version locked: a row committed anew since this statement's snapshot is not
--- updated below (see claimed), so the version read is the one the claim writes.
 oldest AS MATERIALIZED (
-    SELECT ctid,
-           (repeat_every IS NULL AND repeat_cron IS NULL OR anchor_due_at IS NULL)
-           AND paused_at IS NULL AND reached_at IS NULL AND last_error IS NULL AND deferred_seqs IS NULL
-           AS record
-    FROM timers
+    SELECT ctid FROM timers
     WHERE state = 'Scheduled' AND due_at <= now() + %(ahead_ms)s * interval '1 millisecond'
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
     ORDER BY due_at
@@ -272,11 +263,7 @@ oldest AS MATERIALIZED (
 -- oldest first. The two overlap only when fewer rows are due than the batch holds; shared
 -- rows are locked by this statement itself and merge in the UNION below.
 newest AS MATERIALIZED (
-    SELECT ctid,
-           (repeat_every IS NULL AND repeat_cron IS NULL OR anchor_due_at IS NULL)
-           AND paused_at IS NULL AND reached_at IS NULL AND last_error IS NULL AND deferred_seqs IS NULL
-           AS record
-    FROM timers
+    SELECT ctid FROM timers
     WHERE state = 'Scheduled' AND due_at <= now() + %(ahead_ms)s * interval '1 millisecond'
       AND due_at > now() - %(fresh_window_ms)s * interval '1 millisecond'
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
@@ -290,14 +277,14 @@ newest AS MATERIALIZED (
 token AS MATERIALIZED (
     SELECT nextval('timer_lease_token') AS lease_token
 ),
--- The rows both lanes picked (a row in both is the same version, the same `record`).
-picked AS MATERIALIZED (
-    SELECT ctid, record FROM oldest UNION SELECT ctid, record FROM newest
-),
--- The claim. An occurrence to `record` is recorded here as mark_fired records it, but for what
--- it says of the claim: its lease token, attempts (claims of the occurrence, this one counted)
--- and recurrence reference stay as a lease sets them, and reached_at is when it was claimed,
--- never before its dueAt (a claim reaches ahead).
+-- The claim. A one-shot occurrence (no repeat: worker/core/recurrence.py next_of) whose row holds
+-- nothing this write would take and retry_later could not put back (no pause, earlier firing's
+-- reachedAt, error or waiting commands: those are leased and then marked) is recorded here as
+-- mark_fired records it, but for what it says of the claim: its lease token, attempts (claims of
+-- the occurrence, this one counted) and recurrence reference stay as a lease sets them, and
+-- reached_at is when it was claimed, never before its dueAt (a claim reaches ahead). The test is
+-- repeated in each column (an UPDATE's FROM cannot read the row; joining the lanes' rows back
+-- for it cost the claim 1.3 x), and it leaves paused_at and last_error as they are, none.
 -- A recurring occurrence gets the lease: the token and an expiry on the database clock; only
 -- lease columns change, none indexed, so on a page with room this is a HOT update, and its next
 -- occurrence is computed by the replica and recorded by mark_fired. The rows are found by
@@ -308,15 +295,25 @@ picked AS MATERIALIZED (
 -- snapshot does not see: it is left out of this claim and, unleased, taken by the next one.
 claimed AS (
     UPDATE timers t SET
-        state = CASE WHEN p.record THEN 'Reached' ELSE t.state END,
-        paused_at = CASE WHEN p.record THEN NULL ELSE t.paused_at END,
-        fired_count = CASE WHEN p.record THEN least(t.fired_count, 2147483646) + 1 ELSE t.fired_count END,
-        reached_at = CASE WHEN p.record THEN greatest(t.due_at, statement_timestamp()) ELSE t.reached_at END,
-        updated_at = CASE WHEN p.record THEN greatest(t.due_at, statement_timestamp()) ELSE t.updated_at END,
-        last_error = CASE WHEN p.record THEN NULL ELSE t.last_error END,
-        lease_owner = CASE WHEN p.record THEN NULL ELSE %(owner)s END,
+        state = CASE WHEN (num_nonnulls(t.repeat_every, t.repeat_cron) = 0 OR t.anchor_due_at IS NULL)
+                         AND num_nonnulls(t.paused_at, t.reached_at, t.last_error, t.deferred_seqs) = 0
+                        THEN 'Reached' ELSE t.state END,
+        fired_count = CASE WHEN (num_nonnulls(t.repeat_every, t.repeat_cron) = 0 OR t.anchor_due_at IS NULL)
+                         AND num_nonnulls(t.paused_at, t.reached_at, t.last_error, t.deferred_seqs) = 0
+                        THEN least(t.fired_count, 2147483646) + 1 ELSE t.fired_count END,
+        reached_at = CASE WHEN (num_nonnulls(t.repeat_every, t.repeat_cron) = 0 OR t.anchor_due_at IS NULL)
+                         AND num_nonnulls(t.paused_at, t.reached_at, t.last_error, t.deferred_seqs) = 0
+                        THEN greatest(t.due_at, statement_timestamp()) ELSE t.reached_at END,
+        updated_at = CASE WHEN (num_nonnulls(t.repeat_every, t.repeat_cron) = 0 OR t.anchor_due_at IS NULL)
+                         AND num_nonnulls(t.paused_at, t.reached_at, t.last_error, t.deferred_seqs) = 0
+                        THEN greatest(t.due_at, statement_timestamp()) ELSE t.updated_at END,
+        lease_owner = CASE WHEN (num_nonnulls(t.repeat_every, t.repeat_cron) = 0 OR t.anchor_due_at IS NULL)
+                         AND num_nonnulls(t.paused_at, t.reached_at, t.last_error, t.deferred_seqs) = 0
+                        THEN NULL ELSE %(owner)s END,
         lease_token = token.lease_token,
-        lease_expires_at = CASE WHEN p.record THEN NULL ELSE now() + %(lease_ms)s * interval '1 millisecond' END,
+        lease_expires_at = CASE WHEN (num_nonnulls(t.repeat_every, t.repeat_cron) = 0 OR t.anchor_due_at IS NULL)
+                         AND num_nonnulls(t.paused_at, t.reached_at, t.last_error, t.deferred_seqs) = 0
+                        THEN NULL ELSE now() + %(lease_ms)s * interval '1 millisecond' END,
         -- Saturates: `+ 1` past integer's maximum would fail the whole claim, one row stopping the fleet.
         attempts = least(t.attempts, 2147483646) + 1,
         -- A recurring timer's next occurrence is the first due after this (worker/core/recurrence.py).
@@ -333,11 +330,10 @@ claimed AS (
                                               >= now() - %(downtime_ms)s * interval '1 millisecond'
                 THEN t.claimed_at
             ELSE now() END
-    FROM token, picked p
-    WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM picked))
-      AND t.ctid = p.ctid
+    FROM token
+    WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM oldest UNION SELECT ctid FROM newest))
     RETURNING t.tenant_id, t.service_call_id, t.due_at, t.correlation_id, t.lease_token,
-              t.attempts, p.record AS recorded, t.repeat_every, t.repeat_times,
+              t.attempts, t.state = 'Reached' AS recorded, t.repeat_every, t.repeat_times,
               t.repeat_timezone, t.anchor_due_at, t.occurrence_index, t.claimed_at AS recurrence_ref,
               t.ctid::text AS row_id, t.carried_headers AS carried,
               -- 0009: the cron schedule, the end, and `data` as text (spliced into the event).
