@@ -27,7 +27,7 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import APIError
 
 from worker.consumer import DueEvent, due_events
-from worker.contract import CONTROL_TYPES, TENANT_RE, ControlKind, Subjects, iso
+from worker.contract import CONTROL_TYPES, FAST_BATCHES, TENANT_RE, ControlKind, Subjects, iso
 from worker.envelopes import Command, Envelopes, envelope
 from worker.natsconn import (
     ATOMIC_BATCH_MAX,
@@ -65,10 +65,11 @@ FastIngest = Literal["auto", "on", "off"]
 class TimerClient:
     """`fast_ingest`: how schedule_many and cancel_many batch (docs/CONTRACT.md, Producers).
     "auto": fast-ingest batches when the command stream has allow_batched (nats-server 2.14+)
-    and is replicated, else atomic batches. A fast batch stores each command as it comes: on a
-    single server under `sync_interval: always` that is an fsync per command where an atomic
-    batch has one per batch, so there auto keeps atomic batches. "on": fast wherever the stream
-    takes them; "off": always atomic."""
+    and is replicated, or the service measured them the cheaper on this server (the stream's
+    metadata), else atomic batches. A fast batch stores each command as it comes: on a single
+    server under `sync_interval: always` that is an fsync per command where an atomic batch has
+    one per batch, so there auto keeps atomic batches. "on": fast wherever the stream takes them;
+    "off": always atomic."""
 
     def __init__(
         self,
@@ -293,8 +294,9 @@ class TimerClient:
                 except Exception:  # no stream, no permission, a timeout: atomic batches as before
                     return False
                 replicated = (config.num_replicas or 1) > 1
+                measured = (config.metadata or {}).get(FAST_BATCHES) == "on"  # by the service
                 allowed = bool(getattr(config, "allow_batched", False))
-                if allowed and (self._fast_ingest == "on" or replicated):
+                if allowed and (self._fast_ingest == "on" or replicated or measured):
                     await self._fast_batches.start(self.nc)
                     self._fast = True
         return self._fast

@@ -21,6 +21,10 @@ from typing import Any, Literal, NamedTuple, Protocol, get_args
 TENANT_RULE = "[A-Za-z0-9_-]{1,64}"
 # `\Z`, not `$`: `$` also matches before a trailing newline, and "acme\n" is no tenant.
 TENANT_RE = re.compile(rf"{TENANT_RULE}\Z")
+# Command stream metadata: "on" when the service measured fast-ingest batches the cheaper on this
+# server (worker/adapters/probe.py), "off" when atomic ones; producers whose fast_ingest is "auto"
+# follow it (TimerClient).
+FAST_BATCHES = "timer-service.fast-batches"
 # The DLQ subject's token for a command whose subject tenant is no tenant.
 INVALID_TENANT = "_invalid"
 
@@ -117,6 +121,12 @@ class Subjects:
     def wake(self) -> str:
         """Core-NATS hint that a timer was stored close to now (not part of the contract)."""
         return f"{self.prefix}._timer.wake"
+
+    @property
+    def probe(self) -> str:
+        """The service's own measure of the server's batches (worker/adapters/probe.py; not part
+        of the contract); three tokens, where every tenant's subject has four."""
+        return f"{self.prefix}._timer.probe"
 
 
 _KINDS: dict[str, Kind] = {kind: kind for kind in get_args(Kind)}

@@ -217,17 +217,6 @@ async def test_an_events_stream_without_allow_batched_is_left_alone_and_gets_ato
         await b.close()
 
 
-async def test_auto_keeps_atomic_batches_on_a_single_replica_stream(
-    broker: Broker, settings: Settings
-) -> None:
-    # Under sync_interval: always (what a single server needs for durability) a fast batch
-    # fsyncs every event, an atomic batch once: auto takes fast batches on replicated streams only.
-    assert broker.settings.events_fast_ingest == "auto"
-    info = await broker.js.stream_info(settings.event_stream)
-    assert info.config.allow_batched, "the service creates its events stream ready for fast batches"
-    assert not broker.publisher.fast
-
-
 async def test_fast_ingest_off_after_its_flag_is_taken_away(fast: Broker, settings: Settings) -> None:
     info = await fast.js.stream_info(settings.event_stream)
     info.config.allow_batched = False

@@ -144,10 +144,11 @@ async def test_a_command_stream_without_fast_batches_takes_atomic_ones(
         await b.close()
 
 
-async def test_auto_keeps_atomic_batches_on_a_stream_with_one_replica(
+async def test_auto_keeps_atomic_batches_on_a_stream_with_one_replica_the_service_did_not_measure(
     streams: Broker, client: TimerClient, settings: Settings
 ) -> None:
     # One server under sync_interval: always: a fast batch fsyncs each command, an atomic batch once.
+    # The service measures which (test_batch_probe.py); unmeasured, atomic batches.
     sent = await client.schedule_many(timers(200))
     assert [s.outcome for s in sent] == ["accepted"] * 200
     info = await streams.js.stream_info(settings.command_stream)
@@ -160,7 +161,7 @@ async def test_auto_keeps_atomic_batches_on_a_stream_with_one_replica(
 async def test_a_command_stream_without_atomic_batches_still_gets_every_command(
     settings: Settings, client: TimerClient
 ) -> None:
-    b = Broker(settings)
+    b = Broker(settings.model_copy(update={"events_fast_ingest": "off"}))  # as the `streams` fixture
     await b.connect()
     config = b.stream_configs()[0]
     config.allow_atomic = False  # as a command stream made before schedule_many

@@ -108,6 +108,12 @@ class Publisher:
             return await self.publish_fast(messages, timeout)
         if not self.atomic or len(messages) < ATOMIC_BATCH_MIN:
             return await self.publish_many(messages, timeout)
+        return await self.publish_batches(messages, timeout)
+
+    async def publish_batches(
+        self, messages: Sequence[Outgoing], timeout: float
+    ) -> list[BaseException | None]:
+        """publish_atomic's atomic batches, whatever the choice and the count (probe.py)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout  # the fallback below shares it: the caller's timeout is all there is
         chunks = [messages[i : i + ATOMIC_BATCH_MAX] for i in range(0, len(messages), ATOMIC_BATCH_MAX)]

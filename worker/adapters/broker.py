@@ -18,6 +18,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
 from worker.adapters.batches import Publisher
+from worker.adapters.probe import fast_batches_cheaper, probe_stream
 from worker.adapters.streams import (
     SUCCESSOR,
     CommandFeed,
@@ -25,10 +26,11 @@ from worker.adapters.streams import (
     check_limits,
     consumer_config,
     event_batches,
+    probe_wanted,
     server_has_fast_ingest,
     stream_configs,
 )
-from worker.contract import MessageIds, Outgoing, Subjects
+from worker.contract import FAST_BATCHES, MessageIds, Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
 from worker.natsconn import nats_connect
 
@@ -99,6 +101,9 @@ class Broker:
         self._check: asyncio.Task[None] | None = None
         self._checked_at = float("-inf")
         self.commands = CommandStreams(settings)
+        # Fast-ingest batches measured the cheaper on this server (probe.py); None: not measured.
+        self._cheaper: bool | None = None
+        self._probe: asyncio.Task[None] | None = None
 
     @property
     def permits(self) -> asyncio.Semaphore:
@@ -180,8 +185,10 @@ class Broker:
             self._set_problem(str(exc))
             raise
         check_limits(s, found, command)
-        p = self.publisher
-        p.fast = event_batches(s, found[s.event_stream], server_has_fast_ingest(self.nc), p.fast)
+        p, events, fast_ingest = self.publisher, found[s.event_stream], server_has_fast_ingest(self.nc)
+        p.fast = event_batches(s, events, fast_ingest, p.fast, self._cheaper)
+        if self._probe is None and probe_wanted(s, events, fast_ingest):  # once a process
+            self._probe = asyncio.create_task(self._measure(events, command), name="measure-batches")
         await self._add_command_subjects(jsm, found[command])  # the stream intake reads
         try:
             consumer = (await jsm.consumer_info(command, s.consumer)).config
@@ -193,6 +200,27 @@ class Broker:
                 extra={"action": "consumer_created", "consumer": s.consumer, "stream": command},
             )
         self._set_problem(None)
+
+    async def _measure(self, events: api.StreamConfig, command: str) -> None:
+        """In the background, from start-up: measure the server's batches (probe.py), choose by
+        it, and say it in the command stream's metadata for the producers. Until then, and if it
+        fails, events go in atomic batches, as before."""
+        s = self.settings
+        try:
+            probe = probe_stream(s, self.subjects, events)
+            cheaper = await fast_batches_cheaper(self.js, self.publisher, probe, s.publish_timeout_ms / 1000)
+            self._cheaper = cheaper
+            self.publisher.fast = event_batches(
+                s, events, server_has_fast_ingest(self.nc), self.publisher.fast, cheaper
+            )
+            config = (await self.js.stream_info(command)).config
+            said = "on" if cheaper else "off"
+            if (config.metadata or {}).get(FAST_BATCHES) != said:
+                config.metadata = {**(config.metadata or {}), FAST_BATCHES: said}
+                await self.js.update_stream(config)
+        except Exception as exc:  # no permission, NATS away: a choice of speed, not of safety
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("batches not measured", extra={"action": "batches_not_measured", "error": error})
 
     async def _add_command_subjects(self, jsm: JetStreamContext, commands: api.StreamConfig) -> None:
         """The pause and resume subjects came after schedule and cancel: a command stream created
@@ -324,8 +352,9 @@ class Broker:
             await self.nc.publish(subject, payload)
 
     async def close(self) -> None:
-        if self._check is not None:
-            self._check.cancel()
+        for task in (self._check, self._probe):
+            if task is not None:
+                task.cancel()
         if self.nc is not None and not self.nc.is_closed:
             try:
                 await asyncio.wait_for(self.nc.drain(), timeout=5)

@@ -93,22 +93,24 @@ def check_limits(s: Settings, streams: dict[str, api.StreamConfig], command: str
         )
 
 
-def event_batches(s: Settings, events: api.StreamConfig, fast_ingest: bool, was_fast: bool) -> bool:
+def event_batches(
+    s: Settings, events: api.StreamConfig, fast_ingest: bool, was_fast: bool, cheaper: bool | None = None
+) -> bool:
     """Fast-ingest or atomic batches for events, from TIMER_EVENTS_FAST_INGEST, the server and
     the stream as it exists. An events stream made before (or by hand) without allow_batched
     is not changed: events go in atomic batches until its owner turns the flag on (docs/OPERATIONS.md).
 
     A fast batch stores each message as it comes, so on a single server under
     `sync_interval: always` it costs an fsync per event, where an atomic batch costs one per
-    batch; a replicated stream writes through its Raft log either way. "auto" therefore
-    takes fast batches on replicated streams only (on a single server that keeps its
-    guarantees, sync_interval is always: README, Guarantees). True: fast-ingest batches;
-    `fast_ingest`: the server takes them; `was_fast`: the choice so far (a change is logged).
+    batch; a replicated stream writes through its Raft log either way. "auto" therefore takes
+    fast batches on a replicated stream, and on a single one once they measured the cheaper
+    (`cheaper`, probe.py; None until measured). True: fast-ingest batches; `fast_ingest`: the
+    server takes them; `was_fast`: the choice so far (a change is logged).
     """
     mode = s.events_fast_ingest
     allowed = bool(getattr(events, "allow_batched", False)) and fast_ingest
     replicated = (events.num_replicas or 1) > 1
-    fast = allowed and (mode == "on" or (mode == "auto" and replicated))
+    fast = allowed and (mode == "on" or (mode == "auto" and (replicated or cheaper is True)))
     if fast != was_fast or (mode == "on" and not allowed):
         log.info(
             "event batches",
@@ -120,6 +122,13 @@ def event_batches(s: Settings, events: api.StreamConfig, fast_ingest: bool, was_
             },
         )
     return fast
+
+
+def probe_wanted(s: Settings, events: api.StreamConfig, fast_ingest: bool) -> bool:
+    """Whether "auto" needs to measure the server's batches (probe.py): a single-replica events
+    stream that takes fast ones, on streams this service manages (TIMER_CREATE_STREAMS)."""
+    allowed = bool(getattr(events, "allow_batched", False)) and fast_ingest
+    return s.events_fast_ingest == "auto" and allowed and (events.num_replicas or 1) == 1 and s.create_streams
 
 
 def consumer_config(settings: Settings, subjects: Subjects) -> api.ConsumerConfig:

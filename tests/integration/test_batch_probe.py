@@ -1,0 +1,128 @@
+"""TIMER_EVENTS_FAST_INGEST=auto on a single-replica events stream: a replica measures the
+server's batches (worker/adapters/probe.py), takes fast-ingest ones where they are the cheaper,
+and says so to producers in the command stream's metadata (TimerClient, fast_ingest="auto")."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from tests.integration.test_client import command_headers, timers
+from worker.adapters.broker import Broker
+from worker.adapters.probe import probe_stream
+from worker.client import TimerClient
+from worker.config import Settings
+from worker.contract import FAST_BATCHES
+from worker.devkit.embedded import EmbeddedNats
+
+
+@pytest.fixture
+def quick_nats(tmp_path: Path) -> Iterator[str]:
+    """A server of this test's own without `sync_interval: always`: no fsync per write, so fast
+    batches cost a third of atomic ones (docs/BENCHMARKS.md), whatever the disk."""
+    with EmbeddedNats(tmp_path / "nats") as server:
+        yield server.url
+
+
+@pytest.fixture
+async def measured(settings: Settings, quick_nats: str) -> AsyncIterator[Broker]:
+    """A broker with "auto" on that server, once its measure is done."""
+    b = Broker(settings.model_copy(update={"nats_url": quick_nats}))
+    await b.connect()
+    await b.ensure_streams()
+    assert not b.publisher.fast, "atomic batches until measured, as before"
+    assert b._probe is not None
+    await b._probe
+    yield b
+    await b.close()
+
+
+async def metadata(b: Broker, stream: str) -> dict[str, str]:
+    return (await b.js.stream_info(stream)).config.metadata or {}
+
+
+async def test_auto_takes_fast_batches_where_they_measure_the_cheaper(measured: Broker) -> None:
+    s = measured.settings
+    assert measured.publisher.fast
+    assert (await metadata(measured, s.command_stream))[FAST_BATCHES] == "on"
+    # Ensured again (a missing stream, a cut-over), nothing is measured twice nor undone.
+    await measured.ensure_streams()
+    assert measured.publisher.fast
+
+
+async def test_a_producer_with_auto_follows_the_services_measure(measured: Broker) -> None:
+    s = measured.settings
+    nc = await nats.connect(s.nats_url)
+    async with TimerClient(nc, s.subject_prefix, owns_connection=True) as client:
+        sent = await client.schedule_many(timers(200))
+        assert [x.outcome for x in sent] == ["accepted"] * 200
+        assert client._fast is True
+    _, headers, _ = await command_headers(measured, s)
+    assert "Nats-Batch-Id" not in headers, "sent in fast batches"
+
+
+async def test_a_producer_with_auto_keeps_atomic_batches_where_they_measured_the_cheaper(
+    measured: Broker,
+) -> None:
+    s = measured.settings
+    config = (await measured.js.stream_info(s.command_stream)).config
+    config.metadata = {**(config.metadata or {}), FAST_BATCHES: "off"}  # as under sync_interval: always
+    await measured.js.update_stream(config)
+    nc = await nats.connect(s.nats_url)
+    async with TimerClient(nc, s.subject_prefix, owns_connection=True) as client:
+        assert [x.outcome for x in await client.schedule_many(timers(200))] == ["accepted"] * 200
+        assert client._fast is False
+    _, headers, _ = await command_headers(measured, s)
+    assert "Nats-Batch-Id" in headers
+
+
+async def test_a_measure_that_cannot_be_made_leaves_atomic_batches_and_says_why(
+    settings: Settings, quick_nats: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = settings.model_copy(update={"nats_url": quick_nats})
+    b = Broker(s)
+    await b.connect()
+    try:
+        # The probe's stream made by hand without fast batches: measured there, a refusal would
+        # turn them off for the events too.
+        events = b.stream_configs()[1]
+        probe = probe_stream(s, b.subjects, events)
+        probe.allow_batched = False
+        await b.js.add_stream(probe)
+        with caplog.at_level(logging.WARNING, logger="worker.broker"):
+            await b.ensure_streams()
+            assert b._probe is not None
+            await b._probe
+        assert not b.publisher.fast
+        assert FAST_BATCHES not in await metadata(b, s.command_stream)
+        (warning,) = [r for r in caplog.records if getattr(r, "action", "") == "batches_not_measured"]
+        assert "takes not both atomic and fast-ingest batches" in warning.error
+    finally:
+        await b.close()
+
+
+@pytest.mark.parametrize(
+    "update",
+    [{"events_fast_ingest": "on"}, {"events_fast_ingest": "off"}, {"create_streams": False}],
+    ids=["on", "off", "streams-not-ours"],
+)
+async def test_nothing_is_measured_where_nothing_is_to_choose(
+    settings: Settings, quick_nats: str, update: dict[str, object]
+) -> None:
+    made = Broker(settings.model_copy(update={"nats_url": quick_nats}))
+    await made.connect()
+    for config in made.stream_configs():
+        await made.js.add_stream(config)
+    await made.close()
+    b = Broker(settings.model_copy(update={"nats_url": quick_nats, **update}))
+    await b.connect()
+    try:
+        await b.ensure_streams()
+        assert b._probe is None
+        assert b.publisher.fast is (update == {"events_fast_ingest": "on"})
+    finally:
+        await b.close()
