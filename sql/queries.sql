@@ -15,7 +15,7 @@
 -- (INSERT ... ON CONFLICT DO UPDATE, this statement), and a claim FOR NO KEY UPDATE (claim_due).
 -- FOR KEY SHARE waits for the first only: a batch of commands ahead of this one on a key still
 -- goes first, in stream order, as before. Then FOR UPDATE SKIP LOCKED: a row it cannot take is
--- held by a claim's batch (or a pause's chunk: a short wait, deferred all the same). Nothing can
+-- held by a claim's batch (or a pause's chunk: a short wait, treated alike). Nothing can
 -- take the row FOR UPDATE between the two, the key share lock conflicting with it. A key whose
 -- row is inserted and claimed after this statement's snapshot still waits in the INSERT (a row
 -- that new has not fired). Keys in order, so two batches lock what they share in one order.
