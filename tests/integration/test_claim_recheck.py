@@ -27,14 +27,14 @@ from worker.core.firing import next_of
 TOKEN_SEQUENCE = "timer_lease_token"
 
 
-def waiting_on_a_lock(db_url: str, what: str) -> bool:
-    """Whether a session of this database whose query starts with `what` waits on a lock."""
+def waiting_on_a_lock(db_url: str, application_name: str) -> bool:
+    """Whether a session of this database named `application_name` waits on a lock."""
     return bool(
         query(
             db_url,
             "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND starts_with(query, %s)",
-            what,
+            " AND wait_event_type = 'Lock' AND application_name = %s",
+            application_name,
         )
     )
 
@@ -64,22 +64,23 @@ async def test_a_command_is_not_deferred_a_lease_behind_a_claim_that_left_its_ro
     store: Store, second_store: Store, db_url: str
 ) -> None:
     (db_now,) = query(db_url, "SELECT now()")[0]
-    every_5s = Repeat("PT5S", None, None)
-    await store.apply([ScheduleTimer("acme", "rec", db_now - timedelta(seconds=1), None, 1, every_5s)])
+    every_minute = Repeat("PT1M", None, None)
+    await store.apply([ScheduleTimer("acme", "rec", db_now - timedelta(seconds=1), None, 1, every_minute)])
     first = await store.claim(claim_params("a", 10, lease_ms=60_000))  # A's batch, held open
     (rec,) = first.result.claimed
     # Due now, after A's claim: what B's claim takes, so B's batch stays open (one that takes
     # nothing commits at once).
     await store.apply([ScheduleTimer("acme", "one", db_now - timedelta(seconds=1), None, 1, None)])
 
-    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as gate:
+    gated = psycopg.AsyncConnection.connect(db_url, autocommit=True, application_name="gate")
+    async with await gated as gate:
         await gate.execute("BEGIN")
         # Waits for A's transaction (its claim used the sequence); B's claim then waits behind it.
         alter = asyncio.create_task(gate.execute(f"ALTER SEQUENCE {TOKEN_SEQUENCE} INCREMENT BY 1"))
-        await until(lambda: waiting_on_a_lock(db_url, "ALTER SEQUENCE"), what="the gate queued")
+        await until(lambda: waiting_on_a_lock(db_url, "gate"), what="the gate queued behind A")
         claiming = asyncio.create_task(second_store.claim(claim_params("b", 10, lease_ms=60_000)))
-        await until(lambda: waiting_on_a_lock(db_url, "-- Claim a batch"), what="B's claim at the gate")
-        # A records the firing: `rec` moves to its next occurrence, 5 s ahead, and is not due.
+        await until(lambda: waiting_on_a_lock(db_url, "recheck"), what="B's claim held at the gate")
+        # A records the firing: `rec` moves to its next occurrence, a minute ahead, not due.
         assert await first.record([Fired(rec, *next_of(rec))], []) == 1
         await alter
         await gate.execute("ROLLBACK")
@@ -88,7 +89,7 @@ async def test_a_command_is_not_deferred_a_lease_behind_a_claim_that_left_its_ro
     # B's snapshot still saw `rec` due and unleased; its lock met A's committed version, no longer
     # due: B claimed `one` alone, yet holds `rec` locked until its batch ends.
     assert [c.service_call_id for c in second.result.claimed] == ["one"]
-    assert row_locked(db_url, "rec")
+    assert row_locked(db_url, "rec"), "B does not hold rec: claim_due no longer locks after its token?"
     held = await store.apply([CancelTimer("acme", "rec", None, 2), CancelTimer("acme", "one", None, 2)])
     # `one` is B's occurrence: its cancel waits for the firing (a lease). `rec` holds none of B's:
     # offered again soon, not a lease later.
