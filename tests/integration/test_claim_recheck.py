@@ -21,9 +21,10 @@ from worker.contract import CancelTimer, Repeat, ScheduleTimer
 from worker.core.domain import Fired
 from worker.core.firing import next_of
 
-# A claim's first step takes its fencing token from this sequence, before it locks any row
-# (claim_due, the token CTE: the outer side of the UPDATE's join, tests/integration/test_plans.py).
-# A lock queued on it behind a batch in flight holds the next claim there, its snapshot taken.
+# A claim takes its fencing token from this sequence before it locks any row (claim_due's token
+# CTE is the outer side of the UPDATE's join in its plan; if that changed, the claim would skip the
+# row and the test says so). A lock queued on the sequence behind a batch in flight, which holds it
+# since its own claim, stops the next claim there with its snapshot already taken.
 TOKEN_SEQUENCE = "timer_lease_token"
 
 
