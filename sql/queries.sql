@@ -15,12 +15,21 @@
 -- (INSERT ... ON CONFLICT DO UPDATE, this statement), and a claim FOR NO KEY UPDATE (claim_due).
 -- FOR KEY SHARE waits for the first only: a batch of commands ahead of this one on a key still
 -- goes first, in stream order, as before. Then FOR UPDATE SKIP LOCKED: a row it cannot take is
--- held by a claim's batch (or a pause's chunk: a short wait, deferred all the same). Nothing can
+-- held by a claim's batch (or a pause's chunk: a short wait, treated alike). Nothing can
 -- take the row FOR UPDATE between the two, the key share lock conflicting with it. A key whose
 -- row is inserted and claimed after this statement's snapshot still waits in the INSERT (a row
 -- that new has not fired). Keys in order, so two batches lock what they share in one order.
+-- `claimable`: whether the row as committed could be in a claim at all (Scheduled, due within a
+-- claim's reach, %(reach)s, no live lease); only then may its holder be a claim's batch firing it.
+-- A claim also keeps the lock of a row it rechecked and left out: one another batch committed
+-- (a recurring timer moved on, not due now) between the claim's snapshot and its lock, locked at
+-- its newest version (READ COMMITTED) and held until that batch ends. Such a row holds no
+-- occurrence of this claim, so its commands are offered again soon (Store.apply, "busy"), not a
+-- lease later. A claimed row keeps its committed version until its batch ends, and that version
+-- passed the claim's test before this clock reading, so it is always `claimable`: a misjudged
+-- row costs a retry, never the fence (intake still never waits on the lock).
 WITH shared AS MATERIALIZED (
-    SELECT t.tenant_id, t.service_call_id
+    SELECT t.tenant_id, t.service_call_id, t.state, t.due_at, t.lease_expires_at
     FROM (SELECT DISTINCT tenant_id, service_call_id
           FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[]) AS k(tenant_id, service_call_id)
           ORDER BY tenant_id, service_call_id) AS k
@@ -33,7 +42,10 @@ locked AS MATERIALIZED (
     FROM shared s JOIN timers t ON t.tenant_id = s.tenant_id AND t.service_call_id = s.service_call_id
     FOR UPDATE OF t SKIP LOCKED
 )
-SELECT s.tenant_id, s.service_call_id FROM shared s
+SELECT s.tenant_id, s.service_call_id,
+       coalesce(s.state = 'Scheduled' AND s.due_at <= clock_timestamp() + %(reach)s::interval
+                AND (s.lease_expires_at IS NULL OR s.lease_expires_at < clock_timestamp()), true) AS claimable
+FROM shared s
 WHERE NOT EXISTS (SELECT FROM locked l
                   WHERE l.tenant_id = s.tenant_id AND l.service_call_id = s.service_call_id);
 

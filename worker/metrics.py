@@ -27,7 +27,8 @@ _LATENESS_BUCKETS = (
 COMMANDS_RECEIVED = Counter("timer_commands_received_total", "Commands taken from the stream", ["kind"])
 COMMANDS_APPLIED = Counter(
     "timer_commands_applied_total",
-    "Valid commands by outcome: applied, ignored (no-op), deferred (occurrence claimed), partial, superseded",
+    "Valid commands by outcome: applied, ignored (no-op), deferred (occurrence claimed), busy (row held"
+    " by a batch not firing it), partial, superseded",
     ["kind", "outcome"],
 )
 COMMANDS_REJECTED = Counter("timer_commands_rejected_total", "Invalid commands sent to the DLQ", ["reason"])

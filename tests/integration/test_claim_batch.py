@@ -34,7 +34,7 @@ from worker.core.ports import ClaimedBatch
 from worker.service import Replica
 
 # Whatever its outcome: that intake took the command is what counts.
-OUTCOMES = ("applied", "ignored", "deferred", "stuck", "partial")
+OUTCOMES = ("applied", "ignored", "deferred", "busy", "stuck", "partial")
 
 
 @contextlib.asynccontextmanager

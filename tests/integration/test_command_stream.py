@@ -121,7 +121,7 @@ def commands_taken() -> float:
     return sum(
         REGISTRY.get_sample_value("timer_commands_applied_total", {"kind": k, "outcome": o}) or 0.0
         for k in ("schedule", "cancel")
-        for o in ("applied", "ignored", "deferred")
+        for o in ("applied", "ignored", "deferred", "busy")
     )
 
 

@@ -29,12 +29,15 @@ from worker.core.domain import (
     Outcome,
     Position,
 )
+from worker.core.firing import LOOKAHEAD_MS
 from worker.core.ports import ClaimedBatch
 from worker.errors import TransientError
 
 # How long a command waiting for its timer may hold up the later ones once the timer is no longer
 # claimed (Store.order_grace); at least the lease plus the command consumer's ack wait.
 ORDER_GRACE = timedelta(minutes=1)
+# How far ahead of the database clock a claim takes occurrences (claim_due's ahead_ms).
+CLAIM_REACH = timedelta(milliseconds=LOOKAHEAD_MS)
 
 
 def _rounds(commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[list[int]]:
@@ -119,18 +122,20 @@ class Store:
         applied (README, Ordering).
 
         It never waits on a timer's row locked by a claim's batch in flight (sql/queries.sql,
-        lock_keys): that key's commands are deferred, with no marker (writing one would wait).
+        lock_keys): that key's commands are deferred, with no marker (writing one would wait);
+        "busy" instead when the row could not be in a claim (a batch that left it out still holds
+        it): nothing to wait a lease for, they are offered again soon.
         """
         seqs = None if positions is None else [p.seq for p in positions]
         outcomes: list[Outcome] = ["ignored"] * len(commands)
-        waiting: dict[Key, Outcome] = {}  # keys whose commands wait: "deferred" or "stuck"
+        waiting: dict[Key, Outcome] = {}  # keys whose commands wait: "deferred", "busy" or "stuck"
         dues: list[datetime] = []
         with self._db(write=True):
             async with self.pool.connection() as conn, conn.transaction():
                 # First, before any row lock: a pause or resume of these tenants waits for this.
                 await _lock_tenants_shared(conn, commands)
                 busy = await self._lock_keys(conn, {_key(c) for c in commands})
-                waiting.update((k, "deferred") for k in busy)
+                waiting.update((k, "deferred" if claimable else "busy") for k, claimable in busy.items())
                 for indexes in _rounds(commands, seqs):
                     todo = [i for i in indexes if _key(commands[i]) not in waiting]
                     changed = await self._apply_round(
@@ -218,13 +223,12 @@ class Store:
             changed |= {(t, s): d for t, s, d in await cur.fetchall()}
         return changed
 
-    async def _lock_keys(self, conn: psycopg.AsyncConnection[Any], keys: set[Key]) -> set[Key]:
-        """Lock the rows of `keys` that exist; those another transaction holds (lock_keys)."""
-        cur = await conn.execute(
-            QUERIES["lock_keys"],
-            {"tenant_id": [k[0] for k in keys], "service_call_id": [k[1] for k in keys]},
-        )
-        return {(t, s) for t, s in await cur.fetchall()}
+    async def _lock_keys(self, conn: psycopg.AsyncConnection[Any], keys: set[Key]) -> dict[Key, bool]:
+        """Lock the rows of `keys` that exist; those another transaction holds, each with whether
+        a claim may hold it for an occurrence it fires (lock_keys, `claimable`)."""
+        params = {"tenant_id": [k[0] for k in keys], "service_call_id": [k[1] for k in keys]}
+        cur = await conn.execute(QUERIES["lock_keys"], params | {"reach": CLAIM_REACH})
+        return {(t, s): claimable for t, s, claimable in await cur.fetchall()}
 
     async def _held_among(self, conn: psycopg.AsyncConnection[Any], keys: list[Key]) -> dict[Key, _Held]:
         if not keys:

@@ -10,7 +10,9 @@ from typing import Literal, NamedTuple
 # deferred: the key's occurrence is claimed, the command waits for it; stuck: it has been claimed
 # for longer than TIMER_STUCK_AFTER without being recorded, and the command is given up.
 # partial: a tenant's pause or resume did one delivery's share of its rows; offered again at once.
-Outcome = Literal["applied", "ignored", "deferred", "stuck", "partial"]
+# busy: the timer's row is locked by a batch that holds no occurrence of it (a claim that rechecked
+# the row and left it out: sql/queries.sql, lock_keys); offered again soon, not after a lease.
+Outcome = Literal["applied", "ignored", "deferred", "stuck", "partial", "busy"]
 Key = tuple[str, str]
 
 

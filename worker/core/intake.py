@@ -17,7 +17,7 @@ from worker.core import quota
 from worker.core.clock import Clock
 from worker.core.commands import parse_command, parse_control
 from worker.core.crashpoints import crash_point
-from worker.core.domain import Applied, Position
+from worker.core.domain import Applied, Outcome, Position
 from worker.core.headers import carried_headers
 from worker.core.loop import Loop
 from worker.core.ports import FetchFailed, IntakeBroker, IntakeStore
@@ -31,6 +31,9 @@ log = logging.getLogger("worker.intake")
 FETCH_WAIT_S = 1.0
 # A command whose key could not be written is offered again after this long.
 RETRY_DELAY_S = 2.0
+# A command whose timer's row a batch holds without firing it ("busy": Store.apply) is offered again
+# after this long: about what the rest of such a batch takes, publish and mark, not a lease.
+BUSY_RETRY_S = 0.1
 
 
 class Intake(Loop[IntakeStore, IntakeBroker]):
@@ -266,10 +269,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 "outcome": outcome,
             },
         )
-        # Deferred: a claimed occurrence fires first; the command comes back after a lease for what
-        # is left. Partial: it moved its share of a big tenant's rows; back at once for the rest.
-        retry_in = {"deferred": self.s.lease_ms / 1000, "partial": 0.0}.get(outcome)
-        await settle(msg, retry_in)
+        await settle(msg, self._retry_in(outcome))
         await self._hint(done.soonest_due)
 
     async def _apply_commands(self, batch: list[tuple[ReceivedCommand, Command]]) -> None:
@@ -294,10 +294,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                     stuck.append((msg, Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id)))
                     continue
                 outcomes[kind, outcome] += 1
-                if outcome == "deferred":  # its occurrence is being fired: apply after that
-                    await settle(msg, self.s.lease_ms / 1000)
-                else:
-                    await settle(msg)
+                await settle(msg, self._retry_in(outcome))
         finally:
             metrics.inc_many(metrics.COMMANDS_APPLIED, outcomes)
         if stuck:
@@ -307,6 +304,13 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             )
             await self.reject(stuck)
         await self._hint(applied.soonest_due)
+
+    def _retry_in(self, outcome: Outcome) -> float | None:
+        """When a command with this outcome is offered again; None: acknowledged, done.
+        Deferred: a claimed occurrence fires first, the command comes back after a lease for what
+        is left. Busy: a batch that fires nothing of its timer holds the row; back once it ended.
+        Partial: it moved its share of a big tenant's rows; back at once for the rest."""
+        return {"deferred": self.s.lease_ms / 1000, "busy": BUSY_RETRY_S, "partial": 0.0}.get(outcome)
 
     async def _apply_retrying(self, commands: list[Command], positions: list[Position]) -> Applied:
         return await retry_transient(lambda: self.store.apply(commands, positions), 5, first_s=0.1, max_s=2)

@@ -5,6 +5,7 @@ logged and the loop goes on."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +15,9 @@ from prometheus_client import REGISTRY
 
 from tests.twins import FakeClock, FakeTime, TwinBroker, TwinStore, claim_params
 from worker.config import Settings, load_settings
-from worker.core.intake import RETRY_DELAY_S, Intake
+from worker.contract import Command
+from worker.core.domain import Applied, Outcome, Position
+from worker.core.intake import BUSY_RETRY_S, RETRY_DELAY_S, Intake
 from worker.core.ports import FetchFailed
 from worker.core.wakeup import Wakeup
 
@@ -26,10 +29,12 @@ def command(kind: str, tenant: str, key: str, due: datetime | None = None, ts: i
     return {"id": f"{key}-{ts}", "type": kind, "tenantId": tenant, "timestampMs": ts, "payload": payload}
 
 
-def setup(settings: Settings | None = None) -> tuple[FakeTime, TwinStore, TwinBroker, Intake]:
+def setup(
+    settings: Settings | None = None, store_type: type[TwinStore] = TwinStore
+) -> tuple[FakeTime, TwinStore, TwinBroker, Intake]:
     time = FakeTime(datetime.now(UTC).timestamp())  # intake validates dueAt against its own clock
     s = settings or load_settings(worker_id="unit", lease_ms=3000)
-    store, broker = TwinStore(time), TwinBroker(time, s.subject_prefix)
+    store, broker = store_type(time), TwinBroker(time, s.subject_prefix)
     broker.acks.shared = store.log
     clock = FakeClock(time)
     return time, store, broker, Intake(s, store, broker, Wakeup(clock), clock)
@@ -61,6 +66,34 @@ async def test_a_command_for_a_claimed_occurrence_waits_a_lease_and_is_not_ackno
     await fetch_and_handle(broker, intake)
     assert broker.acks.of(cancel.metadata.sequence.stream) == ['-NAK {"delay": 3000000000}']
     assert store.rows["acme", "k"].state == "Scheduled"
+
+
+class RowHeldBesideABatch(TwinStore):
+    """The Store when a claim's batch holds a timer's row it did not claim (sql/queries.sql,
+    lock_keys): that key's commands come out "busy". The twin has no such lock of its own."""
+
+    held: tuple[str, str] = ("acme", "held")
+
+    async def apply(
+        self, commands: Sequence[Command], positions: Sequence[Position] | None = None
+    ) -> Applied:
+        applied = await super().apply(commands, positions)
+        busy: Outcome = "busy"
+        outcomes = [
+            busy if (c.tenant_id, c.service_call_id) == self.held else o
+            for c, o in zip(commands, applied.outcomes, strict=True)
+        ]
+        return Applied(outcomes, applied.soonest_due)
+
+
+async def test_a_command_for_a_row_a_batch_holds_and_does_not_fire_comes_back_soon() -> None:
+    _, _, broker, intake = setup(store_type=RowHeldBesideABatch)
+    held = broker.add(broker.subjects.of("acme", "cancel"), command("CancelTimer", "acme", "held", ts=2))
+    free = broker.add(broker.subjects.of("acme", "cancel"), command("CancelTimer", "acme", "free", ts=2))
+    await fetch_and_handle(broker, intake)
+    assert broker.acks.of(held.metadata.sequence.stream) == [f'-NAK {{"delay": {int(BUSY_RETRY_S * 1e9)}}}']
+    assert broker.acks.of(free.metadata.sequence.stream) == ["+ACK"]
+    assert intake.s.lease_ms / 1000 > BUSY_RETRY_S
 
 
 async def test_garbage_goes_to_the_dlq_before_it_is_acknowledged_and_stays_when_the_dlq_fails() -> None:
