@@ -84,9 +84,9 @@ class Settings(BaseSettings):
     # JetStream drops a re-published firing with the same Nats-Msg-Id inside this window.
     events_duplicate_window: Duration = timedelta(minutes=2)
     # How events are published on nats-server 2.14+ (batches.Publisher.publish_atomic): fast-ingest
-    # batches ("on"), atomic batches ("off"), or fast-ingest only on a replicated events stream
-    # ("auto"): a single-server stream that keeps its guarantees runs under sync_interval: always,
-    # where fast ingest fsyncs every message and atomic batches fsync once per batch.
+    # batches ("on"), atomic batches ("off"), or ("auto") fast-ingest on a replicated events
+    # stream and where a replica measured them the cheaper (worker/adapters/probe.py): a single
+    # server under sync_interval: always fsyncs every message of a fast batch, an atomic batch once.
     events_fast_ingest: str = "auto"
     # How long an unacknowledged command may stay in the command stream (its redelivery horizon).
     command_max_age: Duration = timedelta(days=1)
