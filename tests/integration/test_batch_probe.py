@@ -36,7 +36,7 @@ async def measured(settings: Settings, quick_nats: str) -> AsyncIterator[Broker]
     await b.ensure_streams()
     assert not b.publisher.fast, "atomic batches until measured, as before"
     assert b._probe is not None
-    await b._probe
+    await b.batches_measured()
     yield b
     await b.close()
 
@@ -96,7 +96,7 @@ async def test_a_measure_that_cannot_be_made_leaves_atomic_batches_and_says_why(
         with caplog.at_level(logging.WARNING, logger="worker.broker"):
             await b.ensure_streams()
             assert b._probe is not None
-            await b._probe
+            await b.batches_measured()
         assert not b.publisher.fast
         assert FAST_BATCHES not in await metadata(b, s.command_stream)
         (warning,) = [r for r in caplog.records if getattr(r, "action", "") == "batches_not_measured"]

@@ -100,6 +100,7 @@ class Rig:
         await broker.connect()
         try:
             await broker.ensure_streams()
+            await broker.batches_measured()  # as a running service leaves it, for the producers
         finally:
             await broker.close()
         return self

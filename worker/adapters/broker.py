@@ -201,6 +201,11 @@ class Broker:
             )
         self._set_problem(None)
 
+    async def batches_measured(self) -> None:
+        """Once the measure of the server's batches is done, if one runs (_measure)."""
+        if self._probe is not None:
+            await asyncio.shield(self._probe)
+
     async def _measure(self, events: api.StreamConfig, command: str) -> None:
         """In the background, from start-up: measure the server's batches (probe.py), choose by
         it, and say it in the command stream's metadata for the producers. Until then, and if it
