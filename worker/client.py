@@ -294,12 +294,22 @@ class TimerClient:
                 except Exception:  # no stream, no permission, a timeout: atomic batches as before
                     return False
                 replicated = (config.num_replicas or 1) > 1
-                measured = (config.metadata or {}).get(FAST_BATCHES) == "on"  # by the service
                 allowed = bool(getattr(config, "allow_batched", False))
-                if allowed and (self._fast_ingest == "on" or replicated or measured):
+                if allowed and (self._fast_ingest == "on" or replicated or await self._measured()):
                     await self._fast_batches.start(self.nc)
                     self._fast = True
         return self._fast
+
+    async def _measured(self) -> bool:
+        """Whether the service measured fast batches the cheaper on this server (the metadata of
+        the stream it measured on, worker/adapters/probe.py); False when it did not or it cannot
+        be read."""
+        try:
+            name = await self.js.find_stream_name_by_subject(self.subjects.probe)
+            config = (await self.js.stream_info(name)).config
+        except Exception:  # no such stream, no permission: not measured
+            return False
+        return (config.metadata or {}).get(FAST_BATCHES) == "on"
 
     async def _fast_batch(
         self, part: list[tuple[int, Command]], results: list[Sent | None], timeout: float

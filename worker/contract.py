@@ -21,9 +21,9 @@ from typing import Any, Literal, NamedTuple, Protocol, get_args
 TENANT_RULE = "[A-Za-z0-9_-]{1,64}"
 # `\Z`, not `$`: `$` also matches before a trailing newline, and "acme\n" is no tenant.
 TENANT_RE = re.compile(rf"{TENANT_RULE}\Z")
-# Command stream metadata: "on" when the service measured fast-ingest batches the cheaper on this
-# server (worker/adapters/probe.py), "off" when atomic ones; producers whose fast_ingest is "auto"
-# follow it (TimerClient).
+# The probe stream's metadata: "on" when the service measured fast-ingest batches the cheaper on
+# this server (worker/adapters/probe.py), "off" when atomic ones; producers whose fast_ingest is
+# "auto" follow it (TimerClient).
 FAST_BATCHES = "timer-service.fast-batches"
 # The DLQ subject's token for a command whose subject tenant is no tenant.
 INVALID_TENANT = "_invalid"

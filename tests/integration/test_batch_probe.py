@@ -41,14 +41,14 @@ async def measured(settings: Settings, quick_nats: str) -> AsyncIterator[Broker]
     await b.close()
 
 
-async def metadata(b: Broker, stream: str) -> dict[str, str]:
-    return (await b.js.stream_info(stream)).config.metadata or {}
+async def metadata(b: Broker) -> dict[str, str]:
+    """The probe stream's: what the service says to producers."""
+    return (await b.js.stream_info(f"{b.settings.event_stream}_PROBE")).config.metadata or {}
 
 
 async def test_auto_takes_fast_batches_where_they_measure_the_cheaper(measured: Broker) -> None:
-    s = measured.settings
     assert measured.publisher.fast
-    assert (await metadata(measured, s.command_stream))[FAST_BATCHES] == "on"
+    assert (await metadata(measured))[FAST_BATCHES] == "on"
     # Ensured again (a missing stream, a cut-over), nothing is measured twice nor undone.
     await measured.ensure_streams()
     assert measured.publisher.fast
@@ -69,7 +69,7 @@ async def test_a_producer_with_auto_keeps_atomic_batches_where_they_measured_the
     measured: Broker,
 ) -> None:
     s = measured.settings
-    config = (await measured.js.stream_info(s.command_stream)).config
+    config = (await measured.js.stream_info(f"{s.event_stream}_PROBE")).config
     config.metadata = {**(config.metadata or {}), FAST_BATCHES: "off"}  # as under sync_interval: always
     await measured.js.update_stream(config)
     nc = await nats.connect(s.nats_url)
@@ -98,7 +98,7 @@ async def test_a_measure_that_cannot_be_made_leaves_atomic_batches_and_says_why(
             assert b._probe is not None
             await b.batches_measured()
         assert not b.publisher.fast
-        assert FAST_BATCHES not in await metadata(b, s.command_stream)
+        assert FAST_BATCHES not in await metadata(b)
         (warning,) = [r for r in caplog.records if getattr(r, "action", "") == "batches_not_measured"]
         assert "takes not both atomic and fast-ingest batches" in warning.error
     finally:

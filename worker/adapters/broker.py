@@ -188,7 +188,7 @@ class Broker:
         p, events, fast_ingest = self.publisher, found[s.event_stream], server_has_fast_ingest(self.nc)
         p.fast = event_batches(s, events, fast_ingest, p.fast, self._cheaper)
         if self._probe is None and probe_wanted(s, events, fast_ingest):  # once a process
-            self._probe = asyncio.create_task(self._measure(events, command), name="measure-batches")
+            self._probe = asyncio.create_task(self._measure(events), name="measure-batches")
         await self._add_command_subjects(jsm, found[command])  # the stream intake reads
         try:
             consumer = (await jsm.consumer_info(command, s.consumer)).config
@@ -206,9 +206,9 @@ class Broker:
         if self._probe is not None:
             await asyncio.shield(self._probe)
 
-    async def _measure(self, events: api.StreamConfig, command: str) -> None:
+    async def _measure(self, events: api.StreamConfig) -> None:
         """In the background, from start-up: measure the server's batches (probe.py), choose by
-        it, and say it in the command stream's metadata for the producers. Until then, and if it
+        it, and say it in the probe stream's metadata for the producers. Until then, and if it
         fails, events go in atomic batches, as before."""
         s = self.settings
         try:
@@ -218,7 +218,9 @@ class Broker:
             self.publisher.fast = event_batches(
                 s, events, server_has_fast_ingest(self.nc), self.publisher.fast, cheaper
             )
-            config = (await self.js.stream_info(command)).config
+            # Said on the probe's stream: an update of the command stream's config held its pull
+            # consumers' requests up (intake stalled for seconds in the chaos failover test).
+            config = (await self.js.stream_info(probe.name or "")).config
             said = "on" if cheaper else "off"
             if (config.metadata or {}).get(FAST_BATCHES) != said:
                 config.metadata = {**(config.metadata or {}), FAST_BATCHES: said}
