@@ -1,0 +1,135 @@
+"""A one-shot occurrence its claim recorded as fired and then put back (a failed publish, an
+unreadable row, a stop: Batch, sql/queries.sql retry_later) is left, column for column, as a lease
+and its retry leave an occurrence that was never recorded (review of the put-back, h-review7)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.helpers import query, until
+from tests.twins import claim_params
+from worker.adapters import db
+from worker.adapters.store import Store
+from worker.contract import ScheduleTimer
+from worker.core.ports import ClaimedBatch
+from worker.ops import reads
+
+# What a claim's lease and then retry_later (or a stop's commit) change on a row: nothing else.
+LEASE_COLUMNS = {"lease_owner", "lease_token", "lease_expires_at", "attempts", "claimed_at", "last_error"}
+# A put-back row keeps the claim's updated_at (sql/queries.sql, retry_later): the value it had is
+# gone with the claim's write. Known and accepted; checked apart below.
+PUT_BACK_COLUMNS = LEASE_COLUMNS | {"updated_at"}
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    pool = db.pool(db_url, "put-back", min_size=1, max_size=4, idle_in_transaction_ms=60_000)
+    async with pool:
+        yield Store(pool)
+
+
+def timer(key: str, seconds: float) -> ScheduleTimer:
+    due = (datetime.now(UTC) + timedelta(seconds=seconds)).replace(microsecond=0)
+    return ScheduleTimer("acme", key, due, None, 1, None)
+
+
+def stored(db_url: str, key: str) -> dict[str, Any]:
+    """Every column, as JSON (a dueAt of -infinity too, which Python cannot hold)."""
+    sql = "SELECT to_jsonb(t) FROM timers t WHERE tenant_id = 'acme' AND service_call_id = %s"
+    found = query(db_url, sql, key)
+    assert len(found) == 1
+    return found[0][0]  # type: ignore[no-any-return]
+
+
+def changed(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+    return {c for c in before if before[c] != after[c]}
+
+
+async def end(batch: ClaimedBatch, how: str) -> None:
+    """End the batch as a failed publish of every row, or as a stop."""
+    if how == "failed":
+        held = [*batch.result.claimed, *batch.result.unreadable]
+        assert await batch.record([], [(h, "publish: TimeoutError", 60_000) for h in held]) == 0
+    else:
+        await batch.close()
+
+
+@pytest.mark.parametrize("how", ["failed", "stop"])
+async def test_a_put_back_row_changes_only_what_a_lease_changes_on_a_row_never_recorded(
+    store: Store, db_url: str, how: str
+) -> None:
+    # "leased": a one-shot row with an earlier error, which the claim leases (claim_due): the
+    # lease path, the reference. "recorded": a clean one, which the claim writes Reached.
+    await store.apply([timer("recorded", -2), timer("leased", -2)])
+    query(db_url, "UPDATE timers SET last_error = 'earlier' WHERE service_call_id = 'leased'")
+    before = {k: stored(db_url, k) for k in ("recorded", "leased")}
+    batch = await store.claim(claim_params("a", 10, lease_ms=30_000))
+    assert len(batch.result.claimed) == 2
+    await end(batch, how)
+    after = {k: stored(db_url, k) for k in ("recorded", "leased")}
+    assert changed(before["leased"], after["leased"]) <= LEASE_COLUMNS  # the reference holds
+    assert changed(before["recorded"], after["recorded"]) <= PUT_BACK_COLUMNS
+    for column in ("lease_owner", "lease_token", "attempts", "claimed_at"):
+        assert after["recorded"][column] == after["leased"][column], column
+    if how == "stop":  # both held by the claim's own lease, which the other row committed as is
+        assert after["recorded"]["lease_expires_at"] == after["leased"]["lease_expires_at"]
+
+
+async def test_a_stop_late_in_a_batch_holds_its_recorded_rows_no_longer_than_the_claims_lease(
+    store: Store, db_url: str
+) -> None:
+    # A batch stopped a while after its claim (its publishes slow): the rows it leased run out when
+    # the claim's lease does, and so must those it had recorded and puts back; held a lease from
+    # the stop, they would fire that much later than their neighbours, and than the lease promises.
+    await store.apply([timer("recorded", -2), timer("leased", -2)])
+    query(db_url, "UPDATE timers SET last_error = 'earlier' WHERE service_call_id = 'leased'")
+    batch = await store.claim(claim_params("a", 10, lease_ms=30_000))
+    claimed_at = batch.result.db_now
+    await until(
+        lambda: query(db_url, "SELECT clock_timestamp() > %s + interval '1 second'", claimed_at)[0][0],
+        what="the database clock a second past the claim",
+    )
+    await batch.close()
+    expiry = "SELECT lease_expires_at FROM timers WHERE service_call_id = %s"
+    (held,) = query(db_url, expiry, "recorded")[0]
+    (leased,) = query(db_url, expiry, "leased")[0]
+    assert leased <= claimed_at + timedelta(seconds=30)
+    assert held == leased
+
+
+async def test_an_unreadable_row_put_back_changes_only_what_a_lease_changes(
+    store: Store, db_url: str
+) -> None:
+    await store.apply([timer("minus", -2)])
+    query(db_url, "UPDATE timers SET due_at = '-infinity' WHERE service_call_id = 'minus'")
+    before = stored(db_url, "minus")
+    batch = await store.claim(claim_params("a", 10, lease_ms=30_000))
+    assert [u.service_call_id for u in batch.result.unreadable] == ["minus"]
+    await end(batch, "failed")
+    assert changed(before, stored(db_url, "minus")) <= PUT_BACK_COLUMNS
+
+
+@pytest.mark.parametrize("how", ["failed", "stop"])
+async def test_describe_shows_a_put_back_row_as_the_lease_path_leaves_one(
+    store: Store, db_url: str, how: str
+) -> None:
+    # `timer-service describe` (reads.py) of the two rows of the first test: the same view, but
+    # for what names the row and updatedAt (see PUT_BACK_COLUMNS).
+    await store.apply([timer("recorded", -2), timer("leased", -2)])
+    query(db_url, "UPDATE timers SET last_error = 'earlier' WHERE service_call_id = 'leased'")
+    batch = await store.claim(claim_params("a", 10, lease_ms=30_000))
+    await end(batch, how)
+    with reads.connect(db_url) as conn:
+        views = {k: reads.describe(conn, "acme", k) for k in ("recorded", "leased")}
+    recorded, leased = views["recorded"], views["leased"]
+    assert recorded is not None and leased is not None
+    own = {"serviceCallId", "updatedAt"} | ({"lastError"} if how == "stop" else set())
+    assert {k: v for k, v in recorded.items() if k not in own} == {
+        k: v for k, v in leased.items() if k not in own
+    }
+    assert (recorded["state"], recorded["reachedAt"], recorded["occurrencesFired"]) == ("Scheduled", None, 0)
+    assert recorded["lastError"] == ("publish: TimeoutError" if how == "failed" else None)
