@@ -14,7 +14,9 @@ from tests.helpers import query, until
 from tests.twins import claim_params
 from worker.adapters import db
 from worker.adapters.store import Store
-from worker.contract import ScheduleTimer
+from worker.contract import Repeat, ScheduleTimer
+from worker.core.domain import Claimed, Fired
+from worker.core.firing import next_of
 from worker.core.ports import ClaimedBatch
 from worker.ops import reads
 
@@ -133,3 +135,43 @@ async def test_describe_shows_a_put_back_row_as_the_lease_path_leaves_one(
     }
     assert (recorded["state"], recorded["reachedAt"], recorded["occurrencesFired"]) == ("Scheduled", None, 0)
     assert recorded["lastError"] == ("publish: TimeoutError" if how == "failed" else None)
+
+
+async def claim_again(store: Store, db_url: str, key: str) -> tuple[ClaimedBatch, Claimed]:
+    """Once `key`'s lease (a back-off, a stop's) ran out on the database clock, claim it."""
+    expired = "SELECT lease_expires_at < now() FROM timers WHERE service_call_id = %s"
+    await until(lambda: query(db_url, expired, key)[0][0], what=f"{key}'s lease ran out")
+    batch = await store.claim(claim_params("b", 10, lease_ms=10_000))
+    (again,) = batch.result.claimed
+    return batch, again
+
+
+@pytest.mark.parametrize("how", ["failed", "stop"])
+@pytest.mark.parametrize("repeat", [None, Repeat("PT1S", 2, None)], ids=["one-shot", "last-of-two"])
+async def test_a_last_occurrence_put_back_then_fired_keeps_the_claims_that_fired_it(
+    store: Store, db_url: str, how: str, repeat: Repeat | None
+) -> None:
+    # docs/CONTRACT.md, attempts: a Reached timer keeps the count of claims that fired its last
+    # occurrence, the put-back one counted; nothing of the failure stays.
+    due = (datetime.now(UTC) - timedelta(seconds=3)).replace(microsecond=0)  # no downtime: both due
+    await store.apply([ScheduleTimer("acme", "last", due, None, 1, repeat)])
+    if repeat is not None:  # the first of two fires as it should
+        batch = await store.claim(claim_params("a", 10, lease_ms=10_000))
+        (first,) = batch.result.claimed
+        assert await batch.record([Fired(first, *next_of(first))], []) == 1
+    batch = await store.claim(claim_params("a", 10, lease_ms=1_000))
+    (last,) = batch.result.claimed
+    assert last.attempts == 1 and next_of(last) == (None, None)
+    if how == "failed":
+        assert await batch.record([], [(last, "publish: TimeoutError", 50)]) == 0
+    else:
+        await batch.close()
+    batch, again = await claim_again(store, db_url, "last")
+    assert again.attempts == 2
+    assert await batch.record([Fired(again, None, None)], []) == 1
+    done = query(
+        db_url,
+        "SELECT state, attempts, fired_count, last_error, lease_owner, lease_expires_at, reached_at >= due_at"
+        " FROM timers WHERE service_call_id = 'last'",
+    )
+    assert done == [("Reached", 2, 1 if repeat is None else 2, None, None, None, True)]
