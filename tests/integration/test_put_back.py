@@ -22,8 +22,8 @@ from worker.ops import reads
 
 # What a claim's lease and then retry_later (or a stop's commit) change on a row: nothing else.
 LEASE_COLUMNS = {"lease_owner", "lease_token", "lease_expires_at", "attempts", "claimed_at", "last_error"}
-# A put-back row keeps the claim's updated_at (sql/queries.sql, retry_later): the value it had is
-# gone with the claim's write. Known and accepted; checked apart below.
+# A put-back row's updated_at is when it was claimed (sql/queries.sql, retry_later): the value it
+# had is gone with the claim's write. Known and accepted; checked apart below.
 PUT_BACK_COLUMNS = LEASE_COLUMNS | {"updated_at"}
 
 
@@ -175,3 +175,23 @@ async def test_a_last_occurrence_put_back_then_fired_keeps_the_claims_that_fired
         " FROM timers WHERE service_call_id = 'last'",
     )
     assert done == [("Reached", 2, 1 if repeat is None else 2, None, None, None, True)]
+
+
+@pytest.mark.parametrize("how", ["failed", "stop"])
+async def test_a_row_claimed_ahead_and_put_back_was_not_updated_in_the_future(
+    store: Store, db_url: str, how: str
+) -> None:
+    # The claim writes a recorded row's updatedAt as its reachedAt, never before its dueAt, which a
+    # claim ahead has not reached yet; put back, the row is Scheduled and `describe` shows it.
+    (now,) = query(db_url, "SELECT now()")[0]
+    await store.apply([ScheduleTimer("acme", "ahead", now + timedelta(seconds=30), None, 1, None)])
+    batch = await store.claim(claim_params("a", 10, lease_ms=30_000, ahead_ms=60_000))
+    (ahead,) = batch.result.claimed
+    await end(batch, how)
+    with reads.connect(db_url) as conn:
+        view = reads.describe(conn, "acme", "ahead")
+    assert view is not None and view["state"] == "Scheduled" and view["reachedAt"] is None
+    (updated, future) = query(
+        db_url, "SELECT updated_at, updated_at > now() FROM timers WHERE service_call_id = 'ahead'"
+    )[0]
+    assert not future, f"updatedAt {updated} is ahead of the database clock; dueAt {ahead.due_at}"
