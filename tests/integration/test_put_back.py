@@ -14,7 +14,7 @@ from tests.helpers import query, until
 from tests.twins import claim_params
 from worker.adapters import db
 from worker.adapters.store import Store
-from worker.contract import Repeat, ScheduleTimer
+from worker.contract import PauseTimers, Repeat, ScheduleTimer
 from worker.core.domain import Claimed, Fired
 from worker.core.firing import next_of
 from worker.core.ports import ClaimedBatch
@@ -25,6 +25,7 @@ LEASE_COLUMNS = {"lease_owner", "lease_token", "lease_expires_at", "attempts", "
 # A put-back row's updated_at is when it was claimed (sql/queries.sql, retry_later): the value it
 # had is gone with the claim's write. Known and accepted; checked apart below.
 PUT_BACK_COLUMNS = LEASE_COLUMNS | {"updated_at"}
+BACKOFF_MS = 1_000  # a failed publish's (end): short, for tests that wait for it to run out
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ async def end(batch: ClaimedBatch, how: str) -> None:
     """End the batch as a failed publish of every row, or as a stop."""
     if how == "failed":
         held = [*batch.result.claimed, *batch.result.unreadable]
-        assert await batch.record([], [(h, "publish: TimeoutError", 60_000) for h in held]) == 0
+        assert await batch.record([], [(h, "publish: TimeoutError", BACKOFF_MS) for h in held]) == 0
     else:
         await batch.close()
 
@@ -195,3 +196,33 @@ async def test_a_row_claimed_ahead_and_put_back_was_not_updated_in_the_future(
         db_url, "SELECT updated_at, updated_at > now() FROM timers WHERE service_call_id = 'ahead'"
     )[0]
     assert not future, f"updatedAt {updated} is ahead of the database clock; dueAt {ahead.due_at}"
+
+
+@pytest.mark.parametrize("how", ["failed", "stop"])
+async def test_a_timers_pause_sent_while_its_occurrence_is_in_flight_and_put_back_lets_it_fire_once(
+    store: Store, db_url: str, how: str
+) -> None:
+    # The pause meets the batch in flight (deferred, nothing written), then the row put back and
+    # leased: it records its pause on the claimed row, which fires once and ends unpaused (a
+    # finished timer's pause ends, mark_fired), as a lease-path row does.
+    await store.apply([timer("paused", -2)])
+    batch = await store.claim(claim_params("a", 10, lease_ms=1_000))
+    pause = PauseTimers("acme", "paused", False)
+    assert (await store.pause(pause)).outcomes == ["deferred"]
+    assert stored(db_url, "paused")["paused_at"] is None
+    await end(batch, how)
+    assert (await store.pause(pause)).outcomes == ["applied"]
+    held = stored(db_url, "paused")
+    assert (held["state"], held["fired_count"], held["reached_at"]) == ("Scheduled", 0, None)
+    assert held["paused_at"] is not None  # recorded on the claimed row: not recorded at the next claim
+    again_batch, again = await claim_again(store, db_url, "paused")
+    assert await again_batch.record([Fired(again, None, None)], []) == 1
+    done = stored(db_url, "paused")
+    assert (done["state"], done["fired_count"], done["paused_at"], done["attempts"]) == (
+        "Reached",
+        1,
+        None,
+        2,
+    )
+    after = await store.claim(claim_params("c", 10, lease_ms=10_000, ahead_ms=3_600_000))
+    assert after.result.claimed == []  # fired once, nothing left to claim
