@@ -1,6 +1,6 @@
 """A one-shot occurrence its claim recorded as fired and then put back (a failed publish, an
 unreadable row, a stop: Batch, sql/queries.sql retry_later) is left, column for column, as a lease
-and its retry leave an occurrence that was never recorded (review of the put-back, h-review7)."""
+and its retry leave an occurrence that was never recorded."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from tests.twins import claim_params
 from worker.adapters import db
 from worker.adapters.store import Store
 from worker.contract import PauseTimers, Repeat, ScheduleTimer
-from worker.core.domain import Claimed, Fired
-from worker.core.firing import next_of
+from worker.core.domain import Claimed, Fired, Leased
 from worker.core.ports import ClaimedBatch
+from worker.core.recurrence import next_of
 from worker.ops import reads
 
 # What a claim's lease and then retry_later (or a stop's commit) change on a row: nothing else.
@@ -55,7 +55,7 @@ def changed(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
 async def end(batch: ClaimedBatch, how: str) -> None:
     """End the batch as a failed publish of every row, or as a stop."""
     if how == "failed":
-        held = [*batch.result.claimed, *batch.result.unreadable]
+        held: list[Leased] = [*batch.result.claimed, *batch.result.unreadable]
         assert await batch.record([], [(h, "publish: TimeoutError", BACKOFF_MS) for h in held]) == 0
     else:
         await batch.close()
