@@ -488,12 +488,16 @@ WHERE (t.tenant_id, t.service_call_id) = (still.tenant_id, still.service_call_id
 -- made into an event: keep the occurrence claimed, so it still fires, and let any replica retry
 -- it after its own back-off, counted from now (statement_timestamp(): now() is the claim's
 -- start). In the claim's transaction, fenced and found like mark_fired. A stop (Batch.close)
--- holds its claim's recorded occurrences the same way, for a lease, as their owner's (`owner`:
--- NULL for a back-off, any replica retries it), with no error.
+-- holds its claim's recorded occurrences the same way, as their owner's (`owner`: NULL for a
+-- back-off, any replica retries it), with no error, for the claim's own lease: counted from now(),
+-- the claim's start as this is its transaction, as claim_due's lease is, so they run out with the
+-- rows it leased, not a batch's duration later.
 -- A one-shot occurrence the claim recorded as fired (claim_due, `record`) is put back as the claim
 -- would have left it as a lease: Scheduled, its count of firings one less, and no reachedAt,
--- pause or error before this one (the rows claim_due records hold none). Its updatedAt stays the
--- claim's: nothing reads it on a Scheduled row without waiting commands (`record` again).
+-- pause or error before this one (the rows claim_due records hold none). Its updatedAt, which the
+-- claim's write replaced (its value before is gone), is when it was claimed: now(), the claim's
+-- start; not the claim's record of it, its reachedAt, which for a claim ahead is a dueAt still to
+-- come (`describe` showed a Scheduled timer updated in the future).
 -- In the claim's transaction, its row never looked fired to anyone: no command meets it so.
 WITH f AS MATERIALIZED (
     SELECT f.*, f.row_id::tid AS tid
@@ -504,8 +508,10 @@ UPDATE timers t SET
     state = 'Scheduled',
     fired_count = CASE WHEN t.state = 'Reached' THEN t.fired_count - 1 ELSE t.fired_count END,
     reached_at = CASE WHEN t.state = 'Reached' THEN NULL ELSE t.reached_at END,
+    updated_at = CASE WHEN t.state = 'Reached' THEN now() ELSE t.updated_at END,
     lease_owner = %(owner)s::text,
-    lease_expires_at = statement_timestamp() + f.backoff_ms * interval '1 millisecond',
+    lease_expires_at = CASE WHEN %(owner)s::text IS NULL THEN statement_timestamp() ELSE now() END
+                       + f.backoff_ms * interval '1 millisecond',
     last_error = coalesce(f.error, t.last_error)
 FROM f
 WHERE t.ctid = ANY (ARRAY(SELECT tid FROM f))
