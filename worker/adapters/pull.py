@@ -45,6 +45,12 @@ EXPIRES_MARGIN_S = 0.01
 # A request whose end never came (its 408 lost with a connection): forgotten this long after it
 # expired, so a fetch asks again. A delivery of it that comes later still goes to the buffer.
 FORGET_AFTER_S = 1.0
+# On the connection it went out on, a request's end always comes (its whole batch, or a status
+# after its deliveries), however slow the link: forgetting it after FORGET_AFTER_S asked again
+# while the server still served it, a batch delivered to each and waiting in the buffer, their
+# ack wait running (and the other replicas given none). Only a request lost between the servers
+# of a cluster is never answered there: forgotten this long after it expired.
+UNHEARD_AFTER_S = 10.0
 # 409s after which the consumer is still there: ask again.
 _REQUEST_GONE = frozenset({"Leadership Change", "Server Shutdown"})
 _MAX_BATCH = re.compile(r"Exceeded MaxRequestBatch of (\d+)")
@@ -60,7 +66,7 @@ class _Request:
     left: int  # deliveries still to come
     no_wait: bool
     expires_at: float  # monotonic, as the server counts it, about
-    forget_at: float
+    connection: int  # the connection's reconnects when it was sent: its end is lost with it
 
 
 class Pull:
@@ -127,7 +133,7 @@ class Pull:
                 raise PullFailed(failed)
             now = time.monotonic()
             request = self._request
-            if request is not None and now >= request.forget_at:
+            if request is not None and now >= self._forget_at(request):
                 self._request = request = None
             buffered = len(self._buffer)
             # A no_wait request ends as soon as it delivered what there was: wait for that end,
@@ -136,7 +142,9 @@ class Pull:
                 buffered and (request is None or not request.no_wait or now >= request.expires_at)
             ):
                 return self._take(batch)
-            if request is None:
+            # Not while reconnecting: nats-py would keep the request until it is connected again,
+            # and the server count its expiry from then, long after this forgot it and asked again.
+            if request is None and not self._nc.is_reconnecting:
                 expires = deadline - now - EXPIRES_MARGIN_S
                 if expires <= 0 and not no_wait:
                     raise TimeoutError
@@ -147,7 +155,7 @@ class Pull:
                 request = self._request
             wake = deadline
             if request is not None:
-                wake = min(wake, request.expires_at if self._buffer else request.forget_at)
+                wake = min(wake, request.expires_at if self._buffer else self._forget_at(request))
             try:
                 await asyncio.wait_for(self._changed.wait(), max(0.0, wake - time.monotonic()))
             except TimeoutError:
@@ -164,12 +172,18 @@ class Pull:
         if no_wait:
             body["no_wait"] = True
         expires_at = time.monotonic() + expires
-        self._request = _Request(reply, batch, no_wait, expires_at, expires_at + FORGET_AFTER_S)
+        self._request = _Request(reply, batch, no_wait, expires_at, self._nc.stats["reconnects"])
         try:
             await self._nc.publish(self._next, json.dumps(body).encode(), reply=reply)
         except BaseException:
             self._request = None
             raise
+
+    def _forget_at(self, request: _Request) -> float:
+        """When a request whose end has not come is taken for lost, and a fetch asks again."""
+        if self._nc.stats["reconnects"] != request.connection:
+            return request.expires_at + FORGET_AFTER_S
+        return request.expires_at + UNHEARD_AFTER_S
 
     def _take(self, batch: int) -> list[Msg]:
         buffer = self._buffer
