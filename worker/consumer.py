@@ -191,6 +191,25 @@ async def due_events(
         while (early := _queued(sub)) is not None:
             if _delivered(early):
                 arrived.append(_arrival(early))
+    # Where take_raw cannot hook in: nats-py's own queue, read by one next_msg at a time. It is
+    # never cancelled while the reader waits (a cancel can land after it took an event from the
+    # queue, and the event would be lost to this reader): an ack() wakes the reader beside it.
+    getter: asyncio.Future[Msg] | None = None
+
+    def not_given() -> list[bytes]:
+        """After the UNSUB and its flush: the events received and not given out."""
+        replies = [a[1] for a in arrived if not isinstance(a, str)]
+        if getter is not None:
+            if getter.done() and not getter.cancelled() and getter.exception() is None:
+                if _delivered(got := getter.result()):
+                    replies.append(got.reply.encode())
+            else:  # (one it took and had not handed over yet comes again after the ack wait)
+                getter.cancel()
+        while (queued := _queued(sub)) is not None:
+            if _delivered(queued):
+                replies.append(queued.reply.encode())
+        return replies
+
     try:
         bound = (await js.consumer_info(stream, durable)).config
         policy = bound.ack_policy
@@ -201,17 +220,12 @@ async def due_events(
                 "(`nats consumer rm`) once idle, or read from a new durable name"
             )
     except BaseException:
-        await _close(nc, sub, release, acks, lambda: [a[1] for a in arrived if not isinstance(a, str)])
+        await _close(nc, sub, release, acks, not_given)
         raise
 
     # The server tells a push consumer's reader neither that its consumer was deleted nor, here,
     # that the connection closed: it goes silent. Two heartbeats missed, as nats-py's own check.
     silence = 2 * (bound.idle_heartbeat or _SILENCE_WITHOUT_HEARTBEATS / 2)
-
-    # Where take_raw cannot hook in: nats-py's own queue, read by one next_msg at a time. It is
-    # never cancelled while the reader waits (a cancel can land after it took an event from the
-    # queue, and the event would be lost to this reader): an ack() wakes the reader beside it.
-    getter: asyncio.Future[Msg] | None = None
 
     async def next_queued() -> _Arrival:
         nonlocal getter
@@ -238,19 +252,6 @@ async def due_events(
                 continue
             if _delivered(msg):
                 return _arrival(msg)
-
-    def not_given() -> list[bytes]:
-        """After the UNSUB and its flush: the events received and not given out."""
-        replies = [a[1] for a in arrived if not isinstance(a, str)]
-        if getter is not None:
-            if getter.done() and not getter.cancelled() and getter.exception() is None:
-                replies.append(getter.result().reply.encode())
-            else:  # what it might still take is in the queue, read just below
-                getter.cancel()
-        while (queued := _queued(sub)) is not None:
-            if _delivered(queued):
-                replies.append(queued.reply.encode())
-        return replies
 
     async def next_arrival() -> _Arrival:
         if release is None:  # this nats-py's internals are not take_raw's: its own queue
