@@ -21,7 +21,6 @@ _DECODER = json.JSONDecoder()
 _SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # typeshed: "a make_scanner"
 _STATUS = b"NATS/1.0 "  # a status message's header line; a message with headers starts `NATS/1.0\r\n`
 _STALLED = b"Nats-Consumer-Stalled:"
-_GONE = object()  # what _Acks.open holds for an event no longer open: acknowledged, or handed back
 # A consumer without idle heartbeats (made by hand): how long a reader waits in silence before
 # it looks whether its connection and its consumer are still there.
 _SILENCE_WITHOUT_HEARTBEATS = 30.0
@@ -83,13 +82,17 @@ class DueEvent:
 
     def ack(self) -> None:
         """Handled: acknowledged with the next batch of acknowledgements (see due_events). Once
-        the loop has ended it does nothing (`acked` stays False): the event was handed back."""
+        the loop has ended it does nothing (`acked` stays False): the event was handed back.
+        A delivery that a later one of the same event superseded is acknowledged too: the server
+        takes an ack for the event, whichever of its deliveries it names."""
         acks = self._acks
-        if acks.open.pop(self.reply, _GONE) is None:  # given out, not acknowledged, not handed back
-            self.acked = True
-            acks.done.append(self.reply)
-            if acks.wake is not None:  # acked by a handler of its own while the reader waits
-                acks.wake.set()
+        if self.acked or acks.closed:
+            return
+        self.acked = True
+        acks.open.pop(self.reply, None)
+        acks.done.append(self.reply)
+        if acks.wake is not None:  # acked by a handler of its own while the reader waits
+            acks.wake.set()
 
 
 def _decode(data: bytes) -> dict[str, Any]:
@@ -291,13 +294,14 @@ async def due_events(
 class _Acks:
     """The acknowledgements not yet sent, and the events given out and not acknowledged."""
 
-    __slots__ = ("done", "open", "prune_at", "wake")
+    __slots__ = ("closed", "done", "open", "prune_at", "wake")
 
     def __init__(self) -> None:
         self.done: list[bytes] = []  # reply subjects
         self.open: dict[bytes, None] = {}
         self.wake: asyncio.Event | None = None  # while the reader waits for events: what wakes it
         self.prune_at = _OPEN_FLOOR  # forget_superseded once `open` holds more
+        self.closed = False  # the loop ended: what was open was handed back
 
     def forget_superseded(self) -> None:
         """Drop the deliveries of events that came again since: the server acknowledges an event
@@ -318,7 +322,7 @@ class _Acks:
                 latest[seq] = (count, reply)
             else:
                 superseded.append(reply)
-        for reply in superseded:  # their ack() does nothing now: acked stays False
+        for reply in superseded:  # (their ack() still goes out: the server takes it for the event)
             del self.open[reply]
         self.prune_at = max(_OPEN_FLOOR, 2 * len(self.open))
 
@@ -361,7 +365,8 @@ async def _close(
             await nc.flush(timeout=5)
         await acks.send(nc)  # those acknowledged meanwhile (by handlers in other tasks)
         back = [*acks.open, *not_given()]
-        acks.open.clear()  # from here ack() does nothing: the event comes again
+        acks.closed = True  # from here ack() does nothing: the event comes again
+        acks.open.clear()
         await acknowledge(nc, back, b"-NAK")
     except (
         nats.errors.ConnectionClosedError,
@@ -373,6 +378,7 @@ async def _close(
         # ended the loop (a cancel, the user's own error).
         pass
     finally:
+        acks.closed = True
         acks.open.clear()
         if release is not None:
             release()
