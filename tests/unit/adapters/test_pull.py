@@ -13,7 +13,6 @@ import pytest
 from nats.aio.msg import Msg
 
 from tests.helpers import until
-from worker.adapters import pull as pull_module
 from worker.adapters.pull import Pull, PullFailed
 
 
@@ -26,7 +25,6 @@ class Conn:
         self.cb: Any = None
         self.unsubscribed = False
         self.refuse: Exception | None = None
-        self.stats = {"reconnects": 0}
         self.is_reconnecting = False
 
     def new_inbox(self) -> str:
@@ -207,24 +205,6 @@ async def test_unsubscribe_offers_back_what_was_never_handed_out() -> None:
     assert conn.unsubscribed
     assert [(s.split(".")[5], p) for s, p in conn.acks] == [("2", b"-NAK"), ("3", b"-NAK")]
     assert pull.buffered == 0
-
-
-async def test_a_request_unheard_of_is_asked_again_only_once_its_connection_was_lost(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Its end comes on the connection it went out on, however slow: asking again before would
-    # have the server deliver a batch to each. Lost with a connection, it is asked again.
-    monkeypatch.setattr(pull_module, "FORGET_AFTER_S", 0.01)
-    conn, pull = await started()
-    with pytest.raises(TimeoutError):
-        await pull.fetch(10, 0.05)
-    with pytest.raises(TimeoutError):
-        await pull.fetch(10, 0.3)  # well past its expiry and FORGET_AFTER_S
-    assert len(conn.requests) == 1
-    conn.stats["reconnects"] += 1
-    fetch = asyncio.create_task(pull.fetch(10, 5.0))
-    await answered(conn, fetch, 2)
-    fetch.cancel()
 
 
 async def test_nothing_is_asked_while_reconnecting() -> None:
