@@ -21,10 +21,13 @@ _DECODER = json.JSONDecoder()
 _SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # typeshed: "a make_scanner"
 _STATUS = b"NATS/1.0 "  # a status message's header line; a message with headers starts `NATS/1.0\r\n`
 _STALLED = b"Nats-Consumer-Stalled:"
-_GONE = object()  # what _Acks.open holds for an event no longer open: acknowledged, or handed back
 # A consumer without idle heartbeats (made by hand): how long a reader waits in silence before
 # it looks whether its connection and its consumer are still there.
 _SILENCE_WITHOUT_HEARTBEATS = 30.0
+# An event not acknowledged within the ack wait comes again with a reply subject of its own: once
+# a reader holds this many events given out and not acknowledged (then twice what it kept), the
+# deliveries that a later one of the same event superseded are dropped (_Acks.forget_superseded).
+_OPEN_FLOOR = 1024
 
 
 class DueEvent:
@@ -79,13 +82,17 @@ class DueEvent:
 
     def ack(self) -> None:
         """Handled: acknowledged with the next batch of acknowledgements (see due_events). Once
-        the loop has ended it does nothing (`acked` stays False): the event was handed back."""
+        the loop has ended it does nothing (`acked` stays False): the event was handed back.
+        A delivery that a later one of the same event superseded is acknowledged too: the server
+        takes an ack for the event, whichever of its deliveries it names."""
         acks = self._acks
-        if acks.open.pop(self.reply, _GONE) is None:  # given out, not acknowledged, not handed back
-            self.acked = True
-            acks.done.append(self.reply)
-            if acks.wake is not None:  # acked by a handler of its own while the reader waits
-                acks.wake.set()
+        if self.acked or acks.closed:
+            return
+        self.acked = True
+        acks.open.pop(self.reply, None)
+        acks.done.append(self.reply)
+        if acks.wake is not None:  # acked by a handler of its own while the reader waits
+            acks.wake.set()
 
 
 def _decode(data: bytes) -> dict[str, Any]:
@@ -187,6 +194,25 @@ async def due_events(
         while (early := _queued(sub)) is not None:
             if _delivered(early):
                 arrived.append(_arrival(early))
+    # Where take_raw cannot hook in: nats-py's own queue, read by one next_msg at a time. It is
+    # never cancelled while the reader waits (a cancel can land after it took an event from the
+    # queue, and the event would be lost to this reader): an ack() wakes the reader beside it.
+    getter: asyncio.Future[Msg] | None = None
+
+    def not_given() -> list[bytes]:
+        """After the UNSUB and its flush: the events received and not given out."""
+        replies = [a[1] for a in arrived if not isinstance(a, str)]
+        if getter is not None:
+            if getter.done() and not getter.cancelled() and getter.exception() is None:
+                if _delivered(got := getter.result()):
+                    replies.append(got.reply.encode())
+            else:  # (one it took and had not handed over yet comes again after the ack wait)
+                getter.cancel()
+        while (queued := _queued(sub)) is not None:
+            if _delivered(queued):
+                replies.append(queued.reply.encode())
+        return replies
+
     try:
         bound = (await js.consumer_info(stream, durable)).config
         policy = bound.ack_policy
@@ -197,23 +223,42 @@ async def due_events(
                 "(`nats consumer rm`) once idle, or read from a new durable name"
             )
     except BaseException:
-        await _close(nc, sub, release, acks, arrived)
+        await _close(nc, sub, release, acks, not_given)
         raise
 
     # The server tells a push consumer's reader neither that its consumer was deleted nor, here,
     # that the connection closed: it goes silent. Two heartbeats missed, as nats-py's own check.
     silence = 2 * (bound.idle_heartbeat or _SILENCE_WITHOUT_HEARTBEATS / 2)
 
+    async def next_queued() -> _Arrival:
+        nonlocal getter
+        while True:
+            if acks.done:  # acked while it waited: sent now, as below
+                await acks.send(nc)
+            if getter is None:
+                getter = asyncio.ensure_future(sub.next_msg(timeout=silence))
+            waiting.clear()
+            acks.wake = waiting
+            woken = asyncio.ensure_future(waiting.wait())
+            try:
+                await asyncio.wait((getter, woken), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                acks.wake = None
+                woken.cancel()
+            if not getter.done():
+                continue
+            done, getter = getter, None
+            try:
+                msg = done.result()
+            except nats.errors.TimeoutError:  # (heartbeats are nats-py's: never here)
+                await _still_there(js, stream, durable, bound.deliver_subject)
+                continue
+            if _delivered(msg):
+                return _arrival(msg)
+
     async def next_arrival() -> _Arrival:
         if release is None:  # this nats-py's internals are not take_raw's: its own queue
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=silence)
-                except nats.errors.TimeoutError:  # (heartbeats are nats-py's: never here)
-                    await _still_there(js, stream, durable, bound.deliver_subject)
-                    continue
-                if _delivered(msg):
-                    return _arrival(msg)
+            return await next_queued()
         while not arrived:
             if acks.done:  # acked while it waited: sent now, not with a next event that may not come
                 await acks.send(nc)
@@ -239,20 +284,47 @@ async def due_events(
                 continue
             event = DueEvent(*arrival, acks)
             acks.open[event.reply] = None
+            if len(acks.open) > acks.prune_at:
+                acks.forget_superseded()
             yield event
     finally:
-        await _close(nc, sub, release, acks, arrived)
+        await _close(nc, sub, release, acks, not_given)
 
 
 class _Acks:
     """The acknowledgements not yet sent, and the events given out and not acknowledged."""
 
-    __slots__ = ("done", "open", "wake")
+    __slots__ = ("closed", "done", "open", "prune_at", "wake")
 
     def __init__(self) -> None:
         self.done: list[bytes] = []  # reply subjects
         self.open: dict[bytes, None] = {}
         self.wake: asyncio.Event | None = None  # while the reader waits for events: what wakes it
+        self.prune_at = _OPEN_FLOOR  # forget_superseded once `open` holds more
+        self.closed = False  # the loop ended: what was open was handed back
+
+    def forget_superseded(self) -> None:
+        """Drop the deliveries of events that came again since: the server acknowledges an event
+        by its stream sequence, whichever delivery's reply the ack goes to, and the last delivery
+        stays. Without this a handler that keeps failing on an event (caught, not acknowledged)
+        made the reader hold one more reply subject per ack wait, for ever. Looked over when
+        `open` doubled since, so a cost per event of nothing but a length check."""
+        latest: dict[bytes, tuple[int, bytes]] = {}  # stream sequence: its last delivery
+        superseded: list[bytes] = []
+        for reply in self.open:
+            if (at := _delivery(reply)) is None:
+                continue
+            seq, count = at
+            if (seen := latest.get(seq)) is None:
+                latest[seq] = (count, reply)
+            elif count > seen[0]:
+                superseded.append(seen[1])
+                latest[seq] = (count, reply)
+            else:
+                superseded.append(reply)
+        for reply in superseded:  # (their ack() still goes out: the server takes it for the event)
+            del self.open[reply]
+        self.prune_at = max(_OPEN_FLOOR, 2 * len(self.open))
 
     async def send(self, nc: Any) -> None:
         if self.done:  # an empty message is an ack (+ACK)
@@ -281,7 +353,7 @@ async def _still_there(js: JetStreamContext, stream: str, durable: str, deliver:
 
 
 async def _close(
-    nc: Any, sub: Any, release: Callable[[], None] | None, acks: _Acks, arrived: deque[_Arrival]
+    nc: Any, sub: Any, release: Callable[[], None] | None, acks: _Acks, not_given: Callable[[], list[bytes]]
 ) -> None:
     # Handed back for the next reader now, not after the ack wait; but only once the server
     # has stopped pushing here (it would push them straight back): after the UNSUB, and after
@@ -292,8 +364,9 @@ async def _close(
         with contextlib.suppress(Exception):
             await nc.flush(timeout=5)
         await acks.send(nc)  # those acknowledged meanwhile (by handlers in other tasks)
-        back = [*acks.open, *(a[1] for a in arrived if not isinstance(a, str))]
-        acks.open.clear()  # from here ack() does nothing: the event comes again
+        back = [*acks.open, *not_given()]
+        acks.closed = True  # from here ack() does nothing: the event comes again
+        acks.open.clear()
         await acknowledge(nc, back, b"-NAK")
     except (
         nats.errors.ConnectionClosedError,
@@ -305,6 +378,7 @@ async def _close(
         # ended the loop (a cancel, the user's own error).
         pass
     finally:
+        acks.closed = True
         acks.open.clear()
         if release is not None:
             release()
@@ -321,6 +395,17 @@ def _arrival(msg: Msg) -> _Arrival:
     return (msg.subject.encode(), msg.reply.encode(), msg.data, None, msg.headers or {})
 
 
+def _delivery(reply: bytes) -> tuple[bytes, int] | None:
+    """An ack subject's stream sequence and delivery count: `$JS.ACK.<stream>.<consumer>.
+    <delivered>.<stream seq>.<consumer seq>.<timestamp>.<pending>`, or the form with a domain and
+    an account hash after `$JS.ACK` and a token at the end (ADR-15). None for another form."""
+    tokens = reply.split(b".")
+    at = 4 if len(tokens) == 9 else 6 if len(tokens) >= 11 else None
+    if at is None or not tokens[at].isdigit():
+        return None
+    return tokens[at + 1], int(tokens[at])
+
+
 def _stalled(raw_headers: bytes) -> str | None:
     # An idle heartbeat names, when the server thinks the consumer stalled, where to send the
     # flow control answer it missed.
@@ -331,6 +416,7 @@ def _stalled(raw_headers: bytes) -> str | None:
 
 
 def _queued(sub: Any) -> Msg | None:
-    # The subscription's own queue: only what arrived between the SUB and take_raw.
-    queue: asyncio.Queue[Msg] = sub._pending_queue
-    return None if queue.empty() else queue.get_nowait()
+    # The subscription's own queue: with take_raw, only what arrived between the SUB and it;
+    # without, what arrived and was not read (None for a nats-py that keeps no such queue).
+    queue: asyncio.Queue[Msg] | None = getattr(sub, "_pending_queue", None)
+    return None if queue is None or queue.empty() else queue.get_nowait()

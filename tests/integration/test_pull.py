@@ -1,18 +1,22 @@
 """The command feed's own pull (worker/adapters/pull.py) against a real NATS server: a partial
-batch comes at once, and a delivery that arrives after its fetch was given up is handed out by
-the next one."""
+batch comes at once, a delivery that arrives after its fetch was given up is handed out by
+the next one, and an outage does not pile up requests that the server serves at the reconnect."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 import pytest
 
 from tests.helpers import publish_raw, until
+from worker.adapters import streams
 from worker.adapters.broker import Broker
 from worker.config import Settings
+from worker.core.ports import FetchFailed
+from worker.devkit.embedded import EmbeddedNats
 
 
 async def waiting_delivered(broker: Broker, settings: Settings) -> tuple[int, int]:
@@ -67,3 +71,44 @@ async def test_a_late_delivery_of_an_earlier_pull_is_handed_out_by_the_next_fetc
 
 async def _equals(value: Any, expected: Any) -> bool:
     return bool(await value == expected)
+
+
+@pytest.mark.timeout(180)
+async def test_an_outage_does_not_pile_up_requests_served_at_the_reconnect(
+    settings: Settings, embedded_nats: EmbeddedNats | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Intake fetches on through a NATS outage. Each fetch forgot the request before and asked
+    # again; nats-py kept them all until the reconnect, and the server, counting their expiry
+    # from then, served each a batch at once: several batches waiting in one replica's buffer,
+    # their ack wait running (and the other replicas given none of them).
+    assert embedded_nats is not None, "stops and restarts NATS: needs the embedded server"
+    # Nothing is acknowledged, so that the consumer's "waiting for an ack" counts every delivery;
+    # an ack wait longer than the test, so that none is delivered twice.
+    monkeypatch.setattr(streams, "ACK_WAIT_S", 300)
+    batch, n = 10, 60
+    broker = await connected(settings)
+    try:
+        for i in range(n):
+            await publish_raw(broker.js, settings, "acme", "schedule", {"n": i})
+        feed = await broker.command_subscription()
+        handed = len(await feed.fetch(batch, timeout=10))
+        assert handed == batch
+        embedded_nats.stop()
+        await until(lambda: broker.nc is not None and broker.nc.is_reconnecting, what="the outage seen")
+        outage = asyncio.get_running_loop().time() + 6  # the fault: several of a request's lives
+        while asyncio.get_running_loop().time() < outage:
+            with contextlib.suppress(TimeoutError, FetchFailed):
+                handed += len(await feed.fetch(batch, timeout=1.0))
+        embedded_nats.start()
+        await until(lambda: broker.nc is not None and broker.nc.is_connected, what="reconnected")
+
+        async def over() -> bool:
+            return (await waiting_delivered(broker, settings))[1] - handed > batch
+
+        with pytest.raises(TimeoutError):  # a negative check: any such request is served at once
+            await until(over, timeout=5, what="more than a batch delivered and not handed out")
+        assert handed == batch, "nothing comes during an outage"
+        await feed.unsubscribe()
+    finally:
+        embedded_nats.start()
+        await broker.close()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 from nats.js import api
 
-from worker.consumer import _decode, _parse_headers, _still_there
+from worker.consumer import _Acks, _decode, _parse_headers, _still_there
 from worker.natsconn import encode, take_raw
 
 
@@ -133,3 +133,21 @@ async def test_after_a_silence_a_reader_ends_when_its_connection_or_its_consumer
 async def test_after_a_silence_a_reader_reads_on_when_the_server_is_only_slow_or_away(js: _Silent) -> None:
     await _still_there(js, "S", "d", "d.b")  # type: ignore[arg-type]
     assert js.looked == (1 if js.is_connected else 0)
+
+
+@pytest.mark.parametrize(
+    ("head", "tail"),
+    [("$JS.ACK.TIMER_EVENTS.billing", ""), ("$JS.ACK.hub.ACCHASH.TIMER_EVENTS.billing", ".rand0m")],
+    ids=["without a domain", "with a domain and account hash (ADR-15)"],
+)
+def test_a_reader_keeps_only_the_last_delivery_of_an_event_that_came_again(head: str, tail: str) -> None:
+    def reply(delivered: int, seq: int, dseq: int) -> bytes:
+        return f"{head}.{delivered}.{seq}.{dseq}.1700000000000000000.0{tail}".encode()
+
+    acks = _Acks()
+    first, other, again, third = reply(1, 7, 1), reply(1, 8, 2), reply(2, 7, 3), reply(3, 7, 4)
+    for r in (first, other, third, again, b"not.an.ack.subject"):
+        acks.open[r] = None
+    acks.forget_superseded()
+    assert list(acks.open) == [other, third, b"not.an.ack.subject"]
+    assert acks.prune_at >= 2 * len(acks.open)

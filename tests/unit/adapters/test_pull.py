@@ -25,6 +25,7 @@ class Conn:
         self.cb: Any = None
         self.unsubscribed = False
         self.refuse: Exception | None = None
+        self.is_reconnecting = False
 
     def new_inbox(self) -> str:
         return "_INBOX.test"
@@ -204,3 +205,17 @@ async def test_unsubscribe_offers_back_what_was_never_handed_out() -> None:
     assert conn.unsubscribed
     assert [(s.split(".")[5], p) for s, p in conn.acks] == [("2", b"-NAK"), ("3", b"-NAK")]
     assert pull.buffered == 0
+
+
+async def test_nothing_is_asked_while_reconnecting() -> None:
+    # nats-py would keep the request until it reconnected, and the server count its expiry
+    # from then, long after this took it for lost and asked again.
+    conn, pull = await started()
+    conn.is_reconnecting = True
+    with pytest.raises(TimeoutError):
+        await pull.fetch(10, 0.1)
+    assert conn.requests == []
+    conn.is_reconnecting = False
+    fetch = asyncio.create_task(pull.fetch(10, 5.0))
+    await answered(conn, fetch, 1)
+    fetch.cancel()

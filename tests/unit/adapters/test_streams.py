@@ -22,6 +22,7 @@ class Conn:
     def __init__(self, error: Exception | None = None, answer: str | None = None) -> None:
         self.error, self.answer = error, answer
         self.cb: Any = None
+        self.is_reconnecting = False  # (one that cannot take a request raises `error`)
 
     def new_inbox(self) -> str:
         return "_INBOX.test"
