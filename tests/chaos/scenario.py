@@ -56,6 +56,14 @@ class Fleet(ReplicaSet):
         while len(self.alive()) < self.size:
             self.start(1, self.variants[len(self.procs) % len(self.variants)])
 
+    def listening(self) -> bool:
+        """Every live replica is past setting its SIGTERM handler (it logged http_listening, in
+        Replica.run): before that, a SIGTERM ends the process by the signal (-15), not a drain."""
+        return all(
+            '"action": "http_listening"' in (self.log_dir / f"{name}.log").read_text(errors="replace")
+            for name in self.alive()
+        )
+
     def fence_rejections(self) -> int:
         """Marks the fence turned away (a replica that lost its lease), from the replicas' logs."""
         total = 0
@@ -142,6 +150,8 @@ class Run:
                 await keeper
             fleet.replace_dead()
             await self._settle(fleet, events, dlq)
+            # A replica started late (replacing a dead one) may still be importing.
+            await until(fleet.listening, what="every live replica up")
             codes = fleet.terminate_all(timeout=30)
             await events.stop()
             await dlq.stop()
