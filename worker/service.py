@@ -147,13 +147,19 @@ class Replica:
         return True
 
     async def _connect_postgres(self) -> None:
-        """The schema first (nothing may read or write before it is right), then the pool and the
-        fleet secret, which both need it and not each other."""
-        await asyncio.to_thread(self._schema)
-        url = self.s.database_url.get_secret_value()
-        _, secret = await side_by_side(
-            self.pool.open(wait=True, timeout=10), asyncio.to_thread(db.fleet_secret, url)
-        )
+        """The pool opens beside the schema check: opening sessions reads and writes nothing, and
+        no loop uses the pool before connect has returned, the schema checked."""
+        opening = asyncio.ensure_future(self.pool.open(wait=True, timeout=10))
+        try:
+            secret = await asyncio.to_thread(self._schema)
+            await opening
+        finally:
+            if not opening.done():
+                # The check failed (Postgres away, say): retried after a back-off, not after the
+                # pool's 10 s; the pool goes on connecting meanwhile, and the retry waits for it.
+                opening.cancel()
+            elif not opening.cancelled():
+                opening.exception()  # seen: the schema check's error is the one raised
         self.broker.ids = MessageIds(secret)
 
     async def _connect_nats(self) -> None:
@@ -163,16 +169,19 @@ class Replica:
             await asyncio.wait_for(self.broker.connect(), timeout=10)
         await self.broker.ensure_streams()
 
-    def _schema(self) -> None:
-        """Migrate; or, with TIMER_MIGRATE=false, wait (retried by connect) until someone has."""
-        url = self.s.database_url.get_secret_value()
-        db.require_utf8(url)
-        if self.s.migrate:
-            migrations.migrate(url)
-        elif missing := migrations.status(url)[1]:
-            raise SchemaNotReady(
-                f"migrations not applied yet: {', '.join(f'{v:04d}_{n}' for v, n in missing)}"
-            )
+    def _schema(self) -> bytes:
+        """Migrate; or, with TIMER_MIGRATE=false, wait (retried by connect) until someone has.
+        Then the fleet secret, which a migration makes. One session for the three: each session
+        opened costs Postgres a backend, three replicas starting at once three each."""
+        with db.connect(self.s.database_url.get_secret_value()) as conn:
+            db.require_utf8(conn)  # before anything is written
+            if self.s.migrate:
+                migrations.migrate(conn)
+            elif missing := migrations.status(conn)[1]:
+                raise SchemaNotReady(
+                    f"migrations not applied yet: {', '.join(f'{v:04d}_{n}' for v, n in missing)}"
+                )
+            return db.fleet_secret(conn)
 
     async def _supervise(self) -> int:
         readmodel = ReadModel(self.store, self.s.subject_prefix)

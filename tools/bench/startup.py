@@ -41,6 +41,21 @@ async def _one(rig: Rig, run: int, replicas: int, timeout: float) -> dict[str, f
     return {"started_s": up - started_at, "first_fire_s": state.last_ts - started_at, "cpu_s": cpu}
 
 
+async def _connect(rig: Rig) -> dict[str, float]:
+    """Replica.connect alone, in this process: no interpreter start, no imports, no first claim."""
+    from worker.service import Replica
+
+    replica = Replica(rig.settings)
+    started = time.perf_counter()
+    try:
+        await replica.connect()
+        return {"connect_s": time.perf_counter() - started}
+    finally:
+        await replica.broker.close()
+        await replica.store.close()
+        await replica.pool.close()
+
+
 def _nan_last(x: float) -> float:
     return float("inf") if math.isnan(x) else x
 
@@ -54,12 +69,18 @@ def _logged(path: Path, action: str) -> float:
 
 
 async def _runs(
-    db_url: str, nats_url: str, workdir: Path, runs: int, replicas: int, byte_compile: bool
+    db_url: str,
+    nats_url: str,
+    workdir: Path,
+    runs: int,
+    replicas: int,
+    byte_compile: bool,
+    connect_only: bool,
 ) -> list[dict[str, float]]:
     out = []
     async with Rig(db_url, nats_url, workdir, byte_compile=byte_compile, log_level="INFO") as rig:
         for i in range(runs):
-            out.append(await _one(rig, i, replicas, timeout=60))
+            out.append(await (_connect(rig) if connect_only else _one(rig, i, replicas, timeout=60)))
             print(f"[startup {i + 1}/{runs}] {_brief(out[-1])}", file=sys.stderr, flush=True)
     return out
 
@@ -84,13 +105,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no byte-compiling first (a checkout has no .pyc): each replica compiles as it starts",
     )
+    p.add_argument(
+        "--connect",
+        action="store_true",
+        help="time only Replica.connect, in this process (Postgres and NATS up, streams checked)",
+    )
     args = p.parse_args(argv)
     from worker.devkit.dev import servers  # embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
 
     with contextlib.ExitStack() as stack:
         workdir = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="timer-startup-")))
         db, nats = stack.enter_context(servers(workdir, sync_always=False))
-        results = asyncio.run(_runs(db, nats, workdir, args.runs, args.replicas, not args.source))
+        results = asyncio.run(
+            _runs(db, nats, workdir, args.runs, args.replicas, not args.source, args.connect)
+        )
     for key in results[0]:
         values = sorted(r[key] for r in results)
         print(f"{key}: median {statistics.median(values):.3f} s (min {values[0]:.3f}, max {values[-1]:.3f})")

@@ -74,10 +74,11 @@ def _has_sql(part: str) -> bool:
     return any(line.strip() and not line.strip().startswith("--") for line in part.splitlines())
 
 
-def status(conninfo: str) -> tuple[list[int], list[tuple[int, str]]]:
+def status(conninfo: str | psycopg.Connection[TupleRow]) -> tuple[list[int], list[tuple[int, str]]]:
     """(versions applied, (version, name) of each shipped migration not applied). A version the
-    database has and this build does not ship (a newer release migrated it) is applied, not an error."""
-    with db.connect(conninfo) as conn:
+    database has and this build does not ship (a newer release migrated it) is applied, not an
+    error. On a session of db.connect given, or one of its own."""
+    with db.session(conninfo) as conn:
         applied = _applied(conn)
     return applied, [(version, name) for version, name, _ in available() if version not in applied]
 
@@ -89,12 +90,18 @@ def _applied(conn: psycopg.Connection[TupleRow]) -> list[int]:
     return [v for (v,) in conn.execute(query)] if found == (True,) else []
 
 
-def migrate(conninfo: str, directory: Traversable | None = None, *, budget_s: float = BUDGET_S) -> list[int]:
+def migrate(
+    conninfo: str | psycopg.Connection[TupleRow],
+    directory: Traversable | None = None,
+    *,
+    budget_s: float = BUDGET_S,
+) -> list[int]:
     """Apply the missing migrations in order under an advisory lock; return their versions.
     Each migration waits at most LOCK_TIMEOUT_MS at a time for a lock, retried for `budget_s`,
-    then MigrationBlocked."""
+    then MigrationBlocked. On a session of db.connect given (left as it was: every setting reset,
+    the lock released), or one of its own."""
     shipped = available(directory)
-    with db.connect(conninfo) as conn:
+    with db.session(conninfo) as conn:
         # Every start of a replica after the first finds nothing to apply: it says so after one
         # read, without queueing on the lock behind the replicas starting beside it. A version is
         # recorded only with its migration applied, so all shipped ones there means nothing to do.
