@@ -1,10 +1,14 @@
-"""`python -m tools.bench.startup`: how long one replica takes from its process start to its first
-firing, as `drain`'s startup_s measures it, over many runs (the medians; a shared machine is noisy).
+"""`python -m tools.bench.startup`: how long a replica takes from its process start to its first
+firing, as `drain`'s startup_s measures it, over many runs (the medians: a shared machine is noisy).
 
-Each run starts one `timer-service run` process on a database already migrated and streams already
-made (as after a restart), with one timer overdue, and times from the process start to:
-`replica_started` (its log line: dependencies up, streams checked) and the first event stored
-(the events stream's own timestamp, as drain's startup_s). Then SIGTERM, and the next run.
+Each run starts `--replicas` `timer-service run` processes at once (1 by default; drain starts 3)
+on a database already migrated and streams already made (as after a restart), with one timer
+overdue, and times from the process start to `replica_started` (the first replica's log line:
+dependencies up, streams checked) and to the first event stored (the events stream's own
+timestamp, as drain's startup_s), with the replicas' CPU seconds by then (cpu_s, read at the
+first poll after it). Then SIGTERM, and the next run. The package is byte-compiled first, as
+installing it does (rig.byte_compiled); `--source` leaves that out, as the bench did before.
+`--connect` times Replica.connect alone, in this process: no interpreter start, no imports.
 """
 
 from __future__ import annotations
@@ -103,13 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--source",
         action="store_true",
-        help="no byte-compiling first (a checkout has no .pyc): each replica compiles as it starts",
+        help="no byte-compiling first: without worker/__pycache__, replicas compile as they start",
     )
     p.add_argument(
         "--connect",
         action="store_true",
         help="time only Replica.connect, in this process (Postgres and NATS up, streams checked)",
     )
+    p.add_argument("--json", action="store_true", help="print every run and the medians as JSON")
     args = p.parse_args(argv)
     from worker.devkit.dev import servers  # embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
 
@@ -119,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         results = asyncio.run(
             _runs(db, nats, workdir, args.runs, args.replicas, not args.source, args.connect)
         )
+    if args.json:
+        median = {key: statistics.median(r[key] for r in results) for key in results[0]}
+        print(json.dumps({"runs": results, "median": median}, indent=2))
+        return 0
     for key in results[0]:
         values = sorted(r[key] for r in results)
         print(f"{key}: median {statistics.median(values):.3f} s (min {values[0]:.3f}, max {values[-1]:.3f})")
