@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import nats
 import psycopg
 from prometheus_client import REGISTRY
+from psycopg import sql
 
 from worker.adapters import db
 from worker.config import Settings
@@ -167,3 +169,20 @@ async def due_events(js: Any, settings: Settings, count: int) -> list[tuple[dict
 
     await until(fetched, what=f"{count} DueTimeReached events")
     return [(json.loads(m.data), dict(m.headers or {})) for m in got]
+
+
+@contextlib.contextmanager
+def database_encoded(server_url: str, encoding: str) -> Iterator[str]:
+    """A database of this encoding (what initdb under the C locale gives is SQL_ASCII); dropped after."""
+    name = f"enc_{encoding.lower()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
+                sql.Identifier(name), sql.Literal(encoding)
+            )
+        )
+    try:
+        yield psycopg.conninfo.make_conninfo(server_url, dbname=name)
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))

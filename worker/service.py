@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +41,39 @@ CANCEL_GRACE_S = 2.0
 
 class SchemaNotReady(Exception):
     """TIMER_MIGRATE=false and the database lacks a migration this build ships."""
+
+
+async def side_by_side(*steps: Awaitable[Any]) -> list[Any]:
+    """Run start-up steps at once; their results in order.
+
+    A ConfigError (no retry fixes it: start-up stops) cancels the other steps and is raised at
+    once. Any other failure lets the other steps run to their end, so that a ConfigError one of
+    them meets still stops start-up (a NATS that refuses at once must not hide a database not in
+    UTF8, retried forever), and is raised after them: of several, the first step's, as when the
+    steps ran one after the other. connect retries them all; each is safe to repeat."""
+    failures: dict[int, Exception] = {}
+
+    async def step(i: int, awaitable: Awaitable[Any]) -> Any:
+        try:
+            return await awaitable
+        except ConfigError:
+            raise
+        except Exception as exc:
+            failures[i] = exc
+            return None
+
+    fatal: BaseException | None = None
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(step(i, s)) for i, s in enumerate(steps)]
+    except BaseExceptionGroup as errors:  # ConfigErrors only: step() kept every other failure
+        fatal = errors.exceptions[0]
+    # Raised out here, not inside the handler: as itself, its own cause kept, no group around it.
+    if fatal is not None:
+        raise fatal
+    if failures:
+        raise failures[min(failures)]
+    return [t.result() for t in tasks]
 
 
 class Replica:
@@ -94,7 +128,10 @@ class Replica:
 
     async def connect(self) -> bool:
         """Wait for Postgres and NATS (with back-off), migrate, ensure streams. A stream whose
-        limits break a guarantee is a ConfigError: no retry, the replica does not start."""
+        limits break a guarantee is a ConfigError: no retry, the replica does not start.
+
+        Postgres and NATS come up side by side (neither needs the other before a loop starts),
+        so start-up waits for the slower of the two rather than for both in turn."""
         async for attempt in AsyncRetrying(
             retry=retry_if_not_exception_type(ConfigError),
             wait=wait_exponential(multiplier=0.2, max=5),
@@ -106,27 +143,45 @@ class Replica:
             with attempt:
                 if self.stop.is_set():
                     return False
-                await asyncio.to_thread(self._schema)
-                await self.pool.open(wait=True, timeout=10)
-                url = self.s.database_url.get_secret_value()
-                self.broker.ids = MessageIds(await asyncio.to_thread(db.fleet_secret, url))
-                if not self.broker.connected:
-                    # nats-py retries a first connect forever when reconnects are unlimited;
-                    # bound it so a SIGTERM during an outage still gets a look-in.
-                    await asyncio.wait_for(self.broker.connect(), timeout=10)
-                await self.broker.ensure_streams()
+                await side_by_side(self._connect_postgres(), self._connect_nats())
         return True
 
-    def _schema(self) -> None:
-        """Migrate; or, with TIMER_MIGRATE=false, wait (retried by connect) until someone has."""
-        url = self.s.database_url.get_secret_value()
-        db.require_utf8(url)
-        if self.s.migrate:
-            migrations.migrate(url)
-        elif missing := migrations.status(url)[1]:
-            raise SchemaNotReady(
-                f"migrations not applied yet: {', '.join(f'{v:04d}_{n}' for v, n in missing)}"
-            )
+    async def _connect_postgres(self) -> None:
+        """The pool opens beside the schema check: opening sessions reads and writes nothing, and
+        no loop uses the pool before connect has returned, the schema checked."""
+        opening = asyncio.ensure_future(self.pool.open(wait=True, timeout=10))
+        try:
+            secret = await asyncio.to_thread(self._schema)
+            await opening
+        finally:
+            if not opening.done():
+                # The check failed (Postgres away, say): retried after a back-off, not after the
+                # pool's 10 s; the pool goes on connecting meanwhile, and the retry waits for it.
+                opening.cancel()
+            elif not opening.cancelled():
+                opening.exception()  # seen: the schema check's error is the one raised
+        self.broker.ids = MessageIds(secret)
+
+    async def _connect_nats(self) -> None:
+        if not self.broker.connected:
+            # nats-py retries a first connect forever when reconnects are unlimited;
+            # bound it so a SIGTERM during an outage still gets a look-in.
+            await asyncio.wait_for(self.broker.connect(), timeout=10)
+        await self.broker.ensure_streams()
+
+    def _schema(self) -> bytes:
+        """Migrate; or, with TIMER_MIGRATE=false, wait (retried by connect) until someone has.
+        Then the fleet secret, which a migration makes. One session for the three: each session
+        opened costs Postgres a backend, three replicas starting at once three each."""
+        with db.connect(self.s.database_url.get_secret_value()) as conn:
+            db.require_utf8(conn)  # before anything is written
+            if self.s.migrate:
+                migrations.migrate(conn)
+            elif missing := migrations.status(conn)[1]:
+                raise SchemaNotReady(
+                    f"migrations not applied yet: {', '.join(f'{v:04d}_{n}' for v, n in missing)}"
+                )
+            return db.fleet_secret(conn)
 
     async def _supervise(self) -> int:
         readmodel = ReadModel(self.store, self.s.subject_prefix)

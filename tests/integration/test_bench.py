@@ -40,6 +40,7 @@ def run_json(argv: list[str], env: dict[str, str] | None = None, timeout: int = 
         ("tools.bench.indexcost", "usage: python -m tools.bench.indexcost "),  # docs/BENCHMARKS.md
         ("tools.bench.producer_ab", "usage: python -m tools.bench.producer_ab "),  # docs/BENCHMARKS.md
         ("tools.bench.consumer", "usage: python -m tools.bench.consumer "),  # docs/BENCHMARKS.md
+        ("tools.bench.startup", "usage: python -m tools.bench.startup "),  # docs/BENCHMARKS.md
     ],
 )
 def test_the_documented_entry_points_run_from_the_repository_root(module: str, usage: str) -> None:
@@ -73,6 +74,21 @@ def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str
     assert producer["many_over_naive"] == producer["commands_per_s"] / producer["naive_commands_per_s"]
     assert [v["metric"] for v in results["producer"]["targets"]] == ["commands_per_s"]
     assert "[drain 1/1]" in stderr  # progress goes to stderr, results alone to stdout
+
+
+def test_the_startup_bench_times_replicas_to_their_first_firing(pg_server_url: str, nats_url: str) -> None:
+    env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # as here and in the image: only the bench writes .pyc
+    compiled = ROOT / "worker" / "__pycache__" / f"service.{sys.implementation.cache_tag}.pyc"
+    compiled.unlink(missing_ok=True)
+    report, stderr = run_json(["-m", "tools.bench.startup", "--runs", "2", "--replicas", "2", "--json"], env)
+    assert len(report["runs"]) == 2 and "[startup 2/2]" in stderr
+    m = report["median"]
+    # replica_started is logged before the first claim; its millisecond stamp may round past it
+    assert 0 < m["started_s"] <= m["first_fire_s"] + 0.001 and m["cpu_s"] > 0
+    assert compiled.is_file(), "the package was not byte-compiled before the replicas started"
+    report, _ = run_json(["-m", "tools.bench.startup", "--connect", "--runs", "2", "--json"], env)
+    assert [set(r) for r in report["runs"]] == [{"connect_s"}] * 2 and report["median"]["connect_s"] > 0
 
 
 def test_indexcost_applies_the_same_commands_with_and_without_the_index(

@@ -9,7 +9,6 @@ import contextlib
 import json
 import logging
 import re
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -22,6 +21,7 @@ from pydantic import SecretStr
 
 from tests.helpers import (
     consumer_idle,
+    database_encoded,
     iso_in,
     jetstream,
     publish_raw,
@@ -317,23 +317,6 @@ async def test_a_full_claim_with_unreadable_rows_in_it_counts_as_full(
     finally:
         await replica.broker.close()
         await replica.pool.close()
-
-
-@contextlib.contextmanager
-def database_encoded(server_url: str, encoding: str) -> Iterator[str]:
-    """A database of this encoding (what initdb under the C locale gives is SQL_ASCII); dropped after."""
-    name = f"enc_{encoding.lower()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE DATABASE {} ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
-                sql.Identifier(name), sql.Literal(encoding)
-            )
-        )
-    try:
-        yield psycopg.conninfo.make_conninfo(server_url, dbname=name)
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.mark.parametrize("encoding", ["SQL_ASCII", "LATIN1"])

@@ -79,12 +79,12 @@ def session_conninfo(conninfo: str) -> str:
     return make_conninfo(conninfo, options=options, client_encoding="UTF8", **client)
 
 
-def require_utf8(conninfo: str) -> None:
+def require_utf8(conninfo: str | psycopg.Connection[Any]) -> None:
     """Refuse a database not encoded UTF8, with one line naming it (ConfigError). SQL_ASCII (what
     initdb gives under the C locale) stores bytes unchecked, so text comes back as bytes and a
     claimed row cannot be read; LATIN1 and the like cannot store most ids. Checked at start-up,
-    before anything is written."""
-    with connect(conninfo) as conn:
+    before anything is written. On a session of `connect` given, or one of its own."""
+    with session(conninfo) as conn:
         found = conn.execute(QUERIES["server_encoding"]).fetchone()
     if found is None:  # not possible: the current database is in pg_database
         return
@@ -105,10 +105,11 @@ def connect(conninfo: str, read_only: bool = False) -> Iterator[psycopg.Connecti
         yield conn
 
 
-def fleet_secret(conninfo: str) -> bytes:
+def fleet_secret(conninfo: str | psycopg.Connection[Any]) -> bytes:
     """The key of every Nats-Msg-Id (contract.MessageIds), made by sql/migrations/0005: read here
-    alone, by the replica as it starts and by a DLQ replay, on a one-off read-only session."""
-    with connect(conninfo, read_only=True) as conn:
+    alone, by the replica as it starts (on its start-up session, once the schema is checked) and
+    by a DLQ replay (on a one-off read-only session)."""
+    with session(conninfo, read_only=True) as conn:
         found = conn.execute(QUERIES["fleet_secret"]).fetchone()
     if found is None:
         raise DatabaseError(
@@ -116,6 +117,18 @@ def fleet_secret(conninfo: str) -> bytes:
             " backup of this database"
         )
     return bytes(found[0])
+
+
+@contextmanager
+def session(
+    given: str | psycopg.Connection[Any], read_only: bool = False
+) -> Iterator[psycopg.Connection[Any]]:
+    """The session given (left open), or a one-off one of `connect` for a conninfo."""
+    if isinstance(given, str):
+        with connect(given, read_only=read_only) as conn:
+            yield conn
+    else:
+        yield given
 
 
 def pool(

@@ -74,22 +74,39 @@ def _has_sql(part: str) -> bool:
     return any(line.strip() and not line.strip().startswith("--") for line in part.splitlines())
 
 
-def status(conninfo: str) -> tuple[list[int], list[tuple[int, str]]]:
+def status(conninfo: str | psycopg.Connection[TupleRow]) -> tuple[list[int], list[tuple[int, str]]]:
     """(versions applied, (version, name) of each shipped migration not applied). A version the
-    database has and this build does not ship (a newer release migrated it) is applied, not an error."""
-    with db.connect(conninfo) as conn:
-        # Before the first migration there is no version table: nothing is applied.
-        found = conn.execute("SELECT to_regclass('timer_schema_version') IS NOT NULL").fetchone()
-        query = "SELECT version FROM timer_schema_version ORDER BY version"
-        applied = [v for (v,) in conn.execute(query)] if found == (True,) else []
+    database has and this build does not ship (a newer release migrated it) is applied, not an
+    error. On a session of db.connect given, or one of its own."""
+    with db.session(conninfo) as conn:
+        applied = _applied(conn)
     return applied, [(version, name) for version, name, _ in available() if version not in applied]
 
 
-def migrate(conninfo: str, directory: Traversable | None = None, *, budget_s: float = BUDGET_S) -> list[int]:
+def _applied(conn: psycopg.Connection[TupleRow]) -> list[int]:
+    # Before the first migration there is no version table: nothing is applied.
+    found = conn.execute("SELECT to_regclass('timer_schema_version') IS NOT NULL").fetchone()
+    query = "SELECT version FROM timer_schema_version ORDER BY version"
+    return [v for (v,) in conn.execute(query)] if found == (True,) else []
+
+
+def migrate(
+    conninfo: str | psycopg.Connection[TupleRow],
+    directory: Traversable | None = None,
+    *,
+    budget_s: float = BUDGET_S,
+) -> list[int]:
     """Apply the missing migrations in order under an advisory lock; return their versions.
     Each migration waits at most LOCK_TIMEOUT_MS at a time for a lock, retried for `budget_s`,
-    then MigrationBlocked."""
-    with db.connect(conninfo) as conn:
+    then MigrationBlocked. On a session of db.connect given (left as it was: every setting reset,
+    the lock released), or one of its own."""
+    shipped = available(directory)
+    with db.session(conninfo) as conn:
+        # Every start of a replica after the first finds nothing to apply: it says so after one
+        # read, without queueing on the lock behind the replicas starting beside it. A version is
+        # recorded only with its migration applied, so all shipped ones there means nothing to do.
+        if shipped and {version for version, _, _ in shipped} <= set(_applied(conn)):
+            return []
         # A session lock: it outlives each migration's transaction, and a no-transaction one.
         # Taken before any lock_timeout is set: a second replica migrating waits here for the
         # first to finish, which holds up nobody else.
@@ -102,7 +119,7 @@ def migrate(conninfo: str, directory: Traversable | None = None, *, budget_s: fl
             )
             done = {v for (v,) in conn.execute("SELECT version FROM timer_schema_version")}
             applied = []
-            for version, name, text in available(directory):
+            for version, name, text in shipped:
                 if version in done:
                     continue
                 try:
