@@ -218,8 +218,9 @@ class Broker:
             self.publisher.fast = event_batches(
                 s, events, server_has_fast_ingest(self.nc), self.publisher.fast, cheaper
             )
-            # Said on the probe's stream: an update of the command stream's config held its pull
-            # consumers' requests up (intake stalled for seconds in the chaos failover test).
+            # Said on the probe's stream, the one measured. (An update of the command stream's
+            # config does not hold intake up, as once suspected: the server keeps its consumer's
+            # pull requests through it; tests/integration/test_stream_update.py.)
             config = (await self.js.stream_info(probe.name or "")).config
             said = "on" if cheaper else "off"
             if (config.metadata or {}).get(FAST_BATCHES) != said:
