@@ -657,8 +657,10 @@ FROM timers
 WHERE tenant_id = %(tenant_id)s AND state = 'Scheduled';
 
 -- name: inspect_lateness
--- How late one-shot timers fired in the last %(window)s (recorded minus due): the newest finished
--- rows of the finished index. Recurring timers stay Scheduled and are not counted.
+-- How late one-shot timers fired in the last %(window)s (recorded minus due: reached_at is when the
+-- occurrence was claimed to fire, never before its dueAt; its PubAck, a few milliseconds later, is
+-- in timer_lateness_seconds): the newest finished rows of the finished index. Recurring timers
+-- stay Scheduled and are not counted.
 SELECT count(*) AS fired,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM reached_at - due_at)) AS p50_s,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM reached_at - due_at)) AS p99_s,

@@ -18,7 +18,7 @@ from tests.chaos.workload import Timer
 from worker.contract import INVALID_TENANT, is_valid_tenant
 
 Key = tuple[str, str]
-Window = tuple[int, int]  # epoch milliseconds, from and to
+Window = tuple[int, int]  # command stream sequences, from and to
 
 # A recurring occurrence may be skipped only in real downtime: around a recorded outage of
 # Postgres or NATS, never for a replica crash. Widened before by a lease (a claim made just
@@ -84,7 +84,7 @@ class Verdict:
         """The word a chaos line starts with, true for anyone reading CI output alone.
 
         `lost_outside`: for a scenario that expects a loss in a window (asynchronous replication),
-        the lost timers none of whose commands was sent in it; None when no loss is expected.
+        the lost timers none of whose commands was stored in it; None when no loss is expected.
         An expected loss is EXPECTED-LOSS only when it happened (the fault was real), stayed
         within its window and nothing else went wrong; otherwise FAIL, saying which check failed.
         """
@@ -160,9 +160,10 @@ def check(
 
 
 def lost_outside(v: Verdict, timers: Sequence[Timer], window: Window) -> list[Key]:
-    """The lost timers none of whose commands was sent within `window` (epoch ms, inclusive)."""
-    sent = {t.key: t.sent for t in timers}
-    return sorted(k for k in v.lost_keys if not any(window[0] <= s <= window[1] for s in sent.get(k, [])))
+    """The lost timers none of whose commands was stored within `window` (command stream
+    sequences, inclusive)."""
+    stored = {t.key: t.stored for t in timers}
+    return sorted(k for k in v.lost_keys if not any(window[0] <= s <= window[1] for s in stored.get(k, [])))
 
 
 def _p99(ordered: list[int]) -> int:

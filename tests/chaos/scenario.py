@@ -121,9 +121,10 @@ class Run:
     async def execute(self, faults: FaultDriver, loss_window: Callable[[], Window] | None = None) -> Verdict:
         """Run the workload under `faults`, check it, print the chaos line; the verdict.
 
-        `loss_window`: for a scenario that expects to lose what was sent in a window it knows only
-        once the fault has happened (epoch ms); the line then says EXPECTED-LOSS, not FAIL, when
-        every lost timer was sent in it and nothing else went wrong (Verdict.status).
+        `loss_window`: for a scenario that expects to lose commands stored in a window it knows
+        only once the fault has happened (command stream sequences); the line then says
+        EXPECTED-LOSS, not FAIL, when every lost timer had a command stored in it and nothing else
+        went wrong (Verdict.status).
         """
         prefix = self.replica_env["TIMER_SUBJECT_PREFIX"]
         subjects = Subjects(prefix)

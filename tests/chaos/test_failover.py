@@ -15,8 +15,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nats
 import psycopg
 import pytest
+from nats.js import api
 
 from tests.chaos.checker import Verdict, Window, lost_outside
 from tests.chaos.pgpair import PgPair
@@ -30,7 +32,9 @@ pytestmark = pytest.mark.chaos
 REPLICAS = 3
 STALL_S = 1.5  # the standby is held this far behind when the primary dies
 PROMOTE_AFTER_S = 2.0  # the operator's detection delay: the primary is gone, nobody leads
-SENT_SLACK_MS = 1000  # a command sent this long before the stall may be committed in it
+# Commands the service acknowledged this long before the stall were committed and replicated
+# before it (asynchronous replication on one machine lags milliseconds).
+REPLICATED_SLACK_S = 1.0
 
 
 @dataclass
@@ -40,6 +44,9 @@ class Failover:
     pair: PgPair
     ports: list[int]
     at_s: float  # into the workload
+    commands: tuple[str, str, str]  # the NATS URL, command stream and consumer intake reads
+    acked_seq: int = 0  # the consumer's ack floor REPLICATED_SLACK_S before the stall
+    stored_seq: int = 0  # the command stream's last sequence when the primary died
     stalled_ms: int = 0
     killed_ms: int = 0
     promoted_ms: int = 0
@@ -61,12 +68,15 @@ class Failover:
         if not await c.pause(self.at_s):  # timers stored, claimed, in flight
             return
         assert await self.all_ready(True), "a replica was not ready before the fault"
+        self.acked_seq = (await self._consumer()).ack_floor.stream_seq
+        await asyncio.sleep(REPLICATED_SLACK_S)  # what was acknowledged by then reached the standby
         with c.outage():
             self.stalled_ms = now_ms()
             self.pair.stall_replication()
             await asyncio.sleep(STALL_S)  # the fault: the standby falls behind
             self.killed_ms = now_ms()
             self.pair.kill_primary()
+            self.stored_seq = (await self._consumer()).delivered.stream_seq
             c.faults += 1
             await until(lambda: self.all_ready(False), timeout=10, what="every replica not ready")
             self.unready_ms = now_ms()
@@ -84,6 +94,14 @@ class Failover:
         while await c.pause(1.0):
             pass
 
+    async def _consumer(self) -> api.ConsumerInfo:
+        url, stream, consumer = self.commands
+        nc = await nats.connect(url.split(","))
+        try:
+            return await nc.jetstream().consumer_info(stream, consumer)
+        finally:
+            await nc.close()
+
     def first_mark_after_kill_ms(self) -> int:
         """When a replica first marked a firing on the new primary (database clock)."""
         with psycopg.connect(self.pair.url, autocommit=True) as conn:
@@ -96,9 +114,11 @@ class Failover:
 
 
 def loss_window(fault: Failover) -> Window:
-    """When a command may have been committed on the primary alone (epoch ms): from a little before
-    the standby fell behind to the primary's death."""
-    return (fault.stalled_ms - SENT_SLACK_MS, fault.killed_ms)
+    """Which commands may have been committed on the primary alone (command stream sequences):
+    those the service had not acknowledged a while before the standby fell behind, up to the last
+    delivered to it when the primary died. By sequence, not by send time: commands sent before the
+    stall and applied in it, late on a loaded machine, are in it."""
+    return (fault.acked_seq + 1, fault.stored_seq)
 
 
 def now_ms() -> int:
@@ -115,7 +135,8 @@ async def run_failover(make_run: MakeRun, base: Path, synchronous: bool) -> tupl
             replicas=REPLICAS,
             variants=[{"TIMER_HTTP_PORT": str(p)} for p in ports],
         )
-        fault = Failover(pair, ports, run.workload.span_s / 2)
+        commands = (run.nats_url, run.replica_env["TIMER_COMMAND_STREAM"], run.replica_env["TIMER_CONSUMER"])
+        fault = Failover(pair, ports, run.workload.span_s / 2, commands)
         deaths: list[int] = []
 
         async def driver(c: Chaos) -> None:

@@ -41,7 +41,8 @@ FOLLOW_UP_S = (0.3, 1.5)  # reschedules and cancels follow this long after the f
 RECURRING_EVERY_S = 2
 RECURRING_TIMES = 4
 PUBLISH_DEADLINE_S = 90.0  # a command is retried through a NATS outage for this long
-Queued = tuple[float, int, str, bytes]  # (monotonic send time, order, subject, body)
+# (monotonic send time, order, subject, body, the timer it is a command of: None for poison)
+Queued = tuple[float, int, str, bytes, "Timer | None"]
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Timer:
     id: str
     kind: Kind
     dues: list[int] = field(default_factory=list)  # each dueAt sent, in order (epoch milliseconds)
-    sent: list[int] = field(default_factory=list)  # when each of its commands is sent (epoch ms)
+    stored: list[int] = field(default_factory=list)  # each command's command stream sequence
 
     @property
     def key(self) -> tuple[str, str]:
@@ -117,11 +118,11 @@ class Workload:
             for i, timer in enumerate(self.timers):
                 await self._send_due(queue, js, until=start + i / rate)
                 for at, subject, body in self._commands(timer, prefix):
-                    heapq.heappush(queue, (at, next(order), subject, body))
+                    heapq.heappush(queue, (at, next(order), subject, body, timer))
                 if i % self.poison_every == 0:
                     where, body = poison(timer.tenant, i // self.poison_every)
                     self.poison.add((where.split(".")[0], body))
-                    heapq.heappush(queue, (time.monotonic(), next(order), f"{prefix}.{where}", body))
+                    heapq.heappush(queue, (time.monotonic(), next(order), f"{prefix}.{where}", body, None))
             await self._send_due(queue, js, until=math.inf)
         finally:
             await self._nc.close()
@@ -129,9 +130,11 @@ class Workload:
     async def _send_due(self, queue: list[Queued], js: Any, until: float) -> None:
         """Send what is due before `until`, each at its moment; then wait for `until`."""
         while queue and queue[0][0] <= until:
-            at, _, subject, body = heapq.heappop(queue)
+            at, _, subject, body, timer = heapq.heappop(queue)
             await asyncio.sleep(max(0.0, at - time.monotonic()))
-            await self._publish(js, subject, body)
+            seq = await self._publish(js, subject, body)
+            if timer is not None:
+                timer.stored.append(seq)
         if until != math.inf:
             await asyncio.sleep(max(0.0, until - time.monotonic()))
 
@@ -144,9 +147,7 @@ class Workload:
         t.dues.append(ms_of(iso_at(due)))
         ts = int(now * 1000)
         first = self._envelope(t, "ScheduleTimer", ts, {"dueAt": iso_at(due)})
-        commands = self._kind_commands(t, due, now_m, ts, first, schedule, cancel)
-        t.sent = [round((now + at - now_m) * 1000) for at, _, _ in commands]
-        return commands
+        return self._kind_commands(t, due, now_m, ts, first, schedule, cancel)
 
     def _kind_commands(
         self, t: Timer, due: float, now_m: float, ts: int, first: bytes, schedule: str, cancel: str
@@ -179,15 +180,15 @@ class Workload:
         envelope = {"id": f"{t.id}:{ts}", "type": kind, "tenantId": t.tenant, "timestampMs": ts}
         return json.dumps({**envelope, "payload": payload}).encode()
 
-    async def _publish(self, js: Any, subject: str, body: bytes) -> None:
-        """Until JetStream stores it, through outages. A retry after a lost PubAck stores a
-        second copy: one more duplicate command for the service to shrug off."""
+    async def _publish(self, js: Any, subject: str, body: bytes) -> int:
+        """Until JetStream stores it, through outages; its stream sequence. A retry after a lost
+        PubAck stores a second copy: one more duplicate command for the service to shrug off."""
         deadline = time.monotonic() + PUBLISH_DEADLINE_S
         while True:
             try:
-                await js.publish(subject, body, timeout=2)
+                ack = await js.publish(subject, body, timeout=2)
                 self.commands_sent += 1
-                return
+                return int(ack.seq)
             except (TimeoutError, nats.errors.Error) as exc:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"no command stored for {PUBLISH_DEADLINE_S}s: {exc}") from exc
