@@ -5,6 +5,7 @@ and says so to producers in the command stream's metadata (TimerClient, fast_ing
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from tests.integration.test_client import command_headers, timers
 from worker.adapters.broker import Broker
-from worker.adapters.probe import probe_stream
+from worker.adapters.probe import MEASURED_AT, probe_stream
 from worker.client import TimerClient
 from worker.config import Settings
 from worker.contract import FAST_BATCHES
@@ -124,5 +125,27 @@ async def test_nothing_is_measured_where_nothing_is_to_choose(
         await b.ensure_streams()
         assert b._probe is None
         assert b.publisher.fast is (update == {"events_fast_ingest": "on"})
+    finally:
+        await b.close()
+
+
+@pytest.mark.parametrize("age_s", [60, 2 * 86400], ids=["recent", "a-day-old"])
+async def test_a_recent_measure_is_taken_as_recorded_an_old_one_is_made_again(
+    settings: Settings, quick_nats: str, age_s: int
+) -> None:
+    # Replicas started into a backlog need not measure under its load: what one recorded on the
+    # probe stream in the last day stands ("off" here, which a measure on this server would not say).
+    s = settings.model_copy(update={"nats_url": quick_nats})
+    b = Broker(s)
+    await b.connect()
+    try:
+        probe = probe_stream(s, b.subjects, b.stream_configs()[1])
+        probe.metadata = {FAST_BATCHES: "off", MEASURED_AT: str(round(time.time() - age_s))}
+        await b.js.add_stream(probe)
+        await b.ensure_streams()
+        await b.batches_measured()
+        measured = (await b.js.stream_info(probe.name or "")).state.messages > 0
+        assert (b.publisher.fast, measured) == ((False, False) if age_s < 86400 else (True, True))
+        assert (await metadata(b))[FAST_BATCHES] == ("off" if age_s < 86400 else "on")
     finally:
         await b.close()

@@ -30,7 +30,7 @@ from worker.adapters.streams import (
     server_has_fast_ingest,
     stream_configs,
 )
-from worker.contract import FAST_BATCHES, MessageIds, Outgoing, Subjects
+from worker.contract import MessageIds, Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
 from worker.natsconn import nats_connect
 
@@ -207,8 +207,8 @@ class Broker:
             await asyncio.shield(self._probe)
 
     async def _measure(self, events: api.StreamConfig) -> None:
-        """In the background, from start-up: measure the server's batches (probe.py), choose by
-        it, and say it in the probe stream's metadata for the producers. Until then, and if it
+        """In the background, from start-up: which batches are the cheaper on this server
+        (probe.py: measured, or as recorded lately), and choose by it. Until then, and if it
         fails, events go in atomic batches, as before."""
         s = self.settings
         try:
@@ -218,14 +218,6 @@ class Broker:
             self.publisher.fast = event_batches(
                 s, events, server_has_fast_ingest(self.nc), self.publisher.fast, cheaper
             )
-            # Said on the probe's stream, the one measured. (An update of the command stream's
-            # config does not hold intake up, as once suspected: the server keeps its consumer's
-            # pull requests through it; tests/integration/test_stream_update.py.)
-            config = (await self.js.stream_info(probe.name or "")).config
-            said = "on" if cheaper else "off"
-            if (config.metadata or {}).get(FAST_BATCHES) != said:
-                config.metadata = {**(config.metadata or {}), FAST_BATCHES: said}
-                await self.js.update_stream(config)
         except Exception as exc:  # no permission, NATS away: a choice of speed, not of safety
             error = f"{type(exc).__name__}: {exc}"
             log.warning("batches not measured", extra={"action": "batches_not_measured", "error": error})

@@ -10,6 +10,7 @@ durable as the server makes it; a wrong one costs speed only."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from worker.contract import Outgoing, Subjects
+from worker.contract import FAST_BATCHES, Outgoing, Subjects
 
 if TYPE_CHECKING:
     from worker.adapters.batches import Publisher
@@ -30,6 +31,11 @@ log = logging.getLogger("worker.broker")
 # `sync_interval: always` fast batches of 100 took 5 x an atomic one here, without it 0.3 x).
 PROBE_SIZE = 100
 PROBE_ROUNDS = 5  # batches of each kind
+# A measure recorded on the probe stream (its metadata) is taken as it is for this long: replicas
+# started later, into a backlog, need not measure under its load (and fire in fast batches from
+# their first). A server's sync setting changes seldom; deleting that stream measures again.
+MEASURE_EVERY_S = 24 * 3600
+MEASURED_AT = "timer-service.fast-batches-at"  # when, in epoch seconds
 
 
 def probe_stream(s: Settings, subjects: Subjects, events: api.StreamConfig) -> api.StreamConfig:
@@ -52,9 +58,11 @@ def probe_stream(s: Settings, subjects: Subjects, events: api.StreamConfig) -> a
 async def fast_batches_cheaper(
     js: JetStreamContext, publisher: Publisher, config: api.StreamConfig, timeout: float
 ) -> bool:
-    """Whether fast-ingest batches took less time than atomic ones on `config`'s stream (made
-    when missing). Raises what NATS raises, and RuntimeError when a probe message is refused."""
-    assert config.name is not None and config.subjects
+    """Whether fast-ingest batches take less time than atomic ones on `config`'s stream (made
+    when missing): as recorded in its metadata within MEASURE_EVERY_S, else measured now and
+    recorded there (FAST_BATCHES, which producers read too). Raises what NATS raises, and
+    RuntimeError when a probe message is refused."""
+    assert config.name is not None
     try:
         made = (await js.stream_info(config.name)).config
     except NotFoundError:
@@ -62,6 +70,19 @@ async def fast_batches_cheaper(
     if not (made.allow_atomic and getattr(made, "allow_batched", False)):
         # Measured there, a refusal would turn either kind off for the events too (Publisher).
         raise RuntimeError(f"stream {config.name} takes not both atomic and fast-ingest batches")
+    said = made.metadata or {}
+    with contextlib.suppress(KeyError, ValueError):
+        if said[FAST_BATCHES] in ("on", "off") and time.time() - float(said[MEASURED_AT]) < MEASURE_EVERY_S:
+            return said[FAST_BATCHES] == "on"
+    cheaper = await _measure(publisher, config, timeout)
+    made.metadata = {**said, FAST_BATCHES: "on" if cheaper else "off", MEASURED_AT: str(round(time.time()))}
+    await js.update_stream(made)
+    return cheaper
+
+
+async def _measure(publisher: Publisher, config: api.StreamConfig, timeout: float) -> bool:
+    """Alternated batches of each kind; whether the quickest fast one beat the quickest atomic."""
+    assert config.subjects
     subject, token = config.subjects[0], uuid.uuid4().hex
     took: dict[bool, list[float]] = {True: [], False: []}
     for r in range(PROBE_ROUNDS):
