@@ -65,7 +65,7 @@ FastIngest = Literal["auto", "on", "off"]
 class TimerClient:
     """`fast_ingest`: how schedule_many and cancel_many batch (docs/CONTRACT.md, Producers).
     "auto": fast-ingest batches when the command stream has allow_batched (nats-server 2.14+)
-    and is replicated, or the service measured them the cheaper on this server (the stream's
+    and is replicated, or the service measured them the cheaper on this server (its probe stream's
     metadata), else atomic batches. A fast batch stores each command as it comes: on a single
     server under `sync_interval: always` that is an fsync per command where an atomic batch has
     one per batch, so there auto keeps atomic batches. "on": fast wherever the stream takes them;
