@@ -25,12 +25,14 @@ class _ClaimReader:
     due_at: int
     next_due_at: int
     db_now: int
+    row_id: int
+    recorded: int  # the claim wrote the occurrence as fired (claim_due)
 
 
 @functools.lru_cache(maxsize=4)
 def _reader_for(names: tuple[str, ...]) -> _ClaimReader:
     where = {n: i for i, n in enumerate(names)}
-    missing = [f for f in (*Claimed._fields, "next_due_at", "db_now") if f not in where]
+    missing = [f for f in (*Claimed._fields, "next_due_at", "db_now", "recorded") if f not in where]
     if missing:
         raise DatabaseError(f"claim_due returns no column {', '.join(missing)} (sql/queries.sql)")
     return _ClaimReader(
@@ -40,6 +42,8 @@ def _reader_for(names: tuple[str, ...]) -> _ClaimReader:
         due_at=where["due_at"],
         next_due_at=where["next_due_at"],
         db_now=where["db_now"],
+        row_id=where["row_id"],
+        recorded=where["recorded"],
     )
 
 
@@ -61,3 +65,10 @@ def claim_result(
         db_now=db_now,
         received=received,
     )
+
+
+def recorded_ids(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> frozenset[str]:
+    """The row ids of the occurrences claim_due recorded as fired (its `recorded` column)."""
+    read = _reader_for(tuple(names))
+    flag, row_id = read.recorded, read.row_id
+    return frozenset(r[row_id] for r in rows if r[flag])

@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters import pausing
 from worker.adapters.batch import Batch, mark_again_params
-from worker.adapters.claim_rows import claim_result
+from worker.adapters.claim_rows import claim_result, recorded_ids
 from worker.adapters.pgerrors import classify
 from worker.adapters.pinger import Pinger
 from worker.adapters.queries import QUERIES
@@ -285,7 +285,7 @@ class Store:
                 rows = await cur.fetchall()
                 names = [c.name for c in cur.description or ()]
                 result = claim_result(names, rows, received)
-                recorded = _recorded(names, rows)
+                recorded = recorded_ids(names, rows)
                 empty = not (result.claimed or result.unreadable)
                 if empty:
                     await conn.execute("COMMIT")
@@ -385,12 +385,6 @@ class Store:
 
     async def close(self) -> None:
         await self._pinger.close()
-
-
-def _recorded(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> frozenset[str]:
-    """The row ids of the occurrences claim_due recorded as fired (its `recorded` column)."""
-    flag, row_id = names.index("recorded"), names.index("row_id")
-    return frozenset(r[row_id] for r in rows if r[flag])
 
 
 async def _lock_tenants_shared(conn: psycopg.AsyncConnection[Any], commands: Sequence[Command]) -> None:

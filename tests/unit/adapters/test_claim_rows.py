@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from worker.adapters.claim_rows import claim_result
+from worker.adapters.claim_rows import claim_result, recorded_ids
 from worker.core.domain import Claimed, Unreadable
 from worker.errors import DatabaseError
 
@@ -19,6 +19,7 @@ ROW = {
     "correlation_id": "c",
     "lease_token": 7,
     "attempts": 1,
+    "recorded": True,
     "repeat_every": None,
     "repeat_times": None,
     "repeat_timezone": None,
@@ -61,3 +62,12 @@ def test_a_missing_column_fails_the_claim_naming_it() -> None:
     names = [n for n in ROW if n not in ("recurrence_ref", "db_now")]
     with pytest.raises(DatabaseError, match="recurrence_ref, db_now"):
         claim_result(names, rows(names, ROW))
+
+
+def test_the_occurrences_the_claim_recorded_are_read_by_name_too() -> None:
+    names = list(ROW)
+    leased = ROW | {"row_id": "(0,2)", "recorded": False}
+    assert recorded_ids(names, rows(names, ROW, leased)) == {"(0,1)"}
+    without = [n for n in names if n != "recorded"]
+    with pytest.raises(DatabaseError, match="recorded"):
+        recorded_ids(without, rows(without, ROW))
