@@ -319,38 +319,6 @@ async def test_an_event_acknowledged_after_its_loop_ended_is_not_said_to_be_and_
     await until(lambda: all_acknowledged(client, settings), what="every event acknowledged")
 
 
-async def test_acks_made_while_the_reader_waits_go_out_without_another_event(
-    streams: Broker, client: TimerClient, settings: Settings
-) -> None:
-    # Handlers in tasks of their own ack after the loop went back to waiting: "sent when idle"
-    # must hold for them too, not wait for a next event that a quiet tenant may not send for
-    # longer than the ack wait (then they come again, handled twice).
-    await publish_events(streams, settings, 10)
-    handled = asyncio.Event()
-    given: list[consumer.DueEvent] = []
-
-    async def handle(event: consumer.DueEvent) -> None:
-        await handled.wait()
-        event.ack()
-
-    async def read() -> None:
-        async with asyncio.TaskGroup() as handlers:
-            async for event in client.due_events("acme", durable="billing", stream=settings.event_stream):
-                given.append(event)
-                handlers.create_task(handle(event))
-
-    reader = asyncio.create_task(read())
-    try:
-        await until(lambda: len(given) == 10, what="the events given out")
-        handled.set()
-        await until(lambda: all(e.acked for e in given), what="the handlers' acks")
-        await until(lambda: all_acknowledged(client, settings), timeout=10, what="their acks sent")
-        assert not reader.done(), reader
-    finally:
-        reader.cancel()
-        await asyncio.wait([reader])
-
-
 async def test_a_pull_consumer_of_that_name_is_refused_with_why(
     streams: Broker, client: TimerClient, settings: Settings
 ) -> None:
