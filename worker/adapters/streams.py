@@ -108,9 +108,8 @@ def event_batches(
     server takes them; `was_fast`: the choice so far (a change is logged).
     """
     mode = s.events_fast_ingest
-    allowed = bool(getattr(events, "allow_batched", False)) and fast_ingest
-    replicated = (events.num_replicas or 1) > 1
-    fast = allowed and (mode == "on" or (mode == "auto" and (replicated or cheaper is True)))
+    allowed = _takes_fast(events, fast_ingest)
+    fast = allowed and (mode == "on" or (mode == "auto" and (_replicated(events) or cheaper is True)))
     if fast != was_fast or (mode == "on" and not allowed):
         log.info(
             "event batches",
@@ -127,8 +126,21 @@ def event_batches(
 def probe_wanted(s: Settings, events: api.StreamConfig, fast_ingest: bool) -> bool:
     """Whether "auto" needs to measure the server's batches (probe.py): a single-replica events
     stream that takes fast ones, on streams this service manages (TIMER_CREATE_STREAMS)."""
-    allowed = bool(getattr(events, "allow_batched", False)) and fast_ingest
-    return s.events_fast_ingest == "auto" and allowed and (events.num_replicas or 1) == 1 and s.create_streams
+    return (
+        s.events_fast_ingest == "auto"
+        and _takes_fast(events, fast_ingest)
+        and not _replicated(events)
+        and s.create_streams
+    )
+
+
+def _takes_fast(events: api.StreamConfig, fast_ingest: bool) -> bool:
+    """The server (`fast_ingest`) and the stream as it exists both take fast-ingest batches."""
+    return bool(getattr(events, "allow_batched", False)) and fast_ingest
+
+
+def _replicated(events: api.StreamConfig) -> bool:
+    return (events.num_replicas or 1) > 1
 
 
 def consumer_config(settings: Settings, subjects: Subjects) -> api.ConsumerConfig:
