@@ -24,6 +24,7 @@ from worker.core.domain import (
     Claimed,
     ClaimParams,
     ClaimResult,
+    Failed,
     Fired,
     Key,
     Leased,
@@ -496,7 +497,7 @@ class TwinStore:
         self.log.append(("mark_fired_again", list(fired)))
         return marked
 
-    def _retry_later(self, failed: Sequence[tuple[Leased, str, int]]) -> int:
+    def _retry_later(self, failed: Sequence[Failed]) -> int:
         released = 0
         for timer, error, backoff_ms in failed:
             row = self._fenced(timer)
@@ -504,7 +505,7 @@ class TwinStore:
                 continue
             released += 1
             row.lease_owner, row.lease_expires_at = None, self.now() + backoff_ms / 1000
-            row.last_error = error
+            row.last_error = row.last_error if error is None else error
         self.log.append(("retry_later", list(failed)))
         return released
 
@@ -534,7 +535,7 @@ class TwinBatch:
         self.before: list[tuple[Row, tuple[Any, ...]]] = []
         self.ended = self.killed = False
 
-    async def record(self, fired: Sequence[Fired], failed: Sequence[tuple[Leased, str, int]]) -> int:
+    async def record(self, fired: Sequence[Fired], failed: Sequence[Failed]) -> int:
         if self.ended:
             raise TransientError("the batch already ended")
         self.store._end_frozen()

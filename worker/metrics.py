@@ -67,6 +67,12 @@ FIRE_ERRORS = Counter(
 )
 for _reason in ("unreadable_due_at", "due_at_out_of_range", "bad_repeat"):
     FIRE_ERRORS.labels(_reason)  # every series exists from the start, at 0, for rate() and alerts
+POSTPONED = Counter(
+    "timer_postponed_total",
+    "Claimed occurrences put back for a later claim, the replica's budget spent (reason: what it was for)",
+    ["reason"],
+)
+POSTPONED.labels("next_occurrence")
 RETENTION_DELETED = Counter(
     "timer_retention_deleted_total", "Reached and Cancelled timers deleted after TIMER_RETENTION"
 )

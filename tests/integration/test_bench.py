@@ -41,6 +41,7 @@ def run_json(argv: list[str], env: dict[str, str] | None = None, timeout: int = 
         ("tools.bench.producer_ab", "usage: python -m tools.bench.producer_ab "),  # docs/BENCHMARKS.md
         ("tools.bench.consumer", "usage: python -m tools.bench.consumer "),  # docs/BENCHMARKS.md
         ("tools.bench.startup", "usage: python -m tools.bench.startup "),  # docs/BENCHMARKS.md
+        ("tools.bench.tenantwork", "usage: python -m tools.bench.tenantwork "),  # docs/BENCHMARKS.md
     ],
 )
 def test_the_documented_entry_points_run_from_the_repository_root(module: str, usage: str) -> None:
@@ -124,3 +125,12 @@ def test_the_consumer_bench_has_each_reader_read_every_event() -> None:
     assert [len(report["cpu_ms_per_1k_runs"][r]) for r in readers] == [2, 2, 2, 2]
     assert report["cpu_over_ordered"]["ordered"] == 1.0 and len(report["cpu_loop_ms"]) == 2
     assert all(report["events_per_s"][r] > 0 for r in readers)
+
+
+def test_the_tenantwork_bench_times_each_costly_schedule_at_intake_and_to_fire() -> None:
+    from tools.bench.tenantwork import CASES
+
+    report, _ = run_json(["-m", "tools.bench.tenantwork", "--repeat", "1", "--json"])
+    for case in CASES:
+        assert report[f"{case}_intake_us"] > 0 and report[f"{case}_next_us"] > 0
+    assert report["worst_next_us"] == max(report[f"{case}_next_us"] for case in CASES)

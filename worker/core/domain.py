@@ -126,6 +126,7 @@ class Fired(NamedTuple):
     next_index: int | None
 
 
-# An occurrence that could not fire, released for a retry by any replica:
-# (the occurrence, the error recorded on its row, the back-off in milliseconds).
-Failed = tuple[Leased, str, int]
+# An occurrence that did not fire, released for a retry by any replica: (the occurrence, the error
+# recorded on its row or None to keep the row's, the back-off in milliseconds). None: postponed,
+# not failed (FiringLoop, a cron count the replica's budget could not take now).
+Failed = tuple[Leased, str | None, int]

@@ -12,9 +12,10 @@ from datetime import UTC, datetime
 from worker import metrics, tracing
 from worker.config import Settings
 from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, due_event, iso
+from worker.core.budget import TimeBudget
 from worker.core.clock import Clock
 from worker.core.crashpoints import crash_point
-from worker.core.domain import Claimed, ClaimParams, Fired, Key, Leased, Unreadable
+from worker.core.domain import Claimed, ClaimParams, Failed, Fired, Key, Leased, Unreadable
 from worker.core.headers import stored_carried_problem
 from worker.core.loop import Loop
 from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore
@@ -31,6 +32,15 @@ RETRY_BACKOFF_MS = 1000
 # broken) is retried after RETRY_BACKOFF_MS, doubling with each attempt up to this: it stays
 # visible (attempts, lastError) and never spins the loop.
 ROW_RETRY_MAX_MS = 300_000
+# Next occurrences that cost more than NEXT_FREE_S each (a rare cron schedule, skipped occurrences
+# counted for `times`: worker/core/budget.py) take at most a tenth of the loop's time, a tenth of a
+# second saved up. Every other schedule costs tens of microseconds and is never charged. A
+# recurring row met while the budget is overdrawn is put back, unfired and with no error, for
+# POSTPONE_MS.
+NEXT_SHARE = 0.1
+NEXT_BURST_S = 0.1
+NEXT_FREE_S = 0.0005
+POSTPONE_MS = 1000
 # A failed claim is retried after this, doubling up to the poll interval. A dropped connection
 # leaves every pooled one broken, each failing one claim: starting at seconds, that stalled a
 # replica long after a blip (chaos scenario latency-drops, docs/RELIABILITY.md); starting small,
@@ -104,6 +114,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
             downtime_ms=downtime_ms,
         )
         self._idle_s = settings.poll_interval_ms / 1000
+        self.next_budget = TimeBudget(NEXT_SHARE, NEXT_BURST_S)  # both lanes' batches share it
         self._backlog = asyncio.Event()  # set while claims come back full
         # Tests only (River's testsignal): told "claimed" after each of tick's claims, so a test
         # proves that no claim went out by waiting for the signal with a deadline, not by
@@ -257,12 +268,13 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
         reclaimed = [c.attempts for c in claimed] + [u.attempts for u in unreadable]
         metrics.LEASES_RECLAIMED.inc(sum(1 for n in reclaimed if n > 1))
         crash_point("claimed")
-        failed: list[tuple[Leased, str, int]] = []
+        failed: list[Failed] = []
         for u in unreadable:
             self._cannot_fire(
                 u, "unreadable_due_at", "dueAt cannot be read (infinite, or not in years 1-9999)", failed
             )
         nexts: dict[Key, tuple[datetime | None, int | None]] = {}
+        postponed = 0
         for c in claimed:
             if not EARLIEST_DUE_AT <= c.due_at <= LATEST_DUE_AT:
                 self._cannot_fire(
@@ -272,12 +284,26 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
             if (problem := stored_carried_problem(c.carried)) is not None:
                 self._cannot_fire(c, "bad_carried_headers", problem, failed)
                 continue
+            recurring = c.repeat_every is not None or c.repeat_cron is not None
+            if recurring and not self.next_budget.ready():
+                postponed += 1
+                failed.append((c, None, POSTPONE_MS))
+                continue
+            started = time.perf_counter()
             try:  # computed before the publish: an event goes out only when its row can be recorded
                 nexts[c.tenant_id, c.service_call_id] = next_of(c)
             except Exception as exc:  # whatever the row's values break, the row alone fails
                 if verdict(exc) != "alone":
                     raise
                 self._cannot_fire(c, "bad_repeat", f"next occurrence: {type(exc).__name__}: {exc}", failed)
+            if recurring:
+                self.next_budget.charge(time.perf_counter() - started - NEXT_FREE_S)
+        if postponed:
+            metrics.POSTPONED.labels("next_occurrence").inc(postponed)
+            log.info(
+                "recurring timers postponed",
+                extra={"action": "postponed", "reason": "next_occurrence", "count": postponed},
+            )
         waiting = sorted(
             (c for c in claimed if (c.tenant_id, c.service_call_id) in nexts), key=lambda c: c.due_at
         )
@@ -309,9 +335,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
         if upcoming := [f.next_due_at for f in fired if f.next_due_at is not None]:
             self.wakeup.hint(min(upcoming).timestamp())
 
-    def _cannot_fire(
-        self, timer: Leased, reason: str, error: str, failed: list[tuple[Leased, str, int]]
-    ) -> None:
+    def _cannot_fire(self, timer: Leased, reason: str, error: str, failed: list[Failed]) -> None:
         """One row's failure: recorded on the row and retried with back-off; the batch goes on."""
         backoff_ms = min(ROW_RETRY_MAX_MS, RETRY_BACKOFF_MS * 2 ** min(max(timer.attempts - 1, 0), 20))
         failed.append((timer, error, backoff_ms))
@@ -335,7 +359,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
         now: datetime,
         nexts: dict[Key, tuple[datetime | None, int | None]],
         fired: list[Fired],
-        failed: list[tuple[Leased, str, int]],
+        failed: list[Failed],
     ) -> None:
         # First attempts go in atomic batches; an occurrence claimed before may already be in
         # the stream, which would make its whole batch fail, so those go one by one (deduped).
@@ -381,9 +405,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
                 extra={"action": "publish_failed", "count": errors, "error": failed[-1][1]},
             )
 
-    async def _record(
-        self, batch: ClaimedBatch, fired: list[Fired], failed: list[tuple[Leased, str, int]]
-    ) -> None:
+    async def _record(self, batch: ClaimedBatch, fired: list[Fired], failed: list[Failed]) -> None:
         """Mark what was acknowledged and release what failed, in the claim's transaction.
 
         Not retried: an error rolls the claim back, its rows free at once for another claim. But

@@ -34,6 +34,11 @@ RETRY_DELAY_S = 2.0
 # A command whose timer's row a batch holds without firing it ("busy": Store.apply) is offered again
 # after this long: about what the rest of such a batch takes, publish and mark, not a lease.
 BUSY_RETRY_S = 0.1
+# Parsing a batch hands the event loop back this often. A command costs microseconds to check,
+# but a tenant can choose ones that cost up to ~2 ms (a cron schedule matching once in decades,
+# whose first occurrence is searched: worker/core/recurrence.py); a batch of them took seconds,
+# in which this replica fired nothing.
+PARSE_SLICE_S = 0.01
 
 
 class Intake(Loop[IntakeStore, IntakeBroker]):
@@ -87,7 +92,11 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             commands: list[tuple[ReceivedCommand, Command | PauseTimers]] = []
             rejected: list[tuple[ReceivedCommand, Rejection]] = []
             try:
+                slice_ends = time.perf_counter() + PARSE_SLICE_S
                 for msg in msgs:
+                    if time.perf_counter() > slice_ends:
+                        await asyncio.sleep(0)
+                        slice_ends = time.perf_counter() + PARSE_SLICE_S
                     parsed = self.parse(msg, now)
                     if isinstance(parsed, Rejection):
                         rejected.append((msg, parsed))

@@ -43,10 +43,14 @@ that land on one instant, a gap's and the hour after it, are one occurrence). Th
 occurrence is the first instant at or after dueAt (intake computes it: dueAt is a start, as
 EventBridge's StartDate or a NATS schedule's first match); each next one is the first instant
 strictly after max(the occurrence that fired, the recurrence reference). Cron occurrences have
-no closed form from an index, so the occurrences skipped by downtime are counted one by one for
-`times`, at most CRON_MAX_COUNTED of them per missed window: past that the count stops (the
-index moves on by CRON_MAX_COUNTED), so a capped schedule may end that much later. That is
-16 hours of a minutely schedule and 2.7 years of a daily one, and costs at most ~0.2 s once.
+no closed form from an index, so the occurrences skipped by downtime are counted one by one, and
+only where they count: for `times`. A schedule without `times` goes straight to the first
+occurrence after the reference, a few steps whatever the downtime (its index then counts firings).
+With `times`, at most CRON_MAX_COUNTED are counted per missed window: past that the count stops
+(the index moves on by CRON_MAX_COUNTED), so a capped schedule may end that much later. That is
+16 hours of a minutely schedule and 2.7 years of a daily one, and up to ~0.15 s of CPU for one row
+(a rare schedule's single step, `0 0 * 2 SUN#5`, up to ~2 ms). A tenant chooses how many rows
+cost that, so the firing loop bounds their sum per second too (worker/core/budget.py).
 
 `until` (both kinds) ends a schedule: no occurrence after that instant fires.
 """
@@ -284,7 +288,7 @@ def next_occurrence(
     (needed for a cron schedule; an `every` one computes it from the anchor). Returns
     (due_at_utc, its index) or None when `times` is used up, `until` passed (or the schedule runs
     past LATEST_DUE_AT, or past MAX_INDEX). Occurrences due at or before `after` are skipped and
-    consume their indexes."""
+    consume their indexes (a cron schedule's only where `times` counts them)."""
     last = MAX_INDEX if repeat.times is None else min(repeat.times - 1, MAX_INDEX)
     if repeat.cron is not None:
         found = _next_cron(repeat, fired_index, fired_at or anchor, after, last)
@@ -302,6 +306,9 @@ def _next_cron(
     zone = _zone_of(repeat)
     index = fired_index + 1
     nxt = cron_after(repeat.cron, zone, fired_at)
+    if repeat.times is None and nxt is not None and nxt <= after:
+        # Nothing counts the skipped ones: straight past them, in a few steps whatever the downtime.
+        nxt = cron_after(repeat.cron, zone, after)
     counted = 0
     # Each occurrence due at or before `after` was skipped (downtime) and takes an index.
     while nxt is not None and nxt <= after:

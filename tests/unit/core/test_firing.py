@@ -12,9 +12,18 @@ from prometheus_client import REGISTRY
 from tests.helpers import until
 from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore, claim_params, event_id
 from worker.config import Settings, load_settings
-from worker.contract import ScheduleTimer
+from worker.contract import Repeat, ScheduleTimer
+from worker.core.budget import TimeBudget
 from worker.core.domain import Fired
-from worker.core.firing import LOOKAHEAD_MS, PIPELINE_DEPTH, RETRY_BACKOFF_MS, FiringLoop
+from worker.core.firing import (
+    LOOKAHEAD_MS,
+    NEXT_BURST_S,
+    NEXT_SHARE,
+    PIPELINE_DEPTH,
+    POSTPONE_MS,
+    RETRY_BACKOFF_MS,
+    FiringLoop,
+)
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError
 
@@ -270,3 +279,60 @@ async def test_a_failed_publish_is_released_for_a_retry_not_marked(
     time.t += RETRY_BACKOFF_MS / 1000 + 0.001
     (again,) = (await store.claim(claim_params("other", 10, 0, lease_ms=1000))).result.claimed
     assert (again.service_call_id, again.attempts) == ("t0", 2)
+
+
+async def test_recurring_rows_met_while_the_next_occurrence_budget_is_spent_wait_for_a_later_claim(
+    settings: Settings, time: FakeTime
+) -> None:
+    """Work whose cost a tenant chooses (a next occurrence that takes milliseconds) has a budget per
+    second: a recurring row met while it is overdrawn is put back unfired, with no error, for
+    POSTPONE_MS, and the one-shot timers of its batch fire at once."""
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    clock = FakeClock(time)
+    due = time.dt() - timedelta(seconds=1)
+    await store.apply(
+        [
+            ScheduleTimer("acme", "minutely", due, None, None, Repeat(None, None, None, cron="* * * * *")),
+            ScheduleTimer("globex", "once", due, None, None, None),
+        ]
+    )
+    loop = firing(settings, store, publisher, clock)
+    loop.next_budget = TimeBudget(NEXT_SHARE, NEXT_BURST_S, now=lambda: time.t)
+    loop.next_budget.charge(NEXT_BURST_S + 0.15)  # overdrawn by 0.15 s: paid back in 1.5 s
+    postponed = REGISTRY.get_sample_value("timer_postponed_total", {"reason": "next_occurrence"}) or 0
+    await loop.tick()
+    minutely, once = store.rows["acme", "minutely"], store.rows["globex", "once"]
+    assert once.state == "Reached"
+    assert (minutely.state, minutely.occurrence_index, minutely.last_error) == ("Scheduled", 0, None)
+    assert not [m for m in publisher.stored.values() if ":minutely:" in event_id(m)]
+    assert minutely.lease_expires_at == pytest.approx(time.t + POSTPONE_MS / 1000)
+    assert (
+        REGISTRY.get_sample_value("timer_postponed_total", {"reason": "next_occurrence"}) or 0
+    ) == postponed + 1
+    # Once the budget is paid back and the hold over, it fires.
+    time.t += POSTPONE_MS / 1000 + 0.001
+    assert not loop.next_budget.ready()  # the hold is over, the debt not yet paid back
+    await loop.tick()
+    assert minutely.occurrence_index == 0  # put back again
+    time.t += POSTPONE_MS / 1000 + 0.001
+    await loop.tick()
+    assert (minutely.occurrence_index, minutely.state) == (1, "Scheduled")
+    assert [m for m in publisher.stored.values() if ":minutely:" in event_id(m)]
+
+
+def test_a_time_budget_refills_at_its_share_up_to_its_burst() -> None:
+    now = [0.0]
+    budget = TimeBudget(0.1, 0.2, now=lambda: now[0])
+    budget.charge(0.15)
+    assert budget.ready()  # 0.05 left
+    budget.charge(0.25)  # one piece overdraws it: 0.2 of debt
+    assert not budget.ready()
+    now[0] += 1.9
+    assert not budget.ready()  # 0.19 paid back
+    now[0] += 0.2
+    assert budget.ready()
+    now[0] += 100
+    budget.charge(0.2)
+    assert not budget.ready()  # saved up no more than the burst
+    budget.charge(-1)  # work under the free allowance charges nothing
+    assert not budget.ready()

@@ -20,6 +20,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from worker.contract import Repeat
+from worker.core import recurrence
 from worker.core.recurrence import CRON_MAX_COUNTED, cron_after, next_occurrence, parse_cron
 
 PARIS = ZoneInfo("Europe/Paris")
@@ -147,13 +148,17 @@ def test_after_downtime_the_next_is_the_first_after_the_reference_and_skipped_on
     reference = schedule[fired] + downtime
     if reference >= schedule[-1]:
         return
-    repeat = Repeat(None, None, zone, cron=expr)
-    found = next_occurrence(repeat, schedule[0], fired, reference, fired_at=schedule[fired])
+    counted = Repeat(None, 10**6, zone, cron=expr)  # `times` counts the skipped occurrences
+    found = next_occurrence(counted, schedule[0], fired, reference, fired_at=schedule[fired])
     expected = next(i for i, at in enumerate(schedule) if at > reference)
     assert found is not None
     assert found[0] == schedule[expected]
     # Every occurrence skipped took its index, up to the documented bound.
     assert found[1] == min(expected, fired + 1 + CRON_MAX_COUNTED)
+    # Without `times` nothing counts them: the same next occurrence, the index one on.
+    forever = Repeat(None, None, zone, cron=expr)
+    found = next_occurrence(forever, schedule[0], fired, reference, fired_at=schedule[fired])
+    assert found == (schedule[expected], fired + 1)
 
 
 @settings(max_examples=40, deadline=None)
@@ -255,9 +260,30 @@ def test_downtime_longer_than_the_bound_counts_only_the_bound() -> None:
     """The documented cost bound: a minutely schedule down for a day skips 1,439 occurrences;
     the first CRON_MAX_COUNTED take indexes, the rest do not."""
     first = datetime(2027, 1, 1, tzinfo=UTC)
-    repeat = Repeat(None, None, None, cron="* * * * *")
+    repeat = Repeat(None, 10**6, None, cron="* * * * *")
     found = next_occurrence(repeat, first, 0, first + timedelta(days=1), fired_at=first)
     assert found == (first + timedelta(days=1, minutes=1), 1 + CRON_MAX_COUNTED)
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", None])
+def test_without_times_decades_of_downtime_cost_two_steps(
+    zone: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A minutely schedule due in 1971 and fired now: nothing counts the skipped occurrences, so
+    its next one is found in two cron steps, not CRON_MAX_COUNTED (a thousand such rows in one
+    claim stalled every replica for tens of seconds)."""
+    steps = []
+
+    def counting(*args: object) -> object:
+        steps.append(args)
+        return cron_after(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(recurrence, "cron_after", counting)
+    first = datetime(1971, 1, 1, tzinfo=UTC)
+    now = datetime(2026, 11, 27, 12, 0, 30, tzinfo=UTC)
+    repeat = Repeat(None, None, zone, cron="* * * * *")
+    assert next_occurrence(repeat, first, 0, now, fired_at=first) == (now + timedelta(seconds=30), 1)
+    assert len(steps) == 2
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,47 @@
+"""A budget of event-loop time for work whose amount a tenant chooses.
+
+Computing a recurring timer's next occurrence is microseconds for most schedules, but a tenant can
+choose ones that cost more: a cron schedule that matches once in decades (~2 ms a step), or one
+with `times` whose skipped occurrences are counted after an outage (up to ~0.15 s; worker/core/
+recurrence.py). That work runs on the event loop beside everybody's firing and intake, and a bound
+per row was not enough: a thousand such rows in one claim stalled every replica in turn for tens
+of seconds. The budget bounds their sum per second: work starts only while the budget is not
+overdrawn, what it took beyond a free allowance is charged afterwards, and what cannot start now
+waits for a later claim.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class TimeBudget:
+    """`share` of every second (0.1: a tenth), at most `burst` seconds saved up. One piece of work
+    may overdraw it: the debt is paid back, at `share`, before the next piece starts."""
+
+    __slots__ = ("_at", "_burst", "_level", "_now", "_share")
+
+    def __init__(self, share: float, burst: float, now: Callable[[], float] = time.monotonic) -> None:
+        if not 0 < share <= 1 or burst <= 0:
+            raise ValueError("a time budget needs a share in (0, 1] and a positive burst")
+        self._share = share
+        self._burst = burst
+        self._now = now
+        self._at = now()
+        self._level = burst
+
+    def _refill(self) -> None:
+        now = self._now()
+        self._level = min(self._burst, self._level + (now - self._at) * self._share)
+        self._at = now
+
+    def ready(self) -> bool:
+        """Whether work may start now: the budget is not overdrawn."""
+        self._refill()
+        return self._level > 0
+
+    def charge(self, seconds: float) -> None:
+        """Charge work that took `seconds` (nothing for none or less)."""
+        self._refill()
+        self._level -= max(0.0, seconds)
