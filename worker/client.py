@@ -192,6 +192,18 @@ class TimerClient:
         """Send many CancelTimer commands (`{"tenantId", "serviceCallId"}` each); as schedule_many."""
         return await self._many("cancel", "CancelTimer", timers, timeout)
 
+    async def send_many(
+        self, commands: Sequence[Command], timeout: float = 10.0, *, fresh: bool = False
+    ) -> list[Sent]:
+        """Send commands built and checked already (a subject, an id sent as Nats-Msg-Id, a body
+        each), byte for byte, in batches as schedule_many sends its own; what became of each, in
+        order. `timer-service schedule --from-file` sends each line as the service's own check
+        passed it. `fresh`: no id was ever sent before (see _send_many); by default an id may
+        have been (a file imported again), and a PubAck says duplicate."""
+        step = ATOMIC_BATCH_MAX
+        parts = (commands[i : i + step] for i in range(0, len(commands), step))
+        return await self._send_many(parts, timeout, fresh=fresh)
+
     def _commands(
         self, kind: Literal["schedule", "cancel"], type_: str, items: Iterable[Mapping[str, Any]]
     ) -> list[Command | str]:

@@ -35,8 +35,12 @@ log = logging.getLogger("worker.service")
 
 # A loop that has not ticked for this long makes /healthz fail.
 STALL_S = 30.0
-# After the hard stop, how long the cancelled loops get to end before the replica exits anyway.
-CANCEL_GRACE_S = 2.0
+# After the drain timeout, the most a stopping replica takes to exit (docs/OPERATIONS.md, Rolling
+# replicas), whatever its servers do: the cancelled loops get CANCEL_GRACE_S to end, the
+# connections the rest (at least CLOSE_S, also after a soft stop that used up the drain timeout).
+EXIT_MARGIN_S = 2.0
+CANCEL_GRACE_S = 1.0
+CLOSE_S = EXIT_MARGIN_S - CANCEL_GRACE_S
 
 
 class SchemaNotReady(Exception):
@@ -99,6 +103,7 @@ class Replica:
         self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
         self.http_port: int | None = None
         self.started = asyncio.Event()  # dependencies up, streams exist, loops starting
+        self.exit_by: float | None = None  # the event loop's time by which a stopping replica exits
 
     async def run(self, handle_signals: bool = True) -> int:
         """Run until SIGTERM/SIGINT (or stop set); 0 after a clean drain."""
@@ -121,10 +126,37 @@ class Replica:
             )
             return await self._supervise()
         finally:
-            await self.broker.close()
-            await self.store.close()
-            await self.pool.close()
-            await self.http.close()
+            await self._close()
+
+    async def _close(self) -> None:
+        """Close NATS, Postgres and the HTTP server side by side, by `exit_by` (at least CLOSE_S
+        from now): a server that does not answer (a partition, a frozen process) must not hold the
+        exit. Nothing is lost by a close cut short: a command not acknowledged is delivered again, a
+        timer claimed and not marked fires again after its lease (its event deduplicated)."""
+        budget = max(CLOSE_S, (self.exit_by or 0.0) - asyncio.get_running_loop().time())
+        closes = {
+            # NATS's is bounded by itself (its socket goes in time) and says whether it drained.
+            "nats": asyncio.ensure_future(self.broker.close(budget)),
+            "postgres": asyncio.ensure_future(self._close_postgres(budget)),
+            "http": asyncio.ensure_future(self.http.close()),
+        }
+        await asyncio.wait(closes.values(), timeout=budget)
+        cut = []
+        for name, task in closes.items():
+            if not task.done():
+                task.cancel()  # not waited for: the process exits, and its sockets go with it
+                cut.append(name)
+            elif task.cancelled() or task.exception() is not None or task.result() is False:
+                cut.append(name)
+        if cut:
+            what = ",".join(cut)
+            log.warning(
+                "not closed cleanly", extra={"action": "close_cut", "what": what, "timeout_s": budget}
+            )
+
+    async def _close_postgres(self, timeout: float) -> None:
+        await self.store.close()
+        await self.pool.close(timeout=timeout)
 
     async def connect(self) -> bool:
         """Wait for Postgres and NATS (with back-off), migrate, ensure streams. A stream whose
@@ -214,6 +246,7 @@ class Replica:
                 "loop died", extra={"action": "loop_died", "loop": t.get_name()}, exc_info=t.exception()
             )
         self.stop.set()
+        self.exit_by = asyncio.get_running_loop().time() + self.s.drain_timeout_ms / 1000 + EXIT_MARGIN_S
         log.info("draining", extra={"action": "drain_started"})
         # Soft stop: loops finish the batch in hand. Hard stop after the drain timeout; unmarked
         # claims then simply expire and another replica fires them.

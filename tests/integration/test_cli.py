@@ -197,9 +197,93 @@ async def test_schedule_from_file_sends_the_good_lines_and_names_the_bad_ones(
         errors = proc.stderr.splitlines()
         assert errors[0].startswith("line 3: bad_due_at: ")
         assert errors[1].startswith("line 6: invalid_json: ")
-        assert errors[2] == "line 10: missing_field: tenantId is required (a string)"
+        assert errors[2] == "line 10: missing_field: tenantId is required"
         info = await broker.js.stream_info(settings.command_stream)
         assert info.state.messages == 1500
+    finally:
+        await broker.close()
+
+
+async def test_schedule_from_file_sends_each_line_once_as_the_service_checked_it(
+    settings: Settings, tmp_path: Any
+) -> None:
+    """Both line forms are sent once each, in their right form: an envelope line as it is (it
+    was wrapped in a second envelope, which the replica refused), a flat line in an envelope that
+    keeps its own timestampMs (it was replaced). The check is the replica's with the settings'
+    limits (TIMER_MAX_PAYLOAD_BYTES was ignored); a line past a command's size is refused by its
+    number and the lines after it go on. The timers exist once a replica applied them, and none
+    was rejected to the DLQ."""
+    import json as _json
+
+    from tests.helpers import settings_env, until
+    from worker.adapters.broker import Broker
+    from worker.contract import MAX_BODY_BYTES
+    from worker.ops.reads import connect, describe
+
+    settings = settings.model_copy(update={"max_payload_bytes": 100})
+    due = "2030-01-01T00:00:00Z"
+
+    def flat(sid: str, **more: Any) -> str:
+        return _json.dumps({"tenantId": "acme", "serviceCallId": sid, "dueAt": due, **more})
+
+    envelope = _json.dumps(
+        {
+            "id": "import-1",
+            "type": "ScheduleTimer",
+            "tenantId": "acme",
+            "timestampMs": 1_700_000_000_000,
+            "payload": {"tenantId": "acme", "serviceCallId": "enveloped", "dueAt": due},
+        }
+    )
+    lines = [
+        flat("flat"),
+        flat("stamped", timestampMs=1234),
+        envelope,
+        _json.dumps({"type": "ScheduleTimer", "payload": _json.loads(flat("no-id"))}),
+        flat("big-data", data="x" * 100),  # 102 bytes as JSON: over TIMER_MAX_PAYLOAD_BYTES
+        flat("huge", data="x" * MAX_BODY_BYTES),
+        flat("after"),
+    ]
+    path = tmp_path / "timers.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    env = settings_env(settings)
+    broker = Broker(settings)
+    await broker.connect()
+    await broker.ensure_streams()
+    try:
+        proc = await asyncio.to_thread(run, "schedule", "--from-file", str(path), **env)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stdout.splitlines()[0] == "sent 5, duplicate 0, rejected 2 (not sent), not stored 0"
+        assert proc.stderr.splitlines() == [
+            "line 5: payload_too_large: data is 102 bytes as JSON, more than 100",
+            f"line 6: body_too_large: more than {MAX_BODY_BYTES} bytes, not read",
+        ]
+        sent = [await broker.js.get_msg(settings.command_stream, seq) for seq in range(1, 6)]
+        bodies = [_json.loads(m.data or b"") for m in sent]
+        # The envelope line as it is, its id as Nats-Msg-Id; the flat lines each in one envelope.
+        assert sent[2].data == envelope.encode()
+        assert (sent[2].headers or {}).get("Nats-Msg-Id") == "import-1"
+        assert [b["payload"] for b in bodies[:2]] == [_json.loads(line) for line in lines[:2]]
+        assert "timestampMs" not in bodies[1]  # the line's own stands
+        assert isinstance(bodies[0]["timestampMs"], int)
+        assert {b["type"] for b in bodies} == {"ScheduleTimer"}
+        # Imported again: JetStream has that id, and says so.
+        path.write_text(envelope + "\n")
+        again = await asyncio.to_thread(run, "schedule", "--from-file", str(path), **env)
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.splitlines()[0] == "sent 0, duplicate 1, rejected 0 (not sent), not stored 0"
+
+        url = settings.database_url.get_secret_value()
+
+        def applied() -> bool:
+            with connect(url) as conn:
+                return all(
+                    describe(conn, "acme", s) for s in ("flat", "stamped", "enveloped", "no-id", "after")
+                )
+
+        async with running_replica(settings):
+            await until(applied, what="every line applied")
+        assert (await broker.js.stream_info(settings.dlq_stream)).state.messages == 0
     finally:
         await broker.close()
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
@@ -32,7 +33,7 @@ from worker.adapters.streams import (
 )
 from worker.contract import MessageIds, Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
-from worker.natsconn import nats_connect
+from worker.natsconn import close_within, nats_connect
 
 if TYPE_CHECKING:
     from worker.config import Settings
@@ -104,6 +105,7 @@ class Broker:
         # Fast-ingest batches measured the cheaper on this server (probe.py); None: not measured.
         self._cheaper: bool | None = None
         self._probe: asyncio.Task[None] | None = None
+        self._subscriptions: list[Subscription] = []  # core NATS ones (get, wake): drained on close
 
     @property
     def permits(self) -> asyncio.Semaphore:
@@ -340,7 +342,7 @@ class Broker:
 
     async def subscribe(self, subject: str, cb: Callable[[Msg], Awaitable[None]], queue: str = "") -> None:
         assert self.nc is not None
-        await self.nc.subscribe(subject, queue=queue, cb=cb)
+        self._subscriptions.append(await self.nc.subscribe(subject, queue=queue, cb=cb))
 
     @property
     def max_payload(self) -> int:
@@ -351,13 +353,12 @@ class Broker:
         if self.nc is not None and self.nc.is_connected:
             await self.nc.publish(subject, payload)
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 5.0) -> bool:
+        """Drain the subscriptions (requests received are answered), flush and close, within
+        `timeout` whatever the server does (natsconn.close_within); whether all that was done."""
         for task in (self._check, self._probe):
             if task is not None:
                 task.cancel()
-        if self.nc is not None and not self.nc.is_closed:
-            try:
-                await asyncio.wait_for(self.nc.drain(), timeout=5)
-            except Exception:  # drain on a broken connection: closing is all that is left
-                with contextlib.suppress(Exception):  # and it may fail the same way
-                    await self.nc.close()
+        if self.nc is None or self.nc.is_closed:
+            return True
+        return await close_within(self.nc, timeout, self._subscriptions)

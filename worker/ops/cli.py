@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument(
         "--from-file",
         metavar="FILE",
-        help="JSON Lines, one ScheduleTimer body per line (- for stdin): checked, sent in batches",
+        help="JSON Lines, one ScheduleTimer per line, flat or envelope (- for stdin): each checked as"
+        " the service would, with its TIMER_* limits, and sent once as checked, in batches",
     )
     s.add_argument("--correlation-id")
     how = s.add_mutually_exclusive_group()
