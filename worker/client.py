@@ -36,6 +36,7 @@ from worker.natsconn import (
     atomic_batch_head,
     atomic_batch_headers,
     batch_ack_error,
+    close_within,
     nats_connect,
     publish_all,
     server_has_fast_ingest,
@@ -381,9 +382,12 @@ class TimerClient:
             max_ack_pending=max_ack_pending,
         )
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 5.0) -> None:
+        """Flush what was sent and close the connection this client opened, within `timeout`
+        whatever the server does (natsconn.close_within: nats-py's drain waited 10 s more on a
+        server that stopped answering, and a CLI command with it)."""
         if self._owns:
-            await self.nc.drain()
+            await close_within(self.nc, timeout)
 
     async def __aenter__(self) -> TimerClient:
         return self

@@ -92,3 +92,17 @@ def _frozen(server: ServerProcess) -> Iterator[None]:
 def _started(fleet: ReplicaSet, name: str) -> bool:
     """The replica logged that it started: connected, streams made, loops starting."""
     return "replica_started" in (fleet.log_dir / f"{name}.log").read_text(errors="replace")
+
+
+async def test_a_client_closes_in_time_while_nats_does_not_answer(settings: Settings, tmp_path: Path) -> None:
+    """TimerClient.close (and so every CLI command's exit) within its timeout, NATS frozen."""
+    with EmbeddedNats(tmp_path / "nats") as nats_server:
+        client = await TimerClient.connect(nats_server.url, settings.subject_prefix)
+        await client.nc.flush()
+        with _frozen(nats_server):
+            await client.nc.publish("anything", b"still to flush")
+            began = time.monotonic()
+            await client.close(timeout=1.0)
+            took = time.monotonic() - began
+        assert took <= 1.0 + PROCESS_EXIT_S, f"closed {took:.1f} s after it was asked to"
+        assert client.nc.is_closed
