@@ -34,7 +34,7 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_ID_CHARS = 200  # serviceCallId, correlationId
 MAX_DETAIL_CHARS = 200  # Timer-Error-Detail
 MAX_TIMESTAMP_MS = 2**63 - 1  # stored in a Postgres bigint
-# A ScheduleTimer's `data`, its compact JSON encoding in UTF-8: the default of
+# A ScheduleTimer's `data`, in UTF-8 as its events carry it (worker.core.fields._data): the default of
 # TIMER_MAX_PAYLOAD_BYTES (worker/config.py), which may lower or raise it up to MAX_BODY_BYTES.
 DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024
 # Headers a ScheduleTimer may carry to its DueTimeReached events (docs/CONTRACT.md, Trace context):
@@ -71,7 +71,7 @@ Reason = Literal[
     "beyond_horizon",
     "bad_repeat",  # also a bad repeat.cron or repeat.until; the detail names the field
     "unknown_timezone",
-    "payload_too_large",  # `data` encodes to more than TIMER_MAX_PAYLOAD_BYTES
+    "payload_too_large",  # `data` is more than TIMER_MAX_PAYLOAD_BYTES as its events carry it
     "bad_data",  # `data` holds a string Postgres jsonb cannot store (U+0000, a lone surrogate)
     "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
     "timer_stuck",  # from intake: the timer's occurrence stayed claimed past TIMER_STUCK_AFTER
