@@ -232,7 +232,7 @@ def _data(value: Any, limit: int) -> Any:
             stack.extend(item)
         elif isinstance(item, str):
             nul = nul or "\x00" in item
-        elif type(item) is float:
+        elif type(item) is float and not 1e-4 <= abs(item) < 1e16:  # else repr is plain: no growth
             size += _plain_growth(item)
     if size > limit:
         raise _Reject("payload_too_large", f"data is {size} bytes as its events carry it, more than {limit}")
