@@ -2,7 +2,7 @@
 DueTimeReached carries is `data` as Postgres jsonb prints it, numbers in plain notation at their full
 scale, so intake measures that, against real Postgres here; and a row whose event the server would
 refuse for its size all the same (stored before, or by hand) is set aside with back-off, never
-retried every second.
+retried every second; and a `get` reply carries `data` no larger than the events do.
 
 The property test's seed is fixed (derandomize) with modest examples in `make test`;
 TIMER_CHAOS_SCALE (set by `make chaos-soak`) multiplies them, as in test_fuzz.py.
@@ -43,6 +43,7 @@ from worker.contract import (
     wire_size,
 )
 from worker.core.commands import parse_command
+from worker.core.readmodel import ReadModel
 from worker.service import Replica
 
 SCALE = float(os.environ.get("TIMER_CHAOS_SCALE", "1"))
@@ -243,3 +244,29 @@ async def test_a_row_whose_event_is_too_large_is_set_aside_with_back_off(
     finally:
         await replica.broker.close()
         await replica.pool.close()
+
+
+class _Get:
+    """A `get` request (worker.core.received.Request), keeping its reply."""
+
+    def __init__(self, service_call_id: str) -> None:
+        self.subject, self.reply = "svc.acme.timer.get", "_INBOX.r"
+        self.data = json.dumps({"serviceCallId": service_call_id}).encode()
+        self.answer = b""
+
+    async def respond(self, data: bytes) -> None:
+        self.answer = data
+
+
+async def test_a_get_reply_carries_data_no_larger_than_its_events_do(store: Store) -> None:
+    # ASCII escapes made each 2-byte character of `data` 6 bytes in the reply: three times what its
+    # events carry, so a reply could outgrow a max_payload every event of the timer fits.
+    data = "\u00e9" * 20_000
+    limit = len(json.dumps(data, ensure_ascii=False).encode())  # 40,002: its events carry that
+    accepted = _parse(_body("wide", json.dumps(data, ensure_ascii=False)), limit)
+    assert isinstance(accepted, ScheduleTimer)
+    await store.apply([accepted])
+    request = _Get("wide")
+    await ReadModel(store, "svc").answer(request)
+    assert json.loads(request.answer)["data"] == data
+    assert len(request.answer) < limit + 1000
