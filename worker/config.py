@@ -113,9 +113,10 @@ class Settings(BaseSettings):
     # Producer headers a ScheduleTimer carries to its DueTimeReached events, besides traceparent and
     # tracestate: comma-separated names (docs/CONTRACT.md, Trace context).
     carry_headers: str = ""
-    # The largest `data` a ScheduleTimer may carry, in bytes of compact JSON (payload_too_large
-    # beyond). It is stored in each timer's row and sent in each of its events; 0 refuses any.
-    # A command body is at most MAX_BODY_BYTES, so more than that would never be reached.
+    # The largest `data` a ScheduleTimer may carry, in bytes as its events carry it (jsonb's text:
+    # worker.core.fields._data; payload_too_large beyond). It is stored in each timer's row and sent
+    # in each of its events; 0 refuses any. The largest event it allows must fit the server's
+    # max_payload (streams.check_sizes). At most MAX_BODY_BYTES, a command body's own bound.
     max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=0, le=MAX_BODY_BYTES)
 
     http_port: int = Field(8080, ge=0, le=65535)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from json.encoder import encode_basestring_ascii as _json_str  # C, when available
@@ -33,7 +34,7 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_ID_CHARS = 200  # serviceCallId, correlationId
 MAX_DETAIL_CHARS = 200  # Timer-Error-Detail
 MAX_TIMESTAMP_MS = 2**63 - 1  # stored in a Postgres bigint
-# A ScheduleTimer's `data`, its compact JSON encoding in UTF-8: the default of
+# A ScheduleTimer's `data`, in UTF-8 as its events carry it (worker.core.fields._data): the default of
 # TIMER_MAX_PAYLOAD_BYTES (worker/config.py), which may lower or raise it up to MAX_BODY_BYTES.
 DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024
 # Headers a ScheduleTimer may carry to its DueTimeReached events (docs/CONTRACT.md, Trace context):
@@ -70,7 +71,7 @@ Reason = Literal[
     "beyond_horizon",
     "bad_repeat",  # also a bad repeat.cron or repeat.until; the detail names the field
     "unknown_timezone",
-    "payload_too_large",  # `data` encodes to more than TIMER_MAX_PAYLOAD_BYTES
+    "payload_too_large",  # `data` is more than TIMER_MAX_PAYLOAD_BYTES as its events carry it
     "bad_data",  # `data` holds a string Postgres jsonb cannot store (U+0000, a lone surrogate)
     "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
     "timer_stuck",  # from intake: the timer's occurrence stayed claimed past TIMER_STUCK_AFTER
@@ -301,8 +302,22 @@ class Occurrence(Protocol):
 
 
 def data_json(value: Any) -> str:
-    """`data` as the compact JSON the bound is measured on (and the event of a twin carries)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """`data` as its events carry it but for its numbers: Postgres jsonb prints a stored value with
+    ", " and ": " between members, its strings escaped as here, its keys in another order (the same
+    bytes), and every number in plain notation (worker.core.fields._data measures those)."""
+    return json.dumps(value, separators=(", ", ": "), ensure_ascii=False, allow_nan=False)
+
+
+def headers_size(headers: dict[str, str]) -> int:
+    """The bytes of a header block as NATS sends it: "NATS/1.0\r\n", a "Name: value\r\n" line
+    each, "\r\n" (a client strips names and values, so never fewer). The server holds the block
+    and the payload together to its max_payload, where nats-py checks the payload alone."""
+    return 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+
+
+def wire_size(out: Outgoing) -> int:
+    """What `out` counts against the server's max_payload: its payload and its header block."""
+    return len(out.payload) + headers_size(out.headers)
 
 
 def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int, ids: MessageIds) -> Outgoing:
@@ -328,6 +343,37 @@ def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int, id
     # The carried headers never hold Nats-Msg-Id (headers.carried_headers), and it is set last.
     headers = {"Nats-Msg-Id": msg_id} if timer.carried is None else {**timer.carried, "Nats-Msg-Id": msg_id}
     return Outgoing(subject, body.encode(), headers)
+
+
+class _Worst(NamedTuple):
+    """An Occurrence (largest_event's)."""
+
+    tenant_id: str
+    service_call_id: str
+    due_at: datetime
+    correlation_id: str | None
+    carried: dict[str, str] | None
+    data: str | None
+
+
+def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
+    """The most a DueTimeReached of a timer stored from an accepted ScheduleTimer counts against the
+    server's max_payload (wire_size), with TIMER_MAX_PAYLOAD_BYTES `max_data_bytes` and
+    TIMER_CARRY_HEADERS `carry`. Made by due_event itself, so it follows the template: the longest
+    tenant; both ids of MAX_ID_CHARS characters the longest to escape (U+10FFFF, a surrogate pair:
+    12 bytes); the latest dueAt and reachedAt; `data` of max_data_bytes as stored (as
+    worker.core.fields._data measures it); every header a timer may carry (carried_headers: a
+    traceparent, a tracestate, one per name of `carry`) at MAX_CARRIED_VALUE_CHARS characters of
+    4 bytes each."""
+    widest_id = "\U0010ffff" * MAX_ID_CHARS
+    widest_value = "\U0010ffff" * MAX_CARRIED_VALUE_CHARS
+    carried = {TRACEPARENT: f"00-{'1' * 32}-{'1' * 16}-01", TRACESTATE: widest_value}
+    carried |= {name: widest_value for name in carry if name not in carried}
+    data = "0" * max_data_bytes if max_data_bytes else None  # 0 refuses any `data`
+    worst = _Worst("t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data)
+    latest_ms = round(LATEST_DUE_AT.timestamp() * 1000)
+    event = due_event(worst, "", iso(LATEST_DUE_AT), latest_ms, MessageIds(bytes(16)))
+    return wire_size(event)
 
 
 def timer_view(row: dict[str, Any]) -> dict[str, Any]:

@@ -65,7 +65,7 @@ FIRE_ERRORS = Counter(
     "Claimed occurrences whose row could not be made into an event; retried with back-off",
     ["reason"],
 )
-for _reason in ("unreadable_due_at", "due_at_out_of_range", "bad_repeat"):
+for _reason in ("unreadable_due_at", "due_at_out_of_range", "bad_repeat", "event_too_large"):
     FIRE_ERRORS.labels(_reason)  # every series exists from the start, at 0, for rate() and alerts
 POSTPONED = Counter(
     "timer_postponed_total",

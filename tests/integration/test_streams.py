@@ -16,6 +16,7 @@ from nats.js import api
 from tests.helpers import iso_in, jetstream, publish_raw, recorder, row, running_replica, settings_env, until
 from worker.adapters.broker import Broker
 from worker.config import Settings
+from worker.contract import largest_event
 from worker.devkit.harness import replica_env
 from worker.errors import ConfigError
 from worker.service import Replica
@@ -119,6 +120,31 @@ async def test_an_event_stream_with_a_short_duplicate_window_stops_start_up(sett
     assert stderr.strip().splitlines()[-1] == (
         f"timer-service: stream {settings.event_stream}: duplicate window 5s must exceed TIMER_LEASE_MS"
         " + 3 x TIMER_PUBLISH_TIMEOUT_MS (9s), or a re-fired timer is published twice"
+    )
+
+
+async def test_an_event_stream_too_small_for_the_largest_event_stops_start_up(settings: Settings) -> None:
+    # TIMER_MAX_PAYLOAD_BYTES lets a timer's event reach about 26 KB here (16 KiB of data, the
+    # longest ids and headers): a stream that refuses messages past 20,000 bytes would refuse it,
+    # and the timer would never fire. The one line names the setting and what would fit.
+    async with jetstream(settings) as js:
+        subjects = [f"{settings.subject_prefix}.*.timer.due"]
+        await js.add_stream(
+            api.StreamConfig(
+                name=settings.event_stream, subjects=subjects, duplicate_window=120, max_msg_size=20000
+            )
+        )
+    env = replica_env(settings_env(settings), "small-stream")
+    cmd = [sys.executable, "-m", "worker", "run"]
+    done = await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, timeout=30)
+    assert done.returncode == 2
+    stderr = done.stderr.decode()
+    assert "Traceback" not in stderr
+    largest = largest_event(settings.max_payload_bytes, set())
+    assert stderr.strip().splitlines()[-1] == (
+        f"timer-service: TIMER_MAX_PAYLOAD_BYTES=16384 lets a DueTimeReached event reach {largest} bytes,"
+        f" more than stream {settings.event_stream}'s max_msg_size (20000): set it to at most"
+        f" {16384 - (largest - 20000)}"
     )
 
 

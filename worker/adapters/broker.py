@@ -25,6 +25,7 @@ from worker.adapters.streams import (
     CommandFeed,
     CommandStreams,
     check_limits,
+    check_sizes,
     consumer_config,
     event_batches,
     probe_wanted,
@@ -187,6 +188,7 @@ class Broker:
             self._set_problem(str(exc))
             raise
         check_limits(s, found, command)
+        check_sizes(s, self.max_payload, found[s.event_stream])
         p, events, fast_ingest = self.publisher, found[s.event_stream], server_has_fast_ingest(self.nc)
         p.fast = event_batches(s, events, fast_ingest, p.fast, self._cheaper)
         if self._probe is None and probe_wanted(s, events, fast_ingest):  # once a process

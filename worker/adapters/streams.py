@@ -17,7 +17,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from worker import metrics
 from worker.adapters.pull import Pull, PullFailed
-from worker.contract import Subjects
+from worker.contract import MAX_CARRIED_VALUE_CHARS, Subjects, largest_event
 from worker.core.ports import FetchFailed
 from worker.errors import ConfigError, TransientError
 from worker.natsconn import server_has_fast_ingest as server_has_fast_ingest  # the broker's, from here
@@ -91,6 +91,29 @@ def check_limits(s: Settings, streams: dict[str, api.StreamConfig], command: str
             f"stream {command}: max age {_age(command_age)} must not exceed TIMER_RETENTION"
             f" ({_age(s.retention)}), or a late duplicate ScheduleTimer re-arms a deleted timer"
         )
+
+
+def check_sizes(s: Settings, max_payload: int, events: api.StreamConfig) -> None:
+    """Every event a timer accepted under these settings can make must fit the server's
+    max_payload and the events stream's max_msg_size (docs/OPERATIONS.md, Sizing): else its
+    timer would never fire. Refuse, naming the setting to lower, if the largest one does not."""
+    limit, what = max_payload, f"the NATS server's max_payload ({max_payload})"
+    if events.max_msg_size is not None and 0 < events.max_msg_size < limit:
+        limit, what = events.max_msg_size, f"stream {events.name}'s max_msg_size ({events.max_msg_size})"
+    largest = largest_event(s.max_payload_bytes, s.carried_names)
+    if largest <= limit:
+        return
+    fits = s.max_payload_bytes - (largest - limit)
+    if fits >= 0:
+        raise ConfigError(
+            f"TIMER_MAX_PAYLOAD_BYTES={s.max_payload_bytes} lets a DueTimeReached event reach {largest}"
+            f" bytes, more than {what}: set it to at most {fits}"
+        )
+    raise ConfigError(
+        f"TIMER_CARRY_HEADERS: events carrying {len(s.carried_names)} producer headers of up to"
+        f" {MAX_CARRIED_VALUE_CHARS} characters can reach {largest - s.max_payload_bytes} bytes"
+        f" without data, more than {what}: carry fewer"
+    )
 
 
 def event_batches(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any, TypeVar
 
 from worker.contract import (
@@ -199,7 +200,17 @@ def _first_occurrence(repeat: Repeat, due_at: datetime) -> datetime:
 
 
 def _data(value: Any, limit: int) -> Any:
-    """`data`, any JSON value (null: absent), at most `limit` bytes as compact JSON in UTF-8.
+    """`data`, any JSON value (null: absent), at most `limit` bytes in UTF-8 as its events carry it.
+
+    Measured as delivered, not as received: stored as jsonb, it is spliced into every event as
+    Postgres prints it (contract.data_json's spacing), each number in plain notation at its full
+    scale. Measured on the compact text received, 16 KiB of 5e-324 (326 characters each as
+    stored) made a 737 KiB event, and at the largest setting events over NATS's 1 MiB max_payload
+    that never fired. The stored form, not a new column of the producer's text: that would
+    rewrite the table (sql/migrations/0009), and a row stored before is measured at firing anyway
+    (FiringLoop._publish). Besides the spacing, only a float's text grows: json.loads makes every
+    number with a fraction or an exponent a float, whose repr (the text Jsonb sends) jsonb parses
+    as an exact numeric; an integer prints the same digits either way, a string the same escapes.
 
     Stored as jsonb, which holds any JSON but two kinds of string: U+0000 and (not UTF-8 at
     all) a lone surrogate. Refused here, or the command would fail its whole batch's write.
@@ -210,8 +221,7 @@ def _data(value: Any, limit: int) -> Any:
         size = len(data_json(value).encode("utf-8"))
     except UnicodeEncodeError:
         raise _Reject("bad_data", "data holds a lone surrogate (\\ud800-\\udfff): not text") from None
-    if size > limit:
-        raise _Reject("payload_too_large", f"data is {size} bytes as JSON, more than {limit}")
+    nul = False
     stack = [value]
     while stack:  # no recursion: the nesting json.loads accepted may be deeper than Python's stack
         item = stack.pop()
@@ -220,9 +230,27 @@ def _data(value: Any, limit: int) -> Any:
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-        elif isinstance(item, str) and "\x00" in item:
-            raise _Reject("bad_data", "data holds U+0000 in a string, which Postgres jsonb cannot store")
+        elif isinstance(item, str):
+            nul = nul or "\x00" in item
+        elif type(item) is float and not 1e-4 <= abs(item) < 1e16:  # else repr is plain: no growth
+            size += _plain_growth(item)
+    if size > limit:
+        raise _Reject("payload_too_large", f"data is {size} bytes as its events carry it, more than {limit}")
+    if nul:
+        raise _Reject("bad_data", "data holds U+0000 in a string, which Postgres jsonb cannot store")
     return value
+
+
+def _plain_growth(number: float) -> int:
+    """How much longer jsonb prints `number` than its repr: numeric's plain notation at its full
+    scale. Python's repr is plain already from 1e-4 to 1e16, the same text; outside, it has an
+    exponent, and 5e-324 prints as "0." and 324 decimals, 1e308 as 309 digits. Decimal's "f"
+    format is that notation: exact digits, the exponent's scale (tests/integration/test_data_bound.py
+    holds it to what Postgres prints). -0.0 counts one more than numeric's 0.0."""
+    text = repr(number)
+    if "e" not in text:
+        return 0
+    return len(format(Decimal(text), "f")) - len(text)
 
 
 _JSON_NAMES: dict[type, str] = {str: "a string", int: "an integer", dict: "an object"}

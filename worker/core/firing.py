@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from worker import metrics, tracing
 from worker.config import Settings
-from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, due_event, iso
+from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, Outgoing, due_event, iso, wire_size
 from worker.core.budget import TimeBudget
 from worker.core.clock import Clock
 from worker.core.crashpoints import crash_point
@@ -364,11 +364,13 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
         # First attempts go in atomic batches; an occurrence claimed before may already be in
         # the stream, which would make its whole batch fail, so those go one by one (deduped).
         due = sorted(due, key=lambda c: c.attempts > 1)
-        retries = sum(1 for c in due if c.attempts > 1)
         reached, reached_ms = iso(now), round(now.timestamp() * 1000)
         subjects = self.broker.subjects
         ids = self.broker.ids
         messages = [due_event(c, subjects.due(c.tenant_id), reached, reached_ms, ids) for c in due]
+        if oversized := self._oversized(messages):
+            due, messages = self._deliverable(due, messages, oversized, failed)
+        retries = sum(1 for c in due if c.attempts > 1)
         first, again = messages[: len(messages) - retries], messages[len(messages) - retries :]
         timeout = self.s.publish_timeout_ms / 1000
         started = time.perf_counter()
@@ -404,6 +406,39 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
                 "publish failed",
                 extra={"action": "publish_failed", "count": errors, "error": failed[-1][1]},
             )
+
+    def _oversized(self, messages: list[Outgoing]) -> dict[int, int]:
+        """{place: size} of the events the server would refuse for their size (wire_size over its
+        max_payload): it would answer MaxPayloadError, or, where nats-py checks the payload alone,
+        close the connection. A timer accepted since `data` is measured as delivered never makes
+        one (Broker.ensure_streams checks the settings against the server); a row stored before,
+        or written by hand, may."""
+        limit = self.broker.max_payload
+        # Measured whole only where it could be over: an event with its Nats-Msg-Id alone (59
+        # bytes of headers) and half the limit of payload is not, so most cost two len()s.
+        return {
+            i: size
+            for i, m in enumerate(messages)
+            if len(m.payload) > limit // 2 or len(m.headers) > 1
+            if (size := wire_size(m)) > limit
+        }
+
+    def _deliverable(
+        self,
+        due: list[Claimed],
+        messages: list[Outgoing],
+        oversized: dict[int, int],
+        failed: list[Failed],
+    ) -> tuple[list[Claimed], list[Outgoing]]:
+        """The occurrences and events left once the oversized ones are set aside as broken rows:
+        recorded on the row and backed off (its attempts and lastError in `get`, a fire error in
+        the metrics), never retried every second as a publish that failed for now."""
+        limit = self.broker.max_payload
+        for i, size in oversized.items():
+            error = f"its event is {size} bytes, more than the NATS server's max_payload {limit}"
+            self._cannot_fire(due[i], "event_too_large", error, failed)
+        keep = [i for i in range(len(due)) if i not in oversized]
+        return [due[i] for i in keep], [messages[i] for i in keep]
 
     async def _record(self, batch: ClaimedBatch, fired: list[Fired], failed: list[Failed]) -> None:
         """Mark what was acknowledged and release what failed, in the claim's transaction.

@@ -22,13 +22,15 @@ def carried_headers(
 
     Carried: a valid `traceparent`, a `tracestate` beside it, and the producer headers named in
     `carry` (lower case; TIMER_CARRY_HEADERS), each value printable and at most
-    MAX_CARRIED_VALUE_CHARS. Names match in any case. An invalid one is dropped, never a
-    rejection: a timer must not be lost for a bad trace header. None when nothing is carried, so
-    a timer without them stores and publishes nothing more.
+    MAX_CARRIED_VALUE_CHARS. Names match in any case; of one name sent in several spellings the
+    first valid one is carried. An invalid one is dropped, never a rejection: a timer must not be
+    lost for a bad trace header. None when nothing is carried, so a timer without them stores and
+    publishes nothing more.
     """
     if not headers:
         return None, []
     kept: dict[str, str] = {}
+    seen: set[str] = set()
     dropped: list[str] = []
     for name, value in headers.items():
         key = name.lower()
@@ -38,7 +40,10 @@ def carried_headers(
             ok = len(value) <= MAX_CARRIED_VALUE_CHARS and value.isprintable()
         else:
             continue
-        if ok:
+        # One per name: "X-A" and "x-a" are two headers to NATS, and without this a command could
+        # carry a copy per spelling, past the bound contract.largest_event holds events to.
+        if ok and key not in seen:
+            seen.add(key)
             kept[key if key in (TRACEPARENT, TRACESTATE) else name] = value
         else:
             dropped.append(name)

@@ -12,7 +12,15 @@ from datetime import UTC, datetime
 
 from worker import metrics, tracing
 from worker.config import Settings
-from worker.contract import INVALID_TENANT, Command, Outgoing, PauseTimers, Rejection, ScheduleTimer
+from worker.contract import (
+    INVALID_TENANT,
+    Command,
+    Outgoing,
+    PauseTimers,
+    Rejection,
+    ScheduleTimer,
+    headers_size,
+)
 from worker.core import quota
 from worker.core.clock import Clock
 from worker.core.commands import parse_command, parse_control
@@ -212,8 +220,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         the server's max_payload (a body that alone filled it). The server would refuse such a copy
         and drop our connection, over and over; so it is cut, and a header says how long it was."""
         limit = self.broker.max_payload
-        # NATS/1.0 line, "Key: Value" lines, blank line; 64 bytes to spare for the truncation header.
-        header_bytes = 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items()) + 2 + 64
+        header_bytes = headers_size(headers) + 64  # 64 to spare for the truncation header
         if len(data) + header_bytes <= limit:
             return data
         headers["Timer-Body-Truncated"] = str(len(data))

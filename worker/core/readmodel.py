@@ -23,7 +23,9 @@ class ReadModel:
     async def answer(self, msg: Request) -> None:
         reply = await self.lookup(msg.subject, msg.data)
         if msg.reply:
-            await msg.respond(json.dumps(reply).encode())
+            # UTF-8 as it is, as in the events: ASCII escapes made a `data` of 2-byte characters three
+            # times its size, so a reply could outgrow the max_payload its timer's events fit.
+            await msg.respond(json.dumps(reply, ensure_ascii=False).encode())
 
     async def lookup(self, subject: str, data: bytes) -> dict[str, Any]:
         where = self.subjects.split(subject)

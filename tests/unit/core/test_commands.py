@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from worker.contract import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
     INVALID_TENANT,
     MAX_BODY_BYTES,
     REASONS,
@@ -604,11 +605,50 @@ def test_data_over_the_bound_is_payload_too_large() -> None:
     assert isinstance(ok, ScheduleTimer)  # "xxx..." is 102 bytes as JSON
     over = parse_command("schedule", "acme", body, now=NOW, max_horizon=HORIZON, max_payload_bytes=101)
     assert isinstance(over, Rejection) and over.reason == "payload_too_large"
-    assert over.detail == "data is 102 bytes as JSON, more than 101"
+    assert over.detail == "data is 102 bytes as its events carry it, more than 101"
     # Measured in UTF-8 bytes, not characters.
     wide = json.dumps(schedule(data="\u00e9" * 50)).encode()
     wide_over = parse_command("schedule", "acme", wide, now=NOW, max_horizon=HORIZON, max_payload_bytes=101)
     assert isinstance(wide_over, Rejection)
+
+
+def bound(data: bytes, limit: int) -> str | None:
+    """The detail of a ScheduleTimer with `data` (its JSON text) under TIMER_MAX_PAYLOAD_BYTES
+    `limit`, or None when accepted."""
+    body = b'{"tenantId": "acme", "serviceCallId": "sc-42", "dueAt": "2026-11-22T09:00:00Z", "data": '
+    parsed = parse_command(
+        "schedule", "acme", body + data + b"}", now=NOW, max_horizon=HORIZON, max_payload_bytes=limit
+    )
+    return parsed.detail if isinstance(parsed, Rejection) else None
+
+
+@pytest.mark.parametrize(
+    ("data", "stored"),
+    [
+        # What Postgres jsonb prints, which the event carries: a number in plain notation at its
+        # full scale, ", " and ": " between members. Compact, these are 8, 9, 13 and 9 bytes.
+        (b"[5e-324]", "[0." + "0" * 323 + "5]"),
+        (b"[1E+308]", "[1" + "0" * 308 + "]"),
+        (b'{"a":[1,2]}', '{"a": [1, 2]}'),
+        (b"[1.5e-7]", "[0.00000015]"),
+        (b"[1e16, 0.5]", "[10000000000000000, 0.5]"),
+        (rb'["\u00e9\n"]', '["\u00e9\\n"]'),  # a character raw in UTF-8, a newline escaped
+    ],
+)
+def test_data_is_measured_as_its_events_carry_it(data: bytes, stored: str) -> None:
+    size = len(stored.encode())
+    assert bound(data, size) is None
+    assert bound(data, size - 1) == f"data is {size} bytes as its events carry it, more than {size - 1}"
+
+
+def test_tiny_numbers_that_fit_as_received_are_refused_for_what_they_would_deliver() -> None:
+    # The issue's 16 KiB of 5e-324 (within the default bound as received): 754,400 bytes as stored.
+    data = ("[" + ",".join(["5e-324"] * 2300) + "]").encode()
+    assert len(data) <= DEFAULT_MAX_PAYLOAD_BYTES
+    assert bound(data, DEFAULT_MAX_PAYLOAD_BYTES) == (
+        f"data is {2300 * 326 + 2299 * 2 + 2} bytes as its events carry it,"
+        f" more than {DEFAULT_MAX_PAYLOAD_BYTES}"
+    )
 
 
 @pytest.mark.parametrize("body", [b'"a\\u0000b"', b'{"k\\u0000": 1}', b'[["\\ud800"]]', b'{"\\udfff": 1}'])

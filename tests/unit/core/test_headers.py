@@ -94,3 +94,19 @@ def test_a_stored_nats_header_cannot_go_on_an_event(name: str) -> None:
     # intake never stores a Nats-* name (Settings refuses to carry one), so firing must not
     # publish one that was written there by hand either, not only Nats-Msg-Id.
     assert stored_carried_problem({name: "1"}) is not None
+
+
+def test_one_name_in_several_spellings_is_carried_once() -> None:
+    # NATS tells "X-A" from "x-a": each spelling carried, a command could send a copy per spelling
+    # of a name, each of MAX_CARRIED_VALUE_CHARS, past the events' bound (contract.largest_event).
+    other = TP.replace("01", "00", 1)
+    headers = {"X-A": "1", "x-a": "2", "x-A": "3", "Traceparent": TP, "traceparent": other}
+    assert carried_headers(headers, {"x-a"}) == (
+        {"X-A": "1", "traceparent": TP},
+        ["x-a", "x-A", "traceparent"],
+    )
+
+
+def test_an_invalid_spelling_does_not_take_the_names_place() -> None:
+    headers = {"X-A": "\n", "x-a": "ok"}
+    assert carried_headers(headers, {"x-a"}) == ({"x-a": "ok"}, ["X-A"])
