@@ -40,10 +40,11 @@ system-packages:
 	fi
 
 # The fault-injection scenarios at ten times the size: 20,000 timers over 150 s each; and the
-# property tests of the error boundary and of `data`'s bound with ten times the examples (400 rows,
-# 400 commands, 600 hostile `data`).
+# property tests of the error boundary, of `data`'s bound and of the steps to fire any accepted
+# schedule with ten times the examples (400 rows, 400 commands, 600 hostile `data`, 1,500 schedules).
 chaos-soak: $(STAMP) system-packages
-	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos tests/integration/test_fuzz.py tests/integration/test_data_bound.py
+	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos tests/integration/test_fuzz.py \
+	  tests/integration/test_data_bound.py tests/unit/core/test_recurrence_bound.py
 
 # The Dockerfile built into an image with Debian's buildah (no Docker daemon needed) and run:
 # `--version`, and /healthz of `run` on the test servers. About three minutes; not part of `make test`,
