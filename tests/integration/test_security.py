@@ -712,3 +712,26 @@ async def test_a_tenant_cannot_point_a_consumer_at_the_wake_subject(
         async with t.service_js() as service_js:
             consumers = await service_js.consumers_info("TIMER_DLQ")
     assert {(c.name, c.config.deliver_subject) for c in consumers} == {("acme", None), ("zeta", None)}
+
+
+async def test_due_events_keeps_reading_through_flow_control_with_the_documented_permissions(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The provisioned events consumer has flow control: past a few megabytes in flight the server
+    waits for the reader's answer on `$JS.FC.TIMER_EVENTS.acme.…` before it sends more. Without
+    that subject in the block the answer is refused and the consumer stalls for good."""
+    count, body = 3000, b"x" * 2000  # 6 MB: flow control asks more than once
+    async with tenants(settings, tmp_path) as t:
+        async with t.service_js() as service_js:  # stored as the service would, without firing each
+            for _ in range(count):
+                await service_js.publish("svc.acme.timer.due", body)
+        async with await t.connect("acme") as acme:
+            read = 0
+            async with contextlib.aclosing(acme.due_events("acme", durable="acme")) as events:
+                async with asyncio.timeout(60):
+                    async for event in events:
+                        event.ack()
+                        read += 1
+                        if read == count:
+                            break
+            assert not t.refused, t.refused
