@@ -26,7 +26,7 @@ from typing import Any, Literal
 from nats.aio.client import Client as NATS
 from nats.js.errors import APIError
 
-from worker.consumer import DueEvent, due_events
+from worker.consumer import MAX_ACK_PENDING, DueEvent, due_events
 from worker.contract import CONTROL_TYPES, FAST_BATCHES, TENANT_RE, ControlKind, Subjects, iso
 from worker.envelopes import Command, Envelopes, envelope
 from worker.natsconn import (
@@ -369,10 +369,13 @@ class TimerClient:
         durable: str,
         stream: str = "TIMER_EVENTS",
         ack_every: int = 256,
-        max_ack_pending: int = 4096,
+        max_ack_pending: int = MAX_ACK_PENDING,
     ) -> AsyncGenerator[DueEvent, None]:
         """The tenant's DueTimeReached events, oldest first, from the durable consumer `durable`
-        on `stream` (created when missing); worker/consumer.py says how they are acknowledged."""
+        on `stream` (created when missing); worker/consumer.py says how they are acknowledged.
+        A tenant whose NATS permissions are docs/SECURITY.md's reads the consumer its operator
+        provisioned (`timer-service consumer add --tenant <tenant>`, named after the tenant):
+        only its info is asked, nothing is created."""
         return due_events(
             self.js,
             self.subjects.due(_tenant(tenant_id)),

@@ -120,6 +120,23 @@ def _parse_headers(raw: bytes | None) -> dict[str, str]:
     return headers
 
 
+# Events handed out and not yet acknowledged, at most, on a consumer due_events makes (and on a
+# tenant's, `timer-service consumer add`): what keeps a slow reader from being flooded.
+MAX_ACK_PENDING = 4096
+
+
+def push_config(max_ack_pending: int = MAX_ACK_PENDING) -> api.ConsumerConfig:
+    """The consumer due_events reads (and the one an operator provisions for a tenant, with a
+    deliver subject and filter of its own, worker/ops/consumers.py): push, flow control, idle
+    heartbeats, each event acknowledged on its own."""
+    return api.ConsumerConfig(
+        ack_policy=api.AckPolicy.EXPLICIT,
+        max_ack_pending=max_ack_pending,
+        flow_control=True,
+        idle_heartbeat=5.0,
+    )
+
+
 # What arrives, in order: an event (subject, reply, data, raw headers, parsed headers), or a
 # subject to answer with an empty message (flow control, a stalled consumer's heartbeat).
 _Arrival = tuple[bytes, bytes, bytes, bytes | None, dict[str, str] | None] | str
@@ -154,12 +171,7 @@ async def due_events(
     consumer's CPU per event (docs/BENCHMARKS.md). Flow control and heartbeats are answered
     here, in order with the events, as nats-py would.
     """
-    config = api.ConsumerConfig(
-        ack_policy=api.AckPolicy.EXPLICIT,
-        max_ack_pending=max_ack_pending,
-        flow_control=True,
-        idle_heartbeat=5.0,
-    )
+    config = push_config(max_ack_pending)
     nc = js._nc
     arrived: deque[_Arrival] = deque()
     waiting = asyncio.Event()

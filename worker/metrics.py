@@ -52,6 +52,13 @@ COMMAND_BATCH_SECONDS = Histogram(
     "timer_command_batch_seconds", "Time to commit one intake batch", buckets=_LATENCY_BUCKETS
 )
 
+WAKE_HINTS_DROPPED = Counter(
+    "timer_wake_hints_dropped_total",
+    "Wake-subject messages that woke no claim: rate-limited, not a replica's, or unreadable",
+    ["reason"],
+)
+for _why in ("limited", "foreign", "unreadable"):
+    WAKE_HINTS_DROPPED.labels(_why)
 CLAIMED = Counter("timer_claimed_total", "Occurrences claimed under a lease")
 LEASES_RECLAIMED = Counter(
     "timer_leases_reclaimed_total", "Claims of occurrences whose earlier lease ran out (crash or retry)"

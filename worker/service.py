@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
 from collections.abc import Awaitable
@@ -265,8 +266,23 @@ class Replica:
         return 1 if crashed else 0
 
     async def _on_wake(self, msg: Any) -> None:
-        with contextlib.suppress(ValueError):
-            self.wakeup.hint(float(msg.data))
+        """Another replica's hint (Intake._hint), untrusted: a replica publishes the bare due time,
+        without reply or headers; a message with either came through JetStream (a consumer
+        pointed at the subject) or from someone else. Hints wake the loop at most so often
+        (Wakeup.peer_hint)."""
+        try:
+            due = float(msg.data)
+        except ValueError:
+            due = math.nan
+        if msg.reply or msg.headers:
+            why = "foreign"
+        elif not math.isfinite(due):  # nan would wake at once, inf never
+            why = "unreadable"
+        elif self.wakeup.peer_hint(due):
+            return
+        else:
+            why = "limited"
+        metrics.WAKE_HINTS_DROPPED.labels(why).inc()
 
     async def _gauges(self) -> None:
         """Cheap fleet gauges and pool stats, every few seconds."""

@@ -1,20 +1,29 @@
 """A due timer that a claim skipped because an intake transaction held its row fires as soon as
-that transaction commits, not a poll interval later (Intake._hint; sql/queries.sql, held_among)."""
+that transaction commits, not a poll interval later (Intake._hint; sql/queries.sql, held_among).
+And what comes on the wake subject from anyone but a replica cannot make the replicas claim
+without end (worker/core/wakeup.py, peer hints)."""
 
 from __future__ import annotations
 
 import time
 
 import psycopg
+import pytest
 from prometheus_client import REGISTRY
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, running_replica, until
 from worker.adapters.broker import Broker
 from worker.config import Settings
+from worker.contract import Subjects
+from worker.core.wakeup import PEER_HINT_SPACING_S
 
 
 def claims() -> float:
     return REGISTRY.get_sample_value("timer_claim_seconds_count") or 0.0
+
+
+def dropped(reason: str) -> float:
+    return REGISTRY.get_sample_value("timer_wake_hints_dropped_total", {"reason": reason}) or 0.0
 
 
 def intake_waits_on_a_lock(db_url: str) -> bool:
@@ -79,3 +88,37 @@ async def test_a_due_row_skipped_while_intake_held_it_fires_once_intake_commits(
             assert time.monotonic() - committed < 10
     finally:
         blocker.close()
+
+
+@pytest.mark.parametrize("sender", ["core", "jetstream"])
+async def test_a_flood_on_the_wake_subject_adds_at_most_one_claim_per_interval(
+    settings: Settings, sender: str
+) -> None:
+    """Issue 31: a tenant's push consumer delivering its DLQ onto the wake subject took an idle
+    replica from 2 claims in 5 s to about 2,500. Here the flood comes straight (as from anyone
+    allowed to publish there) or as JetStream delivers (with a reply subject, which no replica's
+    hint has): claims stay at most one per PEER_HINT_SPACING_S, counted while the
+    flood is on, and the hints held back or refused are counted."""
+    quiet = settings.model_copy(update={"poll_interval_ms": 30_000})  # no claim but the flood's
+    wake = Subjects(quiet.subject_prefix).wake
+    # (JetStream's deliveries carry their ack subject as reply; a client may not publish on $JS.ACK)
+    reply = "_INBOX.mallory.ack" if sender == "jetstream" else ""
+    reason = "foreign" if sender == "jetstream" else "limited"
+    async with running_replica(quiet), jetstream(quiet) as js:
+        nc = js._nc
+        await until(lambda: claims() > 0, what="the first claim")
+        before_dropped = dropped(reason)
+        started = time.monotonic()
+        window: list[tuple[float, float]] = []  # (time, claims) once the flood is under way
+        sent = 0
+        while (now := time.monotonic()) - started < 2.0:
+            for _ in range(50):
+                await nc.publish(wake, b"0", reply=reply)  # due at epoch 0: wake at once
+            await nc.flush()
+            sent += 50
+            if now - started >= 0.5:  # hints have been arriving for a while
+                window.append((now, claims()))
+        (t0, c0), (t1, c1) = window[0], window[-1]
+        assert sent > 1000, "a flood, not a trickle"
+        assert c1 - c0 <= (t1 - t0) / PEER_HINT_SPACING_S + 2, f"{c1 - c0:.0f} claims in {t1 - t0:.1f} s"
+        assert dropped(reason) - before_dropped > sent / 2

@@ -4,6 +4,7 @@ one-line errors when the other side cannot be trusted, and secrets that never re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -14,7 +15,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import nats
 import nkeys  # type: ignore[import-untyped]
 import psycopg
 import pytest
+from nats.js import api
 from pydantic import SecretStr
 
 from tests.certs import SERVER_NAME, Pki, make_pki
@@ -515,31 +517,60 @@ def tenant_permissions(tenant: str) -> str:
     return block.group(1).replace("acme", tenant)
 
 
-async def test_a_tenant_with_the_documented_permissions_does_its_own_work_and_nothing_else(
-    settings: Settings, db_url: str, tmp_path: Path
-) -> None:
-    """A nats-server whose tenants have exactly the permissions docs/SECURITY.md recommends: acme
-    schedules, cancels, gets, pauses and resumes, and consumes its own `due` and `dlq`; it cannot
-    publish on `due` or `dlq` (its own included), on zeta's subjects, nor read zeta's events through
-    a consumer."""
+class Tenants:
+    """A nats-server whose users are the service (all permissions) and tenants acme and zeta
+    with exactly docs/SECURITY.md's block, a replica on it, and the operator's `consumer add`
+    run for both tenants, as the document says."""
+
+    def __init__(self, server: EmbeddedNats, service: Settings, passwords: dict[str, str]) -> None:
+        self.server, self.service, self.passwords = server, service, passwords
+        self.refused: list[str] = []  # the server's -ERR lines on tenants' connections
+
+    async def connect(self, tenant: str) -> TimerClient:
+        async def collect(exc: Exception) -> None:
+            self.refused.append(str(exc))
+
+        return await TimerClient.connect(
+            self.server.url,
+            "svc",
+            user=tenant,
+            password=self.passwords[tenant],
+            inbox_prefix=f"_INBOX_{tenant}",
+            error_cb=collect,
+            fast_ingest="off",  # as docs/SECURITY.md says: "auto" would ask for the stream's info
+        )
+
+    def violations(self, kind: str, subject: str) -> int:
+        # nats-py lower-cases the server's -ERR line, subject included
+        return sum(1 for e in self.refused if f'{kind} to "{subject}"'.lower() in e.lower())
+
+    async def refuse(self, expected: list[tuple[str, str]]) -> None:
+        """Until the server refused each (kind, subject) at least once."""
+        try:
+            await until(lambda: all(self.violations(*e) for e in expected), what="a violation for each")
+        except TimeoutError:
+            raise AssertionError(f"not refused: {[e for e in expected if not self.violations(*e)]}") from None
+
+    @contextlib.asynccontextmanager
+    async def service_js(self) -> AsyncIterator[Any]:
+        """JetStream as the service's own user sees it."""
+        nc = await nats_connect(self.server.url, user="timer", password=self.passwords["timer"])
+        try:
+            yield nc.jetstream()
+        finally:
+            await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def tenants(settings: Settings, tmp_path: Path) -> AsyncIterator[Tenants]:
     pw = {user: secrets.token_hex(8) for user in ("timer", "acme", "zeta")}
     users = [f'{{ user: timer, password: "{pw["timer"]}" }}'] + [
         f'{{ user: {t}, password: "{pw[t]}", {tenant_permissions(t)} }}' for t in ("acme", "zeta")
     ]
     defaults = {"subject_prefix": "svc", "command_stream": "TIMER_COMMANDS", "event_stream": "TIMER_EVENTS"}
     defaults |= {"dlq_stream": "TIMER_DLQ", "consumer": "timer-service"}
-    refused: list[str] = []
-
-    async def collect(exc: Exception) -> None:
-        refused.append(str(exc))
-
-    def violations(kind: str, subject: str) -> int:
-        # nats-py lower-cases the server's -ERR line, subject included
-        return sum(1 for e in refused if f'{kind} to "{subject}"'.lower() in e.lower())
-
-    with EmbeddedNats(
-        tmp_path / "nats", extra_config=f"authorization {{ users: [ {', '.join(users)} ] }}"
-    ) as server:
+    config = f"authorization {{ users: [ {', '.join(users)} ] }}"
+    with EmbeddedNats(tmp_path / "nats", extra_config=config) as server:
         service = settings.model_copy(
             update={
                 "nats_url": server.url,
@@ -548,99 +579,159 @@ async def test_a_tenant_with_the_documented_permissions_does_its_own_work_and_no
                 **defaults,
             }
         )
-        opts = {"user": "acme", "password": pw["acme"], "inbox_prefix": "_INBOX_acme", "error_cb": collect}
-        async with (
-            running_replica(service),
-            await TimerClient.connect(server.url, "svc", **opts) as acme,
-        ):
-            js = acme.js
-            # Its own work: schedule, cancel, get.
-            (now,) = query(db_url, "SELECT now()")[0]
-            await acme.schedule("acme", "fires", now + timedelta(seconds=0.5))
-            await acme.schedule("acme", "cancelled", now + timedelta(hours=1))
-            await acme.cancel("acme", "cancelled")
-            await until(
-                lambda: (r := row(db_url, "acme", "cancelled")) is not None and r["state"] == "Cancelled",
-                what="the cancel applied",
-            )
-            view = await acme.get("acme", "cancelled")
-            assert view is not None and view["state"] == "Cancelled"
-            # Pause and resume its own timers, as a producer (docs/SECURITY.md's block allows it).
-            await acme.pause("acme")
-            await until(lambda: query(db_url, "SELECT count(*) FROM paused_tenants") == [(1,)], what="paused")
-            await acme.resume("acme")
-            await until(
-                lambda: (
-                    query(db_url, "SELECT count(*) FROM paused_tenants WHERE paused_at IS NULL") == [(1,)]
-                ),
-                what="resumed",
-            )
-            await acme.nc.publish("svc.acme.timer.schedule", b"not json")  # one for its DLQ
-            # Its own due and dlq, each through a consumer named after it, filtered on its subject.
-            for stream, kind, expected in (
-                ("TIMER_EVENTS", "due", "DueTimeReached"),
-                ("TIMER_DLQ", "dlq", None),
-            ):
-                await js.add_consumer(
-                    stream,
-                    name="acme",
-                    durable_name="acme",
-                    filter_subject=f"svc.acme.timer.{kind}",
-                    ack_policy="explicit",
+        async with running_replica(service):
+            for tenant in ("acme", "zeta"):  # the operator's step, as docs/SECURITY.md writes it
+                added = await asyncio.to_thread(
+                    cli, "consumer", "add", "--tenant", tenant, env=settings_env(service)
                 )
-                sub = await js.pull_subscribe_bind("acme", stream=stream)
-                (msg,) = await sub.fetch(1, timeout=30)
-                assert msg.subject == f"svc.acme.timer.{kind}"
-                if expected:
-                    assert json.loads(msg.data)["type"] == expected
-                else:
-                    assert (
-                        msg.data == b"not json"
-                        and msg.headers
-                        and msg.headers["Timer-Error"] == "invalid_json"
-                    )
-                await msg.ack_sync()
-            assert not refused, refused
+                assert (added.returncode, added.stderr) == (0, ""), added.stderr
+                assert added.stdout == (
+                    f"consumer {tenant} on TIMER_EVENTS: svc.{tenant}.timer.due,"
+                    f" push to _INBOX_{tenant}.TIMER_EVENTS\n"
+                    f"consumer {tenant} on TIMER_DLQ: svc.{tenant}.timer.dlq, pull\n"
+                )
+            yield Tenants(server, service, pw)
 
-            # Nothing else. Each refusal is the server's answer, in order on this connection.
-            forbidden = [
-                "svc.acme.timer.due",
-                "svc.acme.timer.dlq",
-                "svc.zeta.timer.schedule",
-                "svc.zeta.timer.cancel",
-                "svc.zeta.timer.get",
-                "svc.zeta.timer.pause",
-                "svc.zeta.timer.resume",
-                "$JS.API.CONSUMER.CREATE.TIMER_EVENTS.acme.svc.zeta.timer.due",
-                "$JS.API.CONSUMER.CREATE.TIMER_EVENTS.zeta.svc.zeta.timer.due",
-                "$JS.API.CONSUMER.DURABLE.CREATE.TIMER_EVENTS.acme",
-                "$JS.API.CONSUMER.MSG.NEXT.TIMER_EVENTS.zeta",
-                "$JS.API.STREAM.MSG.GET.TIMER_EVENTS",
-                "$JS.API.DIRECT.GET.TIMER_EVENTS",
-            ]
-            for subject in forbidden:
-                await acme.nc.publish(subject, b"{}", headers={"Nats-Msg-Id": "forged"})
-            await acme.nc.subscribe("svc.>")
-            await acme.nc.subscribe("_INBOX.>")
-            expected = [("publish", s) for s in forbidden] + [
-                ("subscription", "svc.>"),
-                ("subscription", "_INBOX.>"),
-            ]
-            try:
-                await until(
-                    lambda: all(violations(*e) for e in expected), what="a permissions violation for each"
-                )
-            except TimeoutError:
-                raise AssertionError(f"not refused: {[e for e in expected if not violations(*e)]}") from None
-            assert acme.nc.is_connected
+
+async def test_a_tenant_with_the_documented_permissions_does_its_own_work_and_nothing_else(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """A nats-server whose tenants have exactly the permissions docs/SECURITY.md recommends: acme
+    schedules (one by one and in bulk), cancels, gets, pauses and resumes, and reads its own
+    events (due_events) and DLQ from the consumers the operator provisioned; it cannot publish
+    on `due` or `dlq` (its own included), on zeta's subjects, nor reach zeta's consumers, nor
+    create or change a consumer (issue 31: a consumer's creator chooses its deliver subject)."""
+    async with tenants(settings, tmp_path) as t, await t.connect("acme") as acme:
+        # Its own work: schedule, schedule_many, cancel, get.
+        (now,) = query(db_url, "SELECT now()")[0]
+        await acme.schedule("acme", "fires", now + timedelta(seconds=0.5))
+        await acme.schedule("acme", "cancelled", now + timedelta(hours=1))
+        later = (now + timedelta(hours=2)).isoformat()
+        sent = await acme.schedule_many(
+            [{"tenantId": "acme", "serviceCallId": f"bulk-{i}", "dueAt": later} for i in range(3)]
+        )
+        assert [x.outcome for x in sent] == ["accepted"] * 3, sent
+        await acme.cancel("acme", "cancelled")
+        await until(
+            lambda: (r := row(db_url, "acme", "cancelled")) is not None and r["state"] == "Cancelled",
+            what="the cancel applied",
+        )
+        view = await acme.get("acme", "cancelled")
+        assert view is not None and view["state"] == "Cancelled"
+        # Pause and resume its own timers, as a producer (docs/SECURITY.md's block allows it).
+        await acme.pause("acme")
+        await until(lambda: query(db_url, "SELECT count(*) FROM paused_tenants") == [(1,)], what="paused")
+        await acme.resume("acme")
+        await until(
+            lambda: query(db_url, "SELECT count(*) FROM paused_tenants WHERE paused_at IS NULL") == [(1,)],
+            what="resumed",
+        )
+        await acme.nc.publish("svc.acme.timer.schedule", b"not json")  # one for its DLQ
+        # Its events, through the client's own consumer loop on the provisioned consumer.
+        async with contextlib.aclosing(acme.due_events("acme", durable="acme")) as events:
+            event = await asyncio.wait_for(anext(events), timeout=30)
+            assert (event.subject, event.event["type"]) == ("svc.acme.timer.due", "DueTimeReached")
+            assert event.payload["serviceCallId"] == "fires"
+            event.ack()
+        # Its DLQ, through the provisioned pull consumer.
+        dlq = await acme.js.pull_subscribe_bind("acme", stream="TIMER_DLQ")
+        (msg,) = await dlq.fetch(1, timeout=30)
+        assert msg.subject == "svc.acme.timer.dlq" and msg.data == b"not json"
+        assert msg.headers and msg.headers["Timer-Error"] == "invalid_json"
+        await msg.ack_sync()
+        assert not t.refused, t.refused
+
+        # Nothing else. Each refusal is the server's answer, in order on this connection.
+        forbidden = [
+            "svc.acme.timer.due",
+            "svc.acme.timer.dlq",
+            "svc._timer.wake",
+            "svc.zeta.timer.schedule",
+            "svc.zeta.timer.cancel",
+            "svc.zeta.timer.get",
+            "svc.zeta.timer.pause",
+            "svc.zeta.timer.resume",
+            # No consumer is created or changed by a tenant, on a pinned filter or not.
+            "$JS.API.CONSUMER.CREATE.TIMER_EVENTS.acme.svc.acme.timer.due",
+            "$JS.API.CONSUMER.CREATE.TIMER_DLQ.acme.svc.acme.timer.dlq",
+            "$JS.API.CONSUMER.CREATE.TIMER_EVENTS.zeta.svc.zeta.timer.due",
+            "$JS.API.CONSUMER.DURABLE.CREATE.TIMER_EVENTS.acme",
+            "$JS.API.CONSUMER.DELETE.TIMER_EVENTS.acme",
+            # zeta's consumers.
+            "$JS.API.CONSUMER.INFO.TIMER_EVENTS.zeta",
+            "$JS.API.CONSUMER.MSG.NEXT.TIMER_DLQ.zeta",
+            "$JS.FC.TIMER_EVENTS.zeta.x",
+            # The streams themselves.
+            "$JS.API.STREAM.INFO.TIMER_COMMANDS",
+            "$JS.API.STREAM.MSG.GET.TIMER_EVENTS",
+            "$JS.API.DIRECT.GET.TIMER_EVENTS",
+        ]
+        for subject in forbidden:
+            await acme.nc.publish(subject, b"{}", headers={"Nats-Msg-Id": "forged"})
+        for subject in ("svc.>", "_INBOX.>", "_INBOX_zeta.>"):
+            await acme.nc.subscribe(subject)
+        await t.refuse(
+            [("publish", s) for s in forbidden]
+            + [("subscription", s) for s in ("svc.>", "_INBOX.>", "_INBOX_zeta.>")]
+        )
+        assert acme.nc.is_connected
         # The streams hold what the service wrote and nothing acme sent on the way out.
-        nc = await nats_connect(server.url, user="timer", password=pw["timer"])
-        try:
-            service_js = nc.jetstream()
+        async with t.service_js() as service_js:
             events = await service_js.stream_info("TIMER_EVENTS")
-            dlq = await service_js.stream_info("TIMER_DLQ")
+            dlq_info = await service_js.stream_info("TIMER_DLQ")
             commands = await service_js.stream_info("TIMER_COMMANDS")
-        finally:
-            await nc.close()
-        assert events.state.last_seq == 1 and dlq.state.last_seq == 1, "one event, one DLQ copy"
-        assert commands.state.last_seq == 6, "acme's two schedules, its cancel, pause, resume and bad command"
+    assert events.state.last_seq == 1 and dlq_info.state.last_seq == 1, "one event, one DLQ copy"
+    assert commands.state.last_seq == 9, "acme's 2 + 3 schedules, its cancel, pause, resume and bad command"
+
+
+async def test_a_tenant_cannot_point_a_consumer_at_the_wake_subject(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Issue 31, defect 3: the block allowed a tenant to create a consumer on its own DLQ, and the
+    request's body chose where it delivers: a push consumer delivering onto the wake subject had
+    every replica claim for each of its entries, redelivered without end after the tenant left.
+    Now a tenant creates no consumer at all, under the provisioned name or another."""
+    async with tenants(settings, tmp_path) as t, await t.connect("acme") as acme:
+        for name in ("acme", "evil"):
+            config = api.ConsumerConfig(
+                name=name,
+                durable_name=name,
+                filter_subject="svc.acme.timer.dlq",
+                deliver_subject="svc._timer.wake",
+                ack_policy=api.AckPolicy.EXPLICIT,
+                ack_wait=1,
+            )
+            with pytest.raises(nats.errors.TimeoutError):  # refused: no answer comes
+                await acme.js.add_consumer("TIMER_DLQ", config=config, timeout=2)
+        await t.refuse(
+            [
+                ("publish", f"$JS.API.CONSUMER.CREATE.TIMER_DLQ.{n}.svc.acme.timer.dlq")
+                for n in ("acme", "evil")
+            ]
+        )
+        async with t.service_js() as service_js:
+            consumers = await service_js.consumers_info("TIMER_DLQ")
+    assert {(c.name, c.config.deliver_subject) for c in consumers} == {("acme", None), ("zeta", None)}
+
+
+async def test_due_events_keeps_reading_through_flow_control_with_the_documented_permissions(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The provisioned events consumer has flow control: past a few megabytes in flight the server
+    waits for the reader's answer on `$JS.FC.TIMER_EVENTS.acme.…` before it sends more. Without
+    that subject in the block the answer is refused and the consumer stalls for good."""
+    count, body = 3000, b"x" * 2000  # 6 MB: flow control asks more than once
+    async with tenants(settings, tmp_path) as t:
+        async with t.service_js() as service_js:  # stored as the service would, without firing each
+            for _ in range(count):
+                await service_js.publish("svc.acme.timer.due", body)
+        async with await t.connect("acme") as acme:
+            read = 0
+            async with contextlib.aclosing(acme.due_events("acme", durable="acme")) as events:
+                async with asyncio.timeout(60):
+                    async for event in events:
+                        event.ack()
+                        read += 1
+                        if read == count:
+                            break
+            assert not t.refused, t.refused

@@ -23,7 +23,15 @@ from worker.contract import REASONS, TENANT_RULE, is_valid_tenant
 from worker.errors import ConfigError
 from worker.ops.cli_dlq import cmd_dlq
 from worker.ops.cli_nats import _first_line
-from worker.ops.cli_service import cmd_bench, cmd_console, cmd_dev, cmd_migrate, cmd_migrate_streams, cmd_run
+from worker.ops.cli_service import (
+    cmd_bench,
+    cmd_console,
+    cmd_consumer,
+    cmd_dev,
+    cmd_migrate,
+    cmd_migrate_streams,
+    cmd_run,
+)
 from worker.ops.cli_timers import (
     cmd_cancel,
     cmd_describe,
@@ -158,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=None, help="wait at most this many seconds for it to drain (exit 1)"
     )
     ms.set_defaults(func=cmd_migrate_streams)
+    cn = sub.add_parser("consumer", help="a tenant's consumers of its events and DLQ (docs/SECURITY.md)")
+    cns = cn.add_subparsers(dest="consumer_command", required=True, metavar="ACTION")
+    a = cns.add_parser("add", help="create them (or leave them as they are): durable, named after the tenant")
+    a.add_argument("--tenant", type=_tenant, required=True)
+    a.set_defaults(func=cmd_consumer)
     r = sub.add_parser("run", help="run one replica until SIGTERM")
     r.add_argument(
         "--no-migrate",

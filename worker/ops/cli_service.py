@@ -29,6 +29,23 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_consumer(args: argparse.Namespace) -> int:
+    """`consumer add --tenant acme`: the consumers the tenant reads, provisioned (worker/ops/consumers.py)."""
+    from worker.ops.cli_nats import _jetstream
+    from worker.ops.consumers import provision
+
+    settings = load_settings()
+
+    async def add() -> int:
+        async with _jetstream(settings) as js:
+            for made in await provision(js, settings, args.tenant):
+                how = f"push to {made.deliver_subject}" if made.deliver_subject else "pull"
+                print(f"consumer {made.name} on {made.stream}: {made.filter_subject}, {how}")
+        return 0
+
+    return asyncio.run(add())
+
+
 def cmd_migrate_streams(args: argparse.Namespace) -> int:
     from worker.ops.streams import migrate_streams
 

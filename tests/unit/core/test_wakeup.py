@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.twins import FakeClock, FakeTime
-from worker.core.wakeup import Wakeup
+from worker.core.wakeup import PEER_HINT_SPACING_S, Wakeup
 
 DB_NOW = 1000.0  # the database clock, in epoch seconds
 SHORT_S = 0.05  # a sleep that is meant to run its length
@@ -90,3 +90,50 @@ async def test_stop_ends_a_sleep_at_once(wakeup: Wakeup) -> None:
     await asyncio.sleep(0)
     stop.set()
     assert await ended_early(sleeping) < 1
+
+
+# --- hints from other replicas: untrusted, rate-limited ------------------------------------------
+
+
+async def test_a_flood_of_peer_hints_wakes_the_loop_once_per_interval(wakeup: Wakeup) -> None:
+    """What comes on the wake subject may be a flood (a JetStream consumer pointed at it): each
+    early wake-up is a claim. However many hints, at most one per PEER_HINT_SPACING_S ends a
+    sleep, and the rest are reported held back, for the metric."""
+    stop = asyncio.Event()
+    wakes = 0
+
+    async def loop() -> None:
+        nonlocal wakes
+        while not stop.is_set():
+            await wakeup.sleep(LONG_S, stop)
+            wakes += 1
+
+    sleeping = asyncio.create_task(loop())
+    started = time.monotonic()
+    held_back = sent = 0
+    while time.monotonic() - started < 10 * PEER_HINT_SPACING_S:
+        held_back += not wakeup.peer_hint(DB_NOW)
+        sent += 1
+        await asyncio.sleep(0)  # the loop runs between hints, as between messages
+    elapsed = time.monotonic() - started
+    stop.set()
+    await asyncio.wait_for(sleeping, timeout=5)
+    assert sent > 100, "a flood, not a trickle"
+    assert 1 <= wakes <= elapsed / PEER_HINT_SPACING_S + 2  # (+ the stop's own wake-up)
+    assert held_back >= sent - wakes
+
+
+async def test_a_peer_hint_held_back_still_wakes_the_loop_at_the_end_of_the_interval(wakeup: Wakeup) -> None:
+    assert wakeup.peer_hint(DB_NOW)  # the first: at once
+    await asyncio.wait_for(timed(wakeup, LONG_S), timeout=5)
+    assert not wakeup.peer_hint(DB_NOW)  # the second, at once after: held back, not lost
+    took = await asyncio.wait_for(timed(wakeup, LONG_S), timeout=5)
+    assert took < PEER_HINT_SPACING_S + 0.5
+
+
+async def test_the_replicas_own_hints_are_not_limited_by_its_peers(wakeup: Wakeup) -> None:
+    assert wakeup.peer_hint(DB_NOW)
+    await asyncio.wait_for(timed(wakeup, LONG_S), timeout=5)
+    assert not wakeup.peer_hint(DB_NOW)  # a peer's: held back to the end of the interval
+    wakeup.hint(DB_NOW)  # this replica's intake stored a timer due now: at once
+    assert await asyncio.wait_for(timed(wakeup, LONG_S), timeout=5) < PEER_HINT_SPACING_S / 2
