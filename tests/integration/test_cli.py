@@ -240,7 +240,7 @@ async def test_schedule_from_file_sends_each_line_once_as_the_service_checked_it
         flat("stamped", timestampMs=1234),
         envelope,
         _json.dumps({"type": "ScheduleTimer", "payload": _json.loads(flat("no-id"))}),
-        flat("big-data", data="x" * 100),  # 102 bytes as JSON: over TIMER_MAX_PAYLOAD_BYTES
+        flat("big-data", data="x" * 100),  # 102 bytes as events carry it: over TIMER_MAX_PAYLOAD_BYTES
         flat("huge", data="x" * MAX_BODY_BYTES),
         flat("after"),
     ]
@@ -255,7 +255,7 @@ async def test_schedule_from_file_sends_each_line_once_as_the_service_checked_it
         assert proc.returncode == 1, proc.stderr
         assert proc.stdout.splitlines()[0] == "sent 5, duplicate 0, rejected 2 (not sent), not stored 0"
         assert proc.stderr.splitlines() == [
-            "line 5: payload_too_large: data is 102 bytes as JSON, more than 100",
+            "line 5: payload_too_large: data is 102 bytes as its events carry it, more than 100",
             f"line 6: body_too_large: more than {MAX_BODY_BYTES} bytes, not read",
         ]
         sent = [await broker.js.get_msg(settings.command_stream, seq) for seq in range(1, 6)]
