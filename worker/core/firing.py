@@ -32,14 +32,15 @@ RETRY_BACKOFF_MS = 1000
 # broken) is retried after RETRY_BACKOFF_MS, doubling with each attempt up to this: it stays
 # visible (attempts, lastError) and never spins the loop.
 ROW_RETRY_MAX_MS = 300_000
-# Next occurrences that cost more than NEXT_FREE_S each (a rare cron schedule, skipped occurrences
-# counted for `times`: worker/core/budget.py) take at most a tenth of the loop's time, a tenth of a
-# second saved up. Every other schedule costs tens of microseconds and is never charged. A
-# recurring row met while the budget is overdrawn is put back, unfired and with no error, for
-# POSTPONE_MS.
+# What next occurrences cost beyond NEXT_FREE_S each (a rare cron schedule, skipped occurrences
+# counted for `times`: worker/core/budget.py) takes at most a tenth of the loop's time, a tenth of
+# a second saved up. A common schedule's costs 10 to 40 us and is never charged; the free part is
+# about what firing any row costs the replica anyway (~30 us), so a claim of rows just under it
+# holds the loop ~0.1 s at most. A recurring row met while the budget is overdrawn is put back,
+# unfired and with no error, for POSTPONE_MS.
 NEXT_SHARE = 0.1
 NEXT_BURST_S = 0.1
-NEXT_FREE_S = 0.0005
+NEXT_FREE_S = 0.0001
 POSTPONE_MS = 1000
 # A failed claim is retried after this, doubling up to the poll interval. A dropped connection
 # leaves every pooled one broken, each failing one claim: starting at seconds, that stalled a
