@@ -261,7 +261,8 @@ async def test_a_command_stream_and_consumer_made_before_pause_get_its_subjects(
                 lambda: query(db_url, "SELECT count(*) FROM paused_tenants") == [(1,)], what="applied"
             )
     wanted = [*old, f"{settings.subject_prefix}.*.timer.pause", f"{settings.subject_prefix}.*.timer.resume"]
-    assert stream.subjects == wanted and consumer.filter_subjects == wanted
+    # the stream binds command subjects only: the consumer takes them all, unfiltered (command_filter)
+    assert stream.subjects == wanted and not consumer.filter_subjects and not consumer.filter_subject
     assert stream.max_age == settings.command_max_age.total_seconds() and stream.duplicate_window == 120
 
 

@@ -219,7 +219,10 @@ async def _intake(ctx: Context, work_queue: bool) -> Metrics:
             config = (await jsm.stream_info(name)).config
             await jsm.delete_stream(name)
             await jsm.add_stream(dataclasses.replace(config, retention=api.RetentionPolicy.WORK_QUEUE))
-            await jsm.add_consumer(name, consumer_config(rig.settings, Subjects(rig.settings.subject_prefix)))
+            await jsm.add_consumer(
+                name,
+                consumer_config(rig.settings, Subjects(rig.settings.subject_prefix), config.subjects or []),
+            )
         prefix = rig.names["subject_prefix"]
         due = datetime.now(UTC) + timedelta(days=1)
         bodies = [schedule_command(prefix, f"t{i % 10}", f"i-{i}", due) for i in range(unique)]

@@ -26,6 +26,7 @@ from worker.adapters.streams import (
     CommandStreams,
     check_limits,
     check_sizes,
+    command_filter,
     consumer_config,
     event_batches,
     probe_wanted,
@@ -107,6 +108,9 @@ class Broker:
         self._cheaper: bool | None = None
         self._probe: asyncio.Task[None] | None = None
         self._subscriptions: list[Subscription] = []  # core NATS ones (get, wake): drained on close
+        # The shared consumer takes every subject of the command stream (no filter): tend_once then
+        # watches the stream for a subject that is not a command (streams.command_filter).
+        self._unfiltered = False
 
     @property
     def permits(self) -> asyncio.Semaphore:
@@ -196,9 +200,11 @@ class Broker:
         await self._add_command_subjects(jsm, found[command])  # the stream intake reads
         try:
             consumer = (await jsm.consumer_info(command, s.consumer)).config
-            await self._add_consumer_subjects(jsm, command, consumer)
+            await self._filter_consumer(jsm, found[command], consumer)
         except NotFoundError:
-            await jsm.add_consumer(command, consumer_config(self.settings, self.subjects))
+            created = consumer_config(s, self.subjects, found[command].subjects or [])
+            await jsm.add_consumer(command, created)
+            self._unfiltered = not created.filter_subjects
             log.info(
                 "consumer created",
                 extra={"action": "consumer_created", "consumer": s.consumer, "stream": command},
@@ -241,22 +247,25 @@ class Broker:
         await jsm.update_stream(commands)
         log.info("stream subjects added", extra={"action": "stream_updated", "stream": commands.name})
 
-    async def _add_consumer_subjects(
-        self, jsm: JetStreamContext, stream: str, consumer: api.ConsumerConfig
+    async def _filter_consumer(
+        self, jsm: JetStreamContext, stream: api.StreamConfig, consumer: api.ConsumerConfig
     ) -> None:
-        """The shared consumer's filter, likewise: created before pause and resume, it would never
-        deliver a pause. A durable's filter_subjects may change in place (NATS 2.10); its pending
-        commands stay."""
-        have = list(
-            consumer.filter_subjects or ([consumer.filter_subject] if consumer.filter_subject else [])
-        )
-        missing = [x for x in self.subjects.commands if x not in have]
-        if not have or not missing or not self.settings.create_streams:
-            return  # no filter at all: it takes every subject of the stream already
-        await jsm.add_consumer(stream, consumer, filter_subject=None, filter_subjects=[*have, *missing])
+        """The shared consumer's filter, as streams.command_filter wants it for the stream's
+        subjects now, changed in place (NATS 2.10: a durable's filter may change; its pending
+        commands stay): a consumer made with the command filters (by an older release, or before
+        pause and resume) loses them, and one on a stream that has since bound another subject
+        gets them back, so that it never takes a message that is not a command. Only with
+        TIMER_CREATE_STREAMS (otherwise the operator sets it: docs/OPERATIONS.md)."""
+        have = consumer.filter_subjects or ([consumer.filter_subject] if consumer.filter_subject else [])
+        want = command_filter(self.subjects, stream.subjects or []) or []
+        if sorted(have) == sorted(want) or not self.settings.create_streams:
+            self._unfiltered = not have
+            return
+        await jsm.add_consumer(stream.name or "", consumer, filter_subject=None, filter_subjects=want or None)
+        self._unfiltered = not want
         log.info(
-            "consumer subjects added",
-            extra={"action": "consumer_updated", "consumer": self.settings.consumer},
+            "consumer filter changed",
+            extra={"action": "consumer_updated", "consumer": self.settings.consumer, "filter": want},
         )
 
     def _set_problem(self, problem: str | None) -> None:
@@ -305,10 +314,18 @@ class Broker:
         if not self.connected:
             return
         s = self.settings
-        if self.command_stream == s.command_stream and not self.commands.purging:
-            # A work queue made by an older release: watch it for a cut-over.
-            info = await self.js.stream_info(s.command_stream)
-            if (info.config.metadata or {}).get(SUCCESSOR):
+        watch_cut_over = self.command_stream == s.command_stream and not self.commands.purging
+        if watch_cut_over or self._unfiltered:
+            # A work queue made by an older release: watch it for a cut-over. An unfiltered consumer:
+            # watch the stream for a subject bound since, which would bring it foreign messages.
+            try:
+                config = (await self.js.stream_info(self.command_stream)).config
+            except NotFoundError:  # intake's failed fetch puts it back
+                config = None
+            if config is not None and (
+                (watch_cut_over and (config.metadata or {}).get(SUCCESSOR))
+                or (self._unfiltered and command_filter(self.subjects, config.subjects or []))
+            ):
                 await self.ensure_streams()
         if self.draining is not None:
             try:

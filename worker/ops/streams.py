@@ -93,7 +93,7 @@ async def _migrate(broker: Broker, to: str | None, wait: float | None, say: Call
     try:
         await js.consumer_info(successor, s.consumer)
     except NotFoundError:
-        await js.add_consumer(successor, consumer_config(s, broker.subjects))
+        await js.add_consumer(successor, consumer_config(s, broker.subjects, broker.subjects.commands))
     return await _drained(broker, old, successor, wait, say)
 
 
