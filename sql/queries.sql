@@ -796,14 +796,17 @@ LIMIT %(limit)s;
 -- name: lock_tenant
 -- A tenant's pause or resume, in the transaction that changes its flag: waits for every intake
 -- transaction writing the tenant's timers (lock_tenants_shared), and holds new ones back until the
--- flag is committed. Key: worker/adapters/pausing.py, tenant_lock_keys.
-SELECT pg_advisory_xact_lock(%(key)s::bigint);
+-- flag is committed. Its keys (the tenant's own and its slot's, worker/adapters/pausing.py,
+-- pause_lock_keys) in the given (ascending) order, as intake takes its own.
+SELECT count(pg_advisory_xact_lock(k)) AS n
+FROM unnest(%(keys)s::bigint[]) WITH ORDINALITY AS u(k, i);
 
 -- name: lock_tenants_shared
 -- Intake, before it writes ScheduleTimers, in their transaction: the tenants' keys, shared (intake
--- transactions never wait for each other), in the given (sorted) order. A statement of its own, so
--- the upsert that follows takes its snapshot after any pause or resume of these tenants committed,
--- and reads its flag; and a pause or resume waits until these rows are committed, and visible to
+-- transactions never wait for each other), in the given (sorted) order; no more than
+-- pausing.TENANT_LOCKS of them (intake_lock_keys: a batch of many tenants locks their slots). A
+-- statement of its own, so the upsert that follows takes its snapshot after any pause or resume of
+-- these tenants committed, and reads its flag; and a pause or resume waits until these rows are committed, and visible to
 -- the rows it moves (issue 23 review: else a schedule in flight stayed Scheduled under a paused
 -- tenant, or Paused under a resumed one, for good).
 SELECT count(pg_advisory_xact_lock_shared(k)) AS n

@@ -394,7 +394,7 @@ async def _lock_tenants_shared(conn: psycopg.AsyncConnection[Any], commands: Seq
     tenants' flags. CancelTimers read no flag."""
     tenants = [c.tenant_id for c in commands if isinstance(c, ScheduleTimer)]
     if tenants:
-        await conn.execute(QUERIES["lock_tenants_shared"], {"keys": pausing.tenant_lock_keys(tenants)})
+        await conn.execute(QUERIES["lock_tenants_shared"], {"keys": pausing.intake_lock_keys(tenants)})
 
 
 def _key(c: Command) -> Key:
