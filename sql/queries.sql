@@ -239,6 +239,22 @@ UPDATE timers t SET deferred_seqs = (
 FROM c
 WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id;
 
+-- name: claim_begin
+-- The claim's transaction (Store.claim), and the plan of its claim_due: the due lanes walk the due
+-- index in due order, whatever the statistics say. On a table whose heap order is not its due order
+-- (months of scheduling), with few rows due per claim, the planner chose a bitmap scan and a sort
+-- (issue 36): a bitmap scan never marks dead index entries (an index scan does), so every claim
+-- re-read every occurrence fired since the last vacuum, Postgres' CPU per fire 8 x the empty
+-- table's. With statistics taken before a burst it expected a few hundred due rows and sorted all
+-- 50,000 (issue 37). Without bitmap scans and sorts the one way to rows in due order is the index,
+-- read as far as the LIMIT. Settings of this transaction only (SET LOCAL: intake's statements plan
+-- as ever), sent with its BEGIN in one simple-protocol message: no round trip of their own. Its
+-- other statements (mark_fired, retry_later) find their rows by ctid, a TID scan under any settings
+-- (tests/integration/test_plans.py).
+BEGIN;
+SET LOCAL enable_bitmapscan = off;
+SET LOCAL enable_sort = off;
+
 -- name: claim_due
 -- Claim a batch of due occurrences under a lease, and say when the next one comes due.
 -- "Due" includes the next %(ahead_ms)s milliseconds: the replica holds those until their
@@ -780,14 +796,17 @@ LIMIT %(limit)s;
 -- name: lock_tenant
 -- A tenant's pause or resume, in the transaction that changes its flag: waits for every intake
 -- transaction writing the tenant's timers (lock_tenants_shared), and holds new ones back until the
--- flag is committed. Key: worker/adapters/pausing.py, tenant_lock_keys.
-SELECT pg_advisory_xact_lock(%(key)s::bigint);
+-- flag is committed. Its keys (the tenant's own and its slot's, worker/adapters/pausing.py,
+-- pause_lock_keys) in the given (ascending) order, as intake takes its own.
+SELECT count(pg_advisory_xact_lock(k)) AS n
+FROM unnest(%(keys)s::bigint[]) WITH ORDINALITY AS u(k, i);
 
 -- name: lock_tenants_shared
 -- Intake, before it writes ScheduleTimers, in their transaction: the tenants' keys, shared (intake
--- transactions never wait for each other), in the given (sorted) order. A statement of its own, so
--- the upsert that follows takes its snapshot after any pause or resume of these tenants committed,
--- and reads its flag; and a pause or resume waits until these rows are committed, and visible to
+-- transactions never wait for each other), in the given (sorted) order; no more than
+-- pausing.TENANT_LOCKS of them (intake_lock_keys: a batch of many tenants locks their slots). A
+-- statement of its own, so the upsert that follows takes its snapshot after any pause or resume of
+-- these tenants committed, and reads its flag; and a pause or resume waits until these rows are committed, and visible to
 -- the rows it moves (issue 23 review: else a schedule in flight stayed Scheduled under a paused
 -- tenant, or Paused under a resumed one, for good).
 SELECT count(pg_advisory_xact_lock_shared(k)) AS n

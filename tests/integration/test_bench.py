@@ -134,3 +134,19 @@ def test_the_tenantwork_bench_times_each_costly_schedule_at_intake_and_to_fire()
     for case in CASES:
         assert report[f"{case}_intake_us"] > 0 and report[f"{case}_next_us"] > 0
     assert report["worst_next_us"] == max(report[f"{case}_next_us"] for case in CASES)
+
+
+def test_the_steady_bench_sets_the_realistic_tables_postgres_cpu_beside_the_empty_ones(
+    pg_server_url: str, nats_url: str
+) -> None:
+    env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
+    argv = ["steady", "--scale", "0.002", "--runs", "1", "--replicas", "1", "--json"]
+    report, stderr = run_json(["-m", "tools.bench", *argv], env)
+    m = report["results"]["steady"]["median"]
+    # --scale honoured (5,000,000 x 0.002), every timer of both arms fired and measured
+    assert m["rows"] == 10_000 and m["due_per_s"] == 500
+    assert m["empty_pg_cpu_us_per_fire"] > 0 and m["pg_cpu_us_per_fire"] > 0
+    assert m["pg_cpu_over_empty"] == m["pg_cpu_us_per_fire"] / m["empty_pg_cpu_us_per_fire"]
+    assert m["lateness_p99_ms"] >= 0 and m["empty_lateness_p99_ms"] >= 0
+    assert [v["metric"] for v in report["results"]["steady"]["targets"]] == ["pg_cpu_over_empty"]
+    assert "building a table of 10,000 pending timers" in stderr

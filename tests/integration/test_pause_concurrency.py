@@ -8,10 +8,11 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.helpers import (
     consumer_idle,
@@ -24,10 +25,13 @@ from tests.helpers import (
     running_replica,
     until,
 )
-from worker.adapters.pausing import tenant_lock_keys
+from worker.adapters import db, pausing
+from worker.adapters.pausing import TENANT_LOCKS, intake_lock_keys, pause_lock_keys
 from worker.adapters.queries import QUERIES
-from worker.adapters.store import ORDER_GRACE
+from worker.adapters.store import ORDER_GRACE, Store
 from worker.config import Settings
+from worker.contract import PauseTimers, ScheduleTimer
+from worker.core.domain import Key
 
 
 def _upsert_params(tenant: str, sid: str, due: datetime) -> dict[str, Any]:
@@ -84,14 +88,18 @@ def _tenant_flag(db_url: str, tenant: str) -> Any:
 
 
 @contextlib.contextmanager
-def _schedule_in_stalled_intake(db_url: str, tenant: str, sid: str, due: datetime) -> Iterator[None]:
+def _schedule_in_stalled_intake(
+    db_url: str, tenant: str, sid: str, due: datetime, others: int = 0
+) -> Iterator[None]:
     """An intake transaction that ran its statements (exactly the replica's: its tenants' shared
     lock, then upsert_schedules, with Store.apply's parameters) and then stalled before COMMIT: a
     replica stopped by a GC pause, CPU starvation, or a slow link to Postgres between the statement
-    and its commit. It commits when the block ends, however it ends."""
+    and its commit. It commits when the block ends, however it ends. With `others`, its batch held
+    that many other tenants' commands too (their locks: past TENANT_LOCKS tenants, their slots')."""
     conn = psycopg.connect(db_url)
+    tenants = [tenant, *(f"other-{i}" for i in range(others))]
     try:
-        conn.execute(QUERIES["lock_tenants_shared"], {"keys": tenant_lock_keys([tenant])}).fetchall()
+        conn.execute(QUERIES["lock_tenants_shared"], {"keys": intake_lock_keys(tenants)}).fetchall()
         conn.execute(QUERIES["upsert_schedules"], _upsert_params(tenant, sid, due)).fetchall()
         yield
     finally:
@@ -99,20 +107,25 @@ def _schedule_in_stalled_intake(db_url: str, tenant: str, sid: str, due: datetim
         conn.close()
 
 
+# The stalled batch alone, or with enough other tenants that it locks their slots instead of each.
+BATCHES = pytest.mark.parametrize("others", [0, TENANT_LOCKS + 8], ids=["one-tenant", "many-tenants"])
+
+
 # Issue 23 review, defect 1: a resume acknowledged while a ScheduleTimer of the tenant was in flight
 # leaves the new timer Paused for ever under a resumed tenant: it never fires (a lost timer). The upsert's
 # statement read paused_tenants before the resume's flag committed, so it stores the row Paused; its
 # insert is invisible to resume_tenant_rows and tenant_left_paused until it commits, and the resume's
 # one deferral (lease_ms) is the only wait. Nothing ever looks at the row again.
+@BATCHES
 async def test_a_resume_racing_an_in_flight_schedule_frees_the_new_timer_too(
-    settings: Settings, db_url: str
+    settings: Settings, db_url: str, others: int
 ) -> None:
     async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
         await publish_raw(js, settings, "acme", "pause", {"tenantId": "acme"})
         await until(lambda: _tenant_flag(db_url, "acme") not in (None, "absent"), what="tenant paused")
         await until(lambda: consumer_idle(settings), timeout=30, what="pause acknowledged")
         (now,) = query(db_url, "SELECT now()")[0]
-        with _schedule_in_stalled_intake(db_url, "acme", "late", now - timedelta(seconds=1)):
+        with _schedule_in_stalled_intake(db_url, "acme", "late", now - timedelta(seconds=1), others):
             await publish_raw(js, settings, "acme", "resume", {"tenantId": "acme"})
             await until(
                 lambda: _acknowledged_or_waiting(settings, db_url, "acme", False),
@@ -123,14 +136,16 @@ async def test_a_resume_racing_an_in_flight_schedule_frees_the_new_timer_too(
         await until(lambda: consumer_idle(settings), timeout=30, what="resume acknowledged")
         # Due 1 s before: it fires once the tenant is resumed. Left Paused (the defect), it never does.
         await until(lambda: rec.keys()[("acme", "late")] == 1, timeout=30, what="the resumed timer fired")
-        assert (row(db_url, "acme", "late") or {}).get("state") == "Reached"
+        # Its batch commits the firing after the PubAck, so the event may be in before the row is.
+        await until(lambda: (row(db_url, "acme", "late") or {}).get("state") == "Reached", what="recorded")
 
 
 # Issue 23 review, defect 1b: a pause acknowledged while a ScheduleTimer of the tenant was in
 # flight leaves the new timer Scheduled under a paused tenant: it fires while the tenant is paused,
 # though the pause was acknowledged as "none left unpaused".
+@BATCHES
 async def test_a_pause_racing_an_in_flight_schedule_pauses_the_new_timer_too(
-    settings: Settings, db_url: str
+    settings: Settings, db_url: str, others: int
 ) -> None:
     async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
         await publish_raw(
@@ -139,7 +154,7 @@ async def test_a_pause_racing_an_in_flight_schedule_pauses_the_new_timer_too(
         )  # fmt: skip
         await until(lambda: row(db_url, "acme", "first") is not None)
         (now,) = query(db_url, "SELECT now()")[0]
-        with _schedule_in_stalled_intake(db_url, "acme", "sneak", now + timedelta(seconds=2)):
+        with _schedule_in_stalled_intake(db_url, "acme", "sneak", now + timedelta(seconds=2), others):
             await publish_raw(js, settings, "acme", "pause", {"tenantId": "acme"})
             await until(
                 lambda: _acknowledged_or_waiting(settings, db_url, "acme", True),
@@ -277,3 +292,48 @@ async def test_a_pause_behind_a_stuck_claim_is_given_up_once_the_rest_is_paused(
     assert cancel.headers is not None and cancel.headers["Timer-Error"] == "timer_stuck"
     assert (row(db_url, "acme", "free") or {}).get("state") == "Paused"
     assert (row(db_url, "acme", "stuck") or {}).get("state") == "Scheduled"
+
+
+# Issue 36: intake held one shared advisory lock per tenant of its batch, 1,000 to 2,000 at once at
+# a thousand tenants, from a lock table of max_locks_per_transaction x connections (6,400 entries on
+# a default server): larger batches or more replicas ran it out ("out of shared memory").
+async def test_an_intake_batch_of_as_many_tenants_as_it_may_hold_takes_a_bounded_number_of_locks(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    largest = next(m.le for m in Settings.model_fields["intake_batch_size"].metadata if hasattr(m, "le"))
+    held: list[int] = []
+    share: list[int] = []  # the lock table's entries per connection: what each may hold at once
+    lock_keys = Store._lock_keys
+
+    async def counted(self: Store, conn: psycopg.AsyncConnection[Any], keys: set[Key]) -> dict[Key, bool]:
+        # Intake's next step after lock_tenants_shared, in its transaction: every tenant lock is held.
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+        held.append(int((await cur.fetchall())[0][0]))
+        cur = await conn.execute("SELECT current_setting('max_locks_per_transaction')::int")
+        share.append(int((await cur.fetchall())[0][0]))
+        return await lock_keys(self, conn, keys)
+
+    monkeypatch.setattr(Store, "_lock_keys", counted)
+    due = datetime.now(UTC) + timedelta(days=1)
+    commands = [ScheduleTimer(f"tenant-{i}", f"k-{i}", due, None, None, None) for i in range(largest)]
+    async with db.pool(db_url, "locks", min_size=1, max_size=1, idle_in_transaction_ms=60_000) as pool:
+        applied = await Store(pool).apply(commands)
+    assert applied.outcomes == ["applied"] * largest
+    assert len(held) == 1 and 0 < held[0] <= min(TENANT_LOCKS, share[0] // 2), (
+        f"{held} advisory locks for {largest} tenants, of {share} per connection"
+    )
+
+
+async def test_a_small_intake_batch_holds_back_no_pause_of_another_tenant_of_its_slot(db_url: str) -> None:
+    """A batch of few tenants locks each tenant's own key: a pause of another tenant hashed to the same
+    slot does not wait for it (only a batch of more than TENANT_LOCKS tenants holds whole slots)."""
+    acme = set(pause_lock_keys("acme"))
+    other = next(t for t in (f"b-{i}" for i in range(10_000)) if acme & set(pause_lock_keys(t)))
+    with _schedule_in_stalled_intake(db_url, "acme", "k", datetime.now(UTC) + timedelta(days=1)):
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            await conn.execute("SET lock_timeout = '5s'")  # waiting for the stalled batch fails it
+            applied = await pausing.pause(conn, PauseTimers(other, None, False), None, timedelta(hours=1))
+    assert applied.outcomes == ["applied"]
+    assert _tenant_flag(db_url, other) not in (None, "absent")

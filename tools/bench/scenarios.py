@@ -377,6 +377,14 @@ async def idle(ctx: Context) -> Metrics:
         }
 
 
+async def steady(ctx: Context) -> Metrics:
+    """Steady load on a realistic table beside an empty one (tools/bench/steady.py: its own module,
+    imported here when it runs, as it imports this one)."""
+    from tools.bench import steady as module
+
+    return await module.steady(ctx)
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -402,6 +410,7 @@ SCENARIOS = {
         Scenario("catchup", catchup, (("fresh_lateness_p99_ms", "<=", 1000),)),
         Scenario("fairness", fairness, (("fresh_lateness_p99_ms", "<=", 1000),)),
         Scenario("idle", idle, (("statements_per_s_per_replica", "<=", 1),)),
+        Scenario("steady", steady, (("pg_cpu_over_empty", "<=", 1.5),)),
         Scenario("sweep", sweep, ()),
     )
 }

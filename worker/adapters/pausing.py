@@ -22,17 +22,46 @@ PAUSE_CHUNK = 5000
 PAUSE_ROWS_PER_DELIVERY = PAUSE_CHUNK
 
 
-def tenant_lock_keys(tenants: Iterable[str]) -> list[int]:
-    """The transaction-level advisory lock keys of these tenants, sorted (a fixed order to take them
-    in): intake holds them shared while it writes the tenants' timers, a tenant's pause or resume
-    takes its key exclusively while it changes the flag (lock_tenants_shared, lock_tenant). The one
-    place the key is derived. A collision only makes two tenants wait for each other's flag change."""
-    return sorted({_lock_key(t) for t in tenants})
+# Advisory locks one intake transaction holds at most (lock_tenants_shared): the pause fence's.
+# They come from a shared lock table of max_locks_per_transaction x connections (6,400 entries on a
+# default server); one per tenant, a batch of 1,000 tenants held 1,000 and a few replicas ran it out
+# ("out of shared memory", issue 36). A batch of more tenants than this locks their slots instead:
+# the tenants hashed into this many keys, each standing for every tenant hashed to it.
+TENANT_LOCKS = 32
+
+
+def intake_lock_keys(tenants: Iterable[str]) -> list[int]:
+    """The transaction-level advisory lock keys intake holds shared while it writes these tenants'
+    timers (lock_tenants_shared), sorted: each tenant's own key, or, for more than TENANT_LOCKS
+    tenants, their slots' keys. Never more than TENANT_LOCKS, so the lock table holds every replica's.
+
+    A tenant's pause or resume takes both its own key and its slot's exclusively (pause_lock_keys), so
+    it waits for every intake transaction writing the tenant's timers, whichever keys that one holds.
+    A slot only adds waiting: a pause waits for a large batch that holds its slot for other tenants
+    (one intake transaction, milliseconds), never for anything else."""
+    distinct = set(tenants)
+    if len(distinct) <= TENANT_LOCKS:
+        return sorted({_lock_key(t) for t in distinct})
+    return sorted({_slot_key(t) for t in distinct})
+
+
+def pause_lock_keys(tenant: str) -> list[int]:
+    """The keys a tenant's pause or resume takes exclusively (lock_tenant): its own and its slot's,
+    in ascending order like intake's. Every transaction takes its keys in that one order, so no two
+    wait for each other in a cycle."""
+    return sorted({_lock_key(tenant), _slot_key(tenant)})
 
 
 def _lock_key(tenant: str) -> int:
+    """A tenant's own key, the one place it is derived. A collision (with another tenant's, or a
+    slot's) only makes them wait for each other's flag change."""
     digest = hashlib.blake2b(tenant.encode(), digest_size=8, person=b"timer-pause").digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def _slot_key(tenant: str) -> int:
+    """The key of a tenant's slot: 0 to TENANT_LOCKS - 1 (the migration's session lock is far above)."""
+    return _lock_key(tenant) % TENANT_LOCKS
 
 
 async def pause(
@@ -57,7 +86,7 @@ async def pause(
         # Waits for every intake transaction writing this tenant's timers to end: their upserts read
         # the flag before this commits, so their rows must be committed, and visible, before the
         # rows are moved below. Every upsert after this commit reads the new flag.
-        await conn.execute(QUERIES["lock_tenant"], {"key": tenant_lock_keys([command.tenant_id])[0]})
+        await conn.execute(QUERIES["lock_tenant"], {"keys": pause_lock_keys(command.tenant_id)})
         await conn.execute(QUERIES["pause_tenant"], flip)
     dues, more = await _move_rows(conn, command)
     if more:

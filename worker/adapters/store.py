@@ -275,10 +275,11 @@ class Store:
         with self._db(write=True):
             conn = await self.pool.getconn()
             try:
-                # BEGIN on its own, not pipelined with the claim: a session left in a transaction
-                # after a psycopg pipeline was never ended by idle_in_transaction_session_timeout
-                # (Postgres 18, psycopg 3; tests/integration/test_port_conformance.py).
-                await conn.execute("BEGIN")
+                # BEGIN and the claim's plan settings (claim_begin) in one message, not pipelined
+                # with the claim: a session left in a transaction after a psycopg pipeline was never
+                # ended by idle_in_transaction_session_timeout (Postgres 18, psycopg 3;
+                # tests/integration/test_port_conformance.py).
+                await conn.execute(QUERIES["claim_begin"])
                 cur = conn.cursor(binary=True)  # plain tuples, read by column name (claim_rows)
                 await cur.execute(QUERIES["claim_due"], sql_params)
                 received = time.monotonic()  # the clock reading is in: the rows are read after
@@ -393,7 +394,7 @@ async def _lock_tenants_shared(conn: psycopg.AsyncConnection[Any], commands: Seq
     tenants' flags. CancelTimers read no flag."""
     tenants = [c.tenant_id for c in commands if isinstance(c, ScheduleTimer)]
     if tenants:
-        await conn.execute(QUERIES["lock_tenants_shared"], {"keys": pausing.tenant_lock_keys(tenants)})
+        await conn.execute(QUERIES["lock_tenants_shared"], {"keys": pausing.intake_lock_keys(tenants)})
 
 
 def _key(c: Command) -> Key:
