@@ -181,10 +181,11 @@ async def test_a_refused_event_fails_alone_and_the_rest_of_its_fast_batch_is_sto
 ) -> None:
     b = Broker(settings.model_copy(update={"events_fast_ingest": "on"}))
     await b.connect()
+    await b.ensure_streams()
+    # Smaller than any event after start-up, which refuses such a stream (check_sizes).
     config = b.stream_configs()[1]
     config.max_msg_size = 200
-    await b.js.add_stream(config)
-    await b.ensure_streams()
+    await b.js.update_stream(config)
     try:
         assert b.publisher.fast
         sent = events(settings, range(6))
@@ -231,10 +232,11 @@ async def test_a_refused_publish_is_a_result_not_an_exception(settings: Settings
     # nats-py's APIError.from_error raises: one refused event took publish_many down with it.
     b = Broker(settings)
     await b.connect()
+    await b.ensure_streams()
+    # Smaller than any event after start-up, which refuses such a stream (check_sizes).
     config = b.stream_configs()[1]
     config.max_msg_size = 200
-    await b.js.add_stream(config)
-    await b.ensure_streams()
+    await b.js.update_stream(config)
     try:
         sent = [*events(settings, range(2)), *events(settings, range(2, 3), payload=b"x" * 300)]
         results = await b.publish_many(sent, timeout=5)
