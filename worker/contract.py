@@ -91,6 +91,12 @@ def is_valid_tenant(token: str) -> bool:
     return TENANT_RE.match(token) is not None
 
 
+def tenant_inbox(tenant: str) -> str:
+    """The inbox prefix a tenant connects with (nats-py `inbox_prefix`): its replies, and its
+    events' deliver subject, come under it, and only it may subscribe there (docs/SECURITY.md)."""
+    return f"_INBOX_{tenant}"
+
+
 @dataclass(frozen=True)
 class Subjects:
     """Every subject of the contract (docs/CONTRACT.md, Subjects); tenants are validated before here."""

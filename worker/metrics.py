@@ -59,6 +59,10 @@ WAKE_HINTS_DROPPED = Counter(
 )
 for _why in ("limited", "foreign", "unreadable"):
     WAKE_HINTS_DROPPED.labels(_why)
+GET_REPLIES_REFUSED = Counter(
+    "timer_get_replies_refused_total",
+    "get requests not answered: their reply subject is not an inbox (docs/SECURITY.md)",
+)
 CLAIMED = Counter("timer_claimed_total", "Occurrences claimed under a lease")
 LEASES_RECLAIMED = Counter(
     "timer_leases_reclaimed_total", "Claims of occurrences whose earlier lease ran out (crash or retry)"

@@ -314,3 +314,37 @@ async def test_one_tenants_costly_schedules_do_not_hold_back_another_tenants_tim
     assert (
         REGISTRY.get_sample_value("timer_postponed_total", {"reason": "next_occurrence"}) or 0
     ) > postponed
+
+
+async def test_one_tenants_costly_schedules_do_not_postpone_another_tenants_recurring_timers(
+    settings: Settings, db_url: str
+) -> None:
+    """The budget for costly next occurrences is the replica's, but what overdraws it is one
+    tenant's choice: while a flood of schedules whose skipped occurrences are counted (tens of
+    milliseconds each) kept it overdrawn, every recurring row met was put back, another tenant's
+    hourly timers (microseconds each, never charged) included, claim after claim until the flood
+    had drained. Those fire on time; the flood's rows are the ones put off."""
+    prefix = settings.subject_prefix
+    counted = {"cron": "* * * * *", "timezone": "America/New_York", "times": 1_000_000}
+    flood = {f"counted-{i}": counted for i in range(60)}
+    victims = {f"hourly-{i}" for i in range(10)}
+    paused = "SELECT count(*) FROM timers WHERE tenant_id = 'flood' AND state = 'Paused'"
+    async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
+        await js.publish(f"{prefix}.flood.timer.pause", b'{"tenantId": "flood"}')
+        for sc, repeat in flood.items():
+            body = schedule_body("flood", sc, "1971-01-01T00:00:00Z", repeat=repeat)
+            await js.publish(f"{prefix}.flood.timer.schedule", body)
+        await until(lambda: query(db_url, paused) == [(len(flood),)], timeout=60, what="the flood stored")
+        for i, sc in enumerate(sorted(victims)):
+            due = iso_in(1.5 + i * 0.1, db_url)
+            await js.publish(
+                f"{prefix}.calm.timer.schedule", schedule_body("calm", sc, due, repeat={"every": "PT1H"})
+            )
+        await js.publish(f"{prefix}.flood.timer.resume", b'{"tenantId": "flood"}')
+        await until(
+            lambda: {("calm", sc) for sc in victims} <= set(rec.keys()), timeout=120, what="calm's firings"
+        )
+    calm = [f for f in rec.firings if f.tenant_id == "calm"]
+    lateness = [f.received_at - f.due_at for f in calm]
+    print(f"\ncalm's hourly timers beside the costly flood: max lateness {max(lateness) * 1000:.0f} ms")
+    assert max(lateness) < 1.0, f"a calm tenant's recurring timer was {max(lateness):.2f}s late"

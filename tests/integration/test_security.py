@@ -25,6 +25,7 @@ import nkeys  # type: ignore[import-untyped]
 import psycopg
 import pytest
 from nats.js import api
+from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
 from tests.certs import SERVER_NAME, Pki, make_pki
@@ -735,3 +736,44 @@ async def test_due_events_keeps_reading_through_flow_control_with_the_documented
                         if read == count:
                             break
             assert not t.refused, t.refused
+
+
+async def test_a_get_is_answered_only_where_its_tenant_listens(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """The service answers a `get` with its own permissions (the whole prefix, the JetStream API),
+    and the request chooses the reply subject, which a tenant's publish permission does not
+    limit: acme's gets answered on zeta's `due`, `dlq` and command subjects stored acme's timer,
+    its `data` included, in zeta's event stream, DLQ and commands, one message a request. A get
+    is answered only on an inbox: `_INBOX.…`, the tenant's own `_INBOX_<tenant>.…`, or a
+    service import's `_R_.…`; anything else is dropped and counted."""
+    async with tenants(settings, tmp_path) as t, await t.connect("acme") as acme:
+        (now,) = query(db_url, "SELECT now()")[0]
+        await acme.schedule("acme", "forged", now + timedelta(hours=1), data={"type": "DueTimeReached"})
+        await until(lambda: row(db_url, "acme", "forged") is not None, what="acme's timer stored")
+        elsewhere = [
+            "svc.zeta.timer.due",
+            "svc.zeta.timer.dlq",
+            "svc.zeta.timer.schedule",
+            "svc._timer.wake",
+            "_INBOX_zeta.TIMER_EVENTS",
+            "$JS.API.STREAM.PURGE.TIMER_EVENTS",
+            "orders.created",
+        ]
+        before = REGISTRY.get_sample_value("timer_get_replies_refused_total") or 0.0
+        for reply in elsewhere:
+            await acme.nc.publish("svc.acme.timer.get", b'{"serviceCallId": "forged"}', reply=reply)
+        # Answered in order on one subscription: this answer comes after all of the above.
+        view = await acme.get("acme", "forged")
+        assert view is not None and view["data"] == {"type": "DueTimeReached"}
+        assert not t.refused, t.refused
+        async with t.service_js() as service_js:
+            # Stored after anything the replica sent before its answer to acme's own get.
+            marker = await service_js.publish("svc.zeta.timer.due", b"marker")
+            dlq_info = await service_js.stream_info("TIMER_DLQ")
+            commands = await service_js.stream_info("TIMER_COMMANDS")
+    assert marker.seq == 1, "zeta's events hold nothing acme sent"
+    assert dlq_info.state.last_seq == 0, "zeta's DLQ holds nothing acme sent"
+    assert commands.state.last_seq == 1, "acme's one schedule, no command of zeta's"
+    refused = (REGISTRY.get_sample_value("timer_get_replies_refused_total") or 0.0) - before
+    assert refused == len(elsewhere)

@@ -8,6 +8,10 @@ per row was not enough: a thousand such rows in one claim stalled every replica 
 of seconds. The budget bounds their sum per second: work starts only while the budget is not
 overdrawn, what it took beyond a free allowance is charged afterwards, and what cannot start now
 waits for a later claim.
+
+One budget per tenant (TenantBudgets): with one for the replica, a tenant that kept it overdrawn
+had every recurring row met put back, another tenant's hourly timers (never charged) included,
+claim after claim until its own flood had drained.
 """
 
 from __future__ import annotations
@@ -45,3 +49,39 @@ class TimeBudget:
         """Charge work that took `seconds` (nothing for none or less)."""
         self._refill()
         self._level -= max(0.0, seconds)
+
+    def full(self) -> bool:
+        """Whether it has saved up its whole burst: as good as a new one."""
+        self._refill()
+        return self._level >= self._burst
+
+
+class TenantBudgets:
+    """A TimeBudget of `share` and `burst` per tenant: what one tenant's work overdraws puts off
+    that tenant's work only. A tenant is given one when first charged and forgets it once it is
+    full again, so only tenants charged within the last `burst / share` seconds are held."""
+
+    __slots__ = ("_budgets", "_burst", "_now", "_share")
+
+    def __init__(self, share: float, burst: float, now: Callable[[], float] = time.monotonic) -> None:
+        TimeBudget(share, burst, now)  # the same checks
+        self._share, self._burst, self._now = share, burst, now
+        self._budgets: dict[str, TimeBudget] = {}
+
+    def ready(self, tenant: str) -> bool:
+        """Whether `tenant`'s work may start now: its budget is not overdrawn."""
+        budget = self._budgets.get(tenant)
+        return budget is None or budget.ready()
+
+    def charge(self, tenant: str, seconds: float) -> None:
+        """Charge `tenant` for work that took `seconds` (nothing for none or less)."""
+        if seconds <= 0:
+            return
+        budget = self._budgets.get(tenant)
+        if budget is None:
+            self._budgets = {t: b for t, b in self._budgets.items() if not b.full()}
+            budget = self._budgets[tenant] = TimeBudget(self._share, self._burst, self._now)
+        budget.charge(seconds)
+
+    def __len__(self) -> int:
+        return len(self._budgets)

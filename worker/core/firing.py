@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from worker import metrics, tracing
 from worker.config import Settings
 from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, Outgoing, due_event, iso, wire_size
-from worker.core.budget import TimeBudget
+from worker.core.budget import TenantBudgets
 from worker.core.clock import Clock
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Claimed, ClaimParams, Failed, Fired, Key, Leased, Unreadable
@@ -33,11 +33,11 @@ RETRY_BACKOFF_MS = 1000
 # visible (attempts, lastError) and never spins the loop.
 ROW_RETRY_MAX_MS = 300_000
 # What next occurrences cost beyond NEXT_FREE_S each (a rare cron schedule, skipped occurrences
-# counted for `times`: worker/core/budget.py) takes at most a tenth of the loop's time, a tenth of
-# a second saved up. A common schedule's costs 10 to 40 us and is never charged; the free part is
-# about what firing any row costs the replica anyway (~30 us), so a claim of rows just under it
-# holds the loop ~0.1 s at most. A recurring row met while the budget is overdrawn is put back,
-# unfired and with no error, for POSTPONE_MS.
+# counted for `times`: worker/core/budget.py) takes at most a tenth of the loop's time per tenant,
+# a tenth of a second saved up. A common schedule's costs 10 to 40 us and is never charged; the
+# free part is about what firing any row costs the replica anyway (~30 us), so a claim of rows
+# just under it holds the loop ~0.1 s at most. A recurring row met while its tenant's budget is
+# overdrawn is put back, unfired and with no error, for POSTPONE_MS; other tenants' rows go on.
 NEXT_SHARE = 0.1
 NEXT_BURST_S = 0.1
 NEXT_FREE_S = 0.0001
@@ -115,7 +115,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
             downtime_ms=downtime_ms,
         )
         self._idle_s = settings.poll_interval_ms / 1000
-        self.next_budget = TimeBudget(NEXT_SHARE, NEXT_BURST_S)  # both lanes' batches share it
+        self.next_budget = TenantBudgets(NEXT_SHARE, NEXT_BURST_S)  # both lanes' batches share it
         self._backlog = asyncio.Event()  # set while claims come back full
         # Tests only (River's testsignal): told "claimed" after each of tick's claims, so a test
         # proves that no claim went out by waiting for the signal with a deadline, not by
@@ -286,7 +286,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
                 self._cannot_fire(c, "bad_carried_headers", problem, failed)
                 continue
             recurring = c.repeat_every is not None or c.repeat_cron is not None
-            if recurring and not self.next_budget.ready():
+            if recurring and not self.next_budget.ready(c.tenant_id):
                 postponed += 1
                 failed.append((c, None, POSTPONE_MS))
                 continue
@@ -298,7 +298,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
                     raise
                 self._cannot_fire(c, "bad_repeat", f"next occurrence: {type(exc).__name__}: {exc}", failed)
             if recurring:
-                self.next_budget.charge(time.perf_counter() - started - NEXT_FREE_S)
+                self.next_budget.charge(c.tenant_id, time.perf_counter() - started - NEXT_FREE_S)
         if postponed:
             metrics.POSTPONED.labels("next_occurrence").inc(postponed)
             log.info(

@@ -25,13 +25,7 @@ from nats.js import JetStreamContext, api
 
 from worker.config import Settings
 from worker.consumer import push_config
-from worker.contract import Subjects
-
-
-def tenant_inbox(tenant: str) -> str:
-    """The inbox prefix a tenant connects with (nats-py `inbox_prefix`): its replies, and its
-    events' deliver subject, come under it, and only it may subscribe there."""
-    return f"_INBOX_{tenant}"
+from worker.contract import Subjects, tenant_inbox
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ from tests.helpers import until
 from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore, claim_params, event_id
 from worker.config import Settings, load_settings
 from worker.contract import Repeat, ScheduleTimer
-from worker.core.budget import TimeBudget
+from worker.core.budget import TenantBudgets, TimeBudget
 from worker.core.domain import Fired
 from worker.core.firing import (
     LOOKAHEAD_MS,
@@ -285,8 +285,9 @@ async def test_recurring_rows_met_while_the_next_occurrence_budget_is_spent_wait
     settings: Settings, time: FakeTime
 ) -> None:
     """Work whose cost a tenant chooses (a next occurrence that takes milliseconds) has a budget per
-    second: a recurring row met while it is overdrawn is put back unfired, with no error, for
-    POSTPONE_MS, and the one-shot timers of its batch fire at once."""
+    second and tenant: a recurring row met while its tenant's is overdrawn is put back unfired,
+    with no error, for POSTPONE_MS; the one-shot timers of its batch, and another tenant's
+    recurring ones, fire at once."""
     store, publisher = TwinStore(time), TwinPublisher(time)
     clock = FakeClock(time)
     due = time.dt() - timedelta(seconds=1)
@@ -294,15 +295,17 @@ async def test_recurring_rows_met_while_the_next_occurrence_budget_is_spent_wait
         [
             ScheduleTimer("acme", "minutely", due, None, None, Repeat(None, None, None, cron="* * * * *")),
             ScheduleTimer("globex", "once", due, None, None, None),
+            ScheduleTimer("globex", "hourly", due, None, None, Repeat("PT1H", None, None)),
         ]
     )
     loop = firing(settings, store, publisher, clock)
-    loop.next_budget = TimeBudget(NEXT_SHARE, NEXT_BURST_S, now=lambda: time.t)
-    loop.next_budget.charge(NEXT_BURST_S + 0.15)  # overdrawn by 0.15 s: paid back in 1.5 s
+    loop.next_budget = TenantBudgets(NEXT_SHARE, NEXT_BURST_S, now=lambda: time.t)
+    loop.next_budget.charge("acme", NEXT_BURST_S + 0.15)  # overdrawn by 0.15 s: paid back in 1.5 s
     postponed = REGISTRY.get_sample_value("timer_postponed_total", {"reason": "next_occurrence"}) or 0
     await loop.tick()
     minutely, once = store.rows["acme", "minutely"], store.rows["globex", "once"]
     assert once.state == "Reached"
+    assert store.rows["globex", "hourly"].occurrence_index == 1  # acme's debt is not globex's
     assert (minutely.state, minutely.occurrence_index, minutely.last_error) == ("Scheduled", 0, None)
     assert not [m for m in publisher.stored.values() if ":minutely:" in event_id(m)]
     assert minutely.lease_expires_at == pytest.approx(time.t + POSTPONE_MS / 1000)
@@ -311,7 +314,7 @@ async def test_recurring_rows_met_while_the_next_occurrence_budget_is_spent_wait
     ) == postponed + 1
     # Once the budget is paid back and the hold over, it fires.
     time.t += POSTPONE_MS / 1000 + 0.001
-    assert not loop.next_budget.ready()  # the hold is over, the debt not yet paid back
+    assert not loop.next_budget.ready("acme")  # the hold is over, the debt not yet paid back
     await loop.tick()
     assert minutely.occurrence_index == 0  # put back again
     time.t += POSTPONE_MS / 1000 + 0.001
@@ -336,3 +339,16 @@ def test_a_time_budget_refills_at_its_share_up_to_its_burst() -> None:
     assert not budget.ready()  # saved up no more than the burst
     budget.charge(-1)  # work under the free allowance charges nothing
     assert not budget.ready()
+
+
+def test_tenant_budgets_are_apart_and_forgotten_once_full() -> None:
+    now = [0.0]
+    budgets = TenantBudgets(0.1, 0.2, now=lambda: now[0])
+    budgets.charge("acme", 0.5)
+    budgets.charge("globex", 0.0)  # nothing charged: no budget kept
+    assert not budgets.ready("acme") and budgets.ready("globex") and len(budgets) == 1
+    now[0] += 5.0  # acme's debt paid back, its burst saved up again
+    budgets.charge("globex", 0.01)
+    assert len(budgets) == 1 and budgets.ready("acme")  # acme's, full, forgotten
+    with pytest.raises(ValueError):
+        TenantBudgets(0.0, 0.1)
