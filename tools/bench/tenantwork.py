@@ -2,7 +2,7 @@
 choose: checking the ScheduleTimer at intake, and computing its next occurrence when it fires after
 decades overdue. Each is bounded per row (worker/core/recurrence.py); the firing loop also bounds
 their sum per second (worker/core/budget.py) and intake hands the event loop back between them
-(worker/core/intake.py, PARSE_SLICE_S), so this says how long one row holds the loop at most.
+(worker/core/waiting.py, Slices), so this says how long one row holds the loop at most.
 
     python -m tools.bench.tenantwork              # best of 5 rounds, each case's microseconds per row
     python -m tools.bench.tenantwork --json

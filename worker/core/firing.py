@@ -20,7 +20,7 @@ from worker.core.headers import stored_carried_problem
 from worker.core.loop import Loop
 from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore
 from worker.core.recurrence import next_of
-from worker.core.waiting import wait_any
+from worker.core.waiting import Slices, wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import verdict
 
@@ -34,12 +34,15 @@ RETRY_BACKOFF_MS = 1000
 ROW_RETRY_MAX_MS = 300_000
 # What next occurrences cost beyond NEXT_FREE_S each (a rare cron schedule, skipped occurrences
 # counted for `times`: worker/core/budget.py) takes at most a tenth of the loop's time per tenant,
-# a tenth of a second saved up. A common schedule's costs 10 to 40 us and is never charged; the
-# free part is about what firing any row costs the replica anyway (~30 us), so a claim of rows
-# just under it holds the loop ~0.1 s at most. A recurring row met while its tenant's budget is
-# overdrawn is put back, unfired and with no error, for POSTPONE_MS; other tenants' rows go on.
+# a tenth of a second saved up, and a quarter of it for all tenants together. A common schedule's
+# costs 10 to 40 us and is never charged; the free part is about what firing any row costs the
+# replica anyway (~30 us), so a claim of rows just under it holds the loop ~0.1 s at most. A
+# recurring row met while its tenant's budget is overdrawn, or a cron one while the total is, is
+# put back, unfired and with no error, for POSTPONE_MS; every other row goes on.
 NEXT_SHARE = 0.1
 NEXT_BURST_S = 0.1
+NEXT_TOTAL_SHARE = 0.25
+NEXT_TOTAL_BURST_S = 0.25
 NEXT_FREE_S = 0.0001
 POSTPONE_MS = 1000
 # A failed claim is retried after this, doubling up to the poll interval. A dropped connection
@@ -115,7 +118,9 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
             downtime_ms=downtime_ms,
         )
         self._idle_s = settings.poll_interval_ms / 1000
-        self.next_budget = TenantBudgets(NEXT_SHARE, NEXT_BURST_S)  # both lanes' batches share it
+        self.next_budget = TenantBudgets(
+            NEXT_SHARE, NEXT_BURST_S, NEXT_TOTAL_SHARE, NEXT_TOTAL_BURST_S
+        )  # both lanes' batches share it
         self._backlog = asyncio.Event()  # set while claims come back full
         # Tests only (River's testsignal): told "claimed" after each of tick's claims, so a test
         # proves that no claim went out by waiting for the signal with a deadline, not by
@@ -276,7 +281,12 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
             )
         nexts: dict[Key, tuple[datetime | None, int | None]] = {}
         postponed = 0
+        # Each tenant's budget bounds its own costly rows; the slices bound what many tenants'
+        # add up to in one claim (40 tenants' budgets held the loop 2 s): other batches and the
+        # fresh lane go on between them.
+        slices = Slices()
         for c in claimed:
+            await slices.check()
             if not EARLIEST_DUE_AT <= c.due_at <= LATEST_DUE_AT:
                 self._cannot_fire(
                     c, "due_at_out_of_range", f"dueAt {iso(c.due_at)} is outside {DUE_AT_RANGE}", failed
@@ -286,7 +296,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
                 self._cannot_fire(c, "bad_carried_headers", problem, failed)
                 continue
             recurring = c.repeat_every is not None or c.repeat_cron is not None
-            if recurring and not self.next_budget.ready(c.tenant_id):
+            if recurring and not self.next_budget.ready(c.tenant_id, costly=c.repeat_cron is not None):
                 postponed += 1
                 failed.append((c, None, POSTPONE_MS))
                 continue

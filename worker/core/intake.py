@@ -30,7 +30,7 @@ from worker.core.headers import carried_headers
 from worker.core.loop import Loop
 from worker.core.ports import FetchFailed, IntakeBroker, IntakeStore
 from worker.core.received import ReceivedCommand, position
-from worker.core.waiting import retry_transient, wait_any
+from worker.core.waiting import Slices, retry_transient, wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError, verdict
 
@@ -42,11 +42,6 @@ RETRY_DELAY_S = 2.0
 # A command whose timer's row a batch holds without firing it ("busy": Store.apply) is offered again
 # after this long: about what the rest of such a batch takes, publish and mark, not a lease.
 BUSY_RETRY_S = 0.1
-# Parsing a batch hands the event loop back this often. A command costs microseconds to check,
-# but a tenant can choose ones that cost up to ~2 ms (a cron schedule matching once in decades,
-# whose first occurrence is searched: worker/core/recurrence.py); a batch of them took seconds,
-# in which this replica fired nothing.
-PARSE_SLICE_S = 0.01
 
 
 class Intake(Loop[IntakeStore, IntakeBroker]):
@@ -100,11 +95,9 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             commands: list[tuple[ReceivedCommand, Command | PauseTimers]] = []
             rejected: list[tuple[ReceivedCommand, Rejection]] = []
             try:
-                slice_ends = time.perf_counter() + PARSE_SLICE_S
+                slices = Slices()  # a command matching once in decades is checked in ~2 ms
                 for msg in msgs:
-                    if time.perf_counter() > slice_ends:
-                        await asyncio.sleep(0)
-                        slice_ends = time.perf_counter() + PARSE_SLICE_S
+                    await slices.check()
                     parsed = self.parse(msg, now)
                     if isinstance(parsed, Rejection):
                         rejected.append((msg, parsed))

@@ -4,6 +4,7 @@ attempts of a write a transient failure interrupted."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -48,3 +49,26 @@ async def retry_transient(
         return await call()
 
     return await retrying(attempt)
+
+
+# How long a piece of work holds the event loop before Slices hands it back: a claim's next
+# occurrences, an intake batch's checks. A step costs microseconds, but a tenant can choose steps
+# that cost milliseconds (worker/core/recurrence.py): a batch of them held a replica for seconds.
+SLICE_S = 0.01
+
+
+class Slices:
+    """Hands the event loop back once every `every_s` of a long piece of work, which calls
+    `check()` between its steps: what a tenant's input costs a step (a cron schedule's next
+    occurrence, a command's check) must not hold every other task of the replica up with it."""
+
+    __slots__ = ("_ends", "_every_s")
+
+    def __init__(self, every_s: float = SLICE_S) -> None:
+        self._every_s = every_s
+        self._ends = time.perf_counter() + every_s
+
+    async def check(self) -> None:
+        if time.perf_counter() > self._ends:
+            await asyncio.sleep(0)
+            self._ends = time.perf_counter() + self._every_s

@@ -299,7 +299,7 @@ async def test_recurring_rows_met_while_the_next_occurrence_budget_is_spent_wait
         ]
     )
     loop = firing(settings, store, publisher, clock)
-    loop.next_budget = TenantBudgets(NEXT_SHARE, NEXT_BURST_S, now=lambda: time.t)
+    loop.next_budget = TenantBudgets(NEXT_SHARE, NEXT_BURST_S, 1.0, 10.0, now=lambda: time.t)
     loop.next_budget.charge("acme", NEXT_BURST_S + 0.15)  # overdrawn by 0.15 s: paid back in 1.5 s
     postponed = REGISTRY.get_sample_value("timer_postponed_total", {"reason": "next_occurrence"}) or 0
     await loop.tick()
@@ -314,7 +314,7 @@ async def test_recurring_rows_met_while_the_next_occurrence_budget_is_spent_wait
     ) == postponed + 1
     # Once the budget is paid back and the hold over, it fires.
     time.t += POSTPONE_MS / 1000 + 0.001
-    assert not loop.next_budget.ready("acme")  # the hold is over, the debt not yet paid back
+    assert not loop.next_budget.ready("acme", costly=True)  # the hold is over, the debt not yet paid
     await loop.tick()
     assert minutely.occurrence_index == 0  # put back again
     time.t += POSTPONE_MS / 1000 + 0.001
@@ -343,12 +343,29 @@ def test_a_time_budget_refills_at_its_share_up_to_its_burst() -> None:
 
 def test_tenant_budgets_are_apart_and_forgotten_once_full() -> None:
     now = [0.0]
-    budgets = TenantBudgets(0.1, 0.2, now=lambda: now[0])
+    budgets = TenantBudgets(0.1, 0.2, 1.0, 10.0, now=lambda: now[0])
     budgets.charge("acme", 0.5)
     budgets.charge("globex", 0.0)  # nothing charged: no budget kept
-    assert not budgets.ready("acme") and budgets.ready("globex") and len(budgets) == 1
+    assert not budgets.ready("acme", costly=False) and budgets.ready("globex", costly=True)
+    assert len(budgets) == 1
     now[0] += 5.0  # acme's debt paid back, its burst saved up again
     budgets.charge("globex", 0.01)
-    assert len(budgets) == 1 and budgets.ready("acme")  # acme's, full, forgotten
+    assert len(budgets) == 1 and budgets.ready("acme", costly=False)  # acme's, full, forgotten
     with pytest.raises(ValueError):
-        TenantBudgets(0.0, 0.1)
+        TenantBudgets(0.0, 0.1, 1.0, 1.0)
+    with pytest.raises(ValueError):
+        TenantBudgets(0.1, 0.1, 0.0, 1.0)
+
+
+def test_what_all_tenants_overdraw_holds_back_their_cron_rows_only() -> None:
+    """Forty tenants each within its own budget still add up: the total puts off the rows that
+    may cost milliseconds (cron), and never an `every` row (at most ~0.1 ms) or a one-shot."""
+    now = [0.0]
+    budgets = TenantBudgets(0.1, 0.1, 0.25, 0.25, now=lambda: now[0])
+    for k in range(4):
+        budgets.charge(f"t{k}", 0.09)  # each within its own tenth, together over the quarter
+    assert all(budgets.ready(f"t{k}", costly=False) for k in range(4))
+    assert not budgets.ready("t0", costly=True) and not budgets.ready("calm", costly=True)
+    assert budgets.ready("calm", costly=False)
+    now[0] += 0.5  # 0.11 of debt paid back at a quarter a second: 0.44 s
+    assert budgets.ready("calm", costly=True)
