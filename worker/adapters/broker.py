@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import SlowConsumerError
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
@@ -35,6 +36,7 @@ from worker.adapters.streams import (
 )
 from worker.contract import MessageIds, Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
+from worker.logs import Throttled
 from worker.natsconn import Drainable, close_within, nats_connect
 
 if TYPE_CHECKING:
@@ -139,8 +141,15 @@ class Broker:
         return self.commands.draining
 
     async def connect(self) -> None:
+        # nats-py reports each message a subscription drops as a slow consumer's: one a message.
+        slow = Throttled(log)
+
         async def on_error(exc: Exception) -> None:
-            log.warning("nats error", extra={"action": "nats_error", "error": str(exc)})
+            extra = {"action": "nats_error", "error": str(exc)}
+            if isinstance(exc, SlowConsumerError):
+                slow.warning("nats error", extra)
+            else:
+                log.warning("nats error", extra=extra)
 
         async def on_disconnect() -> None:
             log.warning("nats disconnected", extra={"action": "nats_disconnected"})
