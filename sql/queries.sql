@@ -534,13 +534,15 @@ WHERE t.ctid = ANY (ARRAY(SELECT tid FROM f))
   AND t.ctid = f.tid
   AND t.lease_token = f.lease_token;
 
--- name: get_timer
+-- name: get_timers
+-- The timers of one tenant's batch of `get`s (worker/core/readmodel.py): one query for them all,
+-- a probe of the primary key each.
 SELECT tenant_id, service_call_id, state, due_at, registered_at, updated_at, reached_at,
        correlation_id, attempts, last_error, lease_owner, lease_expires_at,
        repeat_every, repeat_times, repeat_timezone, anchor_due_at, occurrence_index, fired_count,
        repeat_cron, repeat_until, data
 FROM timers
-WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s;
+WHERE tenant_id = %(tenant_id)s AND service_call_id = ANY (%(service_call_ids)s);
 
 -- name: status_counts
 -- Counts by state: a scan of the whole table (no index holds every state), for the CLI's

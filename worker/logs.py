@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from worker import tracing
@@ -64,6 +65,36 @@ class TextFormatter(logging.Formatter):
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return redact(line.rstrip())
+
+
+# The most often a Throttled warning is written.
+THROTTLE_S = 10.0
+
+
+class Throttled:
+    """A warning that can come once per message (a `get` while Postgres is away: thousands a
+    second in a flood, ~36,000 lines at one replica's stop), written at most once every `every_s`;
+    the next line written says in `suppressed` how many were left out since the one before."""
+
+    __slots__ = ("_every_s", "_logger", "_next", "_now", "_suppressed")
+
+    def __init__(
+        self, logger: logging.Logger, every_s: float = THROTTLE_S, now: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._logger, self._every_s, self._now = logger, every_s, now
+        self._next = float("-inf")
+        self._suppressed = 0
+
+    def warning(self, msg: str, extra: dict[str, Any], exc_info: BaseException | None = None) -> None:
+        now = self._now()
+        if now < self._next:
+            self._suppressed += 1
+            return
+        self._next = now + self._every_s
+        if self._suppressed:
+            extra = {**extra, "suppressed": self._suppressed}
+            self._suppressed = 0
+        self._logger.warning(msg, extra=extra, exc_info=exc_info)
 
 
 def setup(level: str = "INFO", fmt: str = "json") -> None:

@@ -63,6 +63,11 @@ GET_REPLIES_REFUSED = Counter(
     "timer_get_replies_refused_total",
     "get requests not answered: their reply subject is not an inbox (docs/SECURITY.md)",
 )
+GET_REQUESTS_SHED = Counter(
+    "timer_get_requests_shed_total",
+    "get requests dropped unanswered, before any lookup: their tenant had 1000 gets (or 1 MiB) waiting"
+    " on this replica already, and its oldest went",
+)
 CLAIMED = Counter("timer_claimed_total", "Occurrences claimed under a lease")
 LEASES_RECLAIMED = Counter(
     "timer_leases_reclaimed_total", "Claims of occurrences whose earlier lease ran out (crash or retry)"

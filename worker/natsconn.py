@@ -9,13 +9,12 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import nats.aio.client
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.errors import APIError, NoStreamResponseError
 
@@ -41,12 +40,18 @@ async def nats_connect(servers: str | list[str], **options: Any) -> NATS:
     return nc
 
 
+class Drainable(Protocol):
+    """What close_within drains: a nats-py Subscription, or one with more to wait for."""
+
+    def drain(self) -> Awaitable[None]: ...
+
+
 # Of close_within's time, what the close keeps after the drain and flush: a server that answers
 # takes a moment to close on; one that does not, no time at all.
 CLOSE_SHARE = 0.25
 
 
-async def close_within(nc: NATS, timeout: float, subscriptions: Iterable[Subscription] = ()) -> bool:
+async def close_within(nc: NATS, timeout: float, subscriptions: Iterable[Drainable] = ()) -> bool:
     """Drain these subscriptions (the messages they hold handled), flush what was published to the
     server and close `nc`, all within `timeout` seconds whatever the server does; whether every
     step finished in time. The close always runs: the socket goes, and what it still had to write
@@ -63,7 +68,7 @@ async def close_within(nc: NATS, timeout: float, subscriptions: Iterable[Subscri
     async def drain() -> None:
         if nc.is_connected:
             # One that cannot drain (unsubscribed already) keeps neither the others nor the flush.
-            await asyncio.gather(*(s.drain() for s in subscriptions), return_exceptions=True)  # type: ignore[no-untyped-call]
+            await asyncio.gather(*(s.drain() for s in subscriptions), return_exceptions=True)
             await nc.flush(timeout=max(deadline - loop.time(), 0.001))  # type: ignore[arg-type]  # a float
 
     drained = await _within(drain(), (1 - CLOSE_SHARE) * timeout)

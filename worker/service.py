@@ -219,7 +219,10 @@ class Replica:
     async def _supervise(self) -> int:
         readmodel = ReadModel(self.store, self.s.subject_prefix)
         await self.broker.subscribe(
-            self.broker.subjects.of("*", "get"), readmodel.answer, queue="timer-service-get"
+            self.broker.subjects.of("*", "get"),
+            readmodel.receive,
+            queue="timer-service-get",
+            then=readmodel.drain,
         )
         await self.broker.subscribe(self.broker.subjects.wake, self._on_wake)
         self.started.set()

@@ -267,6 +267,8 @@ async def test_a_get_reply_carries_data_no_larger_than_its_events_do(store: Stor
     assert isinstance(accepted, ScheduleTimer)
     await store.apply([accepted])
     request = _Get("wide")
-    await ReadModel(store, "svc").answer(request)
+    readmodel = ReadModel(store, "svc")
+    await readmodel.receive(request)
+    await readmodel.drain()
     assert json.loads(request.answer)["data"] == data
     assert len(request.answer) < limit + 1000

@@ -777,3 +777,47 @@ async def test_a_get_is_answered_only_where_its_tenant_listens(
     assert commands.state.last_seq == 1, "acme's one schedule, no command of zeta's"
     refused = (REGISTRY.get_sample_value("timer_get_replies_refused_total") or 0.0) - before
     assert refused == len(elsewhere)
+
+
+async def test_a_tenants_get_flood_does_not_hold_another_tenants_get(settings: Settings) -> None:
+    """All of a replica's gets came through one subscription, answered one at a time in arrival
+    order, each a lookup: acme's 20,000 gets (on an inbox, as its permissions allow) made zeta's
+    one wait for all of them, 2.3 s, and past the client's 5 s timeout at about 50,000. Now each
+    tenant's gets wait in a line of their own, served in turn a batch at a time: zeta's is
+    answered before most of acme's, and what acme sent past its line's bound is dropped (counted)
+    before any lookup. The answers come back on one subscription, in the order the replica sent
+    them.
+
+    Measured (one replica in the test's process, acme's flood flushed to the server, then zeta's
+    TimerClient.get timed; 2 cores shared with other work): after 20,000 gets 7.0 s before, 0.15
+    to 0.26 s now; after 50,000, 9.6 s (past the client's 5 s default) before, 0.33 to 0.9 s now.
+    What is left grows with the flood: it is the time to read acme's messages off the socket
+    ahead of zeta's (nats-py's parse, ~5-15 us a message; the callback's part is ~2 us)."""
+    flood, body, p = 20_000, b'{"serviceCallId": "nothing"}', settings.subject_prefix
+    async with running_replica(settings):
+        nc = await nats.connect(settings.nats_url)
+        try:
+            answers: list[str] = []  # whose, in the order the replica sent them
+
+            async def collect(msg: Any) -> None:
+                answers.append(msg.subject.rpartition(".")[2])
+
+            await nc.subscribe("_INBOX.flood.*", cb=collect)
+            shed_before = REGISTRY.get_sample_value("timer_get_requests_shed_total") or 0.0
+            for _ in range(flood):
+                await nc.publish(f"{p}.acme.timer.get", body, reply="_INBOX.flood.acme")
+            await nc.publish(f"{p}.zeta.timer.get", body, reply="_INBOX.flood.zeta")
+            started = asyncio.get_running_loop().time()
+            await until(lambda: "zeta" in answers, timeout=60, what="zeta's answer")
+            took = asyncio.get_running_loop().time() - started
+
+            def settled() -> bool:
+                shed = (REGISTRY.get_sample_value("timer_get_requests_shed_total") or 0.0) - shed_before
+                return len(answers) + shed == flood + 1
+
+            await until(settled, timeout=60, what="each of acme's gets answered or shed")
+        finally:
+            await nc.close()
+    ahead = answers.index("zeta")
+    assert ahead < flood // 4, f"{ahead} of acme's gets answered before zeta's, in {took:.3f} s"
+    assert len(answers) > 100, "acme's newest gets are answered"

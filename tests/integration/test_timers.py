@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 
 import nats
 import pytest
@@ -19,6 +21,7 @@ from tests.helpers import (
     running_replica,
     until,
 )
+from worker import logs
 from worker.config import Settings
 
 
@@ -170,6 +173,31 @@ async def test_get_returns_the_read_model_for_the_tenant_only(settings: Settings
             assert (view["state"], view["correlationId"]) == ("Scheduled", "r-1")
             assert await client.get("globex", "sc-9") is None
             assert await client.get("acme", "missing") is None
+
+
+async def test_gets_while_postgres_is_away_log_one_line_not_one_each(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With Postgres away, and at every replica's stop (its pool closes beside NATS's drain),
+    each get waiting logged `get failed`: ~36,000 lines at the stop after a flood. Each is still
+    answered `unavailable`; the line comes at most once every logs.THROTTLE_S, the next saying
+    how many it left out."""
+    caplog.set_level(logging.WARNING, logger="worker.readmodel")
+    started = time.monotonic()
+    async with running_replica(settings) as replica:
+        await replica.pool.close()  # every lookup now fails, as at a stop
+        nc = await nats.connect(settings.nats_url)
+        try:
+            body = b'{"serviceCallId": "sc-1"}'
+            gets = [
+                nc.request(f"{settings.subject_prefix}.acme.timer.get", body, timeout=30) for _ in range(500)
+            ]
+            replies = await asyncio.gather(*gets)
+        finally:
+            await nc.close()
+    assert {json.loads(r.data)["error"] for r in replies} == {"unavailable"}
+    failed = [r for r in caplog.records if getattr(r, "action", "") == "get_failed"]
+    assert 1 <= len(failed) <= 1 + (time.monotonic() - started) / logs.THROTTLE_S, len(failed)
 
 
 def _epoch(rfc3339: str) -> float:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import SlowConsumerError
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
@@ -35,7 +36,8 @@ from worker.adapters.streams import (
 )
 from worker.contract import MessageIds, Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
-from worker.natsconn import close_within, nats_connect
+from worker.logs import Throttled
+from worker.natsconn import Drainable, close_within, nats_connect
 
 if TYPE_CHECKING:
     from worker.config import Settings
@@ -86,6 +88,17 @@ def connect_options(s: Settings) -> dict[str, Any]:
     return opts
 
 
+class _Handing:
+    """A subscription whose callback hands its messages on: drained, then `then` awaited."""
+
+    def __init__(self, sub: Subscription, then: Callable[[], Awaitable[None]]) -> None:
+        self.sub, self.then = sub, then
+
+    async def drain(self) -> None:
+        await self.sub.drain()  # type: ignore[no-untyped-call]
+        await self.then()
+
+
 class Broker:
     """One replica's NATS connection and everything it does with JetStream."""
 
@@ -107,7 +120,7 @@ class Broker:
         # Fast-ingest batches measured the cheaper on this server (probe.py); None: not measured.
         self._cheaper: bool | None = None
         self._probe: asyncio.Task[None] | None = None
-        self._subscriptions: list[Subscription] = []  # core NATS ones (get, wake): drained on close
+        self._subscriptions: list[Drainable] = []  # core NATS ones (get, wake): drained on close
         # The shared consumer takes every subject of the command stream (no filter): tend_once then
         # watches the stream for a subject that is not a command (streams.command_filter).
         self._unfiltered = False
@@ -128,8 +141,15 @@ class Broker:
         return self.commands.draining
 
     async def connect(self) -> None:
+        # nats-py reports each message a subscription drops as a slow consumer's: one a message.
+        slow = Throttled(log)
+
         async def on_error(exc: Exception) -> None:
-            log.warning("nats error", extra={"action": "nats_error", "error": str(exc)})
+            extra = {"action": "nats_error", "error": str(exc)}
+            if isinstance(exc, SlowConsumerError):
+                slow.warning("nats error", extra)
+            else:
+                log.warning("nats error", extra=extra)
 
         async def on_disconnect() -> None:
             log.warning("nats disconnected", extra={"action": "nats_disconnected"})
@@ -359,9 +379,18 @@ class Broker:
     async def publish_fast(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
         return await self.publisher.publish_fast(messages, timeout)
 
-    async def subscribe(self, subject: str, cb: Callable[[Msg], Awaitable[None]], queue: str = "") -> None:
+    async def subscribe(
+        self,
+        subject: str,
+        cb: Callable[[Msg], Awaitable[None]],
+        queue: str = "",
+        then: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """A core NATS subscription, drained on close; then, when `cb` hands its messages on
+        (the read model's lines of gets), `then` waits until what it was handed is done."""
         assert self.nc is not None
-        self._subscriptions.append(await self.nc.subscribe(subject, queue=queue, cb=cb))
+        sub = await self.nc.subscribe(subject, queue=queue, cb=cb)
+        self._subscriptions.append(sub if then is None else _Handing(sub, then))
 
     @property
     def max_payload(self) -> int:

@@ -310,15 +310,15 @@ class Store:
                 count: int = cur.rowcount
                 return count
 
-    async def get(self, tenant_id: str, service_call_id: str) -> dict[str, Any] | None:
+    async def get_many(self, tenant_id: str, service_call_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         with self._db():
             async with self.pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
                 await cur.execute(
-                    QUERIES["get_timer"], {"tenant_id": tenant_id, "service_call_id": service_call_id}
+                    QUERIES["get_timers"],
+                    {"tenant_id": tenant_id, "service_call_ids": list(service_call_ids)},
                 )
-                row: dict[str, Any] | None = await cur.fetchone()
-                return row
+                return {row["service_call_id"]: row async for row in cur}
 
     async def fleet_gauges(self, cap: int) -> tuple[int, float | None, int]:
         """(overdue unclaimed, capped at `cap`; age of the oldest in seconds; Scheduled estimate)."""

@@ -76,9 +76,12 @@ class IntakeStore(Protocol):
 
 
 class TimerReader(Protocol):
-    """The read model's database: one timer's row (the contract's timer_view reads it), or None."""
+    """The read model's database: the rows (the contract's timer_view reads them) of those of a
+    tenant's timers that exist among `service_call_ids`, by serviceCallId."""
 
-    async def get(self, tenant_id: str, service_call_id: str) -> dict[str, Any] | None: ...
+    async def get_many(
+        self, tenant_id: str, service_call_ids: Sequence[str]
+    ) -> dict[str, dict[str, Any]]: ...
 
 
 class FinishedTimers(Protocol):
