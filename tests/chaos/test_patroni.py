@@ -25,8 +25,9 @@ import pytest
 from tests.chaos.patroni import Member, PatroniCluster
 from tests.chaos.scenario import RESULTS, Chaos
 from tests.chaos.test_scenarios import MakeRun
-from tests.helpers import until
+from tests.helpers import http_get, until
 from worker.devkit.embedded import free_port
+from worker.service import STALLED_WRITE_S
 
 pytestmark = pytest.mark.chaos
 
@@ -37,6 +38,9 @@ CRASH_AT_S = 10.0  # into the workload: timers stored, claimed, in flight
 FIRING_AGAIN_S = 3.0  # from the new leader accepting writes to the replicas' first claim on it
 LEADER_TIMEOUT_S = 60.0  # the ttl (20 s) and the promotion, on a loaded machine
 POLL_S = 0.05
+# From the standby's promotion to every replica's /readyz saying its writes stalled: the bound
+# (service.STALLED_WRITE_S) and a readiness probe's round.
+STALL_SEEN_S = STALLED_WRITE_S + 10.0
 
 
 @dataclass
@@ -117,6 +121,47 @@ class Failovers:
         change.leader_ms = now_ms()
 
 
+@dataclass
+class Orphan:
+    """The fault driver: the leader's Patroni alone dies (on a VM without Patroni's watchdog), its
+    Postgres runs on as an orphan primary that the replicas' URL still finds writable. Once the
+    synchronous standby is promoted, every COMMIT on the orphan waits for a standby that left: the
+    replicas must say so on /readyz. Then the orphan is stopped (what the watchdog would have
+    done) and its member restarted: it rejoins by pg_rewind, dropping what it committed alone."""
+
+    cluster: PatroniCluster
+    ports: list[int]
+    change: Change | None = None
+    unready_ms: int = 0  # every replica's /readyz said its writes stalled
+    reasons: list[str] = field(default_factory=list)
+
+    async def __call__(self, c: Chaos) -> None:
+        await c.pause(CRASH_AT_S)
+        leader = await until(lambda: asyncio.to_thread(self.cluster.leader), what="a leader")
+        assert isinstance(leader, Member)
+        self.change = change = Change("orphan", leader)
+        with c.outage():
+            change.started_ms = now_ms()
+            await asyncio.to_thread(leader.kill_manager)
+            c.faults += 1
+            await Failovers(self.cluster)._new_leader(change)
+            await until(self._all_stalled, timeout=STALL_SEEN_S, what="every replica not ready", interval=0.2)
+            self.unready_ms = now_ms()
+            await asyncio.to_thread(leader.kill_postgres)
+        await asyncio.to_thread(leader.start)
+        await asyncio.to_thread(self.cluster.wait_healthy)
+        await until(self._all_ready, timeout=30, what="every replica ready again", interval=0.2)
+
+    async def _all_stalled(self) -> bool:
+        answers = [await http_get(port, "/readyz") for port in self.ports]
+        self.reasons = [body for _, body in answers]
+        return all(code == 503 and "writes stalled" in body for code, body in answers)
+
+    async def _all_ready(self) -> bool:
+        codes = [(await http_get(port, "/readyz"))[0] for port in self.ports]
+        return all(code == 200 for code in codes)
+
+
 def claims_around(url: str, change: Change) -> None:
     """The last claim before the new leader and the first after it (rows' reached_at, stamped by
     the database clock as a claim takes an occurrence; one machine, one clock)."""
@@ -189,3 +234,45 @@ async def test_leader_crash_and_switchover_under_patroni(make_run: MakeRun, tmp_
             assert change.last_claim_ms, f"nothing fired before the {change.what}: it tested nothing"
             assert change.first_claim_ms, f"nothing fired after the {change.what}"
             assert change.first_claim_ms - change.leader_ms <= FIRING_AGAIN_S * 1000, change.line()
+
+
+async def test_an_orphan_primary_makes_the_replicas_unready_and_loses_nothing(
+    make_run: MakeRun, tmp_path: Path
+) -> None:
+    """Before, /readyz stayed green through the stall (the orphan answers every read) until the
+    orphan was stopped. Nothing may be lost either: a COMMIT the orphan holds is never cut short and
+    taken as done (adapters/writes.py), so what it committed alone, dropped by the rewind, was
+    never acknowledged."""
+    with PatroniCluster(tmp_path / "patroni") as cluster:
+        ports = [free_port() for _ in range(REPLICAS)]
+        run = make_run(
+            "patroni-orphan",
+            db=cluster.url,
+            replicas=REPLICAS,
+            variants=[{"TIMER_HTTP_PORT": str(p)} for p in ports],
+            timers=TIMERS,
+            span_s=SPAN_S,
+        )
+        fault = Orphan(cluster, ports)
+        deaths: list[int] = []
+
+        async def driver(c: Chaos) -> None:
+            try:
+                await fault(c)
+            finally:
+                deaths.append(c.fleet.deaths)
+
+        verdict = await run.execute(driver)
+        change = fault.change
+        assert change is not None, "the workload ended before the fault"
+        line = (
+            f"patroni orphan: to_new_leader_ms={change.leader_ms - change.started_ms} "
+            f"new_leader_to_unready_ms={fault.unready_ms - change.leader_ms} "
+            f"replica_deaths={deaths} lost={verdict.lost} early={verdict.early} "
+            f"dup_raw={verdict.dup_raw} dup_after_id={verdict.dup_after_id}"
+        )
+        RESULTS.append(line)
+        print(line)
+        assert fault.unready_ms, f"a replica stayed ready over the stalled orphan: {fault.reasons}"
+        assert deaths == [0], "a replica died: it must recover without a restart"
+        assert verdict.ok, "\n".join([verdict.line(), *verdict.examples])
