@@ -143,7 +143,7 @@ class Refill:
     psycopg_pool replaces a lost connection by retrying with a delay that doubles (1, 2, 4, 8,
     16 s ...) for reconnect_timeout (5 min by default). Through a failover that outlasts a few
     attempts (Patroni's leader ttl is 20 s at least) the next attempt then comes 8 to 16 s after
-    the new primary is writable, and the replicas fire nothing meanwhile (measured: 8.6 s, in
+    the new primary is writable, and the replicas fire nothing meanwhile (measured: 8.1 s, in
     tests/chaos/test_patroni.py). With reconnect_timeout at RECONNECT_S an attempt gives up after
     a second, the pool counts the connection gone and calls this; check(), the pool's public way
     to verify what it holds, also grows it back by a connection (one growth at a time), whose
