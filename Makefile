@@ -75,4 +75,4 @@ bench-peers: $(STAMP)
 	$(BIN)/python -m tools.bench.peers $(ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-helm .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-helm .venv-patroni .pytest_cache .mypy_cache .ruff_cache

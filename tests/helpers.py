@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import hashlib
 import json
+import subprocess
+import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -186,3 +192,21 @@ def database_encoded(server_url: str, encoding: str) -> Iterator[str]:
     finally:
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def tool_venv(venv: Path, requirements: Path) -> Path:
+    """The Python of `venv`, a venv of test tools kept apart from the service's (.venv-helm,
+    .venv-patroni), made or refreshed here from `requirements` by this interpreter. One builder at
+    a time when several test runs start together; the others wait, then reuse it."""
+    python = venv / "bin" / "python"
+    stamp = venv / ".installed"  # holds the requirements it was built from
+    wanted = requirements.read_text()
+    tag = hashlib.sha256(str(venv).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir()) / f"{venv.name.lstrip('.')}-{tag}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+            subprocess.run([*pip, "-r", str(requirements)], check=True)
+            stamp.write_text(wanted)
+    return python

@@ -119,6 +119,10 @@ DB_POOL = Gauge(
     "timer_db_pool_connections", "Postgres pool connections: size (open), available (idle)", ["state"]
 )
 DB_POOL_WAITING = Gauge("timer_db_pool_requests_waiting", "Requests queued for a Postgres pool connection")
+DB_OLDEST_WRITE = Gauge(
+    "timer_db_oldest_write_seconds",
+    "Age of the oldest write transaction in flight (an intake batch, a mark), COMMIT included",
+)
 READY = Gauge("timer_ready", "1 when Postgres and NATS are reachable")
 BUILD_INFO = Gauge("timer_build_info", "Always 1; the labels say which build runs", ["version", "python"])
 BUILD_INFO.labels(__version__, platform.python_version()).set(1)

@@ -36,6 +36,10 @@ log = logging.getLogger("worker.service")
 
 # A loop that has not ticked for this long makes /healthz fail.
 STALL_S = 30.0
+# A write (an intake batch, a mark) in flight this long makes /readyz fail: its COMMIT waits for a
+# synchronous standby that is gone (adapters/writes.py). Far above a healthy one's milliseconds,
+# and above a cloud disk's sync stalls of a few seconds.
+STALLED_WRITE_S = 10.0
 # After the drain timeout, the most a stopping replica takes to exit (docs/OPERATIONS.md, Rolling
 # replicas), whatever its servers do: the cancelled loops get CANCEL_GRACE_S to end, the
 # connections the rest (at least CLOSE_S, also after a soft stop that used up the drain timeout).
@@ -105,6 +109,7 @@ class Replica:
         self.http_port: int | None = None
         self.started = asyncio.Event()  # dependencies up, streams exist, loops starting
         self.exit_by: float | None = None  # the event loop's time by which a stopping replica exits
+        self.writes_stalled = False  # readiness said so, and logged it once
 
     async def run(self, handle_signals: bool = True) -> int:
         """Run until SIGTERM/SIGINT (or stop set); 0 after a clean drain."""
@@ -268,6 +273,25 @@ class Replica:
         log.info("stopped", extra={"action": "replica_stopped", "hard": bool(late)})
         return 1 if crashed else 0
 
+    def _writes_stalled(self) -> str | None:
+        """Why readiness fails when a write has been in flight past STALLED_WRITE_S, else None;
+        the start and the end of such a stall logged once each."""
+        oldest = self.store.writes.oldest_s()
+        metrics.DB_OLDEST_WRITE.set(oldest)
+        stalled = oldest > STALLED_WRITE_S
+        if stalled != self.writes_stalled:
+            self.writes_stalled = stalled
+            if stalled:
+                log.warning(
+                    "postgres writes stalled: a COMMIT waits, for a synchronous standby that left?",
+                    extra={"action": "db_writes_stalled", "oldest_write_s": round(oldest, 1)},
+                )
+            else:
+                log.info("postgres writes flowing again", extra={"action": "db_writes_flowing"})
+        if not stalled:
+            return None
+        return f"postgres writes stalled: one has waited {oldest:.0f}s (a synchronous standby gone?)"
+
     async def _on_wake(self, msg: Any) -> None:
         """Another replica's hint (Intake._hint), untrusted: a replica publishes the bare due time,
         without reply or headers; a message with either came through JetStream (a consumer
@@ -305,6 +329,7 @@ class Replica:
                 ok, _ = await self.ready()
                 metrics.READY.set(1 if ok else 0)
             rounds += 1
+            metrics.DB_OLDEST_WRITE.set(self.store.writes.oldest_s())
             stats = self.pool.get_stats()
             metrics.DB_POOL.labels("size").set(stats.get("pool_size", 0))
             metrics.DB_POOL.labels("available").set(stats.get("pool_available", 0))
@@ -333,6 +358,8 @@ class Replica:
             return False, f"postgres not reachable: {type(exc.__cause__ or exc).__name__}"
         if self.store.write_failure:  # reachable, but refusing writes (read-only, disk full)
             return False, f"postgres writes failing: {self.store.write_failure}"
+        if stalled := self._writes_stalled():  # reachable, answering reads, every COMMIT waiting
+            return False, stalled
         if not self.started.is_set():
             return False, "starting"
         return True, "ok"

@@ -45,8 +45,9 @@ def chaos_db(chaos_pg: EmbeddedPostgres) -> Iterator[str]:
 
 @pytest.fixture
 async def make_run(chaos_db: str, chaos_nats: EmbeddedNats, tmp_path: Path) -> Any:
-    """make_run(name, db=..., replica_db=..., replica_nats=..., nats=..., **settings): a Run on
-    this test's database (or `db`), with a subject prefix and streams of its own."""
+    """make_run(name, db=..., replica_db=..., replica_nats=..., nats=..., timers=..., span_s=...,
+    **settings): a Run on this test's database (or `db`), with a subject prefix and streams of its
+    own; `timers` sent over `span_s` (each times TIMER_CHAOS_SCALE)."""
     tag = f"c{uuid.uuid4().hex[:8]}"
     used: list[str] = []
 
@@ -59,13 +60,15 @@ async def make_run(chaos_db: str, chaos_nats: EmbeddedNats, tmp_path: Path) -> A
         nats: str | None = None,
         replicas: int = 4,
         variants: list[dict[str, str]] | None = None,
+        timers: int = TIMERS,
+        span_s: float = SPAN_S,
         **settings: Any,
     ) -> Run:
         direct_nats = nats or chaos_nats.url
         used.append(direct_nats)
         names = own_names(tag)
         env = replica_env_from(replica_db or db or chaos_db, replica_nats or direct_nats, **names, **settings)
-        workload = Workload(int(TIMERS * scale()), SPAN_S * scale())
+        workload = Workload(int(timers * scale()), span_s * scale())
         return Run(name, db or chaos_db, direct_nats, env, tmp_path, workload, replicas, variants or [])
 
     maker: Callable[..., Run] = make

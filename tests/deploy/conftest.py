@@ -7,18 +7,17 @@ answers in JSON. When this interpreter already has both (say they join the dev e
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import importlib.util
 import json
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import tool_venv
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "timer-service"
@@ -33,19 +32,7 @@ def _tools_python() -> Path:
     """A Python with helm_python and yaml: this one, else .venv-helm (made or refreshed here)."""
     if importlib.util.find_spec("helm_python") and importlib.util.find_spec("yaml"):
         return Path(sys.executable)
-    python = VENV / "bin" / "python"
-    stamp = VENV / ".installed"  # holds the requirements it was built from
-    wanted = REQUIREMENTS.read_text()
-    # One builder at a time when several test runs start together; the others wait, then reuse.
-    tag = hashlib.sha256(str(VENV).encode()).hexdigest()[:12]
-    with open(Path(tempfile.gettempdir()) / f"venv-helm-{tag}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-            pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-            subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
-            stamp.write_text(wanted)
-    return python
+    return tool_venv(VENV, REQUIREMENTS)
 
 
 @pytest.fixture(scope="session")

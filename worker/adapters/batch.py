@@ -10,6 +10,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters.queries import QUERIES
+from worker.adapters.writes import Writes
 from worker.core.domain import ClaimParams, ClaimResult, Failed, Fired, Leased
 from worker.errors import TransientError
 
@@ -28,7 +29,7 @@ class Batch:
     each other one back, leased, in the same transaction (retry_later): until it commits, nobody
     sees any of its rows otherwise than as the claim found them."""
 
-    __slots__ = ("_claim", "_conn", "_db", "_pool", "_recorded", "result")
+    __slots__ = ("_claim", "_conn", "_db", "_pool", "_recorded", "_writes", "result")
 
     def __init__(
         self,
@@ -38,6 +39,7 @@ class Batch:
         result: ClaimResult,
         recorded: frozenset[str],
         claim: ClaimParams,
+        writes: Writes,
     ) -> None:
         self._pool = pool
         self._db = db  # Store._db: psycopg's errors as the store's (pgerrors.classify)
@@ -45,6 +47,7 @@ class Batch:
         self.result = result
         self._recorded = recorded  # row ids of the occurrences the claim recorded as fired
         self._claim = claim  # what the claim asked for: its owner and lease, for a stop's hold
+        self._writes = writes  # Store.writes: the commit below, in flight, for readiness
 
     async def record(self, fired: Sequence[Fired], failed: Sequence[Failed]) -> int:
         """Mark what was acknowledged, release what failed, and commit them with the claim: one
@@ -64,7 +67,7 @@ class Batch:
             release += [(h, None, self._claim.lease_ms) for h in self._recorded_among(ended)]
         marks = None
         try:
-            with self._db(write=True):
+            with self._db(write=True), self._writes.writing():
                 async with conn.pipeline():
                     if leased:
                         marks = conn.cursor()
@@ -86,11 +89,12 @@ class Batch:
         claim = self._claim
         try:
             if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
-                async with conn.pipeline():
-                    if held := self._recorded_among(frozenset()):
-                        hold = [(h, None, claim.lease_ms) for h in held]
-                        await conn.execute(QUERIES["retry_later"], retry_params(hold, claim.owner))
-                    await conn.execute("COMMIT")
+                with self._writes.writing():
+                    async with conn.pipeline():
+                        if held := self._recorded_among(frozenset()):
+                            hold = [(h, None, claim.lease_ms) for h in held]
+                            await conn.execute(QUERIES["retry_later"], retry_params(hold, claim.owner))
+                        await conn.execute("COMMIT")
         except psycopg.Error:
             pass  # the session is gone, and the claim with it: its rows are free again
         finally:

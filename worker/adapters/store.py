@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,6 +20,7 @@ from worker.adapters.claim_rows import claim_result, recorded_ids
 from worker.adapters.pgerrors import classify
 from worker.adapters.pinger import Pinger
 from worker.adapters.queries import QUERIES
+from worker.adapters.writes import Writes
 from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
 from worker.core.domain import (
     Applied,
@@ -95,6 +96,7 @@ class Store:
         # The error of the last write, until one succeeds: `SELECT 1` still answers on a read-only
         # database, so readiness asks this too.
         self.write_failure: str | None = None
+        self.writes = Writes()  # readiness: a write stuck (a synchronous standby gone) says so
         self._pinger = Pinger.beside(pool)
 
     @contextlib.contextmanager
@@ -131,7 +133,7 @@ class Store:
         waiting: dict[Key, Outcome] = {}  # keys whose commands wait: "deferred", "busy" or "stuck"
         dues: list[datetime] = []
         with self._db(write=True):
-            async with self.pool.connection() as conn, conn.transaction():
+            async with self.pool.connection() as conn, _writing(self.writes), conn.transaction():
                 # First, before any row lock: a pause or resume of these tenants waits for this.
                 await _lock_tenants_shared(conn, commands)
                 busy = await self._lock_keys(conn, {_key(c) for c in commands})
@@ -295,8 +297,8 @@ class Store:
                 raise
         if empty:
             await self.pool.putconn(conn)
-            return Batch(self.pool, self._db, None, result, recorded, params)
-        return Batch(self.pool, self._db, conn, result, recorded, params)
+            return Batch(self.pool, self._db, None, result, recorded, params, self.writes)
+        return Batch(self.pool, self._db, conn, result, recorded, params, self.writes)
 
     async def record_again(self, fired: Sequence[Fired]) -> int:
         """Mark acknowledged firings whose batch's transaction was lost (sql/queries.sql,
@@ -395,6 +397,14 @@ async def _lock_tenants_shared(conn: psycopg.AsyncConnection[Any], commands: Seq
     tenants = [c.tenant_id for c in commands if isinstance(c, ScheduleTimer)]
     if tenants:
         await conn.execute(QUERIES["lock_tenants_shared"], {"keys": pausing.intake_lock_keys(tenants)})
+
+
+@contextlib.asynccontextmanager
+async def _writing(writes: Writes) -> AsyncIterator[None]:
+    """Writes.writing for an `async with` line; entered before `conn.transaction()`, it is left
+    after the transaction's COMMIT has answered."""
+    with writes.writing():
+        yield
 
 
 def _key(c: Command) -> Key:
