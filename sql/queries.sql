@@ -588,14 +588,32 @@ JOIN unnest(%(tenant_id)s::text[], %(service_call_id)s::text[]) AS k(tenant_id, 
 WHERE t.state IN ('Scheduled', 'Paused', 'Reached');
 
 -- name: quota_pending_counts
--- Quota: Scheduled and Paused (pending all the same) timers of each given tenant, counted up to %(cap)s and no further. Walks the
--- primary key's range for the tenant (tenant_id leads it): cost grows with the tenant's rows up to
--- the cap, plus its finished rows kept for TIMER_RETENTION (see README, Tenant quota).
-SELECT k.tenant_id,
-       (SELECT count(*) FROM (SELECT 1 FROM timers t
-                              WHERE t.tenant_id = k.tenant_id AND t.state IN ('Scheduled', 'Paused')
-                              LIMIT %(cap)s) AS c) AS pending
-FROM unnest(%(tenant_id)s::text[]) AS k(tenant_id);
+-- Quota: each given tenant's pending (Scheduled or Paused) timers, capped at %(cap)s, and how many
+-- rows of tenant_pending hold its count (migration 0014: deltas that Postgres adds beside every
+-- write of timers). An index range of a few rows per tenant, however many timers it has; a tenant
+-- with none has no row.
+SELECT tenant_id, least(sum(pending), %(cap)s) AS pending, count(*) AS deltas
+FROM tenant_pending
+WHERE tenant_id = ANY(%(tenant_id)s::text[])
+GROUP BY tenant_id;
+
+-- name: compact_pending
+-- Fold the given tenants' rows of tenant_pending into one each (none when the sum is 0): a delete
+-- and the insert of its sum in one statement, so every snapshot sees the same sums. SKIP LOCKED: two
+-- replicas folding at once each take other rows and never wait. Rows of writes not yet committed
+-- are not seen, and stay. %(tenant_id)s NULL: any tenant's rows, up to %(limit)s. How many rows went.
+WITH gone AS (
+    DELETE FROM tenant_pending
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM tenant_pending
+                            WHERE %(tenant_id)s::text[] IS NULL OR tenant_id = ANY(%(tenant_id)s::text[])
+                            LIMIT %(limit)s
+                            FOR UPDATE SKIP LOCKED))
+    RETURNING tenant_id, pending
+), folded AS (
+    INSERT INTO tenant_pending (tenant_id, pending)
+    SELECT tenant_id, sum(pending) FROM gone GROUP BY tenant_id HAVING sum(pending) <> 0
+)
+SELECT count(*) AS folded FROM gone;
 
 -- Inspection (worker/ops/reads.py: `timer-service list`, `describe`, `status --tenant` and the
 -- console). Operator reads, one at a time: never in a loop of the service.

@@ -38,6 +38,11 @@ from worker.errors import TransientError
 ORDER_GRACE = timedelta(minutes=1)
 # How far ahead of the database clock a claim takes occurrences (claim_due's ahead_ms).
 CLAIM_REACH = timedelta(milliseconds=LOOKAHEAD_MS)
+# The quota's count of a tenant is the sum of its rows in tenant_pending (migration 0014), one more
+# per statement that changed it: past this many, the quota read folds them into one, so that a read
+# costs a few index entries per tenant whatever the tenant's traffic.
+FOLD_AFTER = 8
+FOLD_LIMIT = 100_000  # rows one fold takes at most (FOLD_AFTER and more per spread tenant of a batch)
 
 
 def _rounds(commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[list[int]]:
@@ -347,8 +352,10 @@ class Store:
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
     ) -> tuple[set[Key], dict[str, int]]:
-        """For the quota: which keys already exist as Scheduled or Reached (a ScheduleTimer for them
-        adds no pending timer), and each tenant's Scheduled count, capped at `cap`."""
+        """For the quota: which keys already exist as Scheduled, Paused or Reached (a ScheduleTimer
+        for them adds no pending timer), and each tenant's pending count, capped at `cap`: a few
+        rows of tenant_pending per tenant (sql/queries.sql, quota_pending_counts). A tenant whose
+        count has spread over more than FOLD_AFTER rows has them folded into one afterwards."""
         with self._db():
             async with self.pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
@@ -358,8 +365,19 @@ class Store:
                 )
                 known = {(r["tenant_id"], r["service_call_id"]) for r in await cur.fetchall()}
                 await cur.execute(QUERIES["quota_pending_counts"], {"tenant_id": list(tenants), "cap": cap})
-                pending = {r["tenant_id"]: int(r["pending"]) for r in await cur.fetchall()}
-        return known, pending
+                counted = await cur.fetchall()
+                if spread := [r["tenant_id"] for r in counted if r["deltas"] > FOLD_AFTER]:
+                    await cur.execute(QUERIES["compact_pending"], {"tenant_id": spread, "limit": FOLD_LIMIT})
+        return known, dict.fromkeys(tenants, 0) | {r["tenant_id"]: int(r["pending"]) for r in counted}
+
+    async def compact_pending(self, limit: int) -> int:
+        """Fold up to `limit` rows of tenant_pending, any tenant's, into one per tenant; how many
+        rows were folded (retention does this for tenants the quota never reads)."""
+        with self._db(write=True):
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(QUERIES["compact_pending"], {"tenant_id": None, "limit": limit})
+                row = await cur.fetchone()
+                return int(row[0]) if row else 0
 
     async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
         """Pause or resume a tenant's timers, or one (README, Pause and resume); its outcome and, for

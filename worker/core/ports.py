@@ -82,9 +82,14 @@ class TimerReader(Protocol):
 
 
 class FinishedTimers(Protocol):
-    """Retention's database: delete up to `limit` Reached/Cancelled rows older than `retention`."""
+    """Retention's database: delete up to `limit` Reached/Cancelled rows older than `retention`; keep
+    the quota's counts small."""
 
     async def delete_finished(self, retention: timedelta, limit: int) -> int: ...
+
+    async def compact_pending(self, limit: int) -> int:
+        """Fold up to `limit` rows of the quota's per-tenant counts into one per tenant; how many."""
+        ...
 
 
 class EventPublisher(Protocol):

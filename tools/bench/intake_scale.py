@@ -1,0 +1,105 @@
+"""Intake's costs that grow with the table and the tenants (`timer-service bench intake-quota
+intake-tenants`; docs/BENCHMARKS.md):
+
+  * intake-quota: a backlog of ScheduleTimers over 1,000 tenants taken in beside a table of 5M
+    Scheduled timers (1,000 tenants, 34-character keys, due 1-30 days ahead), with the tenant quota
+    on (TIMER_TENANT_MAX_PENDING=10000, which no tenant reaches) and off, interleaved; the ratio.
+  * intake-tenants: a backlog over 5,000 tenants and one over 10, interleaved; the ratio.
+
+Each phase publishes its backlog first, then starts one replica and times, from the rows' own
+registered_at, how fast it stores them; the replica is stopped before the next phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+from tools.bench.rig import Rig
+from tools.bench.scenarios import Context, Metrics, schedule_command
+
+# The study's table (issue 36): rows built straight into timers, as long-scheduled timers would be.
+# A small builder of its own: the realistic-table builder of the lateness scenarios may replace it.
+TABLE_SQL = """
+INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at)
+SELECT 't' || (i %% %(tenants)s), 'k-' || md5(i::text), 'Scheduled', d, d
+FROM generate_series(0, %(rows)s - 1) AS i,
+     LATERAL (SELECT now() + interval '1 day' + random() * interval '29 days') AS t(d)
+"""
+QUOTA = 10_000  # above every tenant's pending timers here: the check runs, and never rejects
+
+
+async def build_table(rig: Rig, rows: int, tenants: int) -> None:
+    async with rig.db_.transaction():
+        await rig.db_.execute(TABLE_SQL, {"rows": rows, "tenants": tenants})
+    await rig.db_.execute("VACUUM ANALYZE timers")
+
+
+async def _phase(rig: Rig, ctx: Context, tag: str, n: int, tenants: int, env: dict[str, str]) -> float:
+    """Publish `n` new ScheduleTimers over `tenants` tenants, run one replica until they are stored;
+    its commands per second."""
+    due = datetime.now(UTC) + timedelta(days=2)
+    bodies = [
+        schedule_command(rig.names["subject_prefix"], f"t{i % tenants}", f"{tag}-{i}", due) for i in range(n)
+    ]
+    await rig.publish_commands(bodies)
+    rig.fleet.start(1, env)
+    deadline = time.monotonic() + 120 + n / 200
+    like = f"{tag}-%"
+    while (
+        stored := int(await rig.scalar("SELECT count(*) FROM timers WHERE service_call_id LIKE %s", like))
+    ) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{tag}: {stored:,} of {n:,} commands stored before the deadline")
+        ctx.progress(f"{tag}: {stored:,}/{n:,} stored")
+        await asyncio.sleep(0.5)
+    await asyncio.to_thread(rig.fleet.terminate_all)
+    span = float(
+        await rig.scalar(
+            "SELECT extract(epoch FROM max(registered_at) - min(registered_at)) FROM timers"
+            " WHERE service_call_id LIKE %s",
+            like,
+        )
+    )
+    return n / span
+
+
+async def intake_quota(ctx: Context) -> Metrics:
+    rows, tenants, n = ctx.n(5_000_000, floor=10_000), 1_000, ctx.n(50_000, floor=2_000)
+    async with ctx.rig() as rig:
+        ctx.progress(f"building a table of {rows:,} timers over {tenants:,} tenants")
+        await build_table(rig, rows, tenants)
+        rates: dict[str, list[float]] = {"off": [], "on": []}
+        for round_ in range(2):
+            for quota, seen in rates.items():
+                limit = str(QUOTA if quota == "on" else 0)
+                seen.append(
+                    await _phase(
+                        rig, ctx, f"q{quota}{round_}", n, tenants, {"TIMER_TENANT_MAX_PENDING": limit}
+                    )
+                )
+        off, on = max(rates["off"]), max(rates["on"])
+        return {
+            "table_rows": rows,
+            "commands": n,
+            "commands_per_s_quota_off": off,
+            "commands_per_s_quota_on": on,
+            "quota_on_over_off": on / off,
+        }
+
+
+async def intake_tenants(ctx: Context) -> Metrics:
+    n = ctx.n(50_000, floor=5_000)
+    async with ctx.rig() as rig:
+        rates: dict[int, list[float]] = {10: [], 5_000: []}
+        for round_ in range(2):
+            for tenants, seen in rates.items():
+                seen.append(await _phase(rig, ctx, f"n{tenants}r{round_}", n, tenants, {}))
+        few, many = max(rates[10]), max(rates[5_000])
+        return {
+            "commands": n,
+            "commands_per_s_10_tenants": few,
+            "commands_per_s_5000_tenants": many,
+            "many_over_few": many / few,
+        }
