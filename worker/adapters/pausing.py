@@ -22,16 +22,17 @@ PAUSE_CHUNK = 5000
 PAUSE_ROWS_PER_DELIVERY = PAUSE_CHUNK
 
 
-def tenant_lock_keys(tenants: Iterable[str]) -> list[int]:
+def tenant_lock_keys(tenants: Iterable[str], purpose: bytes = b"timer-pause") -> list[int]:
     """The transaction-level advisory lock keys of these tenants, sorted (a fixed order to take them
     in): intake holds them shared while it writes the tenants' timers, a tenant's pause or resume
     takes its key exclusively while it changes the flag (lock_tenants_shared, lock_tenant). The one
-    place the key is derived. A collision only makes two tenants wait for each other's flag change."""
-    return sorted({_lock_key(t) for t in tenants})
+    place the key is derived. A collision only makes two tenants wait for each other's flag change.
+    Another `purpose` gives other keys: the quota's recount (b"timer-quota", Store.quota_view)."""
+    return sorted({_lock_key(t, purpose) for t in tenants})
 
 
-def _lock_key(tenant: str) -> int:
-    digest = hashlib.blake2b(tenant.encode(), digest_size=8, person=b"timer-pause").digest()
+def _lock_key(tenant: str, purpose: bytes) -> int:
+    digest = hashlib.blake2b(tenant.encode(), digest_size=8, person=purpose).digest()
     return int.from_bytes(digest, "big", signed=True)
 
 

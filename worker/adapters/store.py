@@ -38,11 +38,12 @@ from worker.errors import TransientError
 ORDER_GRACE = timedelta(minutes=1)
 # How far ahead of the database clock a claim takes occurrences (claim_due's ahead_ms).
 CLAIM_REACH = timedelta(milliseconds=LOOKAHEAD_MS)
-# The quota's count of a tenant is the sum of its rows in tenant_pending (migration 0014), one more
-# per statement that changed it: past this many, the quota read folds them into one, so that a read
-# costs a few index entries per tenant whatever the tenant's traffic.
+# The quota's bound of a tenant is the sum of its rows in tenant_pending (migration 0014), one more
+# per statement that made timers of it pending: past this many, the quota read folds them into one,
+# so that a read costs a few index entries per tenant whatever the tenant's traffic.
 FOLD_AFTER = 8
 FOLD_LIMIT = 100_000  # rows one fold takes at most (FOLD_AFTER and more per spread tenant of a batch)
+RECOUNT_LOCKS = b"timer-quota"  # the advisory lock keys of a tenant's recount (lock_quota_recount)
 
 
 def _rounds(commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[list[int]]:
@@ -349,14 +350,26 @@ class Store:
         """Delete up to `limit` Reached/Cancelled rows older than `retention`; how many went."""
         return await self._execute_count("delete_finished", {"retention": retention, "limit": limit})
 
+    async def pending_bounds(self, tenants: Sequence[str]) -> dict[str, int]:
+        """For the quota: a number never below each tenant's pending timers (0 for a tenant with
+        none), a few rows of tenant_pending per tenant (sql/queries.sql, quota_bounds). A tenant
+        whose bound has spread over more than FOLD_AFTER rows has them folded into one afterwards."""
+        with self._db():
+            async with self.pool.connection() as conn:
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(QUERIES["quota_bounds"], {"tenant_id": list(tenants)})
+                counted = await cur.fetchall()
+                if spread := [r["tenant_id"] for r in counted if r["deltas"] > FOLD_AFTER]:
+                    await cur.execute(QUERIES["compact_pending"], {"tenant_id": spread, "limit": FOLD_LIMIT})
+        return dict.fromkeys(tenants, 0) | {r["tenant_id"]: int(r["bound"]) for r in counted}
+
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
     ) -> tuple[set[Key], dict[str, int]]:
-        """For the quota: which keys already exist as Scheduled, Paused or Reached (a ScheduleTimer
-        for them adds no pending timer), and each tenant's pending count, capped at `cap`: a few
-        rows of tenant_pending per tenant (sql/queries.sql, quota_pending_counts). A tenant whose
-        count has spread over more than FOLD_AFTER rows has them folded into one afterwards."""
-        with self._db():
+        """For the quota, exactly: which keys already exist as Scheduled, Paused or Reached (a
+        ScheduleTimer for them adds no pending timer), and each tenant's pending count, capped at
+        `cap` (a walk of its rows: quota_recount). Each tenant's bound comes down to its count."""
+        with self._db(write=True):
             async with self.pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
                 await cur.execute(
@@ -364,11 +377,12 @@ class Store:
                     {"tenant_id": [k[0] for k in keys], "service_call_id": [k[1] for k in keys]},
                 )
                 known = {(r["tenant_id"], r["service_call_id"]) for r in await cur.fetchall()}
-                await cur.execute(QUERIES["quota_pending_counts"], {"tenant_id": list(tenants), "cap": cap})
-                counted = await cur.fetchall()
-                if spread := [r["tenant_id"] for r in counted if r["deltas"] > FOLD_AFTER]:
-                    await cur.execute(QUERIES["compact_pending"], {"tenant_id": spread, "limit": FOLD_LIMIT})
-        return known, dict.fromkeys(tenants, 0) | {r["tenant_id"]: int(r["pending"]) for r in counted}
+                async with conn.transaction():
+                    locks = {"keys": pausing.tenant_lock_keys(tenants, RECOUNT_LOCKS)}
+                    await cur.execute(QUERIES["lock_quota_recount"], locks)
+                    await cur.execute(QUERIES["quota_recount"], {"tenant_id": list(tenants), "cap": cap})
+                    pending = {r["tenant_id"]: int(r["pending"]) for r in await cur.fetchall()}
+        return known, pending
 
     async def compact_pending(self, limit: int) -> int:
         """Fold up to `limit` rows of tenant_pending, any tenant's, into one per tenant; how many
