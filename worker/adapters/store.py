@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,6 +34,8 @@ from worker.core.domain import (
 from worker.core.firing import LOOKAHEAD_MS
 from worker.core.ports import ClaimedBatch
 from worker.errors import TransientError
+
+log = logging.getLogger("worker.store")
 
 # How long a command waiting for its timer may hold up the later ones once the timer is no longer
 # claimed (Store.order_grace); at least the lease plus the command consumer's ack wait.
@@ -98,6 +102,7 @@ class Store:
         # wait when its replica died: a marker unchanged for this long, the timer not claimed,
         # is stale and holds nothing up (sql/queries.sql, upsert_schedules).
         self.order_grace = order_grace
+        self._folding: asyncio.Task[None] | None = None  # pending_bounds' fold in flight, if any
         # The error of the last write, until one succeeds: `SELECT 1` still answers on a read-only
         # database, so readiness asks this too.
         self.write_failure: str | None = None
@@ -353,15 +358,28 @@ class Store:
     async def pending_bounds(self, tenants: Sequence[str]) -> dict[str, int]:
         """For the quota: a number never below each tenant's pending timers (0 for a tenant with
         none), a few rows of tenant_pending per tenant (sql/queries.sql, quota_bounds). A tenant
-        whose bound has spread over more than FOLD_AFTER rows has them folded into one afterwards."""
+        whose bound has spread over more than FOLD_AFTER rows has them folded into one beside the
+        batch, not before it: a fold of the tenants of one batch took longer than the read."""
         with self._db():
             async with self.pool.connection() as conn:
-                cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(QUERIES["quota_bounds"], {"tenant_id": list(tenants)})
+                cur = await conn.execute(QUERIES["quota_bounds"], {"tenant_id": list(tenants)})
                 counted = await cur.fetchall()
-                if spread := [r["tenant_id"] for r in counted if r["deltas"] > FOLD_AFTER]:
-                    await cur.execute(QUERIES["compact_pending"], {"tenant_id": spread, "limit": FOLD_LIMIT})
-        return dict.fromkeys(tenants, 0) | {r["tenant_id"]: int(r["bound"]) for r in counted}
+        spread = [tenant for tenant, _, deltas in counted if deltas > FOLD_AFTER]
+        if spread and (self._folding is None or self._folding.done()):  # one at a time: never queued
+            self._folding = asyncio.create_task(self._fold(spread))
+        return dict.fromkeys(tenants, 0) | {tenant: int(bound) for tenant, bound, _ in counted}
+
+    async def _fold(self, tenants: list[str]) -> None:
+        """Fold these tenants' rows of tenant_pending. A failure costs nothing but a larger read:
+        the next read of a spread tenant folds it again."""
+        try:
+            with self._db(write=True):
+                async with self.pool.connection() as conn:
+                    await conn.execute(
+                        QUERIES["compact_pending"], {"tenant_id": tenants, "limit": FOLD_LIMIT}
+                    )
+        except Exception as exc:  # a task of its own: nobody else would hear of it
+            log.warning("quota fold failed", extra={"action": "quota_fold_failed", "error": str(exc)})
 
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int

@@ -95,7 +95,7 @@ class FinishedTimers(Protocol):
     async def delete_finished(self, retention: timedelta, limit: int) -> int: ...
 
     async def compact_pending(self, limit: int) -> int:
-        """Fold up to `limit` rows of the quota's per-tenant counts into one per tenant; how many."""
+        """Fold up to `limit` rows of the quota's per-tenant bounds into one per tenant; how many."""
         ...
 
 

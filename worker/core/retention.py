@@ -46,8 +46,8 @@ class Retention:
             metrics.RETENTION_DELETED.inc(deleted)
             if deleted < self.batch:  # a short batch: nothing more is due (or the rest is locked)
                 break
-        # The quota's counts (migration 0014) gain a row per statement that changes a tenant's
-        # pending timers, the quota on or off; intake folds the rows of the tenants it checks, and
+        # The quota's bounds (migration 0014) gain a row per statement that makes timers of a
+        # tenant pending, the quota on or off; intake folds the rows of the tenants it checks, and
         # this the rest, so the table stays about a row per tenant.
         while (stop is None or not stop.is_set()) and await self.store.compact_pending(
             FOLD_BATCH
