@@ -629,15 +629,25 @@ SELECT tenant_id, pending FROM c;
 
 -- name: compact_pending
 -- Fold the given tenants' rows of tenant_pending into one each (none when the sum is 0): a delete
--- and the insert of its sum in one statement, so every snapshot sees the same sums. SKIP LOCKED: two
--- replicas folding at once each take other rows and never wait. Rows of writes not yet committed
--- are not seen, and stay. %(tenant_id)s NULL: any tenant's rows, up to %(limit)s. How many rows went.
-WITH gone AS (
+-- and the insert of its sum in one statement, so every snapshot sees the same sums. One fold at a
+-- time in the fleet (a transaction-level advisory lock, tried: a fold that does not get it folds
+-- nothing and waits for nothing), so the delete takes no row lock first: two folds deleting the
+-- same rows in different orders could deadlock, and locking each row before deleting it doubled
+-- the fold's writes. The triggers only insert, and rows of writes not yet committed are not seen,
+-- and stay. A row a fold that finished meanwhile deleted is skipped (READ COMMITTED rechecks it).
+-- No tenants (NULL): any tenant's rows, up to %(limit)s. How many rows went.
+WITH gate AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(%(lock)s::bigint) AS ours
+), gone AS (
     DELETE FROM tenant_pending
-    WHERE ctid = ANY (ARRAY(SELECT ctid FROM tenant_pending
-                            WHERE %(tenant_id)s::text[] IS NULL OR tenant_id = ANY(%(tenant_id)s::text[])
-                            LIMIT %(limit)s
-                            FOR UPDATE SKIP LOCKED))
+    WHERE ctid = ANY (ARRAY(SELECT p.ctid
+                            FROM unnest(%(tenant_id)b::text[]) AS k(tenant_id)
+                            JOIN tenant_pending p ON p.tenant_id = k.tenant_id
+                            WHERE (SELECT ours FROM gate)
+                            UNION ALL
+                            SELECT p.ctid FROM tenant_pending p
+                            WHERE %(tenant_id)b::text[] IS NULL AND (SELECT ours FROM gate)
+                            LIMIT %(limit)s))
     RETURNING tenant_id, pending
 ), folded AS (
     INSERT INTO tenant_pending (tenant_id, pending)

@@ -48,6 +48,7 @@ CLAIM_REACH = timedelta(milliseconds=LOOKAHEAD_MS)
 FOLD_AFTER = 8
 FOLD_LIMIT = 100_000  # rows one fold takes at most (FOLD_AFTER and more per spread tenant of a batch)
 RECOUNT_LOCKS = b"timer-quota"  # the advisory lock keys of a tenant's recount (lock_quota_recount)
+FOLD_LOCK = pausing.tenant_lock_keys([""], b"timer-fold")[0]  # the fleet's one fold at a time
 
 
 def _rounds(commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[list[int]]:
@@ -376,7 +377,8 @@ class Store:
             with self._db(write=True):
                 async with self.pool.connection() as conn:
                     await conn.execute(
-                        QUERIES["compact_pending"], {"tenant_id": tenants, "limit": FOLD_LIMIT}
+                        QUERIES["compact_pending"],
+                        {"tenant_id": tenants, "limit": FOLD_LIMIT, "lock": FOLD_LOCK},
                     )
         except Exception as exc:  # a task of its own: nobody else would hear of it
             log.warning("quota fold failed", extra={"action": "quota_fold_failed", "error": str(exc)})
@@ -404,10 +406,13 @@ class Store:
 
     async def compact_pending(self, limit: int) -> int:
         """Fold up to `limit` rows of tenant_pending, any tenant's, into one per tenant; how many
-        rows were folded (retention does this for tenants the quota never reads)."""
+        rows were folded (retention does this for tenants the quota never reads): none while
+        another fold runs."""
         with self._db(write=True):
             async with self.pool.connection() as conn:
-                cur = await conn.execute(QUERIES["compact_pending"], {"tenant_id": None, "limit": limit})
+                cur = await conn.execute(
+                    QUERIES["compact_pending"], {"tenant_id": None, "limit": limit, "lock": FOLD_LOCK}
+                )
                 row = await cur.fetchone()
                 return int(row[0]) if row else 0
 
