@@ -605,15 +605,73 @@ JOIN unnest(%(tenant_id)s::text[], %(service_call_id)s::text[]) AS k(tenant_id, 
   ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
 WHERE t.state IN ('Scheduled', 'Paused', 'Reached');
 
--- name: quota_pending_counts
--- Quota: Scheduled and Paused (pending all the same) timers of each given tenant, counted up to %(cap)s and no further. Walks the
--- primary key's range for the tenant (tenant_id leads it): cost grows with the tenant's rows up to
--- the cap, plus its finished rows kept for TIMER_RETENTION (see README, Tenant quota).
-SELECT k.tenant_id,
-       (SELECT count(*) FROM (SELECT 1 FROM timers t
-                              WHERE t.tenant_id = k.tenant_id AND t.state IN ('Scheduled', 'Paused')
-                              LIMIT %(cap)s) AS c) AS pending
-FROM unnest(%(tenant_id)s::text[]) AS k(tenant_id);
+-- name: quota_bounds
+-- Quota: an upper bound of each given tenant's pending (Scheduled or Paused) timers, and how many
+-- rows of tenant_pending hold it (migration 0014: deltas Postgres adds as timers become pending,
+-- and quota_recount's corrections). An index range of a few rows per tenant, however many timers
+-- it has; a tenant with none has no row.
+-- The tenants drive, each an index range (its rows are next to each other): `tenant_id = ANY` of a
+-- batch's 630 tenants was a scan of the whole table, each row tested against the whole array.
+SELECT k.tenant_id, sum(p.pending) AS bound, count(*) AS deltas
+FROM unnest(%(tenant_id)b::text[]) AS k(tenant_id)
+JOIN tenant_pending p ON p.tenant_id = k.tenant_id
+GROUP BY k.tenant_id;
+
+-- name: lock_quota_recount
+-- Before quota_recount, in its transaction: the tenants' keys (worker/adapters/store.py,
+-- recount_lock_keys), in the given (sorted) order. Two replicas recounting one tenant at once
+-- would each add the same correction, and take the bound below the count; the second waits here
+-- and its recount, a statement of its own, then sees the first one's correction.
+SELECT count(pg_advisory_xact_lock(k)) AS n FROM unnest(%(keys)s::bigint[]) WITH ORDINALITY AS u(k, i);
+
+-- name: quota_recount
+-- Quota: each given tenant's pending timers counted exactly, through the primary key's range for
+-- the tenant, up to %(cap)s and no further (cost grows with the tenant's rows up to the cap, plus
+-- its finished rows kept for TIMER_RETENTION): only for tenants whose bound left no room. A count
+-- under the cap is exact, and the tenant's bound is brought down to it: one row of the count less
+-- the bound, both read in this statement's one snapshot. The deltas of writes it does not see are
+-- not in its count either, and stay, so the bound still covers them. A count at the cap leaves the
+-- bound as it is (at the cap or above, so the tenant is counted again next time).
+WITH c AS MATERIALIZED (
+    SELECT k.tenant_id,
+           (SELECT count(*) FROM (SELECT 1 FROM timers t
+                                  WHERE t.tenant_id = k.tenant_id AND t.state IN ('Scheduled', 'Paused')
+                                  LIMIT %(cap)s) AS c) AS pending,
+           (SELECT coalesce(sum(p.pending), 0) FROM tenant_pending p WHERE p.tenant_id = k.tenant_id) AS bound
+    FROM unnest(%(tenant_id)s::text[]) AS k(tenant_id)
+), corrected AS (
+    INSERT INTO tenant_pending (tenant_id, pending)
+    SELECT tenant_id, pending - bound FROM c WHERE pending < %(cap)s AND pending <> bound
+)
+SELECT tenant_id, pending FROM c;
+
+-- name: compact_pending
+-- Fold the given tenants' rows of tenant_pending into one each (none when the sum is 0): a delete
+-- and the insert of its sum in one statement, so every snapshot sees the same sums. One fold at a
+-- time in the fleet (a transaction-level advisory lock, tried: a fold that does not get it folds
+-- nothing and waits for nothing), so the delete takes no row lock first: two folds deleting the
+-- same rows in different orders could deadlock, and locking each row before deleting it doubled
+-- the fold's writes. The triggers only insert, and rows of writes not yet committed are not seen,
+-- and stay. A row a fold that finished meanwhile deleted is skipped (READ COMMITTED rechecks it).
+-- No tenants (NULL): any tenant's rows, up to %(limit)s. How many rows went.
+WITH gate AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(%(lock)s::bigint) AS ours
+), gone AS (
+    DELETE FROM tenant_pending
+    WHERE ctid = ANY (ARRAY(SELECT p.ctid
+                            FROM unnest(%(tenant_id)b::text[]) AS k(tenant_id)
+                            JOIN tenant_pending p ON p.tenant_id = k.tenant_id
+                            WHERE (SELECT ours FROM gate)
+                            UNION ALL
+                            SELECT p.ctid FROM tenant_pending p
+                            WHERE %(tenant_id)b::text[] IS NULL AND (SELECT ours FROM gate)
+                            LIMIT %(limit)s))
+    RETURNING tenant_id, pending
+), folded AS (
+    INSERT INTO tenant_pending (tenant_id, pending)
+    SELECT tenant_id, sum(pending) FROM gone GROUP BY tenant_id HAVING sum(pending) <> 0
+)
+SELECT count(*) AS folded FROM gone;
 
 -- Inspection (worker/ops/reads.py: `timer-service list`, `describe`, `status --tenant` and the
 -- console). Operator reads, one at a time: never in a loop of the service.

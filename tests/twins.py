@@ -234,6 +234,10 @@ class TwinStore:
         )
         return "applied"
 
+    async def pending_bounds(self, tenants: Sequence[str]) -> dict[str, int]:
+        """Store.pending_bounds: the exact count is a bound too."""
+        return (await self.quota_view([], tenants, cap=2**62))[1]
+
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
     ) -> tuple[set[Key], dict[str, int]]:

@@ -53,7 +53,8 @@ def test_the_documented_entry_points_run_from_the_repository_root(module: str, u
 
 def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str, nats_url: str) -> None:
     env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
-    argv = ["drain", "intake", "catchup", "producer", "--scale", "0.01", "--runs", "1", "--json"]
+    argv = ["drain", "intake", "intake-quota", "intake-tenants", "catchup", "producer"]
+    argv += ["--scale", "0.01", "--runs", "1", "--json"]
     report, stderr = run_json(["-m", "worker", "bench", *argv], env)
     assert report["command"] == "timer-service bench " + " ".join(argv)
     # the machine's yardstick before and after, beside the figures
@@ -62,6 +63,10 @@ def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str
     drain = results["drain"]["median"]
     assert drain["timers"] == 10_000 and drain["left_scheduled"] == 0 and drain["fires_per_s"] > 0
     assert results["intake"]["median"]["missing"] == 0
+    quota = results["intake-quota"]["median"]  # the quota on and off, beside a table of timers
+    assert (quota["table_rows"], quota["commands"]) == (50_000, 2_000) and quota["quota_on_over_off"] > 0
+    tenants = results["intake-tenants"]["median"]  # a backlog over 5,000 tenants and over 10
+    assert tenants["commands"] == 5_000 and tenants["many_over_few"] > 0
     catchup = results["catchup"]["median"]
     assert catchup["early"] == 0 and catchup["fresh_lateness_max_ms"] >= catchup["fresh_lateness_p50_ms"] >= 0
     assert {v["metric"] for v in results["catchup"]["targets"]} == {"fresh_lateness_p99_ms"}

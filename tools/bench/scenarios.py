@@ -393,6 +393,9 @@ class Scenario:
     targets: tuple[tuple[str, str, float], ...]
 
 
+# Scenarios kept in modules of their own (they import Context from here).
+from tools.bench.intake_scale import intake_quota, intake_tenants  # noqa: E402
+
 SCENARIOS = {
     s.name: s
     for s in (
@@ -405,6 +408,8 @@ SCENARIOS = {
         Scenario("lateness-5k", lateness_5k, (("lateness_p99_ms", "<=", 250),)),
         Scenario("intake", intake, (("commands_per_s", ">=", 20_000),)),
         Scenario("intake-workqueue", intake_work_queue, ()),  # on request: the A/B's old stream
+        Scenario("intake-quota", intake_quota, (("quota_on_over_off", ">=", 0.9),)),
+        Scenario("intake-tenants", intake_tenants, (("many_over_few", ">=", 0.8),)),
         Scenario("producer", producer, (("commands_per_s", ">=", 40_000),)),
         Scenario("failover", failover, (("orphan_lateness_p99_ms", "<=", 5000),)),
         Scenario("catchup", catchup, (("fresh_lateness_p99_ms", "<=", 1000),)),

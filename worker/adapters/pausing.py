@@ -52,10 +52,16 @@ def pause_lock_keys(tenant: str) -> list[int]:
     return sorted({_lock_key(tenant), _slot_key(tenant)})
 
 
-def _lock_key(tenant: str) -> int:
+def tenant_lock_keys(tenants: Iterable[str], purpose: bytes) -> list[int]:
+    """Advisory lock keys of these tenants for another `purpose` than the pause fence, sorted (a
+    fixed order to take them in): the quota's recount (b"timer-quota", Store.quota_view)."""
+    return sorted({_lock_key(t, purpose) for t in tenants})
+
+
+def _lock_key(tenant: str, purpose: bytes = b"timer-pause") -> int:
     """A tenant's own key, the one place it is derived. A collision (with another tenant's, or a
     slot's) only makes them wait for each other's flag change."""
-    digest = hashlib.blake2b(tenant.encode(), digest_size=8, person=b"timer-pause").digest()
+    digest = hashlib.blake2b(tenant.encode(), digest_size=8, person=purpose).digest()
     return int.from_bytes(digest, "big", signed=True)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,11 +36,20 @@ from worker.core.firing import LOOKAHEAD_MS
 from worker.core.ports import ClaimedBatch
 from worker.errors import TransientError
 
+log = logging.getLogger("worker.store")
+
 # How long a command waiting for its timer may hold up the later ones once the timer is no longer
 # claimed (Store.order_grace); at least the lease plus the command consumer's ack wait.
 ORDER_GRACE = timedelta(minutes=1)
 # How far ahead of the database clock a claim takes occurrences (claim_due's ahead_ms).
 CLAIM_REACH = timedelta(milliseconds=LOOKAHEAD_MS)
+# The quota's bound of a tenant is the sum of its rows in tenant_pending (migration 0014), one more
+# per statement that made timers of it pending: past this many, the quota read folds them into one,
+# so that a read costs a few index entries per tenant whatever the tenant's traffic.
+FOLD_AFTER = 8
+FOLD_LIMIT = 100_000  # rows one fold takes at most (FOLD_AFTER and more per spread tenant of a batch)
+RECOUNT_LOCKS = b"timer-quota"  # the advisory lock keys of a tenant's recount (lock_quota_recount)
+FOLD_LOCK = pausing.tenant_lock_keys([""], b"timer-fold")[0]  # the fleet's one fold at a time
 
 
 def _rounds(commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[list[int]]:
@@ -93,6 +104,7 @@ class Store:
         # wait when its replica died: a marker unchanged for this long, the timer not claimed,
         # is stale and holds nothing up (sql/queries.sql, upsert_schedules).
         self.order_grace = order_grace
+        self._folding: asyncio.Task[None] | None = None  # pending_bounds' fold in flight, if any
         # The error of the last write, until one succeeds: `SELECT 1` still answers on a read-only
         # database, so readiness asks this too.
         self.write_failure: str | None = None
@@ -347,12 +359,40 @@ class Store:
         """Delete up to `limit` Reached/Cancelled rows older than `retention`; how many went."""
         return await self._execute_count("delete_finished", {"retention": retention, "limit": limit})
 
+    async def pending_bounds(self, tenants: Sequence[str]) -> dict[str, int]:
+        """For the quota: a number never below each tenant's pending timers (0 for a tenant with
+        none), a few rows of tenant_pending per tenant (sql/queries.sql, quota_bounds). A tenant
+        whose bound has spread over more than FOLD_AFTER rows has them folded into one beside the
+        batch, not before it: a fold of the tenants of one batch took longer than the read."""
+        with self._db():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(QUERIES["quota_bounds"], {"tenant_id": list(tenants)})
+                counted = await cur.fetchall()
+        spread = [tenant for tenant, _, deltas in counted if deltas > FOLD_AFTER]
+        if spread and (self._folding is None or self._folding.done()):  # one at a time: never queued
+            self._folding = asyncio.create_task(self._fold(spread))
+        return dict.fromkeys(tenants, 0) | {tenant: int(bound) for tenant, bound, _ in counted}
+
+    async def _fold(self, tenants: list[str]) -> None:
+        """Fold these tenants' rows of tenant_pending. A failure costs nothing but a larger read:
+        the next read of a spread tenant folds it again."""
+        try:
+            with self._db(write=True):
+                async with self.pool.connection() as conn:
+                    await conn.execute(
+                        QUERIES["compact_pending"],
+                        {"tenant_id": tenants, "limit": FOLD_LIMIT, "lock": FOLD_LOCK},
+                    )
+        except Exception as exc:  # a task of its own: nobody else would hear of it
+            log.warning("quota fold failed", extra={"action": "quota_fold_failed", "error": str(exc)})
+
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
     ) -> tuple[set[Key], dict[str, int]]:
-        """For the quota: which keys already exist as Scheduled or Reached (a ScheduleTimer for them
-        adds no pending timer), and each tenant's Scheduled count, capped at `cap`."""
-        with self._db():
+        """For the quota, exactly: which keys already exist as Scheduled, Paused or Reached (a
+        ScheduleTimer for them adds no pending timer), and each tenant's pending count, capped at
+        `cap` (a walk of its rows: quota_recount). Each tenant's bound comes down to its count."""
+        with self._db(write=True):
             async with self.pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
                 await cur.execute(
@@ -360,9 +400,24 @@ class Store:
                     {"tenant_id": [k[0] for k in keys], "service_call_id": [k[1] for k in keys]},
                 )
                 known = {(r["tenant_id"], r["service_call_id"]) for r in await cur.fetchall()}
-                await cur.execute(QUERIES["quota_pending_counts"], {"tenant_id": list(tenants), "cap": cap})
-                pending = {r["tenant_id"]: int(r["pending"]) for r in await cur.fetchall()}
+                async with conn.transaction():
+                    locks = {"keys": pausing.tenant_lock_keys(tenants, RECOUNT_LOCKS)}
+                    await cur.execute(QUERIES["lock_quota_recount"], locks)
+                    await cur.execute(QUERIES["quota_recount"], {"tenant_id": list(tenants), "cap": cap})
+                    pending = {r["tenant_id"]: int(r["pending"]) for r in await cur.fetchall()}
         return known, pending
+
+    async def compact_pending(self, limit: int) -> int:
+        """Fold up to `limit` rows of tenant_pending, any tenant's, into one per tenant; how many
+        rows were folded (retention does this for tenants the quota never reads): none while
+        another fold runs."""
+        with self._db(write=True):
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(
+                    QUERIES["compact_pending"], {"tenant_id": None, "limit": limit, "lock": FOLD_LOCK}
+                )
+                row = await cur.fetchone()
+                return int(row[0]) if row else 0
 
     async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
         """Pause or resume a tenant's timers, or one (README, Pause and resume); its outcome and, for

@@ -65,9 +65,16 @@ class IntakeStore(Protocol):
         self, commands: Sequence[Command], positions: Sequence[Position] | None = None
     ) -> Applied: ...
 
+    async def pending_bounds(self, tenants: Sequence[str]) -> dict[str, int]:
+        """For the quota: each tenant's pending timers or more (never fewer), cheaply."""
+        ...
+
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
-    ) -> tuple[set[Key], dict[str, int]]: ...
+    ) -> tuple[set[Key], dict[str, int]]:
+        """For the quota, exactly: the keys already Scheduled, Paused or Reached, and each tenant's
+        pending timers up to `cap`."""
+        ...
 
     async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
         """Pause or resume a tenant or one timer: its one outcome ("deferred": offer it again later)
@@ -85,9 +92,14 @@ class TimerReader(Protocol):
 
 
 class FinishedTimers(Protocol):
-    """Retention's database: delete up to `limit` Reached/Cancelled rows older than `retention`."""
+    """Retention's database: delete up to `limit` Reached/Cancelled rows older than `retention`; keep
+    the quota's counts small."""
 
     async def delete_finished(self, retention: timedelta, limit: int) -> int: ...
+
+    async def compact_pending(self, limit: int) -> int:
+        """Fold up to `limit` rows of the quota's per-tenant bounds into one per tenant; how many."""
+        ...
 
 
 class EventPublisher(Protocol):

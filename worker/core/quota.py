@@ -10,10 +10,19 @@ commands for the same tenant at the same moment can each see room for the last s
 tenant may overshoot the limit by what the other replicas admit in that same instant (at most
 their intake batches). Cancels in the batch are not credited until they are committed (the
 next batch sees the room). Both err on the tenant's side or are bounded; neither blocks intake.
+
+It reads in two steps. First a bound per tenant, never below its pending timers and kept by
+Postgres beside the rows (migration 0014: it counts timers becoming pending, not ending): a
+tenant whose bound leaves room for every ScheduleTimer of the batch passes at the cost of an
+index lookup, its keys never read. Only the others are counted exactly (a walk of their rows, up
+to the limit) and their keys looked up: a command is refused on an exact count, never on the
+bound. The recount also brings the bound down to the count, so a tenant far below its limit is
+counted again only once its new timers since could fill it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from worker.contract import Command, PauseTimers, ScheduleTimer
@@ -47,11 +56,16 @@ def over_quota(
 
 
 async def over_limit(store: IntakeStore, commands: Sequence[Command | PauseTimers], limit: int) -> list[int]:
-    """Indexes of the ScheduleTimers over their tenant's limit: two short reads per batch."""
-    schedules = [c for c in commands if isinstance(c, ScheduleTimer)]
+    """Indexes of the ScheduleTimers over their tenant's limit: one short read per batch, and two
+    more when a tenant's bound leaves no room for its ScheduleTimers."""
+    schedules = Counter(c.tenant_id for c in commands if isinstance(c, ScheduleTimer))
     if not schedules:
         return []
-    keys = list({(c.tenant_id, c.service_call_id) for c in schedules})
-    tenants = sorted({c.tenant_id for c in schedules})
-    known, pending = await store.quota_view(keys, tenants, cap=limit)
-    return over_quota(commands, known, pending, limit)
+    bounds = await store.pending_bounds(sorted(schedules))
+    near = sorted(t for t, n in schedules.items() if bounds.get(t, 0) + n > limit)
+    if not near:
+        return []
+    mine = [(i, c) for i, c in enumerate(commands) if isinstance(c, ScheduleTimer) and c.tenant_id in near]
+    keys = list({(c.tenant_id, c.service_call_id) for _, c in mine})
+    known, pending = await store.quota_view(keys, near, cap=limit)
+    return [mine[j][0] for j in over_quota([c for _, c in mine], known, pending, limit)]
