@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,8 @@ from typing import Any
 
 import nats
 import psycopg
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 from prometheus_client import REGISTRY
 from psycopg import sql
 
@@ -210,3 +213,19 @@ def tool_venv(venv: Path, requirements: Path) -> Path:
             subprocess.run([*pip, "-r", str(requirements)], check=True)
             stamp.write_text(wanted)
     return python
+
+
+def property_settings(examples: int) -> hypothesis_settings:
+    """The property tests' settings: a fixed seed and `examples` examples in `make test`,
+    TIMER_CHAOS_SCALE times as many in `make chaos-soak`; no deadline (real servers answer)."""
+    return hypothesis_settings(
+        derandomize=True,
+        database=None,
+        deadline=None,
+        max_examples=round(examples * float(os.environ.get("TIMER_CHAOS_SCALE", "1"))),
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.data_too_large,
+        ],
+    )

@@ -351,8 +351,8 @@ def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int, id
     return Outgoing(subject, body.encode(), headers)
 
 
-class _Worst(NamedTuple):
-    """An Occurrence (largest_event's)."""
+class OccurrenceValues(NamedTuple):
+    """An Occurrence as plain values (largest_event's worst one; the tests')."""
 
     tenant_id: str
     service_call_id: str
@@ -376,7 +376,7 @@ def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
     carried = {TRACEPARENT: f"00-{'1' * 32}-{'1' * 16}-01", TRACESTATE: widest_value}
     carried |= {name: widest_value for name in carry if name not in carried}
     data = "0" * max_data_bytes if max_data_bytes else None  # 0 refuses any `data`
-    worst = _Worst("t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data)
+    worst = OccurrenceValues("t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data)
     latest_ms = round(LATEST_DUE_AT.timestamp() * 1000)
     event = due_event(worst, "", iso(LATEST_DUE_AT), latest_ms, MessageIds(bytes(16)))
     return wire_size(event)

@@ -267,3 +267,17 @@ RESULTS: list[str] = []  # one line per scenario, printed again at the end of th
 def scale() -> float:
     """TIMER_CHAOS_SCALE multiplies timers and duration: 1 in `make test`, more for a soak."""
     return float(os.environ.get("TIMER_CHAOS_SCALE", "1"))
+
+
+def counting_deaths(fault: FaultDriver) -> tuple[FaultDriver, list[int]]:
+    """A driver that runs `fault`, and the list its run fills with the replica deaths it saw (one
+    entry, once the fault's driver ended whatever happened)."""
+    deaths: list[int] = []
+
+    async def driver(c: Chaos) -> None:
+        try:
+            await fault(c)
+        finally:
+            deaths.append(c.fleet.deaths)
+
+    return driver, deaths

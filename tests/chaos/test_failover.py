@@ -22,7 +22,7 @@ from nats.js import api
 
 from tests.chaos.checker import Verdict, Window, lost_outside
 from tests.chaos.pgpair import PgPair
-from tests.chaos.scenario import RESULTS, Chaos, Run
+from tests.chaos.scenario import RESULTS, Chaos, Run, counting_deaths
 from tests.chaos.test_scenarios import MakeRun
 from tests.helpers import http_get, until
 from worker.devkit.embedded import free_port
@@ -139,13 +139,7 @@ async def run_failover(make_run: MakeRun, base: Path, synchronous: bool) -> tupl
         )
         commands = (run.nats_url, run.replica_env["TIMER_COMMAND_STREAM"], run.replica_env["TIMER_CONSUMER"])
         fault = Failover(pair, ports, run.workload.span_s / 2, commands)
-        deaths: list[int] = []
-
-        async def driver(c: Chaos) -> None:
-            try:
-                await fault(c)
-            finally:
-                deaths.append(c.fleet.deaths)
+        driver, deaths = counting_deaths(fault)
 
         # Asynchronous: what was committed on the primary alone, while the standby was behind.
         window = None if synchronous else (lambda: loss_window(fault))

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from tests.chaos.patroni import Member, PatroniCluster
-from tests.chaos.scenario import RESULTS, Chaos
+from tests.chaos.scenario import RESULTS, Chaos, counting_deaths
 from tests.chaos.test_scenarios import MakeRun
 from tests.helpers import http_get, until
 from worker.devkit.embedded import free_port
@@ -209,13 +209,7 @@ async def test_leader_crash_and_switchover_under_patroni(make_run: MakeRun, tmp_
             span_s=SPAN_S,
         )
         fault = Failovers(cluster)
-        deaths: list[int] = []
-
-        async def driver(c: Chaos) -> None:
-            try:
-                await fault(c)
-            finally:
-                deaths.append(c.fleet.deaths)
+        driver, deaths = counting_deaths(fault)
 
         verdict = await run.execute(driver)
         for change in fault.changes:
@@ -260,13 +254,7 @@ async def test_an_orphan_primary_makes_the_replicas_unready_and_loses_nothing(
             span_s=SPAN_S,
         )
         fault = Orphan(cluster, ports)
-        deaths: list[int] = []
-
-        async def driver(c: Chaos) -> None:
-            try:
-                await fault(c)
-            finally:
-                deaths.append(c.fleet.deaths)
+        driver, deaths = counting_deaths(fault)
 
         verdict = await run.execute(driver)
         change = fault.change

@@ -13,20 +13,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given
-from hypothesis import settings as fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from psycopg.types.json import Jsonb
 
-from tests.helpers import jetstream, query
+from tests.helpers import jetstream, property_settings, query
 from tests.twins import claim_params
 from worker.adapters import db
 from worker.adapters.store import Store
@@ -46,14 +44,7 @@ from worker.core.commands import parse_command
 from worker.core.readmodel import ReadModel
 from worker.service import Replica
 
-SCALE = float(os.environ.get("TIMER_CHAOS_SCALE", "1"))
-FUZZ = fuzz_settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    max_examples=round(60 * SCALE),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FUZZ = property_settings(60)
 MEASURED = re.compile(r"data is (\d+) bytes as its events carry it, more than 0")
 IDS = MessageIds(b"a fleet secret of thirty-two b..")
 

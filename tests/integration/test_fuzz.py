@@ -10,31 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Coroutine
 from datetime import UTC
 from typing import Any, TypeVar
 
 import nats
 import psycopg
-from hypothesis import HealthCheck, given
-from hypothesis import settings as fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.helpers import consumer_idle, running_replica, until
+from tests.helpers import consumer_idle, property_settings, running_replica, until
 from worker.config import Settings
 from worker.service import Replica
 
 T = TypeVar("T")
 
-SCALE = float(os.environ.get("TIMER_CHAOS_SCALE", "1"))
-FUZZ = fuzz_settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    max_examples=round(40 * SCALE),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+FUZZ = property_settings(40)
 
 # Text Postgres (UTF8) can hold: no NUL, no lone surrogates. Anything else goes.
 stored_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=80)

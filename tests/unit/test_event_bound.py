@@ -5,7 +5,6 @@ wire_size), and the start-up check that the settings keep every event within the
 from __future__ import annotations
 
 from datetime import datetime
-from typing import NamedTuple
 
 import pytest
 from hypothesis import given, settings
@@ -20,6 +19,7 @@ from worker.contract import (
     MAX_BODY_BYTES,
     MAX_ID_CHARS,
     MessageIds,
+    OccurrenceValues,
     due_event,
     iso,
     largest_event,
@@ -30,15 +30,6 @@ from worker.errors import ConfigError
 
 IDS = MessageIds(b"a fleet secret of thirty-two b..")
 MIB = 1024 * 1024
-
-
-class Occurrence(NamedTuple):
-    tenant_id: str
-    service_call_id: str
-    due_at: datetime
-    correlation_id: str | None
-    carried: dict[str, str] | None
-    data: str | None
 
 
 ids = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=MAX_ID_CHARS)
@@ -76,7 +67,7 @@ def test_no_event_of_an_accepted_timer_is_larger_than_the_bound(
     carried, _ = carried_headers(headers, carry)
     # `data` as stored, at most `limit` bytes (worker.core.fields._data): the longest such text.
     data = text.encode()[:limit].decode(errors="ignore") or None
-    timer = Occurrence(tenant, service_call_id, due_at, correlation_id, carried, data)
+    timer = OccurrenceValues(tenant, service_call_id, due_at, correlation_id, carried, data)
     event = due_event(timer, "svc.t.timer.due", iso(reached_at), round(reached_at.timestamp() * 1000), IDS)
     assert wire_size(event) <= largest_event(limit, carry)
 
@@ -86,7 +77,7 @@ def test_the_bound_is_reached() -> None:
     widest = "\U0010ffff" * MAX_ID_CHARS
     value = "\U0010ffff" * 512
     carried = {"traceparent": "00-" + "1" * 32 + "-" + "1" * 16 + "-01", "tracestate": value, "x-a": value}
-    timer = Occurrence("t" * 64, widest, LATEST_DUE_AT, widest, carried, "1" * 100)
+    timer = OccurrenceValues("t" * 64, widest, LATEST_DUE_AT, widest, carried, "1" * 100)
     reached = round(LATEST_DUE_AT.timestamp() * 1000)
     event = due_event(timer, "s", iso(LATEST_DUE_AT), reached, IDS)
     assert wire_size(event) == largest_event(100, {"x-a"})

@@ -9,28 +9,20 @@ Fixed seed (derandomize) in `make test`; TIMER_CHAOS_SCALE (`make chaos-soak`) m
 from __future__ import annotations
 
 import json
-import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given
-from hypothesis import settings as fuzz_settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from tests.helpers import property_settings
 from worker.contract import ScheduleTimer
 from worker.core import recurrence
 from worker.core.commands import parse_command
 from worker.core.recurrence import CRON_MAX_COUNTED, next_occurrence
 
-SCALE = float(os.environ.get("TIMER_CHAOS_SCALE", "1"))
-FUZZ = fuzz_settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    max_examples=round(150 * SCALE),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+FUZZ = property_settings(150)
 # Evaluations of an `every` schedule: a gallop and a bisection over at most 2**31 indexes.
 EVERY_MAX_EVALUATIONS = 2 * 32 + 2
 
