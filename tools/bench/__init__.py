@@ -92,8 +92,9 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
     if unknown:
         print(f"unknown scenario: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})", file=sys.stderr)
         return 2
-    # By default every scenario with a target; `sweep` (lateness against load) on request.
-    chosen = [SCENARIOS[s] for s in args.scenarios or [n for n, s in SCENARIOS.items() if s.targets]]
+    # By default every scenario with a target; `sweep` (lateness against load) and `soak` on request.
+    default = [n for n, s in SCENARIOS.items() if s.targets and not s.on_request]
+    chosen = [SCENARIOS[s] for s in args.scenarios or default]
     with (
         tempfile.TemporaryDirectory(prefix="timer-bench-") as tmp,
         servers(Path(tmp), sync_always=args.sync_always) as (db_url, nats_url),
