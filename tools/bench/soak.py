@@ -372,6 +372,8 @@ def factors(s: dict[str, Any], wal_typical: float, loop_typical: float) -> list[
     out = []
     if s["vacuum_phase"]:
         out.append(f"autovacuum ({s['vacuum_phase']})")
+    if s["autovacuums"]:
+        out.append("autovacuum done")
     if s["checkpointer"] not in IDLE_CHECKPOINTER:
         out.append(f"checkpointer ({s['checkpointer']})")
     if s["checkpoints"]:
@@ -401,21 +403,22 @@ def attribution(
     loops = [s["cpu_loop_ms"] for s in seconds if s["cpu_loop_ms"] == s["cpu_loop_ms"]]
     loop_typical = statistics.median(loops or [float("inf")])
 
-    def around(sec: int) -> set[str]:
-        found: set[str] = set()
+    def around(sec: int, detail: bool = False) -> list[str]:
+        found: list[str] = []
         for t in (sec - 1, sec):
-            if t in by_second:
-                found |= {f.split(" (")[0] for f in factors(by_second[t], wal_typical, loop_typical)}
+            for f in factors(by_second[t], wal_typical, loop_typical) if t in by_second else []:
+                f = f if detail else f.split(" (")[0]
+                if f not in found:
+                    found.append(f)
         return found
 
     lines, counts = [], {}
     slow = sorted(sec for sec, xs in late.items() if max(xs) > target and sec in by_second)
     for sec in slow:
         s = by_second[sec]
-        what = factors(s, wal_typical, loop_typical)
         lines.append(
             f"{time.strftime('%H:%M:%S', time.gmtime(sec))} max {max(late[sec]):.0f} ms"
-            f" ({len(late[sec])} due): {', '.join(what) or 'nothing sampled'}"
+            f" ({len(late[sec])} due): {', '.join(around(sec, detail=True)) or 'nothing sampled'}"
             f"; loop {s['cpu_loop_ms']:.0f} ms, pg {s['pg_cpu']:.2f} cores, load {s['load_1m']:.1f}"
         )
     every = [around(s["second"]) for s in seconds]
