@@ -21,6 +21,7 @@ samples and lateness there as JSON, for a closer look.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import itertools
 import json
@@ -48,11 +49,12 @@ CANCEL_RATE = 50  # CancelTimer commands a second, of timers scheduled in this r
 TARGET_P99_MS = 50.0  # every window's
 TICK_S = 0.1  # the producers send what is due every tick
 SAMPLE_S = 1.0
+LONG_STATEMENT_MS = 100  # a statement running this long when sampled is named beside its second
 KEY_PREFIX = "s-"
 ROOT = Path(tools.__file__).resolve().parent.parent  # the checkout: the probe imports tools from it
 
 # Bench-only SQL (none of it runs in a replica): what Postgres was doing, once a second.
-SAMPLE_SQL = """
+SAMPLE_SQL = r"""
 SELECT extract(epoch FROM clock_timestamp())::float8,
        pg_table_size('timers'), pg_indexes_size('timers'),
        s.n_live_tup, s.n_dead_tup, s.n_tup_del, s.autovacuum_count, s.autoanalyze_count,
@@ -60,8 +62,15 @@ SELECT extract(epoch FROM clock_timestamp())::float8,
        (SELECT v.phase FROM pg_stat_progress_vacuum v WHERE v.relid = 'timers'::regclass LIMIT 1),
        (SELECT a.wait_event FROM pg_stat_activity a WHERE a.backend_type = 'checkpointer'),
        (SELECT count(*) FROM pg_stat_activity a
-        WHERE a.datname = current_database() AND a.state = 'active' AND a.query LIKE 'DELETE FROM timers%%'),
-       (SELECT wal_fpi FROM pg_stat_wal)
+        WHERE a.datname = current_database() AND a.state = 'active' AND a.pid <> pg_backend_pid()
+          AND position('DELETE FROM timers t' IN a.query) > 0),
+       (SELECT wal_fpi FROM pg_stat_wal),
+       (SELECT p.phase FROM pg_stat_progress_analyze p WHERE p.relid = 'timers'::regclass LIMIT 1),
+       (SELECT round(extract(epoch FROM clock_timestamp() - a.query_start) * 1000)::int || ' ms '
+               || left(regexp_replace(a.query, '^(\s*--[^\n]*\n)*\s*', ''), 40)
+        FROM pg_stat_activity a
+        WHERE a.datname = current_database() AND a.state = 'active' AND a.pid <> pg_backend_pid()
+        ORDER BY a.query_start LIMIT 1)
 FROM pg_stat_user_tables s WHERE s.relid = 'timers'::regclass
 """
 # Checkpoints completed: pg_stat_checkpointer from PostgreSQL 17, pg_stat_bgwriter before.
@@ -71,7 +80,8 @@ IDLE_CHECKPOINTER = (None, "CheckpointerMain")  # its wait between checkpoints
 # SAMPLE_SQL's columns, in order: the fields of a Sample it fills.
 SAMPLED = (
     "at", "table_bytes", "index_bytes", "live", "dead", "deleted", "autovacuums", "autoanalyzes",
-    "wal_bytes", "wal_file", "vacuum_phase", "checkpointer", "deleting", "wal_fpi",
+    "wal_bytes", "wal_file", "vacuum_phase", "checkpointer", "deleting", "wal_fpi", "analyze_phase",
+    "longest",
 )  # fmt: skip
 
 
@@ -93,6 +103,8 @@ class Sample:
     checkpointer: str | None
     deleting: int  # DELETE statements running at the moment of the sample
     wal_fpi: int
+    analyze_phase: str | None
+    longest: str | None  # the longest-running statement in the run's database right then: "<ms> ms <text>"
     checkpoints: int
     rss_mb: float  # the largest replica's
     pg_cpu_s: float
@@ -103,10 +115,13 @@ class Sample:
 
 @dataclass
 class Load:
-    """What the producers sent and JetStream accepted: due times by key, and the cancelled keys."""
+    """What the producers sent and JetStream accepted: due times by key, the cancelled keys, and
+    those that must fire (kept as they change: a set difference of the whole run at its end would
+    stall the consumer's process)."""
 
     due: dict[str, float] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
+    expected: set[str] = field(default_factory=set)
     unsure: set[str] = field(default_factory=set)  # a send failed: it may or may not be stored
     tenant: dict[str, str] = field(default_factory=dict)
     last_due: float = 0.0
@@ -149,6 +164,7 @@ class Load:
             self.tenant[key] = b["tenantId"]
             if s.outcome == "accepted":
                 self.due[key] = b["dueAt"].timestamp()
+                self.expected.add(key)
                 self.last_due = max(self.last_due, self.due[key])
             else:
                 self.unsure.add(key)
@@ -159,13 +175,40 @@ class Load:
         sent = await client.cancel_many([{"tenantId": self.tenant[k], "serviceCallId": k} for k in keys])
         for k, s in zip(keys, sent, strict=True):
             (self.cancelled if s.outcome == "accepted" else self.unsure).add(k)
+            self.expected.discard(k)
+
+
+class Receipts:
+    """The first receipt of each key of this run, (due, received), taken from the recorder a few
+    hundred at a time (each second), never all at once: the consumer runs in this process, and
+    a pass over hundreds of thousands of records would hold up the receive times it measures."""
+
+    def __init__(self, recorder: Any, load: Load) -> None:
+        self.recorder, self.load = recorder, load
+        self.first: dict[str, tuple[float, float]] = {}
+        self.of_expected = 0  # first receipts of keys that were expected when they came
+        self._seen = 0
+
+    def absorb(self) -> None:
+        records = self.recorder.firings
+        for f in records[self._seen :]:
+            key = f.service_call_id
+            if key.startswith(KEY_PREFIX) and key not in self.first:
+                self.first[key] = (f.due_at, f.received_at)
+                self.of_expected += key in self.load.expected
+        self._seen = len(records)
+        # Everything kept so far is kept to the end: out of the collector's sight, so that its
+        # full collections, which walk every tracked object, stay as short as at the start
+        # instead of pausing this process (and its receive times) longer and longer.
+        gc.freeze()
 
 
 class Sampler:
     """Once a second until stopped: a Sample of Postgres (one query), the replicas, the machine."""
 
-    def __init__(self, rig: Rig, backend_pid: int, checkpoints_sql: str) -> None:
+    def __init__(self, rig: Rig, backend_pid: int, checkpoints_sql: str, receipts: Receipts) -> None:
         self.rig = rig
+        self.receipts = receipts
         self.postmaster = int(_stat(backend_pid)[1])
         self.checkpoints_sql = checkpoints_sql
         self.samples: list[Sample] = []
@@ -187,6 +230,7 @@ class Sampler:
                     load_1m=os.getloadavg()[0],
                 )
             )
+            self.receipts.absorb()
             await asyncio.sleep(max(0.0, SAMPLE_S - (time.monotonic() - started)))
 
     def _pg_cpu_s(self) -> float:
@@ -273,6 +317,8 @@ def seconds_table(samples: list[Sample], probe: list[tuple[float, float]]) -> li
                 "autovacuums": s.autovacuums - before.autovacuums,
                 "autoanalyzes": s.autoanalyzes - before.autoanalyzes,
                 "vacuum_phase": s.vacuum_phase,
+                "analyze_phase": s.analyze_phase,
+                "longest": s.longest,
                 "checkpointer": s.checkpointer,
                 "checkpoints": s.checkpoints - before.checkpoints,
                 "wal_mb": (s.wal_bytes - before.wal_bytes) / 2**20,
@@ -374,6 +420,8 @@ def factors(s: dict[str, Any], wal_typical: float, loop_typical: float) -> list[
         out.append(f"autovacuum ({s['vacuum_phase']})")
     if s["autovacuums"]:
         out.append("autovacuum done")
+    if s["analyze_phase"]:
+        out.append(f"autoanalyze ({s['analyze_phase']})")
     if s["checkpointer"] not in IDLE_CHECKPOINTER:
         out.append(f"checkpointer ({s['checkpointer']})")
     if s["checkpoints"]:
@@ -388,6 +436,8 @@ def factors(s: dict[str, Any], wal_typical: float, loop_typical: float) -> list[
         out.append("machine (loop slow)")
     if s["autoanalyzes"]:
         out.append("autoanalyze done")
+    if s["longest"] and int(s["longest"].split()[0]) >= LONG_STATEMENT_MS:
+        out.append(f"long statement ({s['longest']})")
     return out
 
 
@@ -450,12 +500,14 @@ async def soak(ctx: Context) -> Metrics:
         await recorder.start()
         pid = int(await rig.scalar(BACKEND_PID_SQL))
         version = int(await rig.scalar("SHOW server_version_num"))
-        sampler = Sampler(rig, pid, CHECKPOINTS_SQL if version >= 170000 else CHECKPOINTS_SQL_16)
+        load = Load()
+        receipts = Receipts(recorder, load)
+        checkpoints = CHECKPOINTS_SQL if version >= 170000 else CHECKPOINTS_SQL_16
+        sampler = Sampler(rig, pid, checkpoints, receipts)
         probe = CpuProbe()
         await probe.start()
         stop = asyncio.Event()
         sampling = asyncio.create_task(sampler.run(stop))
-        load = Load()
         client = await TimerClient.connect(ctx.nats_url, rig.names["subject_prefix"])
         start = time.time()
         try:
@@ -467,14 +519,14 @@ async def soak(ctx: Context) -> Metrics:
                 producing = asyncio.create_task(load.run(client, duration, lead, margin))
                 await _report_while(producing, sampler, ctx.progress, width)
                 await producing
-            expected = set(load.due) - load.cancelled - load.unsure
-            received = await _until_received(recorder, expected, load.last_due + 60, ctx.progress)
+            await _until_received(receipts, load.last_due + 60, ctx.progress)
         finally:
             stop.set()
             await sampling
             await probe.stop()
             await recorder.stop()
-    return _result(ctx, rows, start, width, duration, load, expected, received, sampler, probe)
+    receipts.absorb()
+    return _result(ctx, rows, start, width, duration, load, receipts.first, sampler, probe)
 
 
 async def _report_while(task: asyncio.Task[None], sampler: Sampler, progress: Progress, width: float) -> None:
@@ -490,22 +542,9 @@ async def _report_while(task: asyncio.Task[None], sampler: Sampler, progress: Pr
             )
 
 
-async def _until_received(
-    recorder: Any, expected: set[str], deadline_at: float, progress: Progress
-) -> dict[str, tuple[float, float]]:
-    """Until every expected key was received (or the deadline): the first (due, receive) of every
-    key of this run received, expected or not."""
-    first: dict[str, tuple[float, float]] = {}
-    seen = 0
-    while True:
-        records = recorder.firings
-        for f in records[seen:]:
-            if f.service_call_id.startswith(KEY_PREFIX) and f.service_call_id not in first:
-                first[f.service_call_id] = (f.due_at, f.received_at)
-        seen = len(records)
-        missing = len(expected - first.keys())
-        if not missing or time.time() > deadline_at:
-            return first
+async def _until_received(receipts: Receipts, deadline_at: float, progress: Progress) -> None:
+    """Until every expected key was received (the sampler takes them in), or the deadline."""
+    while (missing := len(receipts.load.expected) - receipts.of_expected) > 0 and time.time() < deadline_at:
         progress(f"waiting for {missing:,} timers to fire")
         await asyncio.sleep(1)
 
@@ -517,7 +556,6 @@ def _result(
     width: float,
     duration: float,
     load: Load,
-    expected: set[str],
     received: dict[str, tuple[float, float]],
     sampler: Sampler,
     probe: CpuProbe,
@@ -546,8 +584,8 @@ def _result(
         "seconds": duration,
         "scheduled": len(load.due),
         "cancelled": len(load.cancelled),
-        "fired": len(received.keys() & expected),
-        "lost": len(expected - received.keys()),
+        "fired": len(received.keys() & load.expected),
+        "lost": len(load.expected - received.keys()),
         "cancelled_fired": len(received.keys() & load.cancelled),
         "send_errors": len(load.unsure),
         "early": sum(1 for x in all_ms if x < 0),

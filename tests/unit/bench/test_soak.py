@@ -24,6 +24,8 @@ def sample(at: float, **changed: Any) -> Sample:
         "checkpointer": "CheckpointerMain",
         "deleting": 0,
         "wal_fpi": 0,
+        "analyze_phase": None,
+        "longest": "2 ms UPDATE timers",
         "checkpoints": 0,
         "rss_mb": 53.0,
         "pg_cpu_s": at - T0,
