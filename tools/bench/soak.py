@@ -25,6 +25,7 @@ import gc
 import hashlib
 import itertools
 import json
+import math
 import os
 import random
 import statistics
@@ -49,6 +50,7 @@ CANCEL_RATE = 50  # CancelTimer commands a second, of timers scheduled in this r
 TARGET_P99_MS = 50.0  # every window's
 TICK_S = 0.1  # the producers send what is due every tick
 SAMPLE_S = 1.0
+QUIET_LOOP = 1.5  # a second whose calibration loop ran this much over the run's fast ones was not quiet
 LONG_STATEMENT_MS = 100  # a statement running this long when sampled is named beside its second
 KEY_PREFIX = "s-"
 ROOT = Path(tools.__file__).resolve().parent.parent  # the checkout: the probe imports tools from it
@@ -481,6 +483,21 @@ def attribution(
     return lines, counts
 
 
+def quiet_lateness(
+    seconds: list[dict[str, Any]], late: dict[int, list[float]], until: float
+) -> tuple[int, float]:
+    """The service's own lateness, as near as a shared machine shows it: the timers due in seconds
+    (before `until`) when the calibration loop, in that second and the one before, took at most
+    QUIET_LOOP times its 10th percentile over the run. (How many such seconds, their p99.)"""
+    loops = sorted(s["cpu_loop_ms"] for s in seconds if s["cpu_loop_ms"] == s["cpu_loop_ms"])
+    if not loops:
+        return 0, float("nan")
+    bound = QUIET_LOOP * loops[len(loops) // 10]
+    loop = {s["second"]: s["cpu_loop_ms"] for s in seconds}
+    quiet = [s for s in late if s < until and max(loop.get(s, math.inf), loop.get(s - 1, math.inf)) <= bound]
+    return len(quiet), percentile([x for sec in quiet for x in late[sec]], 99)
+
+
 async def soak(ctx: Context) -> Metrics:
     rows = ctx.n(FULL_ROWS)
     duration = ctx.seconds(900, floor=20)
@@ -577,6 +594,7 @@ def _result(
             json.dumps({"seconds": seconds, "lateness_ms": late, "windows": table, "slow": slow})
         )
     all_ms = [x for xs in late.values() for x in xs]
+    quiet_seconds, quiet_p99 = quiet_lateness(seconds, late, start + duration)
     full = [w for w in table if w["t_s"] + width <= duration and w["fires"]]  # windows of the load
     half = [w for w in full if w["t_s"] >= duration / 2]
     return {
@@ -595,6 +613,9 @@ def _result(
         "windows": len(full),
         "max_window_p99_ms": max((w["p99_ms"] for w in full), default=float("nan")),
         "slow_windows": sum(1 for w in full if w["p99_ms"] > TARGET_P99_MS),
+        # The machine's share set aside: the seconds of the load when the calibration loop was quiet.
+        "quiet_seconds": quiet_seconds,
+        "quiet_p99_ms": quiet_p99,
         "autovacuums": sum(s["autovacuums"] for s in seconds),
         "checkpoints": sum(s["checkpoints"] for s in seconds),
         "wal_mb": sum(s["wal_mb"] for s in seconds),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tools.bench.soak import Sample, attribution, seconds_table, window_table, windows
+from tools.bench.soak import Sample, attribution, quiet_lateness, seconds_table, window_table, windows
 
 T0 = 1_800_000_000  # a whole second
 
@@ -80,6 +80,16 @@ def test_windows_take_lateness_by_due_second_and_sum_what_their_seconds_saw() ->
     table = window_table(rows)
     assert table[0].startswith("| t (s) | fires | p50 ms | p99 ms | max ms |") and len(table) == 5
     assert table[4].startswith("| 20 | 0 | - | - | - |")  # a window without fires says so
+
+
+def test_the_quiet_seconds_are_those_the_calibration_loop_ran_fast_in_and_just_before() -> None:
+    loops = [10.0] * 8 + [40.0] + [10.0] * 10 + [11.0]  # one busy second: 8
+    seconds = [{"second": T0 + i, "cpu_loop_ms": ms} for i, ms in enumerate(loops)]
+    late = {T0 + i: [1.0] * 99 + [float(100 + i)] for i in range(20)}
+    # second 0 has none before it, 8 and 9 saw the busy loop, 19 is past the load's end: 16 left,
+    # one late timer in each 100, the 1st percentile of them the first late one (second 1's)
+    count, p99 = quiet_lateness(seconds, late, until=T0 + 19)
+    assert (count, p99) == (16, 101.0)
 
 
 def _hms(second: int) -> str:
