@@ -587,13 +587,18 @@ LIMIT %(top)s;
 -- statement holds its row locks only for the few milliseconds one small batch takes.
 -- Paused rows (0011) are never deleted, and not in timers_done (0012): its predicate is this WHERE,
 -- so a pause older than TIMER_RETENTION costs a sweep nothing (it walked them all, in every batch).
+-- The rows are deleted by ctid (`ctid = ANY (ARRAY(...))`: a TID scan whatever the statistics; the
+-- lock keeps each row where it is). Joined back by key, with statistics taken before any timer
+-- finished (a bulk-loaded or quiet table), the planner expected no row and ran the batch's
+-- subquery once per finished row (a nested loop): on issue 36's soak the first sweep held a core
+-- for a minute and the vacuum horizon with it (tests/integration/test_retention.py).
 DELETE FROM timers t
-USING (SELECT tenant_id, service_call_id FROM timers
-       WHERE state <> 'Scheduled' AND state <> 'Paused' AND updated_at < now() - %(retention)s::interval
-       ORDER BY updated_at
-       LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED) AS d
-WHERE t.tenant_id = d.tenant_id AND t.service_call_id = d.service_call_id
+WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM timers
+                          WHERE state <> 'Scheduled' AND state <> 'Paused'
+                            AND updated_at < now() - %(retention)s::interval
+                          ORDER BY updated_at
+                          LIMIT %(limit)s
+                          FOR UPDATE SKIP LOCKED))
   AND t.state <> 'Scheduled' AND t.state <> 'Paused';
 
 -- name: quota_known_keys

@@ -155,3 +155,25 @@ def test_the_steady_bench_sets_the_realistic_tables_postgres_cpu_beside_the_empt
     assert m["lateness_p99_ms"] >= 0 and m["empty_lateness_p99_ms"] >= 0
     assert [v["metric"] for v in report["results"]["steady"]["targets"]] == ["pg_cpu_over_empty"]
     assert "building a table of 10,000 pending timers" in stderr
+
+
+def test_the_soak_bench_checks_every_timer_and_prints_its_windows(pg_server_url: str, nats_url: str) -> None:
+    env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
+    argv = ["soak", "--scale", "0.002", "--runs", "1", "--replicas", "1", "--json"]
+    report, stderr = run_json(["-m", "tools.bench", *argv], env)
+    m = report["results"]["soak"]["median"]
+    # --scale honoured (5,000,000 rows and 900 s x 0.002, at their floors of 10,000 and 20 s in
+    # windows of 5 s), the producers kept their rates, and every timer is accounted for
+    assert (m["rows"], m["seconds"], m["windows"]) == (10_000, 20, 4)
+    assert 9_000 <= m["scheduled"] <= 10_000 and 900 <= m["cancelled"] <= 1_000
+    assert m["fired"] == m["scheduled"] - m["cancelled"] - m["send_errors"]
+    assert (m["lost"], m["cancelled_fired"], m["early"]) == (0, 0, 0)
+    assert 0 < m["lateness_p50_ms"] <= m["max_window_p99_ms"] <= m["lateness_max_ms"]
+    assert m["rss_max_mb"] > 0 and m["wal_mb"] > 0 and m["cpu_loop_ms_max"] > 0
+    targets = [v["metric"] for v in report["results"]["soak"]["targets"]]
+    assert targets == ["max_window_p99_ms", "lost", "cancelled_fired"]
+    # the window table, one row a window (and the drain's after it), went out with the progress
+    header = next(line for line in stderr.splitlines() if "| t (s) | fires |" in line)
+    rows = stderr[stderr.index(header) :].splitlines()[2:6]
+    assert [r.split(" | ")[1] for r in rows] == ["0", "5", "10", "15"]  # "[soak 1/1] | 0 | ..."
+    assert "slow seconds" in stderr

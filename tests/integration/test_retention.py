@@ -157,3 +157,41 @@ async def test_a_retention_batch_does_not_walk_long_paused_rows(settings: Settin
     )
     # 50 rows deleted; the statement should not read tens of thousands of others to find them.
     assert removed < 1000, f"one retention batch of 50 read past {removed} paused rows:\n{plan}"
+
+
+# Issue 36's soak: on a table of 5,000,000 pending timers whose statistics were taken before any
+# timer finished (every row Scheduled, as after a bulk load, or on a quiet table between
+# autoanalyzes), the first sweep's DELETE ran for minutes of CPU instead of milliseconds. Joined
+# back to its batch by key, the planner, expecting no finished row, read the rows to delete
+# through timers_done once per row of the batch (a nested loop: batch x finished rows), and held
+# back the vacuum horizon all that time, so every claim re-read the index entries of every timer
+# fired meanwhile. Root cause: sql/queries.sql delete_finished joined by key, not by row id.
+async def test_a_retention_batch_finds_its_rows_by_id_whatever_the_statistics(
+    settings: Settings, db_url: str
+) -> None:
+    async with running_replica(settings):
+        pass  # migrated
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at)"
+        " SELECT 't' || (g %% 100), 'sc-' || g, 'Scheduled', now() + interval '1 day',"
+        "  now() + interval '1 day' FROM generate_series(1, 100000) g",
+    )
+    query(db_url, "ANALYZE timers")  # every row pending: no finished row in the statistics
+    query(
+        db_url,
+        "UPDATE timers SET state = 'Reached', updated_at = now() - interval '10 days'"
+        " WHERE service_call_id LIKE 'sc-%%00'",  # 1,000 timers fired since
+    )
+    sql = QUERIES["delete_finished"].replace("%(retention)s", "'7 days'").replace("%(limit)s", "2000")
+    with psycopg.connect(db_url) as conn:
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql).fetchall())
+        conn.rollback()
+    read = sum(
+        int(line.split(marker)[1])
+        for line in plan.splitlines()
+        for marker in ("Rows Removed by Filter:", "Rows Removed by Join Filter:")
+        if marker in line
+    )
+    # 1,000 rows deleted; the statement should not read a million others to find them.
+    assert "Delete on timers" in plan and read < 2000, f"one retention batch read past {read} rows:\n{plan}"

@@ -85,6 +85,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
 
 
+def default_scenarios() -> list[str]:
+    """What `bench` runs unnamed: every scenario with a target; `sweep` (lateness against load, no
+    target) and `soak` (a quarter of an hour a run) only when named."""
+    return [n for n, s in SCENARIOS.items() if s.targets and not s.on_request]
+
+
 def run_bench(args: argparse.Namespace, command: str) -> int:
     from worker.devkit.dev import servers  # the same embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
 
@@ -92,8 +98,7 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
     if unknown:
         print(f"unknown scenario: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})", file=sys.stderr)
         return 2
-    # By default every scenario with a target; `sweep` (lateness against load) on request.
-    chosen = [SCENARIOS[s] for s in args.scenarios or [n for n, s in SCENARIOS.items() if s.targets]]
+    chosen = [SCENARIOS[s] for s in args.scenarios or default_scenarios()]
     with (
         tempfile.TemporaryDirectory(prefix="timer-bench-") as tmp,
         servers(Path(tmp), sync_always=args.sync_always) as (db_url, nats_url),

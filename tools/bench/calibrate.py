@@ -72,6 +72,21 @@ def calibrate(directory: Path) -> dict[str, Any]:
     }
 
 
+PROBE_LOOP_N = CPU_LOOP_N // 10  # a tenth of the calibration's loop: 10-25 ms, once a second
+
+
+def probe(every_s: float = 1.0, n: int = PROBE_LOOP_N) -> None:
+    """The calibration's loop, small, once every `every_s` until killed: one line per run, the
+    epoch time and the loop's milliseconds, for a long benchmark (the soak) to set beside each
+    moment. Run in its own process (python -c 'from tools.bench.calibrate import probe; probe()'):
+    in the benchmark's process it would stall the consumer whose receive times it measures."""
+    while True:
+        started = time.perf_counter()
+        _cpu_loop(n)
+        print(f"{time.time():.3f} {(time.perf_counter() - started) * 1000:.2f}", flush=True)
+        time.sleep(max(0.0, every_s - (time.perf_counter() - started)))
+
+
 def describe(cal: dict[str, Any]) -> str:
     """One line for a report."""
     return (
