@@ -1,12 +1,15 @@
-"""Fixtures shared by the integration tests that talk to the streams and the client directly."""
+"""Fixtures shared by the integration tests that talk to the streams and the client directly, and by
+those that cut the network to Postgres."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit
 
 import nats
 import pytest
 
+from tests.chaos.proxy import Proxy
 from worker.adapters.broker import Broker
 from worker.client import TimerClient
 from worker.config import Settings
@@ -30,3 +33,11 @@ async def client(settings: Settings) -> AsyncIterator[TimerClient]:
     nc = await nats.connect(settings.nats_url)
     async with TimerClient(nc, settings.subject_prefix, owns_connection=True) as c:
         yield c
+
+
+@pytest.fixture
+def proxy(db_url: str) -> Iterator[Proxy]:
+    """Between the code under test and Postgres: the test cuts, refuses or stalls the network there."""
+    target = urlsplit(db_url)
+    with Proxy(target.hostname or "127.0.0.1", target.port or 5432) as p:
+        yield p

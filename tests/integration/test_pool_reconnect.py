@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
@@ -25,13 +24,6 @@ from worker.adapters import db
 
 OUTAGE_S = 8.0  # past three doublings: psycopg_pool's own next try would come at 15 s
 BACK_WITHIN_S = 3.0  # RECONNECT_S, a connection's set-up, and a loaded machine's slack
-
-
-@pytest.fixture
-def proxy(db_url: str) -> Iterator[Proxy]:
-    target = urlsplit(db_url)
-    with Proxy(target.hostname or "127.0.0.1", target.port or 5432) as p:
-        yield p
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
-from urllib.parse import urlsplit
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -28,14 +27,6 @@ from worker.errors import TransientError
 
 POOL = 2
 APP = "readiness-test"
-
-
-@pytest.fixture
-def proxy(db_url: str) -> Iterator[Proxy]:
-    """Between the store and Postgres: the test cuts, refuses or stalls the network there."""
-    target = urlsplit(db_url)
-    with Proxy(target.hostname or "127.0.0.1", target.port or 5432) as p:
-        yield p
 
 
 @pytest.fixture
