@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,22 +78,29 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def rows(schema: dict[str, Any], defaults: dict[str, Any], notes: dict[str, str]) -> list[str]:
-    out: list[str] = []
+def leaves(schema: dict[str, Any], defaults: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], Any]]:
+    """(dotted key, schema node, default) of each row: the schema's leaves, an object that refers
+    to a definition taken whole; `global` left out (a parent chart's, never this chart's)."""
 
-    def walk(node: dict[str, Any], path: str, default: Any) -> None:
+    def walk(node: dict[str, Any], path: str, default: Any) -> Iterator[tuple[str, dict[str, Any], Any]]:
         children = node.get("properties")
         if children and "$ref" not in node:
             for key, child in children.items():
-                walk(child, f"{path}.{key}" if path else key, (default or {}).get(key))
-            return
+                yield from walk(child, f"{path}.{key}" if path else key, (default or {}).get(key))
+        else:
+            yield path, node, default
+
+    for key, child in schema["properties"].items():
+        if key != "global":
+            yield from walk(child, key, defaults.get(key))
+
+
+def rows(schema: dict[str, Any], defaults: dict[str, Any], notes: dict[str, str]) -> list[str]:
+    out: list[str] = []
+    for path, node, default in leaves(schema, defaults):
         note = notes.get(path, "") or str(node.get("description", ""))
         shown = json.dumps(default, separators=(", ", ": ")).replace("|", "\\|")
         out.append(f"| `{path}` | {cell(kind(node, schema))} | `{shown}` | {cell(note)} |")
-
-    for key, child in schema["properties"].items():
-        if key != "global":  # a parent chart's, never this chart's
-            walk(child, key, defaults.get(key))
     return out
 
 

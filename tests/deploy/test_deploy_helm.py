@@ -302,22 +302,24 @@ def test_values_mirror_the_service_defaults() -> None:
 
 
 def test_every_value_is_documented() -> None:
-    """Each top-level key and each `config` setting has a comment: at its line's end, or above it
-    or above the run of one-line keys it belongs to (nodeSelector, tolerations, affinity)."""
-    lines = (CHART / "values.yaml").read_text().splitlines()
-    start = lines.index("config:") + 1
-    config = range(start, start + len(_block(lines, "config:")))
-    bare = []
-    for i, line in enumerate(lines):
-        key = re.match(r"^( *)[A-Za-z]\w*:", line)
-        if not key or "#" in line or (key.group(1) and i not in config):
-            continue
-        above = i - 1
-        while re.match(rf"^{key.group(1)}[A-Za-z]\w*: *\S", lines[above]):  # a run of one-liners
-            above -= 1
-        if not lines[above].lstrip().startswith("#"):
-            bare.append(line.strip())
-    assert bare == []
+    """Every value of the chart (a row of the README's values table) says what it is: a key of
+    values.yaml by its comment there (at its line's end, above it, or above the run of top-level
+    keys it belongs to), a key only the schema has (a Kubernetes field left unset) by the schema's
+    description. A key added without one fails here, so the table never gains an empty cell."""
+    table = _values_table_module()
+    text = (CHART / "values.yaml").read_text()
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    notes = table.comments(text)
+    rows = {key: node for key, node, _ in table.leaves(schema, {})}
+    bare = [
+        key for key, node in rows.items() if not (notes[key] if key in notes else node.get("description"))
+    ]
+    assert bare == [], f"values without a description: {bare}"
+    # Each key of values.yaml is a row, holds rows, or lies inside one (an object taken whole).
+    outside = [
+        k for k in notes if not any(f"{k}.".startswith(f"{r}.") or r.startswith(f"{k}.") for r in rows)
+    ]
+    assert outside == [], f"values.yaml keys the values table does not show: {outside}"
 
 
 def test_worker_id_is_the_pod_name(default: Release) -> None:
@@ -859,6 +861,17 @@ def test_schema_closes_every_object() -> None:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _values_table_module() -> Any:
+    """deploy/helm/gen_values_table.py, which reads the comments the README's table shows."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_values_table", CHART.parent / "gen_values_table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _snake(camel: str) -> str:
