@@ -18,11 +18,13 @@ import re
 import shlex
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import iso_in, jetstream, publish_raw, running_replica, settings_env, until
+from worker.client import TimerClient
 from worker.config import Settings
 from worker.ops import dlq
 
@@ -109,9 +111,12 @@ async def test_every_cli_example_runs_as_written(settings: Settings, tmp_path: P
     assert any(line.startswith("timer-service dlq replay 1234 --body fixed.json") for line in ran)
 
 
+@pytest.mark.parametrize("before", ["new", "cancelled"])
 async def test_the_readme_client_snippet_runs_as_written(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, before: str
 ) -> None:
+    """On a new key, and on one that already holds a timer (cancelled, with another correlationId):
+    the snippet shows its own command's effect, not the timer as it was before."""
     readme = ROOT / "README.md"
     (snippet,) = [b for b in fenced_lines(readme, "python") if any("TimerClient" in line for line in b)]
     code = compile("\n".join(snippet), str(readme), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
@@ -119,6 +124,17 @@ async def test_the_readme_client_snippet_runs_as_written(
     out = io.StringIO()
     # The snippet uses the default subject prefix, `svc`: a replica of its own on it.
     async with running_replica(settings, subject_prefix="svc"):
+        if before == "cancelled":
+            async with await TimerClient.connect(settings.nats_url) as timers:
+                due = datetime.now(UTC) + timedelta(hours=1)
+                await timers.schedule("acme", "sc-42", due, correlation_id="old")
+                await timers.cancel("acme", "sc-42")
+
+                async def cancelled() -> bool:
+                    timer = await timers.get("acme", "sc-42")
+                    return timer is not None and timer["state"] == "Cancelled"
+
+                await until(cancelled, what="sc-42 cancelled")
         with contextlib.redirect_stdout(out):
             await eval(code, {})  # a coroutine: the snippet has top-level await
-    assert out.getvalue() == "Scheduled req-7\n"
+    assert out.getvalue() == "Scheduled\n"
