@@ -1,5 +1,5 @@
 """TimerClient.due_events where events are not acknowledged: what a reader holds for them stays
-bounded however often they come again, and both ways of reading (natsconn.take_raw and nats-py's
+bounded however often they come again, and both ways of reading (wire.take_raw and nats-py's
 own queue) send acks made while waiting and hand back everything received at once when the loop
 ends, never after the ack wait."""
 
@@ -13,9 +13,8 @@ import pytest
 
 from tests.helpers import until
 from tests.integration.test_consumer import all_acknowledged, billing_config, publish_events
-from worker import consumer
-from worker.adapters.broker import Broker
-from worker.client import TimerClient
+from worker.adapters.jetstream.broker import Broker
+from worker.client import TimerClient, consumer
 from worker.config import Settings
 
 HOOKED = pytest.mark.parametrize("hooked", [True, False], ids=["take_raw", "nats-py's queue"])

@@ -22,7 +22,7 @@ from nats.js import api
 
 from tools.bench.producer import producer
 from tools.bench.rig import COUNT_SCHEDULED_SQL, Rig
-from worker.adapters.streams import consumer_config
+from worker.adapters.jetstream.streams import consumer_config
 from worker.contract import Subjects
 from worker.devkit.harness import percentile
 from worker.devkit.recorder import Firing
