@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import until
 from tests.integration.test_consumer import all_acknowledged, billing_config, publish_events
 from worker.adapters.jetstream.broker import Broker
-from worker.client import TimerClient, consumer
+from worker.client import TimerClient, acks, consumer
 from worker.config import Settings
 
 HOOKED = pytest.mark.parametrize("hooked", [True, False], ids=["take_raw", "nats-py's queue"])
@@ -113,7 +113,7 @@ async def test_events_that_come_again_unacknowledged_do_not_pile_up_in_the_reade
     # again after the ack wait with a reply subject of its own. What the reader keeps for each
     # delivery must not grow with the deliveries, only with the events not acknowledged.
     read_through(monkeypatch, hooked)
-    monkeypatch.setattr(consumer, "_OPEN_FLOOR", 4)  # looked at after a few deliveries, not 1000s
+    monkeypatch.setattr(acks, "_OPEN_FLOOR", 4)  # looked at after a few deliveries, not 1000s
     events_n, rounds = 5, 6
     config = dataclasses.replace(billing_config(settings, idle_heartbeat=5.0), ack_wait=0.5)
     await streams.js.add_consumer(settings.event_stream, config)

@@ -324,7 +324,7 @@ class TimerClient:
     async def _fast_batch(
         self, part: list[tuple[int, Envelope]], results: list[Sent | None], timeout: float
     ) -> list[tuple[int, Envelope]]:
-        """Send one fast batch and fill in `results` for what its replies settle; what is left to
+        """Send one fast batch and fill in `results` for what its replies decide; what is left to
         send one by one with the same ids (never stored, or not known to be: unanswered)."""
         batch = await self._fast_batches.send(
             self.nc, [(c.subject, c.body, {"Nats-Msg-Id": c.id}) for _, c in part]
