@@ -18,6 +18,7 @@ from typing import Any
 import nats.errors
 from nats.aio.msg import Msg
 
+from worker.adapters.jetstream import errors as nats_errors  # noqa: F401  # the real broker's verdict on nats-py's errors
 from worker.contract import CancelTimer, Command, MessageIds, Outgoing, PauseTimers, ScheduleTimer, Subjects
 from worker.core.domain import (
     Applied,
@@ -579,7 +580,7 @@ class Publish:
 
 
 class TwinPublisher:
-    """worker.adapters.broker.Broker's publishing (EventPublisher), into a stream kept in memory that, like
+    """The JetStream broker's publishing (EventPublisher), into a stream kept in memory that, like
     JetStream's, stores each Nats-Msg-Id once. `fail(message)` says why a message is refused."""
 
     def __init__(self, time: Callable[[], float], prefix: str = "timer") -> None:

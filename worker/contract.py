@@ -23,7 +23,7 @@ TENANT_RULE = "[A-Za-z0-9_-]{1,64}"
 # `\Z`, not `$`: `$` also matches before a trailing newline, and "acme\n" is no tenant.
 TENANT_RE = re.compile(rf"{TENANT_RULE}\Z")
 # The probe stream's metadata: "on" when the service measured fast-ingest batches the cheaper on
-# this server (worker/adapters/probe.py), "off" when atomic ones; producers whose fast_ingest is
+# this server (worker/adapters/jetstream/probe.py), "off" when atomic ones; producers whose fast_ingest is
 # "auto" follow it (TimerClient).
 FAST_BATCHES = "timer-service.fast-batches"
 # The DLQ subject's token for a command whose subject tenant is no tenant.
@@ -131,7 +131,7 @@ class Subjects:
 
     @property
     def probe(self) -> str:
-        """The service's own measure of the server's batches (worker/adapters/probe.py; not part
+        """The service's own measure of the server's batches (worker/adapters/jetstream/probe.py; not part
         of the contract); three tokens, where every tenant's subject has four."""
         return f"{self.prefix}._timer.probe"
 

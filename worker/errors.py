@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import nats.errors
-
 
 class TimerServiceError(Exception):
     """Base of this package's errors."""
@@ -28,6 +26,18 @@ class DatabaseError(TimerServiceError):
 # the loop that met it; `verdict` is the one place that decides it (README, "Database trouble").
 Verdict = Literal["transient", "alone", "fatal"]
 
+# What says "failing for now". An adapter whose client library raises errors of its own, and hands
+# the core objects that raise them (nats-py's messages, acknowledged by intake), adds them when it
+# is imported (worker/adapters/jetstream/errors.py): this module, and the core judging with it,
+# import no client library.
+_transient: tuple[type[BaseException], ...] = (TransientError, OSError, TimeoutError)
+
+
+def count_as_transient(*kinds: type[BaseException]) -> None:
+    """From now on, `verdict` calls these exceptions (and their subclasses) transient."""
+    global _transient
+    _transient = (*_transient, *(k for k in kinds if k not in _transient))
+
 
 def verdict(exc: BaseException) -> Verdict:
     """transient: a dependency is failing for now (NATS reconnecting or refusing, Postgres
@@ -37,6 +47,6 @@ def verdict(exc: BaseException) -> Verdict:
     the database is wrong in a way no retry fixes: the replica stops with one line naming it."""
     if isinstance(exc, (ConfigError, DatabaseError)):
         return "fatal"
-    if isinstance(exc, (TransientError, nats.errors.Error, OSError, TimeoutError)):
+    if isinstance(exc, _transient):
         return "transient"
     return "alone"

@@ -17,8 +17,8 @@ from tenacity import AsyncRetrying, retry_if_not_exception_type, wait_exponentia
 
 from worker import metrics
 from worker.adapters import db, migrations
-from worker.adapters.broker import Broker
-from worker.adapters.probes import HttpServer
+from worker.adapters.http_server import HttpServer
+from worker.adapters.jetstream.broker import Broker
 from worker.adapters.stats import StatsRollup
 from worker.adapters.store import ORDER_GRACE, Store
 from worker.config import Settings, mask_url

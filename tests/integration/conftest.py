@@ -10,7 +10,7 @@ import nats
 import pytest
 
 from tests.chaos.proxy import Proxy
-from worker.adapters.broker import Broker
+from worker.adapters.jetstream.broker import Broker
 from worker.client import TimerClient
 from worker.config import Settings
 

@@ -1,5 +1,5 @@
 """TIMER_EVENTS_FAST_INGEST=auto on a single-replica events stream: a replica measures the
-server's batches (worker/adapters/probe.py), takes fast-ingest ones where they are the cheaper,
+server's batches (worker/adapters/jetstream/probe.py), takes fast-ingest ones where they are the cheaper,
 and says so to producers in the command stream's metadata (TimerClient, fast_ingest="auto")."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import nats
 import pytest
 
 from tests.integration.test_client import command_headers, timers
-from worker.adapters.broker import Broker
-from worker.adapters.probe import MEASURED_AT, probe_stream
+from worker.adapters.jetstream.broker import Broker
+from worker.adapters.jetstream.probe import MEASURED_AT, probe_stream
 from worker.client import TimerClient
 from worker.config import Settings
 from worker.contract import FAST_BATCHES
@@ -94,7 +94,7 @@ async def test_a_measure_that_cannot_be_made_leaves_atomic_batches_and_says_why(
         probe = probe_stream(s, b.subjects, events)
         probe.allow_batched = False
         await b.js.add_stream(probe)
-        with caplog.at_level(logging.WARNING, logger="worker.broker"):
+        with caplog.at_level(logging.WARNING, logger="worker.adapters.jetstream"):
             await b.ensure_streams()
             assert b._probe is not None
             await b.batches_measured()

@@ -12,12 +12,12 @@ from nats.js import api
 from nats.js.errors import APIError
 
 from tests.helpers import until
-from worker.adapters.batches import ATOMIC_BATCH_MIN
-from worker.adapters.broker import Broker
+from worker.adapters.jetstream.broker import Broker
+from worker.adapters.jetstream.publisher import ATOMIC_BATCH_MIN
+from worker.client.batches import ATOMIC_BATCH_MAX
 from worker.config import Settings
 from worker.contract import Outgoing
 from worker.devkit.embedded import EmbeddedNats
-from worker.natsconn import ATOMIC_BATCH_MAX
 
 
 @pytest.fixture

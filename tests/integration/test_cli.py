@@ -170,7 +170,7 @@ async def test_schedule_from_file_sends_the_good_lines_and_names_the_bad_ones(
     import json as _json
 
     from tests.helpers import settings_env
-    from worker.adapters.broker import Broker
+    from worker.adapters.jetstream.broker import Broker
 
     broker = Broker(settings)
     await broker.connect()
@@ -216,7 +216,7 @@ async def test_schedule_from_file_sends_each_line_once_as_the_service_checked_it
     import json as _json
 
     from tests.helpers import settings_env, until
-    from worker.adapters.broker import Broker
+    from worker.adapters.jetstream.broker import Broker
     from worker.contract import MAX_BODY_BYTES
     from worker.ops.reads import connect, describe
 

@@ -13,11 +13,10 @@ import pytest
 from nats.js import api
 
 from tests.helpers import row, running_replica, until
-from worker import natsconn
-from worker.adapters.broker import Broker
-from worker.client import TimerClient
+from worker.adapters.jetstream.broker import Broker
+from worker.client import TimerClient, batches
+from worker.client.envelopes import Envelope, Envelopes
 from worker.config import Settings
-from worker.envelopes import Command, Envelopes
 
 
 @pytest.fixture
@@ -66,7 +65,7 @@ async def test_a_batch_with_a_command_already_stored_reports_it_as_a_duplicate(
     assert client._fast, "the command stream takes fast batches"
     # A producer retrying a batch whose PubAck it lost sends the same ids again. A fast batch
     # would skip them in silence, so ids sent before never go in one (fresh=False).
-    again = [Command(settings.subject_prefix + ".acme.timer.schedule", s.id, b"{}") for s in first]
+    again = [Envelope(settings.subject_prefix + ".acme.timer.schedule", s.id, b"{}") for s in first]
     fresh = client._commands("schedule", "ScheduleTimer", timers(1, start=9))
     results = await client._send_many([[*again, *fresh]], timeout=5, fresh=False)
     assert [s.outcome for s in results] == ["duplicate"] * 3 + ["accepted"]
@@ -105,13 +104,13 @@ async def test_schedule_many_in_fast_batches_stores_each_once_and_reports_each_r
 async def test_commands_a_lost_fast_batch_ack_left_unknown_come_back_as_duplicates(
     streams: Broker, fast_client: TimerClient, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    on_reply = natsconn.FastBatch.on_reply
+    on_reply = batches.FastBatch.on_reply
 
-    def losing_the_pub_ack(batch: natsconn.FastBatch, reply: dict[str, object], seq: int) -> None:
+    def losing_the_pub_ack(batch: batches.FastBatch, reply: dict[str, object], seq: int) -> None:
         if reply.get("batch") != batch.id:  # flow acks and errors arrive; the final PubAck is lost
             on_reply(batch, reply, seq)
 
-    monkeypatch.setattr(natsconn.FastBatch, "on_reply", losing_the_pub_ack)
+    monkeypatch.setattr(batches.FastBatch, "on_reply", losing_the_pub_ack)
     n = 900  # one batch: the server acks its flow every 500 stored, then sends its PubAck
     sent = await fast_client.schedule_many(timers(n), timeout=3)
     outcomes = [s.outcome for s in sent]

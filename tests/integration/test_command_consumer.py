@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 from tests.helpers import until
-from worker.adapters.broker import Broker
-from worker.adapters.streams import consumer_config
+from worker.adapters.jetstream.broker import Broker
+from worker.adapters.jetstream.streams import consumer_config
 from worker.config import Settings
 
 # Commands per round: enough that the server's per-message cost, not a round trip, sets the time.

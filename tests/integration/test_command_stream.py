@@ -17,11 +17,11 @@ from nats.js import api
 from prometheus_client import REGISTRY
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, running_replica, until
-from worker.adapters.broker import Broker
-from worker.adapters.streams import SUCCESSOR
+from worker.adapters.jetstream.broker import Broker
+from worker.adapters.jetstream.streams import SUCCESSOR
 from worker.config import Settings
 from worker.contract import Subjects
-from worker.ops.streams import migrate_streams
+from worker.ops.stream_migration import migrate_streams
 
 
 async def messages(js: Any, stream: str) -> int:

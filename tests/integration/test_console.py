@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from tests.helpers import jetstream, publish_raw, query, running_replica, until
 from tests.integration.test_cli import run
 from worker import logs, metrics
-from worker.adapters.broker import Broker
+from worker.adapters.jetstream.broker import Broker
 from worker.adapters.queries import QUERIES
 from worker.adapters.stats import StatsRollup
 from worker.config import ConsoleSettings, Settings, load_console_settings

@@ -1,4 +1,4 @@
-"""TimerClient.due_events reads its events as the connection parses them (natsconn.take_raw): every
+"""TimerClient.due_events reads its events as the connection parses them (wire.take_raw): every
 event once and in stream order, headers intact, flow control answered, acknowledgements batched;
 and the same through nats-py's own queue where take_raw cannot hook in."""
 
@@ -15,9 +15,8 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from tests.helpers import until
-from worker import consumer
-from worker.adapters.broker import Broker
-from worker.client import TimerClient
+from worker.adapters.jetstream.broker import Broker
+from worker.client import TimerClient, consumer
 from worker.config import Settings
 from worker.devkit.embedded import EmbeddedNats
 

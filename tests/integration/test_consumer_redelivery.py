@@ -1,5 +1,5 @@
 """TimerClient.due_events where events are not acknowledged: what a reader holds for them stays
-bounded however often they come again, and both ways of reading (natsconn.take_raw and nats-py's
+bounded however often they come again, and both ways of reading (wire.take_raw and nats-py's
 own queue) send acks made while waiting and hand back everything received at once when the loop
 ends, never after the ack wait."""
 
@@ -13,9 +13,8 @@ import pytest
 
 from tests.helpers import until
 from tests.integration.test_consumer import all_acknowledged, billing_config, publish_events
-from worker import consumer
-from worker.adapters.broker import Broker
-from worker.client import TimerClient
+from worker.adapters.jetstream.broker import Broker
+from worker.client import TimerClient, acks, consumer
 from worker.config import Settings
 
 HOOKED = pytest.mark.parametrize("hooked", [True, False], ids=["take_raw", "nats-py's queue"])
@@ -114,7 +113,7 @@ async def test_events_that_come_again_unacknowledged_do_not_pile_up_in_the_reade
     # again after the ack wait with a reply subject of its own. What the reader keeps for each
     # delivery must not grow with the deliveries, only with the events not acknowledged.
     read_through(monkeypatch, hooked)
-    monkeypatch.setattr(consumer, "_OPEN_FLOOR", 4)  # looked at after a few deliveries, not 1000s
+    monkeypatch.setattr(acks, "_OPEN_FLOOR", 4)  # looked at after a few deliveries, not 1000s
     events_n, rounds = 5, 6
     config = dataclasses.replace(billing_config(settings, idle_heartbeat=5.0), ack_wait=0.5)
     await streams.js.add_consumer(settings.event_stream, config)

@@ -74,10 +74,14 @@ def test_client_imports_without_the_services_dependencies() -> None:
     result = _run(sys.executable, "-c", code.format(SERVICE_ONLY))
     assert sorted(result.stdout.split()) == [
         "worker.client",
-        "worker.consumer",
+        "worker.client.acks",
+        "worker.client.batches",
+        "worker.client.closing",
+        "worker.client.consumer",
+        "worker.client.envelopes",
+        "worker.client.producer",
+        "worker.client.wire",
         "worker.contract",
-        "worker.envelopes",
-        "worker.natsconn",
     ]
 
 

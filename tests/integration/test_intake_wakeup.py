@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, running_replica, until
-from worker.adapters.broker import Broker
+from worker.adapters.jetstream.broker import Broker
 from worker.config import Settings
 from worker.contract import Subjects
 from worker.core.wakeup import PEER_HINT_SPACING_S

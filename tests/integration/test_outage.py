@@ -101,17 +101,17 @@ async def test_a_batch_split_by_a_reconnect_does_not_turn_atomic_publishing_off(
     """A reconnect in the middle of an atomic batch loses part of it: the server refuses the
     commit (the batch is incomplete). That says nothing about the stream; the batch goes one by
     one and the next one is atomic again. Only a stream without allow_atomic turns batching off."""
-    from worker.adapters import batches
-    from worker.adapters.broker import Broker
+    from worker.adapters.jetstream import publisher
+    from worker.adapters.jetstream.broker import Broker
+    from worker.client.wire import Message
     from worker.contract import Outgoing
-    from worker.natsconn import Message
 
     broker = Broker(settings)
     await broker.connect()
     try:
         await broker.ensure_streams()
         assert broker.nc is not None
-        send_all = batches.publish_all  # a batch but its commit goes out in one write
+        send_all = publisher.publish_all  # a batch but its commit goes out in one write
         lost = []
 
         async def lose_the_second(nc: Any, messages: list[Message]) -> None:
@@ -120,7 +120,7 @@ async def test_a_batch_split_by_a_reconnect_does_not_turn_atomic_publishing_off(
                 lost.append(messages[1][0])  # as if the connection dropped it
             await send_all(nc, kept)
 
-        monkeypatch.setattr(batches, "publish_all", lose_the_second)
+        monkeypatch.setattr(publisher, "publish_all", lose_the_second)
         due = settings.subject_prefix + ".acme.timer.due"
 
         def batch(tag: str) -> list[Outgoing]:

@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import query, until
 from tests.twins import TwinBatch, TwinPublisher, TwinStore, claim_params
 from worker.adapters import db
-from worker.adapters.broker import Broker
+from worker.adapters.jetstream.broker import Broker
 from worker.adapters.store import Store
 from worker.config import Settings
 from worker.contract import CancelTimer, Outgoing, PauseTimers, Repeat, ScheduleTimer

@@ -1,4 +1,4 @@
-"""The command feed's own pull (worker/adapters/pull.py) against a real NATS server: a partial
+"""The command feed's own pull (worker/adapters/jetstream/pull.py) against a real NATS server: a partial
 batch comes at once, a delivery that arrives after its fetch was given up is handed out by
 the next one, and an outage does not pile up requests that the server serves at the reconnect."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tests.helpers import publish_raw, until
-from worker.adapters import streams
-from worker.adapters.broker import Broker
+from worker.adapters.jetstream import streams
+from worker.adapters.jetstream.broker import Broker
 from worker.config import Settings
 from worker.core.ports import FetchFailed
 from worker.devkit.embedded import EmbeddedNats

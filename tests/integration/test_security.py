@@ -32,11 +32,12 @@ from tests.certs import SERVER_NAME, Pki, make_pki
 from tests.helpers import jetstream, publish_raw, query, row, running_replica, settings_env, until
 from tests.servers import admin
 from worker import logs
-from worker.adapters.broker import Broker, connect_options
+from worker.adapters.jetstream.broker import Broker
+from worker.adapters.jetstream.options import connect_options
 from worker.client import TimerClient
+from worker.client.wire import nats_connect
 from worker.config import Settings, load_settings, mask_url, secret_values
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, postgres_bin
-from worker.natsconn import nats_connect
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.js import api
 
-from worker.adapters.streams import check_sizes
+from worker.adapters.jetstream.streams import check_sizes
 from worker.config import load_settings
 from worker.contract import (
     EARLIEST_DUE_AT,

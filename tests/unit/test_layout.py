@@ -5,13 +5,14 @@ Every `import` in worker/ is read with `ast`, wherever it stands: at the top, in
 reader has to follow, so it counts.
 
 - the contract is pure: no worker module, nothing outside the standard library;
-- the producer client (client.py and its consumer.py) imports only the contract and its NATS
-  connection (and nats-py);
+- the producer client (worker/client: TimerClient, its consumer, its envelopes, the NATS wire it
+  owns) imports only the contract and itself (and nats-py);
 - the core (worker/core) imports no adapter, no operator tool, no devkit, not the composition
   root, and neither the database driver nor nats-py: it reads a received message through its own
-  protocols (worker/core/received.py), which nats-py's Msg satisfies. (The cross-cutting modules
-  it uses may: config checks a conninfo with psycopg, errors.verdict knows nats-py's errors.);
-- the cross-cutting modules (config, errors, logs, metrics, tracing, natsconn) import no adapter,
+  protocols (worker/core/received.py), which nats-py's Msg satisfies; nor does any module it
+  reaches import nats-py (the JetStream adapter tells errors.verdict of nats-py's errors). (config
+  still checks a conninfo with psycopg;)
+- the cross-cutting modules (config, errors, logs, metrics, tracing) import no adapter,
   no operator tool, no devkit;
 - adapters import no operator tool and no devkit; the replica (worker/service.py) reaches neither;
 - no import circle among worker modules.
@@ -27,10 +28,13 @@ from pathlib import Path
 
 WORKER = Path(__file__).resolve().parents[2] / "worker"
 
-CROSS_CUTTING = {"config", "errors", "logs", "metrics", "tracing", "natsconn"}
+CROSS_CUTTING = {"config", "errors", "logs", "metrics", "tracing"}
 DATABASE = {"psycopg", "psycopg_pool", "psycopg_binary", "psycopg_c"}
 # What the adapters wrap and the core never imports: the database driver and the NATS client.
 ADAPTED = DATABASE | {"nats"}
+# What no module the core reaches may import either. The database driver joins once config.py
+# no longer checks a conninfo with psycopg.
+NEVER_REACHED = {"nats"}
 
 
 @dataclass
@@ -81,17 +85,15 @@ def _longest_known(name: str, modules: dict[str, Module]) -> str | None:
 
 
 def layer(name: str) -> str:
-    """core, adapters, ops, devkit, contract, client, service, cross-cutting or package."""
+    """core, adapters, ops, devkit, client, contract, service, cross-cutting or package."""
     parts = name.split(".")
-    if len(parts) > 1 and parts[1] in {"core", "adapters", "ops", "devkit"}:
+    if len(parts) > 1 and parts[1] in {"core", "adapters", "ops", "devkit", "client"}:
         return parts[1]
     if len(parts) == 1 or parts[1] == "__main__":
         return "package"
     if parts[1] in CROSS_CUTTING:
         return "cross-cutting"
-    if parts[1] in {"consumer", "envelopes"}:  # the client's consumer of DueTimeReached, its envelopes
-        return "client"
-    return parts[1]  # contract, client, service
+    return parts[1]  # contract, service
 
 
 def reachable(start: Iterable[str], modules: dict[str, Module]) -> dict[str, list[str]]:
@@ -158,12 +160,16 @@ def violations(modules: dict[str, Module], layer_of: Callable[[str], str] = laye
         if of[name] == "contract" and (m.worker or m.third_party):
             out.append(f"contract {name} is not pure: imports {sorted(m.worker | m.third_party)}")
         if of[name] == "client":
-            extra = {t for t in m.worker if of[t] not in {"contract", "client"} and t != "worker.natsconn"}
+            extra = {t for t in m.worker if of[t] not in {"contract", "client"}}
             extra |= m.third_party - {"nats"}
             if extra:
-                out.append(f"client {name} imports more than the contract and natsconn: {sorted(extra)}")
+                out.append(f"client {name} imports more than the contract and the client: {sorted(extra)}")
         if of[name] == "core" and m.third_party & ADAPTED:
             out.append(f"core {name} imports an adapter's library: {sorted(m.third_party & ADAPTED)}")
+        if of[name] == "core":
+            for target, path in reachable([name], modules).items():
+                if len(path) > 1 and (found := modules[target].third_party & NEVER_REACHED):
+                    out.append(f"core {name} reaches {sorted(found)} via {' -> '.join(path)}")
     refuse({"adapters", "ops", "devkit", "service", "client"}, "core", via=True)
     refuse({"adapters", "ops", "devkit", "service"}, "cross-cutting")
     refuse({"ops", "devkit", "service"}, "adapters")
@@ -216,4 +222,35 @@ def test_the_core_may_import_neither_nats_nor_the_database_driver(tmp_path: Path
     assert violations(read_package(root)) == [
         "core worker.core.intake imports an adapter's library: ['nats']",
         "core worker.core.quota imports an adapter's library: ['psycopg_pool']",
+    ]
+
+
+def test_the_core_may_not_reach_nats_through_a_module_it_uses(tmp_path: Path) -> None:
+    """errors.verdict knew nats-py's errors, so every loop imported nats-py through it."""
+    root = tmp_path / "worker"
+    (root / "core").mkdir(parents=True)
+    for f in ("__init__.py", "core/__init__.py"):
+        (root / f).write_text("")
+    (root / "errors.py").write_text("import nats.errors\n")
+    (root / "core/intake.py").write_text("from worker.errors import verdict\n")
+    assert violations(read_package(root)) == [
+        "core worker.core.intake reaches ['nats'] via worker.core.intake -> worker.errors",
+    ]
+
+
+def test_the_client_is_a_room_of_its_own(tmp_path: Path) -> None:
+    """Every module of worker/client is the client's, and it imports the contract and itself only."""
+    root = tmp_path / "worker"
+    (root / "client").mkdir(parents=True)
+    for f in ("__init__.py", "contract.py", "logs.py"):
+        (root / f).write_text("")
+    (root / "client/__init__.py").write_text("from worker.client.producer import TimerClient\n")
+    (root / "client/producer.py").write_text(
+        "import nats\nfrom worker.client.wire import x\nfrom worker import contract\n"
+    )
+    (root / "client/wire.py").write_text("import psycopg\nfrom worker import logs\n")
+    modules = read_package(root)
+    assert {layer(n) for n in modules if n.startswith("worker.client")} == {"client"}
+    assert violations(modules) == [
+        "client worker.client.wire imports more than the contract and the client: ['psycopg', 'worker.logs']",
     ]

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench.calibrate import calibrate, describe
+from tools.bench.context import Context, Metrics
 from tools.bench.rig import machine
-from tools.bench.scenarios import SCENARIOS, Context, Metrics, Scenario
+from tools.bench.scenarios import SCENARIOS, Scenario
 from worker.errors import ConfigError
 from worker.logs import redact
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import psycopg
 
+from tools.bench.context import schedule_command
 from tools.bench.rig import Rig, machine
-from tools.bench.scenarios import schedule_command
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
 
 REPLICAS = 3

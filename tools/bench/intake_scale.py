@@ -17,9 +17,9 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
+from tools.bench.context import Context, Metrics, schedule_command
 from tools.bench.realistic import build_realistic
 from tools.bench.rig import Rig
-from tools.bench.scenarios import Context, Metrics, schedule_command
 
 FOLD_SQL = """
 WITH gone AS (DELETE FROM tenant_pending RETURNING tenant_id, pending)

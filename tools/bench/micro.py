@@ -1,6 +1,6 @@
 """Micro-benchmarks of the firing path's pure CPU code (issue 21, item 7): per-call time of
 `firing_id` and `due_event` on a drain's kind of occurrences, and of publishing their events in an
-atomic batch: nats-py's `publish` one by one against `natsconn.publish_all` (one write).
+atomic batch: nats-py's `publish` one by one against `wire.publish_all` (one write).
 
     python -m tools.bench.micro                      # best of 15 rounds of 100,000 calls each
     python -m tools.bench.micro --against main       # A/B: worker/contract.py at that git revision
@@ -30,8 +30,9 @@ from nats.aio.client import Client as NATS
 
 import worker.contract
 from tools.bench.calibrate import cpu_loop_ms
+from worker.client.batches import atomic_batch_headers
+from worker.client.wire import Message, publish_all
 from worker.core.domain import Claimed
-from worker.natsconn import Message, atomic_batch_headers, publish_all
 
 PROG = "python -m tools.bench.micro"
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +75,7 @@ def cases(contract: types.ModuleType) -> dict[str, Callable[[], object]]:
 
 
 def publish_cases(loop: asyncio.AbstractEventLoop) -> dict[str, dict[str, Callable[[], object]]]:
-    """A claim's events sent as the broker sends an atomic batch (adapters/batches.py), each call
+    """A claim's events sent as the broker sends an atomic batch (adapters/jetstream/publisher.py), each call
     one message with its headers built, on a client that seems connected and whose output (its
     pending buffer) is dropped after each batch: nats-py's `publish` and `publish_all`."""
     reached = datetime(2026, 11, 23, 10, tzinfo=UTC)

@@ -45,7 +45,7 @@ from nats.aio.client import Client as NATS
 from tools.bench import invocation
 from tools.bench.calibrate import calibrate, describe
 from tools.bench.rig import Rig, machine
-from worker.consumer import DueEvent
+from worker.client.consumer import DueEvent
 from worker.contract import Subjects
 from worker.devkit.harness import percentile
 from worker.devkit.recorder import Recorder

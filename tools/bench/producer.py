@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
+from tools.bench.context import Context
 from worker.client import TimerClient
-
-if TYPE_CHECKING:  # scenarios imports this module to list it
-    from tools.bench.scenarios import Context
 
 # Commands per schedule_many call: what `timer-service import` sends at once (cli_timers.py).
 CALL_SIZE = 10_000

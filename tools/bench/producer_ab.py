@@ -1,5 +1,5 @@
-"""A/B of the producer's bulk path: `TimerClient.schedule_many` of worker/client.py (and the wire
-code of worker/natsconn.py) at a git revision against this tree's, taking turns round by round on
+"""A/B of the producer's bulk path: `TimerClient.schedule_many` of worker/client/ (and its wire
+code, wire.py and batches.py) at a git revision against this tree's, taking turns round by round on
 one embedded nats-server.
 
     python -m tools.bench.producer_ab --against main       # 6 rounds of 50,000 commands each
@@ -37,8 +37,8 @@ from nats.js import api
 
 import worker.client
 from tools.bench.calibrate import cpu_loop_ms
+from worker.client.batches import CLIENT_KNOWS_BATCHED, server_has_fast_ingest
 from worker.devkit.embedded import EmbeddedNats
-from worker.natsconn import CLIENT_KNOWS_BATCHED, server_has_fast_ingest
 
 PROG = "python -m tools.bench.producer_ab"
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,21 +61,40 @@ def module_of(source: str, origin: str, name: str) -> types.ModuleType:
     return module
 
 
+# Where the producer client and what it sends through lived, by layout: its module last, the
+# modules it imports before it in the order they import each other. Older modules of the client's
+# own than these are this tree's (they decide nothing of the bulk path's cost).
+LAYOUTS = (
+    ("worker/client/producer.py", ("worker.client.wire", "worker.client.batches", "worker.client.envelopes")),
+    ("worker/client.py", ("worker.natsconn", "worker.envelopes", "worker.consumer")),
+)
+
+
+def _layout_at(rev: str) -> tuple[str, str, tuple[str, ...]]:
+    """The client's path and source at `rev`, and the modules to bring with it."""
+    for path, names in LAYOUTS:
+        with contextlib.suppress(ValueError):
+            return path, source_at(rev, path), names
+    raise ValueError(f"no worker/client/producer.py or worker/client.py at {rev!r}")
+
+
 def client_at(rev: str) -> types.ModuleType:
-    """worker/client.py as it was at a git revision, with worker/natsconn.py (the batches' wire
-    code: this tree's would make the older client as fast as this one) and worker/envelopes.py
-    (its envelopes, where the revision has it) as they were then, importing this tree's other
-    modules."""
-    client = source_at(rev, "worker/client.py")
-    olders = {"worker.natsconn": source_at(rev, "worker/natsconn.py")}
-    with contextlib.suppress(ValueError):  # a revision before the envelopes had a module of their own
-        olders["worker.envelopes"] = source_at(rev, "worker/envelopes.py")
+    """The producer client as it was at a git revision, with the wire code it sends through (this
+    tree's would make the older client as fast as this one) and its envelopes as they were then,
+    where the revision has them, importing this tree's other modules. A revision with the client
+    in worker/client.py (before worker/client/) brings its worker/consumer.py too: this tree has
+    no module of that name."""
+    path, client, names = _layout_at(rev)
+    olders: dict[str, str] = {}
+    for name in names:
+        with contextlib.suppress(ValueError):  # a revision before the module was cut out
+            olders[name] = source_at(rev, name.replace(".", "/") + ".py")
     ours = {name: sys.modules.get(name) for name in olders}
     try:
         for name, source in olders.items():
-            # what the older client's `from worker.natsconn import` (or envelopes) finds
-            sys.modules[name] = module_of(source, f"{rev}:{name}", f"_{name.split('.')[1]}_at_{rev}")
-        return module_of(client, f"{rev}:worker/client.py", f"_client_at_{rev}")
+            # what the older client's `from worker.natsconn import` (or envelopes...) finds
+            sys.modules[name] = module_of(source, f"{rev}:{name}", f"_{name.rpartition('.')[2]}_at_{rev}")
+        return module_of(client, f"{rev}:{path}", f"_client_at_{rev}")
     finally:
         for name, module in ours.items():
             if module is None:
@@ -150,7 +169,7 @@ async def measure(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--against", metavar="REV", required=True, help="worker/client.py at this git revision")
+    p.add_argument("--against", metavar="REV", required=True, help="the producer client at this git revision")
     p.add_argument("--rounds", type=int, default=6, help="rounds; medians count (default 6)")
     p.add_argument(
         "--commands", type=int, default=50_000, help="commands per version per round (default 50,000)"

@@ -31,6 +31,7 @@ import psycopg
 
 from tools.bench import scenarios
 from tools.bench.calibrate import calibrate, describe
+from tools.bench.context import Context
 from tools.bench.rig import Rig
 from worker.adapters.migrations import migrate
 from worker.adapters.queries import QUERIES
@@ -129,7 +130,7 @@ def drain_round(
     for name, f in patched.items():
         setattr(Rig, name, f)
     try:
-        ctx = scenarios.Context(url, nats_url, workdir, 3, scale, lambda _: None)
+        ctx = Context(url, nats_url, workdir, 3, scale, lambda _: None)
         metrics = asyncio.run(scenarios.drain(ctx))
     finally:
         Rig.seed, Rig.start_replicas, Rig.events_state = seed, start, events  # type: ignore[method-assign]

@@ -24,7 +24,7 @@ import psycopg
 from nats.aio.client import Client as NATS
 
 import worker
-from worker.adapters.broker import Broker
+from worker.adapters.jetstream.broker import Broker
 from worker.adapters.migrations import migrate
 from worker.config import Settings, load_settings
 from worker.devkit.harness import ReplicaSet, replica_env_from

@@ -8,88 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import signal
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any
 
 from nats.js import api
 
+from tools.bench.context import Context, Metrics, lateness_ms, schedule_command, until_fired
+from tools.bench.intake_scale import intake_quota, intake_tenants
 from tools.bench.producer import producer
 from tools.bench.rig import COUNT_SCHEDULED_SQL, Rig
-from worker.adapters.streams import consumer_config
+from tools.bench.soak import soak
+from tools.bench.steady import steady
+from worker.adapters.jetstream.streams import consumer_config
 from worker.contract import Subjects
-from worker.devkit.harness import percentile
-from worker.devkit.recorder import Firing
-
-Progress = Callable[[str], None]
-Metrics = dict[str, float]
-
-
-@dataclass(frozen=True)
-class Context:
-    admin_url: str
-    nats_url: str
-    workdir: Path
-    replicas: int
-    scale: float
-    progress: Progress
-
-    def n(self, full: int, floor: int = 1000) -> int:
-        return max(floor, int(full * self.scale))
-
-    def seconds(self, full: float, floor: float = 10) -> float:
-        return max(floor, full * self.scale)
-
-    def rig(self, **settings: Any) -> Rig:
-        return Rig(self.admin_url, self.nats_url, self.workdir, **settings)
-
-
-def lateness_ms(events: list[Firing], prefix: str) -> Metrics:
-    """Percentiles of receive time minus dueAt for the first receipt of each timer with this key prefix."""
-    first: dict[str, Firing] = {}
-    for e in events:
-        if e.service_call_id.startswith(prefix) and e.service_call_id not in first:
-            first[e.service_call_id] = e
-    late = [(e.received_at - e.due_at) * 1000 for e in first.values()]
-    # reachedAt is the replica's database-clock time at publish: how much of the lateness is
-    # the replica's (waking, claiming), the rest being the publish and the delivery.
-    reached = [(e.reached_at - e.due_at) * 1000 for e in first.values()]
-    # Receive time minus reachedAt: the publish and the delivery, plus however far the replica's
-    # estimate of the database clock was behind the real one (it is never ahead).
-    hop = [(e.received_at - e.reached_at) * 1000 for e in first.values()]
-    return {
-        "reached_p50_ms": percentile(reached, 50),
-        "reached_p99_ms": percentile(reached, 99),
-        "hop_p50_ms": percentile(hop, 50),
-        "hop_p99_ms": percentile(hop, 99),
-        "lateness_p50_ms": percentile(late, 50),
-        "lateness_p99_ms": percentile(late, 99),
-        "lateness_max_ms": max(late, default=float("nan")),
-        "early": sum(1 for x in late if x < 0),
-    }
-
-
-async def _until_fired(rig: Rig, n: int, timeout: float, progress: Progress, rss: list[float]) -> None:
-    """Poll the event stream until it holds n events; sample replica memory on the way."""
-    deadline = time.monotonic() + timeout
-    last = 0.0
-    while True:
-        state = await rig.events_state()
-        rss.extend(rig.rss_mb().values())
-        if state.messages >= n:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {state.messages} of {n} fired in {timeout:.0f}s; logs in {rig.workdir}")
-        if time.monotonic() - last > 2:
-            progress(f"fired {state.messages:,}/{n:,}")
-            last = time.monotonic()
-        await asyncio.sleep(0.25)
 
 
 async def _until_marked(rig: Rig, key_prefix: str, timeout: float = 60) -> int:
@@ -113,7 +47,7 @@ async def drain(ctx: Context) -> Metrics:
         rss: list[float] = []
         started, started_at = time.monotonic(), time.time()
         rig.start_replicas(ctx.replicas)
-        await _until_fired(rig, n, timeout=60 + n / 1000, progress=ctx.progress, rss=rss)
+        await until_fired(rig, n, timeout=60 + n / 1000, progress=ctx.progress, rss=rss)
         left = await _until_marked(rig, "d-")
         wall = time.monotonic() - started
         cpu = rig.cpu_s()
@@ -150,7 +84,7 @@ async def _lateness(ctx: Context, rate: int, pending: int = 1_000_000, duration:
         await rig.seed(n, start_s=5 + n / 50_000, rate=rate, key_prefix="l-")
         rss: list[float] = []
         try:
-            await _until_fired(rig, n, timeout=duration + 120, progress=ctx.progress, rss=rss)
+            await until_fired(rig, n, timeout=duration + 120, progress=ctx.progress, rss=rss)
             await recorder.wait_for(n, timeout=30)
         finally:
             await recorder.stop()
@@ -185,18 +119,6 @@ async def sweep(ctx: Context) -> Metrics:
             f"{k}@{rate}": m[k] for k in ("lateness_p50_ms", "lateness_p99_ms", "lateness_max_ms", "lost")
         }
     return out
-
-
-def schedule_command(prefix: str, tenant: str, key: str, due: datetime) -> tuple[str, bytes]:
-    payload = {"tenantId": tenant, "serviceCallId": key, "dueAt": due.isoformat().replace("+00:00", "Z")}
-    body = {
-        "id": str(uuid.uuid4()),
-        "type": "ScheduleTimer",
-        "tenantId": tenant,
-        "timestampMs": time.time_ns() // 1_000_000,
-        "payload": payload,
-    }
-    return f"{prefix}.{tenant}.timer.schedule", json.dumps(body).encode()
 
 
 async def intake(ctx: Context) -> Metrics:
@@ -325,7 +247,7 @@ async def _catchup(ctx: Context, backlog: int, one_tenant: bool) -> Metrics:
         await recorder.start()
         rss: list[float] = []
         rig.start_replicas(ctx.replicas)
-        await _until_fired(rig, backlog + fresh, timeout=120 + backlog / 1000, progress=ctx.progress, rss=rss)
+        await until_fired(rig, backlog + fresh, timeout=120 + backlog / 1000, progress=ctx.progress, rss=rss)
         await recorder.wait_for(fresh, timeout=30)
         await _until_marked(rig, "c-")
         order = await rig.scalar(
@@ -377,21 +299,6 @@ async def idle(ctx: Context) -> Metrics:
         }
 
 
-async def steady(ctx: Context) -> Metrics:
-    """Steady load on a realistic table beside an empty one (tools/bench/steady.py: its own module,
-    imported here when it runs, as it imports this one)."""
-    from tools.bench import steady as module
-
-    return await module.steady(ctx)
-
-
-async def soak(ctx: Context) -> Metrics:
-    """A long steady load on a realistic table, in windows (tools/bench/soak.py, imported when it runs)."""
-    from tools.bench import soak as module
-
-    return await module.soak(ctx)
-
-
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -401,9 +308,6 @@ class Scenario:
     # Run only when named: too long for every `make bench` (the soak: 15 minutes and more a run).
     on_request: bool = False
 
-
-# Scenarios kept in modules of their own (they import Context from here).
-from tools.bench.intake_scale import intake_quota, intake_tenants  # noqa: E402
 
 SCENARIOS = {
     s.name: s

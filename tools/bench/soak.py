@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import tools
+from tools.bench.context import Context, Metrics, Progress
 from tools.bench.realistic import FULL_ROWS, FULL_TENANTS, build_realistic
 from tools.bench.rig import Rig
-from tools.bench.scenarios import Context, Metrics, Progress
 from tools.bench.steady import BACKEND_PID_SQL, _stat
 from worker.client import TimerClient
 from worker.devkit.harness import percentile

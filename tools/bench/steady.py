@@ -11,9 +11,9 @@ import os
 import time
 from pathlib import Path
 
+from tools.bench.context import Context, Metrics, lateness_ms, until_fired
 from tools.bench.realistic import FULL_ROWS, FULL_TENANTS, build_realistic
 from tools.bench.rig import Rig
-from tools.bench.scenarios import Context, Metrics, _until_fired, lateness_ms
 
 RATE = 500  # due per second: about 30 a claim, the few-rows-due case that flipped the plan
 BACKEND_PID_SQL = "SELECT pg_backend_pid()"  # bench-only: finds the server's processes
@@ -66,7 +66,7 @@ async def _arm(ctx: Context, rows: int, duration: float) -> Metrics:
         ctx.progress(f"{n:,} timers coming due at {RATE}/s for {duration:.0f}s beside {rows:,}")
         cpu = postgres_cpu_s(pid)
         try:
-            await _until_fired(rig, n, timeout=duration + 120, progress=ctx.progress, rss=[])
+            await until_fired(rig, n, timeout=duration + 120, progress=ctx.progress, rss=[])
             cpu = postgres_cpu_s(pid) - cpu
             await recorder.wait_for(n, timeout=30)
         finally:

@@ -74,7 +74,7 @@ async def _no_results() -> list[BaseException | None]:
     return []
 
 
-async def _settle(tasks: set[asyncio.Task[None]], keep: int) -> None:
+async def _until_at_most(tasks: set[asyncio.Task[None]], keep: int) -> None:
     """Wait until at most `keep` tasks run; an error of one that ended is raised here."""
     while len(tasks) > keep:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -216,7 +216,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
             except BaseException:
                 await batch.close()
                 raise
-        await _settle(firing, PIPELINE_DEPTH - 1)
+        await _until_at_most(firing, PIPELINE_DEPTH - 1)
         self._idle_until(wake_at if wake_at is None else max(wake_at, started + CLAIM_SPACING_S))
         return full
 

@@ -74,7 +74,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 try:
                     await self.handle(msgs)
                 except Exception as exc:
-                    # Whatever the batch met, intake goes on: its unsettled commands come back
+                    # Whatever the batch met, intake goes on: its unanswered commands come back
                     # after the consumer's ack wait. Only a fatal verdict (errors.verdict) ends it.
                     if verdict(exc) == "fatal":
                         raise
@@ -124,7 +124,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
             for msg, _ in batch:  # nothing decided, nothing acknowledged
-                await settle(msg, RETRY_DELAY_S)
+                await answer(msg, RETRY_DELAY_S)
             return []
         if over:
             await self.reject(
@@ -178,9 +178,9 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         for (msg, why), error in zip(rejected, results, strict=True):
             if error is not None:  # the DLQ is unreachable: keep the command, try again later
                 failed = failed or error
-                await settle(msg, RETRY_DELAY_S)
+                await answer(msg, RETRY_DELAY_S)
                 continue
-            await settle(msg)
+            await answer(msg)
             metrics.COMMANDS_REJECTED.labels(why.reason).inc()
             log.info(
                 "command rejected",
@@ -249,7 +249,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             msg, command = batch[i]
             kind = "resume" if isinstance(command, PauseTimers) and command.resume else "pause"
             metrics.COMMANDS_APPLIED.labels(kind, "superseded").inc()
-            await settle(msg)
+            await answer(msg)
 
     async def _pause(self, msg: ReceivedCommand, command: PauseTimers) -> None:
         kind = "resume" if command.resume else "pause"
@@ -260,7 +260,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             done = await retry_transient(lambda: self.store.pause(command, where), 5, first_s=0.1, max_s=2)
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
-            await settle(msg, RETRY_DELAY_S)  # nothing acknowledged: it comes back
+            await answer(msg, RETRY_DELAY_S)  # nothing acknowledged: it comes back
             return
         outcome = done.outcomes[0]
         if outcome == "stuck":  # only rows stuck behind a claim left: give up, visibly, as a cancel
@@ -278,7 +278,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 "outcome": outcome,
             },
         )
-        await settle(msg, self._retry_in(outcome))
+        await answer(msg, self._retry_in(outcome))
         await self._hint(done.soonest_due)
 
     async def _apply_commands(self, batch: list[tuple[ReceivedCommand, Command]]) -> None:
@@ -290,7 +290,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
             for msg, _ in batch:  # nothing committed, nothing acknowledged
-                await settle(msg, RETRY_DELAY_S)
+                await answer(msg, RETRY_DELAY_S)
             return
         metrics.COMMAND_BATCH_SECONDS.observe(time.perf_counter() - started)
         crash_point("committed")
@@ -303,7 +303,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                     stuck.append((msg, Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id)))
                     continue
                 outcomes[kind, outcome] += 1
-                await settle(msg, self._retry_in(outcome))
+                await answer(msg, self._retry_in(outcome))
         finally:
             metrics.inc_many(metrics.COMMANDS_APPLIED, outcomes)
         if stuck:
@@ -338,11 +338,12 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         await self.broker.hint(self.broker.subjects.wake, f"{soonest:.3f}".encode())
 
 
-async def settle(msg: ReceivedCommand, retry_in: float | None = None) -> None:
+async def answer(msg: ReceivedCommand, retry_in: float | None = None) -> None:
     """Acknowledge a command (retry_in None) or offer it again after retry_in seconds. When NATS
     cannot take that now (reconnecting, with TIMER_PUBLISH_BUFFER_BYTES too small to hold it),
     nothing is lost: the command comes back after the consumer's ack wait and, being idempotent,
-    is settled then. So a transient failure here is logged, never raised."""
+    is answered then. So a transient failure here is logged, never raised. (Metric and log
+    action keep the word settle: names operators' alerts and queries use.)"""
     try:
         await (msg.ack() if retry_in is None else msg.nak(delay=retry_in))
     except Exception as exc:

@@ -45,7 +45,7 @@ class Delivered(Protocol):
 
 
 class ReceivedCommand(Delivered, Protocol):
-    """A command from the command stream: what intake parses, and how it settles it."""
+    """A command from the command stream: what intake parses, and how it answers it (ack or nak)."""
 
     subject: str
     data: bytes

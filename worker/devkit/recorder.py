@@ -17,7 +17,7 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from worker.consumer import due_events
+from worker.client.consumer import due_events
 from worker.contract import Subjects
 
 T = TypeVar("T")

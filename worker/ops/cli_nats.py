@@ -24,7 +24,7 @@ def _nats_options() -> dict[str, Any]:
 
 
 async def _with_client(settings: Settings, action: Callable[[Any], Any]) -> Any:
-    from worker.adapters.broker import connect_options
+    from worker.adapters.jetstream.options import connect_options
     from worker.client import TimerClient
 
     opts = connect_options(settings) | _nats_options()
@@ -35,8 +35,8 @@ async def _with_client(settings: Settings, action: Callable[[Any], Any]) -> Any:
 
 @contextlib.asynccontextmanager
 async def _jetstream(settings: Settings) -> AsyncIterator[JetStreamContext]:
-    from worker.adapters.broker import connect_options
-    from worker.natsconn import nats_connect
+    from worker.adapters.jetstream.options import connect_options
+    from worker.client.wire import nats_connect
 
     opts = connect_options(settings) | _nats_options()
     nc = await nats_connect(opts.pop("servers"), **opts)

@@ -47,7 +47,7 @@ def cmd_consumer(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate_streams(args: argparse.Namespace) -> int:
-    from worker.ops.streams import migrate_streams
+    from worker.ops.stream_migration import migrate_streams
 
     settings = load_settings()
     wait = 0.0 if args.no_wait else args.timeout

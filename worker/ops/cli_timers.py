@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from worker.client.envelopes import Envelope
 from worker.config import Settings, load_settings, parse_duration
 from worker.contract import (
     INVALID_TENANT,
@@ -26,7 +27,6 @@ from worker.contract import (
     Subjects,
     iso,
 )
-from worker.envelopes import Command
 from worker.errors import ConfigError
 from worker.ops.cli_nats import _backlog, _with_client
 
@@ -140,7 +140,7 @@ def _schedule_file(settings: Settings, path: str) -> int:
         print(f"line {number}: {why}", file=sys.stderr)
 
     async def send(client: Any) -> None:
-        chunk: list[tuple[int, Command]] = []
+        chunk: list[tuple[int, Envelope]] = []
         fresh = True  # every id in the chunk new (flat lines'): it may go in fast batches
         for number, line, size in _lines(stream, MAX_BODY_BYTES):
             progress.read(size)
@@ -160,7 +160,7 @@ def _schedule_file(settings: Settings, path: str) -> int:
                 fresh = True
         await flush(client, chunk, fresh)
 
-    async def flush(client: Any, chunk: list[tuple[int, Command]], fresh: bool) -> None:
+    async def flush(client: Any, chunk: list[tuple[int, Envelope]], fresh: bool) -> None:
         if not chunk:
             return
         sent = await client.send_many([c for _, c in chunk], fresh=fresh)
@@ -209,7 +209,7 @@ def _lines(stream: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None, in
 
 def _line_command(
     line: bytes, settings: Settings, subjects: Subjects, stamp: int
-) -> tuple[Command, bool] | str:
+) -> tuple[Envelope, bool] | str:
     """The command one line of the file sends and whether its id is new (not the line's own),
     checked as a replica will check it; or why not. The bytes checked are the bytes sent: a
     flat line is checked inside its envelope."""
@@ -245,7 +245,7 @@ def _line_command(
     if isinstance(checked, Rejection):
         return f"{checked.reason}: {checked.detail}"
     assert isinstance(tenant, str)  # the check passed: the tenantId named the subject's tenant
-    return Command(subjects.of(tenant, "schedule"), msg_id, body), new
+    return Envelope(subjects.of(tenant, "schedule"), msg_id, body), new
 
 
 class Progress:

@@ -6,7 +6,7 @@ claim without end (issue 31). So tenants get no CONSUMER.CREATE at all (docs/SEC
 permissions for a tenant); the operator makes, once per tenant and stream, a durable consumer
 named after the tenant, filtered to its subject:
 
-- on the events stream, the push consumer TimerClient.due_events reads (worker/consumer.py,
+- on the events stream, the push consumer TimerClient.due_events reads (worker/client/consumer.py,
   push_config), delivering to a subject under the tenant's own inbox prefix (`_INBOX_acme.…`,
   which only acme may subscribe to). due_events binds to it with CONSUMER.INFO alone.
 - on the DLQ stream, a pull consumer, read with CONSUMER.MSG.NEXT.
@@ -23,8 +23,8 @@ import dataclasses
 
 from nats.js import JetStreamContext, api
 
+from worker.client.consumer import push_config
 from worker.config import Settings
-from worker.consumer import push_config
 from worker.contract import Subjects, tenant_inbox
 
 

@@ -33,14 +33,14 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from worker.adapters import db
-from worker.adapters.broker import connect_options
-from worker.adapters.streams import command_stream_now
+from worker.adapters.jetstream.options import connect_options
+from worker.adapters.jetstream.streams import command_stream_now
+from worker.client.wire import nats_connect
 from worker.config import Settings
 from worker.contract import MessageIds, Rejection, Subjects
 from worker.core.commands import parse_command
 from worker.core.received import stored_time
 from worker.errors import DatabaseError
-from worker.natsconn import nats_connect
 from worker.ops.reads import fmt_time
 
 # An operator's listing reads at most this many entries before it stops and says where.

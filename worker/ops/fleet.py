@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from worker.adapters.streams import command_stream_now
+from worker.adapters.jetstream.streams import command_stream_now
 from worker.config import Settings
 
 

@@ -168,7 +168,7 @@ async def test_intake_survives_a_stream_without_leader_and_a_reconnect() -> None
     stop = asyncio.Event()
     errors: list[Exception] = [
         # what the broker makes of a 503 (the consumer's leader is being re-elected) and of a
-        # reconnect (tests/unit/adapters/test_streams.py)
+        # reconnect (tests/unit/adapters/jetstream/test_streams.py)
         FetchFailed("ServiceUnavailableError: nats: service unavailable"),
         FetchFailed("ConnectionReconnectingError: nats: connection reconnecting"),
         nats.errors.TimeoutError(),  # nothing came: nats-py's timeout is a TimeoutError

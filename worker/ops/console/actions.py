@@ -1,7 +1,7 @@
 """The console's actions (only with TIMER_CONSOLE_ACTIONS): on a timer, cancel, reschedule, fire
 now, pause and resume; on a tenant, pause and resume. Each is sent as a producer (or `timer-service
 pause`) sends it, a CancelTimer, ScheduleTimer, PauseTimers or ResumeTimers through the command
-stream (worker/client.py), so every guarantee of the service holds for it: ordering, a claimed
+stream (worker/client/), so every guarantee of the service holds for it: ordering, a claimed
 occurrence left to fire, the DLQ for a command it would reject. Each is confirmed on a page of its
 own first, and logged (`console_action`) with who did it."""
 

@@ -24,11 +24,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from worker.adapters.broker import connect_options
+from worker.adapters.jetstream.options import connect_options
 from worker.client import TimerClient
+from worker.client.wire import nats_connect
 from worker.config import ConsoleSettings
 from worker.errors import ConfigError
-from worker.natsconn import nats_connect
 from worker.ops import dlq, reads
 from worker.ops.console import actions, dlq_views, views
 from worker.ops.console.auth import COOKIE, LoginThrottle, RequireLogin, served_over_tls

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from markupsafe import Markup, escape
 
-from worker.ops.stats import Minute
+from worker.ops.fleet_stats import Minute
 
 W, H, PAD_L, PAD_B, PAD_T = 360, 120, 44, 18, 8
 

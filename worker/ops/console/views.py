@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from worker.contract import TENANT_RE
-from worker.ops import browse, dlq, fleet, history, reads, stats
+from worker.ops import browse, dlq, fleet, fleet_stats, history, reads
 from worker.ops.console.base import checked_form, console_of, field, headers
 from worker.ops.console.charts import overview_charts
 
@@ -30,8 +30,8 @@ def _overview_reads(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     return {
         "now": reads.fleet_now(conn),
         "late": reads.lateness(conn),
-        "minutes": stats.series(conn),
-        "replicas": stats.replicas_seen(conn),
+        "minutes": fleet_stats.series(conn),
+        "replicas": fleet_stats.replicas_seen(conn),
     }
 
 

@@ -19,8 +19,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.errors import APIError, NoStreamResponseError
 
-from worker.contract import Outgoing
-from worker.natsconn import (
+from worker.client.batches import (
     AGAIN,
     ATOMIC_BATCH_MAX,
     ERR_ATOMIC_DISABLED,
@@ -30,13 +29,14 @@ from worker.natsconn import (
     atomic_batch_head,
     atomic_batch_headers,
     batch_ack_error,
-    publish_all,
 )
+from worker.client.wire import publish_all
+from worker.contract import Outgoing
 
 if TYPE_CHECKING:
     from worker.config import Settings
 
-log = logging.getLogger("worker.broker")
+log = logging.getLogger(__name__)
 
 # Fewer messages than this go one by one (see publish_atomic).
 ATOMIC_BATCH_MIN = 100
@@ -149,7 +149,7 @@ class Publisher:
         """Publish in fast-ingest batches (nats-server 2.14+, allow_batched); for each message,
         None once JetStream stored it (or already had its Nats-Msg-Id), else why not.
 
-        The protocol is natsconn.FastBatches'. A stored event carries only its own headers; a
+        The protocol is worker.client.batches.FastBatches'. A stored event carries only its own headers; a
         duplicate is skipped instead of refusing the batch, so retries may come here too.
         Messages 1..count are stored, the refused one fails with its error, and those after it
         never were: they go again one by one, as does a batch refused whole. Without a PubAck by

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 
 from worker.client import TimerClient
-from worker.envelopes import Command, envelope, payload_json, uuid4s
+from worker.client.envelopes import Envelope, envelope, payload_json, uuid4s
 
 DUE = datetime(2026, 11, 25, 9, 30, 0, 123456, tzinfo=UTC)
 
@@ -24,8 +24,8 @@ def client() -> TimerClient:
     return TimerClient(NATS(), "svc")  # never connected: building commands needs no server
 
 
-def body(c: Command | str) -> dict[str, Any]:
-    assert isinstance(c, Command), c
+def body(c: Envelope | str) -> dict[str, Any]:
+    assert isinstance(c, Envelope), c
     decoded: dict[str, Any] = json.loads(c.body)
     return decoded
 
@@ -49,7 +49,7 @@ def test_a_bulk_command_is_the_envelope_schedule_sends() -> None:
     (bulk,) = client()._commands("schedule", "ScheduleTimer", [timer])
     payload = {**timer, "dueAt": "2026-11-25T09:30:00.123Z"}
     one = envelope("svc.acme.timer.schedule", "ScheduleTimer", payload, "req-7")
-    assert isinstance(bulk, Command)
+    assert isinstance(bulk, Envelope)
     assert bulk.subject == one.subject
     got, want = body(bulk), body(one)
     assert got["id"] == bulk.id  # sent as Nats-Msg-Id too
@@ -76,7 +76,7 @@ def test_a_bulk_command_is_the_envelope_schedule_sends() -> None:
 )
 def test_a_bulk_body_is_byte_for_byte_json_dumps_of_the_envelope(timer: dict[str, Any]) -> None:
     (bulk,) = client()._commands("schedule", "ScheduleTimer", [timer])
-    assert isinstance(bulk, Command)
+    assert isinstance(bulk, Envelope)
     payload = {
         **timer,
         "dueAt": timer["dueAt"] if isinstance(timer["dueAt"], str) else "2026-11-25T09:30:00.123Z",
@@ -98,7 +98,7 @@ def test_one_call_shares_one_timestamp_and_leaves_the_callers_timers_as_they_wer
     commands = client()._commands("schedule", "ScheduleTimer", timers)
     assert len({body(c)["timestampMs"] for c in commands}) == 1
     assert [body(c)["payload"]["serviceCallId"] for c in commands] == [f"sc-{i}" for i in range(2500)]
-    assert {c.subject for c in commands if isinstance(c, Command)} == {
+    assert {c.subject for c in commands if isinstance(c, Envelope)} == {
         f"svc.t{i}.timer.schedule" for i in range(3)
     }
     assert all(t["dueAt"] is DUE for t in timers)
@@ -112,7 +112,7 @@ def test_a_bad_tenant_is_an_error_in_its_place_and_the_rest_are_built() -> None:
         {"tenantId": "acme", "serviceCallId": "e"},
     ]
     out = client()._commands("cancel", "CancelTimer", timers)
-    assert [type(c).__name__ for c in out] == ["Command", "str", "str", "Command"]
+    assert [type(c).__name__ for c in out] == ["Envelope", "str", "str", "Envelope"]
     assert [body(out[i])["payload"]["serviceCallId"] for i in (0, 3)] == ["a", "e"]
     for bad in out[1:3]:
         assert isinstance(bad, str) and "tenantId must match" in bad

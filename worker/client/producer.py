@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import uuid
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -26,22 +25,18 @@ from typing import Any, Literal
 from nats.aio.client import Client as NATS
 from nats.js.errors import APIError
 
-from worker.consumer import MAX_ACK_PENDING, DueEvent, due_events
-from worker.contract import CONTROL_TYPES, FAST_BATCHES, TENANT_RE, ControlKind, Subjects, iso
-from worker.envelopes import Command, Envelopes, envelope
-from worker.natsconn import (
+from worker.client.batches import (
     ATOMIC_BATCH_MAX,
     ERR_ATOMIC_DISABLED,
     FastBatches,
-    atomic_batch_head,
-    atomic_batch_headers,
-    batch_ack_error,
-    close_within,
-    nats_connect,
-    publish_all,
+    send_atomic,
     server_has_fast_ingest,
-    written,
 )
+from worker.client.closing import close_within
+from worker.client.consumer import MAX_ACK_PENDING, DueEvent, due_events
+from worker.client.envelopes import Envelope, Envelopes, envelope
+from worker.client.wire import nats_connect, written
+from worker.contract import CONTROL_TYPES, FAST_BATCHES, TENANT_RE, ControlKind, Subjects, iso
 
 # Atomic or fast batches of commands awaiting their PubAck at once: enough to keep the server busy while
 # the next one is sent, few enough to keep a slow server's backlog small.
@@ -98,7 +93,7 @@ class TimerClient:
         fast_ingest: FastIngest = "auto",
         **options: Any,
     ) -> TimerClient:
-        # Never in clear when TLS is configured (see natsconn.nats_connect).
+        # Never in clear when TLS is configured (see wire.nats_connect).
         nc = await nats_connect(url, **options)
         return cls(nc, prefix, owns_connection=True, fast_ingest=fast_ingest)
 
@@ -194,7 +189,7 @@ class TimerClient:
         return await self._many("cancel", "CancelTimer", timers, timeout)
 
     async def send_many(
-        self, commands: Sequence[Command], timeout: float = 10.0, *, fresh: bool = False
+        self, commands: Sequence[Envelope], timeout: float = 10.0, *, fresh: bool = False
     ) -> list[Sent]:
         """Send commands built and checked already (a subject, an id sent as Nats-Msg-Id, a body
         each), byte for byte, in batches as schedule_many sends its own; what became of each, in
@@ -207,7 +202,7 @@ class TimerClient:
 
     def _commands(
         self, kind: Literal["schedule", "cancel"], type_: str, items: Iterable[Mapping[str, Any]]
-    ) -> list[Command | str]:
+    ) -> list[Envelope | str]:
         """The envelopes of one call, all at once (schedule_many builds them a batch at a time); in
         place of an item with a bad tenant, why it is not sent."""
         envelopes = Envelopes(self.subjects, kind, type_)
@@ -227,7 +222,7 @@ class TimerClient:
         return await self._send_many(parts, timeout)
 
     async def _send_many(
-        self, parts: Iterable[Sequence[Command | str]], timeout: float, *, fresh: bool = True
+        self, parts: Iterable[Sequence[Envelope | str]], timeout: float, *, fresh: bool = True
     ) -> list[Sent]:
         """Send each part (its commands, and the reason in place of one not sent) as a batch,
         taking the next from `parts` (building it: most of the client's work) only once this one
@@ -243,7 +238,7 @@ class TimerClient:
         fast: bool | None = None  # decided on the first part of more than one command
         tasks: list[asyncio.Task[None]] = []
 
-        async def one(i: int, c: Command) -> None:
+        async def one(i: int, c: Envelope) -> None:
             async with singles:
                 try:
                     ack = await self.js.publish(
@@ -253,13 +248,15 @@ class TimerClient:
                 except Exception as exc:  # each command's own outcome; none ends the others
                     results[i] = Sent(c.id, "error", f"{type(exc).__name__}: {exc}")
 
-        async def chunk(part: list[tuple[int, Command]], slot: bool) -> None:
+        async def chunk(part: list[tuple[int, Envelope]], slot: bool) -> None:
             # `slot`: this part holds one of `batches`, given back once its batch is answered.
             try:
                 if slot and fast and self._fast:
                     part = await self._fast_batch(part, results, timeout)
                 elif slot and self._atomic:
-                    error = await self._batch([c for _, c in part], timeout)
+                    error = await send_atomic(
+                        self.nc, [(c.subject, c.body, {"Nats-Msg-Id": c.id}) for _, c in part], timeout
+                    )
                     if error is None:
                         for i, c in part:
                             results[i] = Sent(c.id, "accepted")
@@ -277,7 +274,7 @@ class TimerClient:
             for part in parts:
                 base = len(results)
                 results.extend(Sent("", "error", c) if isinstance(c, str) else None for c in part)
-                todo = [(base + j, c) for j, c in enumerate(part) if isinstance(c, Command)]
+                todo = [(base + j, c) for j, c in enumerate(part) if isinstance(c, Envelope)]
                 if fast is None and len(todo) > 1:
                     fast = fresh and await self._fast_batched(todo[0][1].subject)
                 slot = len(todo) > 1 and (bool(fast and self._fast) or self._atomic)
@@ -315,7 +312,7 @@ class TimerClient:
 
     async def _measured(self) -> bool:
         """Whether the service measured fast batches the cheaper on this server (the metadata of
-        the stream it measured on, worker/adapters/probe.py); False when it did not or it cannot
+        the stream it measured on, worker/adapters/jetstream/probe.py); False when it did not or it cannot
         be read."""
         try:
             name = await self.js.find_stream_name_by_subject(self.subjects.probe)
@@ -325,9 +322,9 @@ class TimerClient:
         return (config.metadata or {}).get(FAST_BATCHES) == "on"
 
     async def _fast_batch(
-        self, part: list[tuple[int, Command]], results: list[Sent | None], timeout: float
-    ) -> list[tuple[int, Command]]:
-        """Send one fast batch and fill in `results` for what its replies settle; what is left to
+        self, part: list[tuple[int, Envelope]], results: list[Sent | None], timeout: float
+    ) -> list[tuple[int, Envelope]]:
+        """Send one fast batch and fill in `results` for what its replies decide; what is left to
         send one by one with the same ids (never stored, or not known to be: unanswered)."""
         batch = await self._fast_batches.send(
             self.nc, [(c.subject, c.body, {"Nats-Msg-Id": c.id}) for _, c in part]
@@ -338,7 +335,7 @@ class TimerClient:
             self._fast_batches.forget([batch])
         if batch.disabled:
             self._fast = False  # the stream's owner took allow_batched away: atomic from now on
-        again: list[tuple[int, Command]] = []
+        again: list[tuple[int, Envelope]] = []
         for seq, (i, c) in enumerate(part, start=1):
             result = batch.result(seq)
             if result is None:  # fresh ids: none was skipped as a duplicate
@@ -348,19 +345,6 @@ class TimerClient:
             else:
                 again.append((i, c))
         return again
-
-    async def _batch(self, part: list[Command], timeout: float) -> dict[str, Any] | None:
-        """Send one atomic batch; None once its PubAck confirms every command, else why not."""
-        batch_id = uuid.uuid4().hex
-        try:
-            head = atomic_batch_head([(c.subject, c.body, {"Nats-Msg-Id": c.id}) for c in part], batch_id)
-            await publish_all(self.nc, head)
-            last = part[-1]
-            headers = atomic_batch_headers({"Nats-Msg-Id": last.id}, batch_id, len(part), commit=True)
-            reply = await self.nc.request(last.subject, last.body, timeout=timeout, headers=headers)
-        except Exception as exc:  # not stored as a batch: the caller sends them one by one
-            return {"description": f"{type(exc).__name__}: {exc}"}
-        return batch_ack_error(reply.data, len(part))
 
     def due_events(
         self,
@@ -372,7 +356,7 @@ class TimerClient:
         max_ack_pending: int = MAX_ACK_PENDING,
     ) -> AsyncGenerator[DueEvent, None]:
         """The tenant's DueTimeReached events, oldest first, from the durable consumer `durable`
-        on `stream` (created when missing); worker/consumer.py says how they are acknowledged.
+        on `stream` (created when missing); consumer.py says how they are acknowledged.
         A tenant whose NATS permissions are docs/SECURITY.md's reads the consumer its operator
         provisioned (`timer-service consumer add --tenant <tenant>`, named after the tenant):
         only its info is asked, nothing is created."""
@@ -387,7 +371,7 @@ class TimerClient:
 
     async def close(self, timeout: float = 5.0) -> None:
         """Flush what was sent and close the connection this client opened, within `timeout`
-        whatever the server does (natsconn.close_within: nats-py's drain waited 10 s more on a
+        whatever the server does (closing.close_within: nats-py's drain waited 10 s more on a
         server that stopped answering, and a CLI command with it)."""
         if self._owns:
             await close_within(self.nc, timeout)

@@ -15,7 +15,8 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from worker.natsconn import acknowledge, take_raw
+from worker.client.acks import Acks
+from worker.client.wire import acknowledge, connection_of, queued, subscription_id, take_raw
 
 _DECODER = json.JSONDecoder()
 _SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # typeshed: "a make_scanner"
@@ -24,10 +25,6 @@ _STALLED = b"Nats-Consumer-Stalled:"
 # A consumer without idle heartbeats (made by hand): how long a reader waits in silence before
 # it looks whether its connection and its consumer are still there.
 _SILENCE_WITHOUT_HEARTBEATS = 30.0
-# An event not acknowledged within the ack wait comes again with a reply subject of its own: once
-# a reader holds this many events given out and not acknowledged (then twice what it kept), the
-# deliveries that a later one of the same event superseded are dropped (_Acks.forget_superseded).
-_OPEN_FLOOR = 1024
 
 
 class DueEvent:
@@ -42,7 +39,7 @@ class DueEvent:
         data: bytes,
         raw_headers: bytes | None,
         headers: dict[str, str] | None,
-        acks: _Acks,
+        acks: Acks,
     ) -> None:
         self._subject, self._acks = subject, acks
         self.reply = reply  # where its acknowledgement goes
@@ -166,16 +163,16 @@ async def due_events(
     that took over from one stopped with events in flight acknowledged those too with its first
     ack, unhandled (they come again only after the ack wait, behind newer ones).
 
-    The events are read as the connection parses them (natsconn.take_raw), before nats-py makes
+    The events are read as the connection parses them (wire.take_raw), before nats-py makes
     a message of each, parses its headers and queues it for a task: that was half of a
     consumer's CPU per event (docs/BENCHMARKS.md). Flow control and heartbeats are answered
     here, in order with the events, as nats-py would.
     """
     config = push_config(max_ack_pending)
-    nc = js._nc
+    nc = connection_of(js)
     arrived: deque[_Arrival] = deque()
     waiting = asyncio.Event()
-    acks = _Acks()
+    acks = Acks()
 
     def on_raw(subject: bytes, reply: bytes, data: bytes, raw_headers: bytes | None) -> None:
         if raw_headers is None or not raw_headers.startswith(_STATUS):
@@ -201,9 +198,9 @@ async def due_events(
         ) from None
     # Without a callback nats-py keeps what arrives in the subscription's queue: what came
     # before take_raw, all older than what the handler gets, is taken from there first.
-    release = take_raw(nc, sub._id, on_raw)
+    release = take_raw(nc, subscription_id(sub), on_raw)
     if release is not None:  # (no await since take_raw: `arrived` is still empty)
-        while (early := _queued(sub)) is not None:
+        while (early := queued(sub)) is not None:
             if _delivered(early):
                 arrived.append(_arrival(early))
     # Where take_raw cannot hook in: nats-py's own queue, read by one next_msg at a time. It is
@@ -220,9 +217,9 @@ async def due_events(
                     replies.append(got.reply.encode())
             else:  # (one it took and had not handed over yet comes again after the ack wait)
                 getter.cancel()
-        while (queued := _queued(sub)) is not None:
-            if _delivered(queued):
-                replies.append(queued.reply.encode())
+        while (held := queued(sub)) is not None:
+            if _delivered(held):
+                replies.append(held.reply.encode())
         return replies
 
     try:
@@ -303,51 +300,10 @@ async def due_events(
         await _close(nc, sub, release, acks, not_given)
 
 
-class _Acks:
-    """The acknowledgements not yet sent, and the events given out and not acknowledged."""
-
-    __slots__ = ("closed", "done", "open", "prune_at", "wake")
-
-    def __init__(self) -> None:
-        self.done: list[bytes] = []  # reply subjects
-        self.open: dict[bytes, None] = {}
-        self.wake: asyncio.Event | None = None  # while the reader waits for events: what wakes it
-        self.prune_at = _OPEN_FLOOR  # forget_superseded once `open` holds more
-        self.closed = False  # the loop ended: what was open was handed back
-
-    def forget_superseded(self) -> None:
-        """Drop the deliveries of events that came again since: the server acknowledges an event
-        by its stream sequence, whichever delivery's reply the ack goes to, and the last delivery
-        stays. Without this a handler that keeps failing on an event (caught, not acknowledged)
-        made the reader hold one more reply subject per ack wait, for ever. Looked over when
-        `open` doubled since, so a cost per event of nothing but a length check."""
-        latest: dict[bytes, tuple[int, bytes]] = {}  # stream sequence: its last delivery
-        superseded: list[bytes] = []
-        for reply in self.open:
-            if (at := _delivery(reply)) is None:
-                continue
-            seq, count = at
-            if (seen := latest.get(seq)) is None:
-                latest[seq] = (count, reply)
-            elif count > seen[0]:
-                superseded.append(seen[1])
-                latest[seq] = (count, reply)
-            else:
-                superseded.append(reply)
-        for reply in superseded:  # (their ack() still goes out: the server takes it for the event)
-            del self.open[reply]
-        self.prune_at = max(_OPEN_FLOOR, 2 * len(self.open))
-
-    async def send(self, nc: Any) -> None:
-        if self.done:  # an empty message is an ack (+ACK)
-            replies, self.done = self.done, []
-            await acknowledge(nc, replies)
-
-
 async def _still_there(js: JetStreamContext, stream: str, durable: str, deliver: str | None) -> None:
     """After a silence: raises what ended the reading, if something did (nats-py's next_msg
     raises ConnectionClosedError; consumer_info NotFoundError for a consumer deleted)."""
-    nc = js._nc
+    nc = connection_of(js)
     if nc.is_closed:
         raise nats.errors.ConnectionClosedError
     if not nc.is_connected:  # reconnecting: heartbeats come again after, or it closes
@@ -365,7 +321,7 @@ async def _still_there(js: JetStreamContext, stream: str, durable: str, deliver:
 
 
 async def _close(
-    nc: Any, sub: Any, release: Callable[[], None] | None, acks: _Acks, not_given: Callable[[], list[bytes]]
+    nc: Any, sub: Any, release: Callable[[], None] | None, acks: Acks, not_given: Callable[[], list[bytes]]
 ) -> None:
     # Handed back for the next reader now, not after the ack wait; but only once the server
     # has stopped pushing here (it would push them straight back): after the UNSUB, and after
@@ -407,17 +363,6 @@ def _arrival(msg: Msg) -> _Arrival:
     return (msg.subject.encode(), msg.reply.encode(), msg.data, None, msg.headers or {})
 
 
-def _delivery(reply: bytes) -> tuple[bytes, int] | None:
-    """An ack subject's stream sequence and delivery count: `$JS.ACK.<stream>.<consumer>.
-    <delivered>.<stream seq>.<consumer seq>.<timestamp>.<pending>`, or the form with a domain and
-    an account hash after `$JS.ACK` and a token at the end (ADR-15). None for another form."""
-    tokens = reply.split(b".")
-    at = 4 if len(tokens) == 9 else 6 if len(tokens) >= 11 else None
-    if at is None or not tokens[at].isdigit():
-        return None
-    return tokens[at + 1], int(tokens[at])
-
-
 def _stalled(raw_headers: bytes) -> str | None:
     # An idle heartbeat names, when the server thinks the consumer stalled, where to send the
     # flow control answer it missed.
@@ -425,10 +370,3 @@ def _stalled(raw_headers: bytes) -> str | None:
     if at < 0:
         return None
     return raw_headers[at + len(_STALLED) :].split(b"\r\n", 1)[0].strip().decode() or None
-
-
-def _queued(sub: Any) -> Msg | None:
-    # The subscription's own queue: with take_raw, only what arrived between the SUB and it;
-    # without, what arrived and was not read (None for a nats-py that keeps no such queue).
-    queue: asyncio.Queue[Msg] | None = getattr(sub, "_pending_queue", None)
-    return None if queue is None or queue.empty() else queue.get_nowait()

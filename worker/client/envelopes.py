@@ -1,6 +1,6 @@
-"""The producer client's command envelopes (worker/client.py): one for `schedule` and the like,
+"""The producer client's command envelopes (producer.py): one for `schedule` and the like,
 and a bulk call's, built tens of thousands a second, byte for byte what json.dumps makes of the
-same envelope (tests/unit/test_client.py)."""
+same envelope (tests/unit/client/test_envelopes.py)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from typing import Any, Literal, NamedTuple
 from worker.contract import TENANT_RE, Subjects, iso
 
 
-class Command(NamedTuple):  # a tuple: schedule_many makes tens of thousands a second
+class Envelope(NamedTuple):  # a tuple: schedule_many makes tens of thousands a second
     subject: str
     id: str
     body: bytes
 
 
-def envelope(subject: str, kind: str, payload: dict[str, Any], correlation_id: str | None) -> Command:
+def envelope(subject: str, kind: str, payload: dict[str, Any], correlation_id: str | None) -> Envelope:
     body = {
         "id": str(uuid.uuid4()),
         "type": kind,
@@ -31,12 +31,12 @@ def envelope(subject: str, kind: str, payload: dict[str, Any], correlation_id: s
         "timestampMs": time.time_ns() // 1_000_000,
         "payload": payload,
     }
-    return Command(subject, body["id"], json.dumps(body).encode())
+    return Envelope(subject, body["id"], json.dumps(body).encode())
 
 
 class Envelopes:
     """The envelopes of one bulk call, byte for byte what json.dumps makes of `envelope`'s
-    (tests/unit/test_client.py), in two steps. `payloads` checks each tenant (once per tenant)
+    (tests/unit/client/test_envelopes.py), in two steps. `payloads` checks each tenant (once per tenant)
     and encodes each payload, for the whole call before anything is sent: an item with a bad
     tenant gets why it is not sent, in its place; a payload json.dumps refuses raises, as it
     always did. `part` gives a slice of them ids and their envelopes' text as its batch is about
@@ -73,15 +73,15 @@ class Envelopes:
             out.append((known[0], head, payload_json(item)))
         return out
 
-    def part(self, payloads: Sequence[tuple[str, str, str] | str]) -> list[Command | str]:
+    def part(self, payloads: Sequence[tuple[str, str, str] | str]) -> list[Envelope | str]:
         """The commands of these payloads, each with a new id."""
-        out: list[Command | str] = []
+        out: list[Envelope | str] = []
         for id_, p in zip(uuid4s(len(payloads)), payloads, strict=True):
             if isinstance(p, str):
                 out.append(p)
             else:
                 subject, head, payload = p
-                out.append(Command(subject, id_, f'{{"id": "{id_}{head}{payload}}}'.encode()))
+                out.append(Envelope(subject, id_, f'{{"id": "{id_}{head}{payload}}}'.encode()))
         return out
 
 

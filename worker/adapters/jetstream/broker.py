@@ -1,16 +1,15 @@
 """The NATS JetStream adapter: the connection, its readiness, the streams' upkeep, the command
-subscription. What it publishes goes through batches.Publisher; the streams as this service
-makes and reads them are in streams.py."""
+subscription. What it publishes goes through publisher.Publisher; the streams as this service
+makes and reads them are in streams.py, how it connects in options.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -19,9 +18,10 @@ from nats.errors import SlowConsumerError
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
-from worker.adapters.batches import Publisher
-from worker.adapters.probe import fast_batches_cheaper, probe_stream
-from worker.adapters.streams import (
+from worker.adapters.jetstream.options import connect_options
+from worker.adapters.jetstream.probe import fast_batches_cheaper, probe_stream
+from worker.adapters.jetstream.publisher import Publisher
+from worker.adapters.jetstream.streams import (
     SUCCESSOR,
     CommandFeed,
     CommandStreams,
@@ -34,58 +34,21 @@ from worker.adapters.streams import (
     server_has_fast_ingest,
     stream_configs,
 )
+from worker.client.closing import Drainable, close_within
+from worker.client.wire import nats_connect
 from worker.contract import MessageIds, Outgoing, Subjects
 from worker.errors import ConfigError, TransientError
 from worker.logs import Throttled
-from worker.natsconn import Drainable, close_within, nats_connect
 
 if TYPE_CHECKING:
     from worker.config import Settings
 
-log = logging.getLogger("worker.broker")
+log = logging.getLogger(__name__)
 
 # After a failure a missing stream would explain, the streams are looked at no more often than this.
 CHECK_INTERVAL_S = 1.0
 # How often each replica purges acknowledged commands from a limits command stream (tend_commands).
 PURGE_INTERVAL_S = 1.0
-
-
-def _tls_context(s: Settings) -> ssl.SSLContext | None:
-    if not (s.nats_tls_ca or s.nats_tls_cert or s.nats_url.startswith("tls://")):
-        return None
-    ctx = ssl.create_default_context(cafile=s.nats_tls_ca)
-    if s.nats_tls_cert and s.nats_tls_key:
-        ctx.load_cert_chain(s.nats_tls_cert, s.nats_tls_key)
-    return ctx
-
-
-def connect_options(s: Settings) -> dict[str, Any]:
-    """nats.connect() keyword arguments for these settings (credentials, TLS, reconnects)."""
-    opts: dict[str, Any] = {
-        "servers": [u.strip() for u in s.nats_url.split(",")],
-        "name": s.worker_id,
-        "max_reconnect_attempts": -1,  # a replica waits out a NATS outage; readiness says so
-        "reconnect_time_wait": 0.5,
-        "connect_timeout": 5,
-        "allow_reconnect": True,
-        # What nats-py holds while reconnecting; past it a publish fails at once (it is retried).
-        "pending_size": s.publish_buffer_bytes,
-    }
-    if s.nats_user:
-        opts["user"] = s.nats_user
-    if s.nats_password:
-        opts["password"] = s.nats_password.get_secret_value()
-    if s.nats_token:
-        opts["token"] = s.nats_token.get_secret_value()
-    if s.nats_nkey_seed:
-        opts["nkeys_seed_str"] = s.nats_nkey_seed.get_secret_value()
-    if s.nats_creds:
-        opts["user_credentials"] = s.nats_creds
-    if ctx := _tls_context(s):
-        opts["tls"] = ctx
-        if s.nats_tls_server_name:
-            opts["tls_hostname"] = s.nats_tls_server_name
-    return opts
 
 
 class _Handing:
@@ -367,7 +330,7 @@ class Broker:
         assert self.nc is not None
         return await self.commands.purge_acknowledged(self.nc, self.js)
 
-    # Publishing (the EventPublisher port): batches.Publisher says how.
+    # Publishing (the EventPublisher port): publisher.Publisher says how.
     async def publish_many(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
         return await self.publisher.publish_many(messages, timeout)
 
@@ -403,7 +366,7 @@ class Broker:
 
     async def close(self, timeout: float = 5.0) -> bool:
         """Drain the subscriptions (requests received are answered), flush and close, within
-        `timeout` whatever the server does (natsconn.close_within); whether all that was done."""
+        `timeout` whatever the server does (closing.close_within); whether all that was done."""
         for task in (self._check, self._probe):
             if task is not None:
                 task.cancel()

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-log = logging.getLogger("worker.http")
+log = logging.getLogger(__name__)
 
 # A probe: (passes, one line saying why) for /healthz or /readyz.
 Probe = Callable[[], Awaitable[tuple[bool, str]]]

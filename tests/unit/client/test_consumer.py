@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 from nats.js import api
 
-from worker.consumer import _Acks, _decode, _parse_headers, _still_there
-from worker.natsconn import encode, take_raw
+from worker.client.acks import Acks
+from worker.client.consumer import _decode, _parse_headers, _still_there
+from worker.client.wire import encode, take_raw
 
 
 async def test_take_raw_routes_its_subscription_only_until_released() -> None:
@@ -144,7 +145,7 @@ def test_a_reader_keeps_only_the_last_delivery_of_an_event_that_came_again(head:
     def reply(delivered: int, seq: int, dseq: int) -> bytes:
         return f"{head}.{delivered}.{seq}.{dseq}.1700000000000000000.0{tail}".encode()
 
-    acks = _Acks()
+    acks = Acks()
     first, other, again, third = reply(1, 7, 1), reply(1, 8, 2), reply(2, 7, 3), reply(3, 7, 4)
     for r in (first, other, third, again, b"not.an.ack.subject"):
         acks.open[r] = None

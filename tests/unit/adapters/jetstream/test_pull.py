@@ -1,4 +1,4 @@
-"""Our pull (worker/adapters/pull.py) without a server: a fake connection records each
+"""Our pull (worker/adapters/jetstream/pull.py) without a server: a fake connection records each
 MSG.NEXT request, the test answers as a server would (deliveries, then a status on the request's
 own reply subject), and each status ends the fetch the way ADR-13 says."""
 
@@ -13,7 +13,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from tests.helpers import until
-from worker.adapters.pull import Pull, PullFailed
+from worker.adapters.jetstream.pull import Pull, PullFailed
 
 
 class Conn:

@@ -1,4 +1,4 @@
-"""worker/adapters/pull.py against what a consumer may refuse, and fetches shorter than the
+"""worker/adapters/jetstream/pull.py against what a consumer may refuse, and fetches shorter than the
 request's margin (an adversarial review's findings, each failing before its fix)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from tests.unit.adapters.test_pull import answered, started
-from worker.adapters import pull as pull_module
+from tests.unit.adapters.jetstream.test_pull import answered, started
+from worker.adapters.jetstream import pull as pull_module
 
 
 async def test_a_batch_the_consumer_refuses_as_too_large_is_not_asked_for_again_forever() -> None:

@@ -1,4 +1,4 @@
-"""natsconn.publish_all: a batch in one write must be exactly what nats-py's `publish`, one message
+"""wire.publish_all: a batch in one write must be exactly what nats-py's `publish`, one message
 at a time, puts on the wire: the same bytes, stats, errors (after the same messages), reconnect
 buffering; and nats-py's own path wherever this one does not fit. No server: a client marked
 connected, without a flusher, leaves its commands in `_pending`, where nats-py's own land too."""
@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 
-from worker import natsconn
-from worker.natsconn import Message, encode, publish_all
+from worker.client import wire
+from worker.client.wire import Message, encode, publish_all
 
 
 def connected(status: int = NATS.CONNECTED, *, max_payload: int = 1 << 20, pending: int = 0) -> NATS:
@@ -83,7 +83,7 @@ def test_the_wire_is_byte_for_byte_nats_pys() -> None:
 def test_acknowledgements_are_what_nats_py_sends(replies: list[str], body: bytes) -> None:
     async def run() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         ours, theirs = connected(), connected()
-        await natsconn.acknowledge(ours, [r.encode() for r in replies], body)
+        await wire.acknowledge(ours, [r.encode() for r in replies], body)
         for reply in replies:
             await theirs.publish(reply, body)
         return outcome(ours, None), outcome(theirs, None)
@@ -186,7 +186,7 @@ def test_one_write_when_nats_py_fits() -> None:
 
 
 def test_a_nats_py_without_an_internal_this_relies_on_gets_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(natsconn, "_CLIENT_NEEDS", (*natsconn._CLIENT_NEEDS, "_renamed_in_a_later_version"))
+    monkeypatch.setattr(wire, "_CLIENT_NEEDS", (*wire._CLIENT_NEEDS, "_renamed_in_a_later_version"))
     nc, twin = recording(), connected()
     asyncio.run(publish_all(nc, BATCH[:4]))
     asyncio.run(one_by_one(twin, BATCH[:4]))
@@ -202,16 +202,16 @@ def test_a_nats_py_that_encodes_differently_gets_publish(monkeypatch: pytest.Mon
         await sent(self, subject, reply, payload + b"!", size + 1, headers)
 
     monkeypatch.setattr(NATS, "_send_publish", changed)
-    monkeypatch.setattr(natsconn, "_wire_ok", None)
+    monkeypatch.setattr(wire, "_wire_ok", None)
     nc = recording()
     asyncio.run(publish_all(nc, BATCH[:2]))
     assert nc.published == 2
-    assert natsconn._wire_ok is False
-    monkeypatch.setattr(natsconn, "_wire_ok", None)  # the real nats-py again, for the next tests
+    assert wire._wire_ok is False
+    monkeypatch.setattr(wire, "_wire_ok", None)  # the real nats-py again, for the next tests
 
 
 def test_encode_is_what_nats_py_sends_today() -> None:
-    assert asyncio.run(natsconn._wire_matches()) is True
+    assert asyncio.run(wire._wire_matches()) is True
     assert encode([("a.b", b"hi", "r", {"K": "v"}), ("a", b"", "", None)]) == (
         b"HPUB a.b r 18 20\r\nNATS/1.0\r\nK: v\r\n\r\nhi\r\nPUB a  0\r\n\r\n",
         2,
@@ -222,12 +222,12 @@ def test_replies_are_scanned_for_what_this_nats_py_refuses_and_its_own_check_run
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # This nats-py refuses whitespace in a reply: publish_all scans for it instead of its regex.
-    assert natsconn._SUBJECT_WHITESPACE == " \t\r\n"
+    assert wire._SUBJECT_WHITESPACE == " \t\r\n"
     bad: Message = ("svc.acme.timer", b"x", "re\u2028ply", None)  # what the scan does not look for
     got, want = asyncio.run(both([BATCH[0], BATCH[1], bad]))
     assert got == want and want[2] is type(None)
     # A nats-py whose check is another (here: this one's) gets its check run on the joined replies.
-    monkeypatch.setattr(natsconn, "_SUBJECT_WHITESPACE", None)
+    monkeypatch.setattr(wire, "_SUBJECT_WHITESPACE", None)
     for reply in ("ok.reply", "re\tply"):
         got, want = asyncio.run(both([BATCH[0], BATCH[1], ("svc.acme.timer", b"x", reply, None)]))
         assert got == want

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from worker.adapters.broker import Broker
-from worker.adapters.streams import SUCCESSOR, consumer_config
+from worker.adapters.jetstream.broker import Broker
+from worker.adapters.jetstream.streams import SUCCESSOR, consumer_config
 from worker.config import Settings
 from worker.errors import ConfigError
 

@@ -22,10 +22,10 @@ from nats.js.errors import NotFoundError
 from worker.contract import FAST_BATCHES, Outgoing, Subjects
 
 if TYPE_CHECKING:
-    from worker.adapters.batches import Publisher
+    from worker.adapters.jetstream.publisher import Publisher
     from worker.config import Settings
 
-log = logging.getLogger("worker.broker")
+log = logging.getLogger(__name__)
 
 # Messages per batch: a backlog's batches are larger, so fsyncs per message show plainly (under
 # `sync_interval: always` fast batches of 100 took 5 x an atomic one here, without it 0.3 x).

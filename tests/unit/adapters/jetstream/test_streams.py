@@ -1,4 +1,4 @@
-"""The command feed (worker/adapters/streams.py, CommandFeed): the core knows no nats-py error, so
+"""The command feed (worker/adapters/jetstream/streams.py, CommandFeed): the core knows no nats-py error, so
 what a fetch meets reaches intake as the port says (worker/core/ports.py, CommandBatches)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
-from worker.adapters.pull import PullFailed
-from worker.adapters.streams import CommandFeed, CommandStreams
+from worker.adapters.jetstream.pull import PullFailed
+from worker.adapters.jetstream.streams import CommandFeed, CommandStreams
 from worker.config import load_settings
 from worker.core.ports import FetchFailed
 

@@ -17,16 +17,16 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
 from worker import metrics
-from worker.adapters.pull import Pull, PullFailed
+from worker.adapters.jetstream.pull import Pull, PullFailed
+from worker.client.batches import server_has_fast_ingest as server_has_fast_ingest  # the broker's, from here
 from worker.contract import MAX_CARRIED_VALUE_CHARS, Subjects, largest_event
 from worker.core.ports import FetchFailed
 from worker.errors import ConfigError, TransientError
-from worker.natsconn import server_has_fast_ingest as server_has_fast_ingest  # the broker's, from here
 
 if TYPE_CHECKING:
     from worker.config import Settings
 
-log = logging.getLogger("worker.broker")
+log = logging.getLogger(__name__)
 
 # The command consumer's redelivery delay for an unacknowledged command (see ensure_streams).
 ACK_WAIT_S = 10
