@@ -1,4 +1,4 @@
--- Every statement the service runs, by name. worker/adapters/queries.py loads them once.
+-- Every statement the service runs, by name. worker/adapters/postgres/queries.py loads them once.
 -- Times always come from the database clock (now()), never from a replica.
 -- Array parameters travel in binary (%(name)b): encoding 1,000-element arrays as text cost
 -- a replica six times more CPU than the binary form.
@@ -373,7 +373,7 @@ claimed AS (
 -- one for its estimate of this clock, worker/core/clock.py). A claim that took nothing still returns
 -- one row, its timer columns NULL (the LEFT JOIN), so an idle replica needs this single statement
 -- per wake-up; nothing depends on the order of the rows. The replica reads the columns by name
--- (worker/adapters/claim_rows.py): their order is free, a missing one fails the claim.
+-- (worker/adapters/postgres/claim.py): their order is free, a missing one fails the claim.
 SELECT c.*, n.next_due_at, clock_timestamp() AS db_now
 FROM (SELECT min(due_at) AS next_due_at FROM timers
       WHERE state = 'Scheduled' AND due_at > now() + %(ahead_ms)s * interval '1 millisecond') n
@@ -623,7 +623,7 @@ JOIN tenant_pending p ON p.tenant_id = k.tenant_id
 GROUP BY k.tenant_id;
 
 -- name: lock_quota_recount
--- Before quota_recount, in its transaction: the tenants' keys (worker/adapters/store.py,
+-- Before quota_recount, in its transaction: the tenants' keys (worker/adapters/postgres/store.py,
 -- recount_lock_keys), in the given (sorted) order. Two replicas recounting one tenant at once
 -- would each add the same correction, and take the bound below the count; the second waits here
 -- and its recount, a statement of its own, then sees the first one's correction.
@@ -759,7 +759,7 @@ FROM pg_database WHERE datname = current_database();
 -- The key of every Nats-Msg-Id (worker/contract.py, MessageIds); read once per replica or CLI run.
 SELECT secret FROM fleet_secret;
 
--- The replicas' minute stats (worker/adapters/stats.py) and the console's reads of them.
+-- The replicas' minute stats (worker/adapters/postgres/stats.py) and the console's reads of them.
 
 -- name: stats_add
 -- Add a replica's counters since its last write to the current minute's row (the database's
@@ -861,7 +861,7 @@ LIMIT %(limit)s;
 -- name: lock_tenant
 -- A tenant's pause or resume, in the transaction that changes its flag: waits for every intake
 -- transaction writing the tenant's timers (lock_tenants_shared), and holds new ones back until the
--- flag is committed. Its keys (the tenant's own and its slot's, worker/adapters/pausing.py,
+-- flag is committed. Its keys (the tenant's own and its slot's, worker/adapters/postgres/pausing.py,
 -- pause_lock_keys) in the given (ascending) order, as intake takes its own.
 SELECT count(pg_advisory_xact_lock(k)) AS n
 FROM unnest(%(keys)s::bigint[]) WITH ORDINALITY AS u(k, i);
@@ -1051,6 +1051,6 @@ LIMIT %(top)s;
 SELECT paused_at FROM paused_tenants WHERE tenant_id = %(tenant_id)s AND paused_at IS NOT NULL;
 
 -- name: ping
--- Readiness (adapters/pinger.py): the server answers. Reads nothing, so it answers on a read-only
+-- Readiness (adapters/postgres/pinger.py): the server answers. Reads nothing, so it answers on a read-only
 -- server too; the store's last write error says whether writes go through.
 SELECT 1;

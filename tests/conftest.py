@@ -26,8 +26,8 @@ from tests.servers import (
     own_names,
 )
 from worker import tracing
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.config import Settings, load_settings
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
 

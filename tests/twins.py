@@ -102,7 +102,7 @@ class Row:
 
 
 class TwinStore:
-    """worker.adapters.store.Store in memory (FiringStore and IntakeStore), on a database clock `now`."""
+    """adapters.postgres.store.Store in memory (FiringStore and IntakeStore), on a database clock `now`."""
 
     def __init__(self, now: Callable[[], float], stuck_after: timedelta = timedelta(hours=1)) -> None:
         self.now = now
@@ -253,7 +253,7 @@ class TwinStore:
         return self.paused_tenants.get(tenant_id, (None, None))[0] is not None
 
     async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
-        """Store.pause (worker/adapters/pausing.py): a tenant's flag, ordered by stream position,
+        """Store.pause (worker/adapters/postgres/pausing.py): a tenant's flag, ordered by stream position,
         then its rows; or one timer. Paused rows are state Paused, which claim() never takes; a
         pause or resume clears claimed_at, so claim() applies the downtime rule on resume."""
         self.log.append(("pause", command))

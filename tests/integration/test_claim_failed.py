@@ -12,8 +12,8 @@ import pytest
 
 from tests.helpers import query, row, until
 from tests.twins import claim_params
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.contract import CancelTimer, PauseTimers, Repeat, ScheduleTimer
 from worker.core.domain import Claimed, Fired
 from worker.core.firing import next_of

@@ -13,8 +13,8 @@ import pytest
 
 from tests.helpers import query, row
 from tests.twins import claim_params
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.contract import Repeat, ScheduleTimer
 from worker.core.domain import Fired
 from worker.core.firing import next_of

@@ -20,8 +20,8 @@ from tests.helpers import jetstream, publish_raw, query, running_replica, until
 from tests.integration.test_cli import run
 from worker import logs, metrics
 from worker.adapters.broker import Broker
-from worker.adapters.queries import QUERIES
-from worker.adapters.stats import StatsRollup
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.stats import StatsRollup
 from worker.config import ConsoleSettings, Settings, load_console_settings
 from worker.ops import dlq
 from worker.ops.console.app import create_app

@@ -30,7 +30,7 @@ import pytest
 
 from tests.helpers import jetstream, publish_raw, row, running_replica, until
 from tests.servers import delete_streams, own_names
-from worker.adapters.migrations import migrate
+from worker.adapters.postgres.migrations import migrate
 from worker.config import Settings, load_settings
 from worker.devkit.embedded import EmbeddedPostgres
 

@@ -22,8 +22,8 @@ from tests.helpers import (
     running_replica,
     until,
 )
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.contract import Outgoing, PauseTimers
 from worker.core.domain import ClaimParams, Fired
@@ -53,7 +53,7 @@ LEASE_MS = 1000  # the lease, and the pool's idle_in_transaction_session_timeout
 
 @pytest.fixture
 async def store(db_url: str) -> AsyncIterator[Store]:
-    """The replica's Store through the replica's pool (adapters/db.py), on a short lease."""
+    """The replica's Store through the replica's pool (adapters/postgres/db.py), on a short lease."""
     pool = db.pool(db_url, "fencing", min_size=1, max_size=4, idle_in_transaction_ms=LEASE_MS)
     await pool.open()
     yield Store(pool)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from tests.helpers import consumer_idle, jetstream, publish_raw, query, running_replica, until
-from worker.adapters.store import Store
+from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.contract import CancelTimer, Repeat, ScheduleTimer
 

@@ -25,10 +25,10 @@ from tests.helpers import (
     running_replica,
     until,
 )
-from worker.adapters import db, pausing
-from worker.adapters.pausing import TENANT_LOCKS, intake_lock_keys, pause_lock_keys
-from worker.adapters.queries import QUERIES
-from worker.adapters.store import ORDER_GRACE, Store
+from worker.adapters.postgres import db, pausing
+from worker.adapters.postgres.pausing import TENANT_LOCKS, intake_lock_keys, pause_lock_keys
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.store import ORDER_GRACE, Store
 from worker.config import Settings
 from worker.contract import PauseTimers, ScheduleTimer
 from worker.core.domain import Key

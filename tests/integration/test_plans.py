@@ -18,10 +18,10 @@ import pytest
 
 from tests.helpers import insert_due
 from tools.bench.realistic import build_realistic
-from worker.adapters import db
-from worker.adapters.batch import Batch
-from worker.adapters.queries import QUERIES
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.claim import Batch
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.store import Store
 from worker.core.domain import ClaimParams, Fired
 
 LEASED = 1000

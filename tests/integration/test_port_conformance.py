@@ -15,9 +15,9 @@ import pytest
 
 from tests.helpers import query, until
 from tests.twins import TwinBatch, TwinPublisher, TwinStore, claim_params
-from worker.adapters import db
 from worker.adapters.broker import Broker
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.contract import CancelTimer, Outgoing, PauseTimers, Repeat, ScheduleTimer
 from worker.core.domain import Claimed, ClaimParams, ClaimResult, Fired, Position, Unreadable
@@ -29,7 +29,7 @@ class Ports(FiringStore, IntakeStore, Protocol):
     """Both halves of the store's ports."""
 
 
-# The adapter's claims run in the pool the replica uses (adapters/db.py: its session pins, and
+# The adapter's claims run in the pool the replica uses (adapters/postgres/db.py: its session pins, and
 # idle_in_transaction_session_timeout as the lease of a batch in flight): a minute, longer than any
 # check here holds a batch open on a loaded machine, or this short where a frozen batch is the point.
 IDLE_MS = 60_000
@@ -349,7 +349,7 @@ async def stored(publisher: EventPublisher) -> int:
     return int((await publisher.js.stream_info(publisher.settings.event_stream)).state.messages)
 
 
-# Pause and resume (Store.pause, worker/adapters/pausing.py; README, Pause and resume).
+# Pause and resume (Store.pause, worker/adapters/postgres/pausing.py; README, Pause and resume).
 
 
 def pause(tenant: str = "acme", key: str | None = None, resume: bool = False) -> PauseTimers:

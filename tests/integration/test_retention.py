@@ -14,8 +14,8 @@ import psycopg
 from prometheus_client import REGISTRY
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
-from worker.adapters.queries import QUERIES
-from worker.adapters.store import Store
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.core.retention import Retention
 

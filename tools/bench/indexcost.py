@@ -31,8 +31,8 @@ from typing import Any
 
 from tools.bench.calibrate import calibrate, describe
 from tools.bench.rig import Rig
-from worker.adapters.db import pool
-from worker.adapters.store import Store
+from worker.adapters.postgres.db import pool
+from worker.adapters.postgres.store import Store
 from worker.contract import ScheduleTimer
 from worker.errors import ConfigError
 from worker.logs import redact

@@ -25,7 +25,7 @@ from nats.aio.client import Client as NATS
 
 import worker
 from worker.adapters.broker import Broker
-from worker.adapters.migrations import migrate
+from worker.adapters.postgres.migrations import migrate
 from worker.config import Settings, load_settings
 from worker.devkit.harness import ReplicaSet, replica_env_from
 from worker.devkit.recorder import EventRecorder

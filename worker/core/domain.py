@@ -42,7 +42,7 @@ class Claimed(NamedTuple):
     A NamedTuple, not a frozen dataclass: a replica builds a thousand per claim, and a frozen
     dataclass's __init__ (one object.__setattr__ per field) was 13 % of its CPU in a drain
     (docs/BENCHMARKS.md, "Where the time went"); a NamedTuple is one tuple.__new__ from the row
-    (worker/adapters/claim_rows.py reads it from claim_due's columns by name)."""
+    (worker/adapters/postgres/claim.py reads it from claim_due's columns by name)."""
 
     tenant_id: str
     service_call_id: str

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from worker.adapters.migrations import migrate
+from worker.adapters.postgres.migrations import migrate
 from worker.client import TimerClient
 from worker.config import load_settings, mask_url
 from worker.devkit.harness import ReplicaSet, replica_env_from, summary

@@ -13,8 +13,8 @@ from worker.errors import ConfigError
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from worker.adapters import migrations
-    from worker.adapters.db import require_utf8
+    from worker.adapters.postgres import migrations
+    from worker.adapters.postgres.db import require_utf8
 
     settings = load_settings()
     url = settings.database_url.get_secret_value()

@@ -32,8 +32,8 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from worker.adapters import db
 from worker.adapters.broker import connect_options
+from worker.adapters.postgres import db
 from worker.adapters.streams import command_stream_now
 from worker.config import Settings
 from worker.contract import MessageIds, Rejection, Subjects

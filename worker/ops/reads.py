@@ -3,7 +3,7 @@
 
 Each takes an open psycopg connection (a one-off read-only one from `connect`, for the CLI and
 the console alike: there is no pool) and returns plain data; every statement is named in
-sql/queries.sql and reads on the database clock. `overview` opens its own (adapters/db.py).
+sql/queries.sql and reads on the database clock. `overview` opens its own (adapters/postgres/db.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from worker.adapters import db
-from worker.adapters.queries import QUERIES
+from worker.adapters.postgres import db
+from worker.adapters.postgres.queries import QUERIES
 from worker.contract import iso, timer_view
 from worker.metrics import OVERDUE_CAP
 from worker.ops.diagnosis import diagnose

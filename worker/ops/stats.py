@@ -10,8 +10,8 @@ from typing import Any
 
 import psycopg
 
-from worker.adapters.queries import QUERIES
-from worker.adapters.stats import STATS_EVERY_S
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.stats import STATS_EVERY_S
 
 # A replica that has not written its stats for this long is not listed as alive (it writes every
 # 15 s: three missed writes).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from worker.adapters.queries import QUERIES
+from worker.adapters.postgres.queries import QUERIES
 
 
 def _set_list(statement: str) -> dict[str, str]:

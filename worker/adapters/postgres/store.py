@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,13 +15,12 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from worker.adapters import pausing
-from worker.adapters.batch import Batch, mark_again_params
-from worker.adapters.claim_rows import claim_result, recorded_ids
-from worker.adapters.pgerrors import classify
-from worker.adapters.pinger import Pinger
-from worker.adapters.queries import QUERIES
-from worker.adapters.writes import Writes
+from worker.adapters.postgres import claim, pausing
+from worker.adapters.postgres.claim import mark_again_params
+from worker.adapters.postgres.pgerrors import classify
+from worker.adapters.postgres.pinger import Pinger
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.writes import Writes
 from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
 from worker.core.domain import (
     Applied,
@@ -273,44 +271,8 @@ class Store:
         )
 
     async def claim(self, params: ClaimParams) -> ClaimedBatch:
-        """Claim up to `params.limit` occurrences (sql/queries.sql, claim_due) in a transaction the
-        batch keeps open, holding their rows locked, until it is recorded (Batch.record) or closed.
-
-        A claim that took nothing ends its transaction at once and holds no connection."""
-        sql_params = {
-            "owner": params.owner,
-            "ahead_ms": params.ahead_ms,
-            "fresh_window_ms": params.fresh_window_ms,
-            "oldest_limit": params.limit - params.fresh_limit,
-            "fresh_limit": params.fresh_limit,
-            "lease_ms": params.lease_ms,
-            "downtime_ms": params.downtime_ms,
-        }
-        with self._db(write=True):
-            conn = await self.pool.getconn()
-            try:
-                # BEGIN and the claim's plan settings (claim_begin) in one message, not pipelined
-                # with the claim: a session left in a transaction after a psycopg pipeline was never
-                # ended by idle_in_transaction_session_timeout (Postgres 18, psycopg 3;
-                # tests/integration/test_port_conformance.py).
-                await conn.execute(QUERIES["claim_begin"])
-                cur = conn.cursor(binary=True)  # plain tuples, read by column name (claim_rows)
-                await cur.execute(QUERIES["claim_due"], sql_params)
-                received = time.monotonic()  # the clock reading is in: the rows are read after
-                rows = await cur.fetchall()
-                names = [c.name for c in cur.description or ()]
-                result = claim_result(names, rows, received)
-                recorded = recorded_ids(names, rows)
-                empty = not (result.claimed or result.unreadable)
-                if empty:
-                    await conn.execute("COMMIT")
-            except BaseException:
-                await self.pool.putconn(conn)  # in a transaction or broken: the pool rolls back or drops it
-                raise
-        if empty:
-            await self.pool.putconn(conn)
-            return Batch(self.pool, self._db, None, result, recorded, params, self.writes)
-        return Batch(self.pool, self._db, conn, result, recorded, params, self.writes)
+        """Claim up to `params.limit` occurrences in a transaction the batch keeps open (claim.claim)."""
+        return await claim.claim(self.pool, self._db, params, self.writes)
 
     async def record_again(self, fired: Sequence[Fired]) -> int:
         """Mark acknowledged firings whose batch's transaction was lost (sql/queries.sql,

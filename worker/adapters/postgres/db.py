@@ -17,7 +17,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import Format
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
-from worker.adapters.queries import QUERIES
+from worker.adapters.postgres.queries import QUERIES
 from worker.errors import ConfigError, DatabaseError
 
 
