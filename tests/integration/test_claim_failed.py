@@ -1,5 +1,5 @@
 """A batch whose claim recorded one-shot occurrences that did not all fire (a failed one next to
-fired ones, a stop) puts those back, leased, in its own transaction (Batch, sql/queries.sql
+fired ones, a stop) puts those back, leased, in its own transaction (Batch, sql/queries/firing.sql
 retry_later): what a command, a pause and the read model meet, and a row that keeps failing."""
 
 from __future__ import annotations

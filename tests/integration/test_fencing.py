@@ -266,7 +266,7 @@ async def test_a_cancel_for_a_timer_whose_batch_dies_after_its_puback_comes_too_
     """The replica's batch holds the claimed row locked past the PubAck; a Cancel for the timer
     arrives; then the batch dies (its session ends, as when the process is killed: Postgres rolls
     the claim back). The event is out, so the cancel came too late: the timer ends Reached, with
-    one event in the stream. Intake must not wait on the batch's lock (sql/queries.sql, lock_keys):
+    one event in the stream. Intake must not wait on the batch's lock (sql/queries/intake.sql, lock_keys):
     a command that did would apply right after the rollback, to a row as if it had not fired."""
     # The lease is also the held batch's idle timeout: long enough that only the test ends it, on a
     # loaded machine too; the deferred cancel comes back after it.

@@ -235,7 +235,7 @@ async def test_commands_for_a_claimed_occurrence_wait_and_a_reached_timer_ignore
 async def test_a_command_for_a_timer_in_a_batch_in_flight_is_deferred_without_waiting_for_it(
     ports: Ports,
 ) -> None:
-    """Intake never waits on a row a claim's batch holds locked (sql/queries.sql, lock_keys): were
+    """Intake never waits on a row a claim's batch holds locked (sql/queries/intake.sql, lock_keys): were
     the batch rolled back after its publish, the command would meet the timer as if it had not
     fired. It is deferred, as for a claimed occurrence, and meets the recorded timer after."""
     await ports.apply([schedule("k", -1), schedule("free", 60)])
@@ -415,7 +415,7 @@ async def test_a_timer_paused_by_itself_stays_paused_through_its_tenants_resume(
     own_timer = schedule("own", 60)
     await ports.apply([own_timer, schedule("with", 60), schedule("held", -1)])
     assert [c.service_call_id for c in await claim_one(ports, "a")] == ["held"]
-    # Its claimed occurrence fires first; the pause is recorded, for its mark (mark_fired).
+    # Its claimed occurrence fires first; the pause is recorded, for its mark (record_fired).
     assert (await ports.pause(pause(key="held"))).outcomes == ["applied"]
     assert (await ports.pause(pause(key="own"))).outcomes == ["applied"]
     assert (await ports.pause(pause(key="nobody"))).outcomes == ["ignored"]

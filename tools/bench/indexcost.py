@@ -5,7 +5,7 @@
 
 Two fresh migrated databases on one Postgres, one of them without the index; each round applies
 the same kind of batches to both, in turns whose order alternates (A B, B A, ...), through the
-service's own Store.apply (sql/queries.sql, upsert_schedules): ScheduleTimer commands that all
+service's own Store.apply (sql/queries/intake.sql, upsert_schedules): ScheduleTimer commands that all
 carry a correlationId (the case the index costs something: it is partial), first new timers
 (inserts), then the same timers moved to another dueAt (reschedules: dueAt is indexed, so these
 updates are not HOT and add an entry to every index). Per 1,000 commands: the wall time of

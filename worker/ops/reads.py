@@ -3,7 +3,7 @@
 
 Each takes an open psycopg connection (a one-off read-only one from `connect`, for the CLI and
 the console alike: there is no pool) and returns plain data; every statement is named in
-sql/queries.sql and reads on the database clock. `overview` opens its own (adapters/postgres/db.py).
+sql/queries/ and reads on the database clock. `overview` opens its own (adapters/postgres/db.py).
 """
 
 from __future__ import annotations

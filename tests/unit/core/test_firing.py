@@ -211,7 +211,7 @@ async def test_a_batch_whose_transaction_ended_after_its_puback_is_recorded_agai
         await firing(settings, store, publisher, FakeClock(time)).tick()
     assert counter("timer_marked_total") - marked == 2
     assert [r.state for r in store.rows.values()] == ["Reached", "Reached"]
-    assert [name for name, _ in store.log].count("mark_fired_again") == 1
+    assert [name for name, _ in store.log].count("record_fired_again") == 1
     (again,) = [r for r in caplog.records if getattr(r, "action", None) == "recorded_again"]
     assert (getattr(again, "count", None), getattr(again, "marked", None)) == (2, 2)
     assert len(publisher.stored) == 2

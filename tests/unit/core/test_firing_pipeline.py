@@ -107,7 +107,7 @@ async def test_a_hard_stop_with_two_batches_in_flight_ends_them_at_once_and_reco
         await asyncio.wait_for(task, timeout=5)
     publisher.gate.set()  # a PubAck now reaches no one
     assert store.open == []
-    assert not [name for name, _ in store.log if name in ("mark_fired", "retry_later")]
+    assert not [name for name, _ in store.log if name in ("record_fired", "retry_later")]
     assert all(r.state == "Scheduled" for r in store.rows.values())
     assert {k for k, r in store.rows.items() if r.lease_owner == "unit"} == claimed
     assert claims.empty() and not publisher.stored
@@ -184,7 +184,7 @@ async def test_a_fatal_error_of_a_batch_in_flight_ends_the_loop_at_once_not_at_t
         batch = await claim(params)
 
         async def record(fired: Sequence[Fired], failed: Sequence[Failed]) -> int:
-            raise DatabaseError("mark_fired: column timers.reached_at does not exist")
+            raise DatabaseError("record_fired: column timers.reached_at does not exist")
 
         batch.record = record  # type: ignore[method-assign]
         return batch

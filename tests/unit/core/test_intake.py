@@ -69,7 +69,7 @@ async def test_a_command_for_a_claimed_occurrence_waits_a_lease_and_is_not_ackno
 
 
 class RowHeldBesideABatch(TwinStore):
-    """The Store when a claim's batch holds a timer's row it did not claim (sql/queries.sql,
+    """The Store when a claim's batch holds a timer's row it did not claim (sql/queries/intake.sql,
     lock_keys): that key's commands come out "busy". The twin has no such lock of its own."""
 
     held: tuple[str, str] = ("acme", "held")

@@ -1,6 +1,6 @@
 """A claim (sql/queries/firing.sql, claim_due): its transaction, held from the claim to the mark
 (Batch), its rows read by the names of their columns, and the parameters of the statements that end
-it (mark_fired, retry_later) or record its firings again (mark_fired_again)."""
+it (record_fired, retry_later) or record its firings again (record_fired_again)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class Batch:
     froze: Postgres rolls it back, and another replica claims its rows.
 
     The claim wrote some one-shot occurrences as already fired (`recorded`, their row ids:
-    sql/queries.sql, claim_due); the batch commits that only for those acknowledged, and puts
+    sql/queries/firing.sql, claim_due); the batch commits that only for those acknowledged, and puts
     each other one back, leased, in the same transaction (retry_later): until it commits, nobody
     sees any of its rows otherwise than as the claim found them."""
 
@@ -120,7 +120,7 @@ class Batch:
                 async with conn.pipeline():
                     if leased:
                         marks = conn.cursor()
-                        await marks.execute(QUERIES["mark_fired"], mark_params(leased))
+                        await marks.execute(QUERIES["record_fired"], record_params(leased))
                     if release:
                         await conn.execute(QUERIES["retry_later"], retry_params(release))
                     await conn.execute("COMMIT")
@@ -156,7 +156,7 @@ class Batch:
         return [r for r in rows if r.row_id in recorded and r.row_id not in ended]
 
 
-def mark_params(fired: Sequence[Fired]) -> dict[str, Any]:
+def record_params(fired: Sequence[Fired]) -> dict[str, Any]:
     params: dict[str, Any] = {
         "row_id": [f.timer.row_id for f in fired],
         "lease_token": [f.timer.lease_token for f in fired],
@@ -170,8 +170,8 @@ def mark_params(fired: Sequence[Fired]) -> dict[str, Any]:
     return params
 
 
-def mark_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
-    """mark_fired_again's: each firing's key, its occurrence and definition (the guard), and what
+def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
+    """record_fired_again's: each firing's key, its occurrence and definition (the guard), and what
     to mark. A column NULL in every row is sent as one NULL (unnest pads it): most timers repeat
     nothing."""
     timers = [f.timer for f in fired]
@@ -231,7 +231,7 @@ def _reader_for(names: tuple[str, ...]) -> _ClaimReader:
     where = {n: i for i, n in enumerate(names)}
     missing = [f for f in (*Claimed._fields, "next_due_at", "db_now", "recorded") if f not in where]
     if missing:
-        raise DatabaseError(f"claim_due returns no column {', '.join(missing)} (sql/queries.sql)")
+        raise DatabaseError(f"claim_due returns no column {', '.join(missing)} (sql/queries/)")
     return _ClaimReader(
         claimed=operator.itemgetter(*(where[f] for f in Claimed._fields)),
         unreadable=operator.itemgetter(*(where[f] for f in Unreadable._fields)),

@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters.postgres import claim, pausing
-from worker.adapters.postgres.claim import mark_again_params
+from worker.adapters.postgres.claim import record_again_params
 from worker.adapters.postgres.pgerrors import classify
 from worker.adapters.postgres.pinger import Pinger
 from worker.adapters.postgres.queries import QUERIES
@@ -87,7 +87,7 @@ def _columns(rows: Sequence[Any], *names: str) -> dict[str, list[Any]]:
 
 
 class Store:
-    """The Postgres adapter. Every statement is named in sql/queries.sql; every error it raises
+    """The Postgres adapter. Every statement is named in sql/queries/; every error it raises
     is a TransientError or a DatabaseError (see classify)."""
 
     def __init__(
@@ -100,7 +100,7 @@ class Store:
         self.stuck_after = stuck_after
         # A command waiting for its timer comes back within a lease (its NAK delay), or an ack
         # wait when its replica died: a marker unchanged for this long, the timer not claimed,
-        # is stale and holds nothing up (sql/queries.sql, upsert_schedules).
+        # is stale and holds nothing up (sql/queries/intake.sql, upsert_schedules).
         self.order_grace = order_grace
         self._folding: asyncio.Task[None] | None = None  # pending_bounds' fold in flight, if any
         # The error of the last write, until one succeeds: `SELECT 1` still answers on a read-only
@@ -128,12 +128,12 @@ class Store:
         soonest dueAt of the timers it locked and left claimable (domain.Applied).
 
         `positions`, the commands' places in the stream, keep each timer's commands in stream
-        order: one earlier than the last applied to the timer is ignored (sql/queries.sql,
+        order: one earlier than the last applied to the timer is ignored (sql/queries/intake.sql,
         upsert_schedules), and a command deferred behind a claimed occurrence is recorded on the
         row (deferred_seqs), every later one for that timer waiting behind it until it has
         applied (README, Ordering).
 
-        It never waits on a timer's row locked by a claim's batch in flight (sql/queries.sql,
+        It never waits on a timer's row locked by a claim's batch in flight (sql/queries/intake.sql,
         lock_keys): that key's commands are deferred, with no marker (writing one would wait);
         "busy" instead when the row could not be in a claim (a batch that left it out still holds
         it): nothing to wait a lease for, they are offered again soon.
@@ -177,7 +177,7 @@ class Store:
                         elif seqs is not None and (h := held.get(key)) is not None and h.marked:
                             settle.append((key, seqs[i], False))  # ignored: it waits no more
                     if settle:
-                        await self._settle_deferred(conn, settle)
+                        await self._update_deferred_seqs(conn, settle)
         return Applied(outcomes, min(dues, default=None))
 
     async def _apply_round(
@@ -256,11 +256,11 @@ class Store:
         )
         return {(t, s): _Held(*rest) for t, s, *rest in await cur.fetchall()}
 
-    async def _settle_deferred(
+    async def _update_deferred_seqs(
         self, conn: psycopg.AsyncConnection[Any], settle: list[tuple[Key, int, bool]]
     ) -> None:
         await conn.execute(
-            QUERIES["settle_deferred"],
+            QUERIES["update_deferred_seqs"],
             {
                 "tenant_id": [k[0] for k, _, _ in settle],
                 "service_call_id": [k[1] for k, _, _ in settle],
@@ -275,9 +275,9 @@ class Store:
         return await claim.claim(self.pool, self._db, params, self.writes)
 
     async def record_again(self, fired: Sequence[Fired]) -> int:
-        """Mark acknowledged firings whose batch's transaction was lost (sql/queries.sql,
-        mark_fired_again): one statement on another pooled connection, committed on its own."""
-        return await self._execute_count("mark_fired_again", mark_again_params(fired))
+        """Mark acknowledged firings whose batch's transaction was lost (sql/queries/firing.sql,
+        record_fired_again): one statement on another pooled connection, committed on its own."""
+        return await self._execute_count("record_fired_again", record_again_params(fired))
 
     async def _execute_count(self, name: str, params: dict[str, Any]) -> int:
         with self._db(write=True):
@@ -323,7 +323,7 @@ class Store:
 
     async def pending_bounds(self, tenants: Sequence[str]) -> dict[str, int]:
         """For the quota: a number never below each tenant's pending timers (0 for a tenant with
-        none), a few rows of tenant_pending per tenant (sql/queries.sql, quota_bounds). A tenant
+        none), a few rows of tenant_pending per tenant (sql/queries/quota.sql, quota_bounds). A tenant
         whose bound has spread over more than FOLD_AFTER rows has them folded into one beside the
         batch, not before it: a fold of the tenants of one batch took longer than the read."""
         with self._db():
@@ -409,7 +409,7 @@ class Store:
 
 async def _lock_tenants_shared(conn: psycopg.AsyncConnection[Any], commands: Sequence[Command]) -> None:
     """Hold the ScheduleTimers' tenants against a pause or resume until this transaction ends
-    (sql/queries.sql, lock_tenants_shared): a step of its own, before the statements that read the
+    (sql/queries/intake.sql, lock_tenants_shared): a step of its own, before the statements that read the
     tenants' flags. CancelTimers read no flag."""
     tenants = [c.tenant_id for c in commands if isinstance(c, ScheduleTimer)]
     if tenants:
