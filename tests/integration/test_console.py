@@ -22,9 +22,10 @@ from worker import logs, metrics
 from worker.adapters.broker import Broker
 from worker.adapters.postgres.queries import QUERIES
 from worker.adapters.postgres.stats import StatsRollup
-from worker.config import ConsoleSettings, Settings, load_console_settings
+from worker.config import ConsoleSettings, Settings
 from worker.ops import dlq
 from worker.ops.console.app import create_app
+from worker.settings import load_console_settings
 
 TOKEN = "console-token-0123456789"
 ROUTES = [

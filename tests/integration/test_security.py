@@ -34,9 +34,10 @@ from tests.servers import admin
 from worker import logs
 from worker.adapters.broker import Broker, connect_options
 from worker.client import TimerClient
-from worker.config import Settings, load_settings, mask_url, secret_values
+from worker.config import Settings, mask_url, secret_values
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, postgres_bin
 from worker.natsconn import nats_connect
+from worker.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

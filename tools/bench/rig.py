@@ -26,9 +26,10 @@ from nats.aio.client import Client as NATS
 import worker
 from worker.adapters.broker import Broker
 from worker.adapters.postgres.migrations import migrate
-from worker.config import Settings, load_settings
+from worker.config import Settings
 from worker.devkit.harness import ReplicaSet, replica_env_from
 from worker.devkit.recorder import EventRecorder
+from worker.settings import load_settings
 
 # Bench-only SQL: loading rows fast and reading results. The service's own statements live in
 # sql/queries/; none of these run in a replica.

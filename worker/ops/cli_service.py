@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from worker import logs, tracing
-from worker.config import load_settings
 from worker.errors import ConfigError
+from worker.settings import load_settings
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -68,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    from worker.config import load_console_settings
+    from worker.settings import load_console_settings
 
     settings = load_console_settings()
     try:

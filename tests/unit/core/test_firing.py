@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from tests.helpers import until
 from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore, claim_params, event_id
-from worker.config import Settings, load_settings
+from worker.config import Settings
 from worker.contract import Repeat, ScheduleTimer
 from worker.core.budget import TenantBudgets, TimeBudget
 from worker.core.domain import Fired
@@ -26,6 +26,7 @@ from worker.core.firing import (
 )
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError
+from worker.settings import load_settings
 
 
 @pytest.fixture

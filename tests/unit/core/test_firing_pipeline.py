@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import until
 from tests.twins import FakeClock, FakeTime, TwinBatch, TwinPublisher, TwinStore, event_id
-from worker.config import Settings, load_settings
+from worker.config import Settings
 from worker.contract import Repeat, ScheduleTimer
 from worker.core.clock import DbClock
 from worker.core.domain import ClaimParams, Failed, Fired
@@ -21,6 +21,7 @@ from worker.core.firing import CLAIM_SPACING_S, LOOKAHEAD_MS, PIPELINE_DEPTH, Fi
 from worker.core.ports import ClaimedBatch
 from worker.core.wakeup import Wakeup
 from worker.errors import DatabaseError
+from worker.settings import load_settings
 
 # As in test_firing: in memory, a claim the pipeline failed to hold back signals within a few turns.
 NO_CLAIM_WITHIN_S = 0.2

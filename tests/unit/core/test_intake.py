@@ -14,12 +14,13 @@ from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
 from tests.twins import FakeClock, FakeTime, TwinBroker, TwinStore, claim_params
-from worker.config import Settings, load_settings
+from worker.config import Settings
 from worker.contract import Command
 from worker.core.domain import Applied, Outcome, Position
 from worker.core.intake import BUSY_RETRY_S, RETRY_DELAY_S, Intake
 from worker.core.ports import FetchFailed
 from worker.core.wakeup import Wakeup
+from worker.settings import load_settings
 
 
 def command(kind: str, tenant: str, key: str, due: datetime | None = None, ts: int = 1) -> dict[str, Any]:

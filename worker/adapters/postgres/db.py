@@ -59,6 +59,16 @@ SERVER_TCP = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keep
               "tcp_user_timeout": 30_000}  # fmt: skip
 
 
+def conninfo_fault(conninfo: str) -> str | None:
+    """Why libpq would not take `conninfo`, or None: only the kind of fault, as libpq quotes the
+    offending part, which may be the password."""
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        return str(exc).split(":")[0]
+    return None
+
+
 def session_conninfo(conninfo: str) -> str:
     """The conninfo with the session's pins, for every connection of the service (pool, migrations,
     operator tools). TimeZone=UTC: psycopg returns times in the session's zone, and west of UTC the
