@@ -446,7 +446,7 @@ class TwinStore:
             return None
         return row
 
-    def _mark_fired(self, fired: Sequence[Fired]) -> int:
+    def _record_fired(self, fired: Sequence[Fired]) -> int:
         marked = 0
         now = self.now()
         for f in fired:
@@ -548,7 +548,7 @@ class TwinBatch:
             self.store.open.remove(self)
         if self.killed:
             raise TransientError("postgres: 25P03 terminating connection due to idle-in-transaction timeout")
-        marked = self.store._mark_fired(fired) if fired else 0
+        marked = self.store._record_fired(fired) if fired else 0
         if failed:
             self.store._retry_later(failed)
         return marked

@@ -24,7 +24,8 @@ from worker.adapters.probes import HttpServer
 from worker.config import Settings, mask_url
 from worker.contract import MessageIds
 from worker.core.clock import DbClock
-from worker.core.firing import LOOKAHEAD_MS, FiringLoop
+from worker.core.domain import LOOKAHEAD_MS
+from worker.core.firing import FiringLoop
 from worker.core.intake import Intake
 from worker.core.readmodel import ReadModel
 from worker.core.retention import Retention

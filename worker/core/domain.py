@@ -37,7 +37,7 @@ class Applied:
 
 
 class Claimed(NamedTuple):
-    """One claimed occurrence: what to publish, and the fence to mark it with.
+    """One claimed occurrence: what to publish, and the fence to record it with.
 
     A NamedTuple, not a frozen dataclass: a replica builds a thousand per claim, and a frozen
     dataclass's __init__ (one object.__setattr__ per field) was 13 % of its CPU in a drain
@@ -88,6 +88,13 @@ class Unreadable(NamedTuple):
 # one to publish, or one whose dueAt could not be read. The two types, not a protocol of the four
 # fields: nothing else holds a lease.
 Leased = Claimed | Unreadable
+
+
+# Claims reach this far ahead (ClaimParams.ahead_ms; claim_due): the firing loop, its wake-ups and
+# the intake store (lock_keys: could a claim hold this row?) share it. A cancel or reschedule that
+# arrives later than this before dueAt may find the occurrence already claimed, and it fires
+# (README, guarantees).
+LOOKAHEAD_MS = 100
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from tests.twins import FakeClock, FakeTime, TwinBatch, TwinPublisher, TwinStore
 from worker.config import Settings
 from worker.contract import Repeat, ScheduleTimer
 from worker.core.clock import DbClock
-from worker.core.domain import ClaimParams, Failed, Fired
-from worker.core.firing import CLAIM_SPACING_S, LOOKAHEAD_MS, PIPELINE_DEPTH, FiringLoop
+from worker.core.domain import LOOKAHEAD_MS, ClaimParams, Failed, Fired
+from worker.core.firing import CLAIM_SPACING_S, PIPELINE_DEPTH, FiringLoop
 from worker.core.ports import ClaimedBatch
 from worker.core.wakeup import Wakeup
 from worker.errors import DatabaseError

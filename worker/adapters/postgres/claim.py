@@ -1,4 +1,4 @@
-"""A claim (sql/queries/firing.sql, claim_due): its transaction, held from the claim to the mark
+"""A claim (sql/queries/firing.sql, claim_due): its transaction, held from the claim to its record
 (Batch), its rows read by the names of their columns, and the parameters of the statements that end
 it (record_fired, retry_later) or record its firings again (record_fired_again)."""
 
@@ -99,7 +99,7 @@ class Batch:
         self._writes = writes  # Store.writes: the commit below, in flight, for readiness
 
     async def record(self, fired: Sequence[Fired], failed: Sequence[Failed]) -> int:
-        """Mark what was acknowledged, release what failed, and commit them with the claim: one
+        """Record what was acknowledged, release what failed, and commit them with the claim: one
         round trip. Raises (TransientError, DatabaseError) when the transaction is gone; then
         nothing of this batch, its claim included, is committed."""
         conn = self._conn
@@ -114,19 +114,19 @@ class Batch:
             # would commit as fired unpublished: held for a lease instead, whatever happened.
             ended = {f.timer.row_id for f in fired} | {c.row_id for c, _, _ in failed}
             release += [(h, None, self._claim.lease_ms) for h in self._recorded_among(ended)]
-        marks = None
+        records = None
         try:
             with self._db(write=True), self._writes.writing():
                 async with conn.pipeline():
                     if leased:
-                        marks = conn.cursor()
-                        await marks.execute(QUERIES["record_fired"], record_params(leased))
+                        records = conn.cursor()
+                        await records.execute(QUERIES["record_fired"], record_params(leased))
                     if release:
                         await conn.execute(QUERIES["retry_later"], retry_params(release))
                     await conn.execute("COMMIT")
         finally:
             await self._pool.putconn(conn)  # still in the transaction after an error: the pool rolls back
-        return len(fired) - len(leased) + (0 if marks is None else marks.rowcount)
+        return len(fired) - len(leased) + (0 if records is None else records.rowcount)
 
     async def close(self) -> None:
         """End a batch that was not recorded (a stop, an error): commit its claim, each occurrence
@@ -163,7 +163,7 @@ def record_params(fired: Sequence[Fired]) -> dict[str, Any]:
         "due_at": [f.timer.due_at for f in fired],
     }
     # A NULL array is padded with NULLs by unnest: one-shot timers need not send two arrays
-    # of NULLs (dumping arrays is most of a mark's cost on this side).
+    # of NULLs (dumping arrays is most of a record's cost on this side).
     recurring = any(f.next_due_at is not None for f in fired)
     params["next_due_at"] = [f.next_due_at for f in fired] if recurring else None
     params["next_index"] = [f.next_index for f in fired] if recurring else None
@@ -172,7 +172,7 @@ def record_params(fired: Sequence[Fired]) -> dict[str, Any]:
 
 def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
     """record_fired_again's: each firing's key, its occurrence and definition (the guard), and what
-    to mark. A column NULL in every row is sent as one NULL (unnest pads it): most timers repeat
+    to record. A column NULL in every row is sent as one NULL (unnest pads it): most timers repeat
     nothing."""
     timers = [f.timer for f in fired]
 
