@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test test-unit lint typecheck bench bench-peers chaos-soak clean system-packages image-test
+.PHONY: dev test test-unit schema lint typecheck bench bench-peers chaos-soak clean system-packages image-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ image-test: $(STAMP) system-packages
 	@command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah mmdebstrap >/dev/null; }
 	$(BIN)/pytest -s tests/image
+
+# sql/schema.sql, the schema the migrations build (a throwaway embedded Postgres, pg_dump): after
+# every new migration; tests/integration/test_schema.py fails while it is stale.
+schema: $(STAMP)
+	$(BIN)/python -m worker.devkit.schema
 
 lint: $(STAMP)
 	$(BIN)/ruff check worker tools tests docs

@@ -26,10 +26,11 @@ from tests.servers import (
     own_names,
 )
 from worker import tracing
-from worker.adapters import db
-from worker.adapters.store import Store
-from worker.config import Settings, load_settings
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
+from worker.config import Settings
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
+from worker.settings import load_settings
 
 
 @pytest.fixture(scope="session")

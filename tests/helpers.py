@@ -24,7 +24,7 @@ from hypothesis import settings as hypothesis_settings
 from prometheus_client import REGISTRY
 from psycopg import sql
 
-from worker.adapters import db
+from worker.adapters.postgres import db
 from worker.config import Settings
 from worker.contract import MessageIds
 from worker.devkit.polling import until_async

@@ -103,7 +103,7 @@ class Row:
 
 
 class TwinStore:
-    """worker.adapters.store.Store in memory (FiringStore and IntakeStore), on a database clock `now`."""
+    """adapters.postgres.store.Store in memory (FiringStore and IntakeStore), on a database clock `now`."""
 
     def __init__(self, now: Callable[[], float], stuck_after: timedelta = timedelta(hours=1)) -> None:
         self.now = now
@@ -254,7 +254,7 @@ class TwinStore:
         return self.paused_tenants.get(tenant_id, (None, None))[0] is not None
 
     async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
-        """Store.pause (worker/adapters/pausing.py): a tenant's flag, ordered by stream position,
+        """Store.pause (worker/adapters/postgres/pausing.py): a tenant's flag, ordered by stream position,
         then its rows; or one timer. Paused rows are state Paused, which claim() never takes; a
         pause or resume clears claimed_at, so claim() applies the downtime rule on resume."""
         self.log.append(("pause", command))
@@ -447,7 +447,7 @@ class TwinStore:
             return None
         return row
 
-    def _mark_fired(self, fired: Sequence[Fired]) -> int:
+    def _record_fired(self, fired: Sequence[Fired]) -> int:
         marked = 0
         now = self.now()
         for f in fired:
@@ -457,14 +457,14 @@ class TwinStore:
             marked += 1
             row.lease_token = None
             self._record_firing(row, f, now)
-            # An occurrence due already keeps this one's reference (mark_fired).
+            # An occurrence due already keeps this one's reference (record_fired).
             if f.next_due_at is None or f.next_due_at.timestamp() > now:
                 row.claimed_at = None
-        self.log.append(("mark_fired", list(fired)))
+        self.log.append(("record_fired", list(fired)))
         return marked
 
     def _record_firing(self, row: Row, f: Fired, now: float) -> None:
-        """What mark_fired and mark_fired_again both set: the lease gone, and Reached or the next
+        """What record_fired and record_fired_again both set: the lease gone, and Reached or the next
         occurrence (Paused when this one was claimed under its own pause or its tenant's)."""
         row.lease_owner = row.lease_expires_at = row.first_claimed_at = None
         # A finished timer keeps the count of claims that fired it (docs/CONTRACT.md, attempts).
@@ -477,7 +477,7 @@ class TwinStore:
             row.state = "Paused" if row.paused_at or self._tenant_paused(row.tenant_id) else "Scheduled"
 
     async def record_again(self, fired: Sequence[Fired]) -> int:
-        """mark_fired_again: by key, only a row still holding that very occurrence (Scheduled, same
+        """record_fired_again: by key, only a row still holding that very occurrence (Scheduled, same
         dueAt, index and definition), with no live lease and no batch in flight holding it."""
         self._end_frozen()
         now = self.now()
@@ -496,10 +496,10 @@ class TwinStore:
                 continue
             marked += 1
             self._record_firing(row, f, now)
-            # The claim's reference, which the rollback took from the row (mark_fired_again).
+            # The claim's reference, which the rollback took from the row (record_fired_again).
             due_now = f.next_due_at is not None and f.next_due_at.timestamp() <= now
             row.claimed_at = t.recurrence_ref if due_now else None
-        self.log.append(("mark_fired_again", list(fired)))
+        self.log.append(("record_fired_again", list(fired)))
         return marked
 
     def _retry_later(self, failed: Sequence[Failed]) -> int:
@@ -516,7 +516,7 @@ class TwinStore:
 
 
 def _occurrence(row: Row) -> tuple[Any, ...]:
-    """The occurrence a row holds and its definition, as mark_fired_again compares them."""
+    """The occurrence a row holds and its definition, as record_fired_again compares them."""
     r = row.repeat
     repeat = (None,) * 5 if r is None else (r.every, r.times, r.timezone, r.cron, r.until)
     return (row.due_at, row.occurrence_index, row.anchor_due_at, *repeat)
@@ -549,7 +549,7 @@ class TwinBatch:
             self.store.open.remove(self)
         if self.killed:
             raise TransientError("postgres: 25P03 terminating connection due to idle-in-transaction timeout")
-        marked = self.store._mark_fired(fired) if fired else 0
+        marked = self.store._record_fired(fired) if fired else 0
         if failed:
             self.store._retry_later(failed)
         return marked

@@ -16,15 +16,16 @@ from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_not_exception_type, wait_exponential
 
 from worker import metrics
-from worker.adapters import db, migrations
 from worker.adapters.http_server import HttpServer
 from worker.adapters.jetstream.broker import Broker
-from worker.adapters.stats import StatsRollup
-from worker.adapters.store import ORDER_GRACE, Store
+from worker.adapters.postgres import db, migrations
+from worker.adapters.postgres.stats import StatsRollup
+from worker.adapters.postgres.store import ORDER_GRACE, Store
 from worker.config import Settings, mask_url
 from worker.contract import MessageIds
 from worker.core.clock import DbClock
-from worker.core.firing import LOOKAHEAD_MS, FiringLoop
+from worker.core.domain import LOOKAHEAD_MS
+from worker.core.firing import FiringLoop
 from worker.core.intake import Intake
 from worker.core.readmodel import ReadModel
 from worker.core.retention import Retention
@@ -37,7 +38,7 @@ log = logging.getLogger("worker.service")
 # A loop that has not ticked for this long makes /healthz fail.
 STALL_S = 30.0
 # A write (an intake batch, a mark) in flight this long makes /readyz fail: its COMMIT waits for a
-# synchronous standby that is gone (adapters/writes.py). Far above a healthy one's milliseconds,
+# synchronous standby that is gone (adapters/postgres/writes.py). Far above a healthy one's milliseconds,
 # and above a cloud disk's sync stalls of a few seconds.
 STALLED_WRITE_S = 10.0
 # After the drain timeout, the most a stopping replica takes to exit (docs/OPERATIONS.md, Rolling

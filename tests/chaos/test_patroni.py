@@ -7,7 +7,7 @@ pg_rewind. Then a planned switchover moves the leader again.
 Nothing is lost, early or fired twice past JetStream's dedupe; fencing tokens on the new leader go
 on above every one the promoted member had; every timer ends Reached on the final leader. And the
 replicas fire again within FIRING_AGAIN_S of the new leader accepting writes: their pool
-reconnects within about a second (adapters/db.py), not after a back-off that doubled through the
+reconnects within about a second (adapters/postgres/db.py), not after a back-off that doubled through the
 ttl. The pauses are on the chaos summary line, and docs/OPERATIONS.md ("High availability") quotes
 them.
 """
@@ -241,7 +241,7 @@ async def test_an_orphan_primary_makes_the_replicas_unready_and_loses_nothing(
 ) -> None:
     """Before, /readyz stayed green through the stall (the orphan answers every read) until the
     orphan was stopped. Nothing may be lost either: a COMMIT the orphan holds is never cut short and
-    taken as done (adapters/writes.py), so what it committed alone, dropped by the rewind, was
+    taken as done (adapters/postgres/writes.py), so what it committed alone, dropped by the rewind, was
     never acknowledged."""
     with PatroniCluster(tmp_path / "patroni") as cluster:
         ports = [free_port() for _ in range(REPLICAS)]

@@ -15,7 +15,7 @@ import pytest
 
 from tests.chaos.scenario import RESULTS, Chaos
 from tests.chaos.test_scenarios import MakeRun, passes
-from worker.adapters import migrations
+from worker.adapters.postgres import migrations
 
 pytestmark = pytest.mark.chaos
 

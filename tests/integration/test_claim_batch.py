@@ -24,8 +24,8 @@ from tests.helpers import (
     running_replica,
     until,
 )
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.contract import Outgoing, PauseTimers
 from worker.core.domain import ClaimParams, Fired, Position
@@ -157,7 +157,7 @@ async def test_a_batch_whose_every_publish_beats_the_publish_timeout_is_recorded
     settings: Settings, db_url: str
 ) -> None:
     """The publish timeout is held below the lease (Settings) so that a batch's session is idle in
-    its transaction for less than the lease (adapters/db.py). But a batch publishes its first
+    its transaction for less than the lease (adapters/postgres/db.py). But a batch publishes its first
     attempts and its retries in two calls, one after the other, each given the whole timeout: on
     a slow NATS (every PubAck within the timeout) the session outlives the lease, Postgres ends it,
     and the claim rolls back, attempts included, so the next claim has the same shape again."""

@@ -1,5 +1,5 @@
 """A batch whose claim recorded one-shot occurrences that did not all fire (a failed one next to
-fired ones, a stop) puts those back, leased, in its own transaction (Batch, sql/queries.sql
+fired ones, a stop) puts those back, leased, in its own transaction (Batch, sql/queries/firing.sql
 retry_later): what a command, a pause and the read model meet, and a row that keeps failing."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from tests.helpers import query, row, until
 from tests.twins import claim_params
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.contract import CancelTimer, PauseTimers, Repeat, ScheduleTimer
 from worker.core.domain import Claimed, Fired
 from worker.core.firing import next_of

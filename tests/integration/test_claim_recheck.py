@@ -1,4 +1,4 @@
-"""A claim keeps the lock of a row it rechecked and left out (sql/queries.sql, claim_due and
+"""A claim keeps the lock of a row it rechecked and left out (sql/queries/firing.sql, claim_due and
 lock_keys): another batch committed the row between the claim's snapshot and its lock, so
 Postgres (READ COMMITTED) locked the row's newest version, found it no longer due, and holds the
 lock until the claim's batch ends. A command for that timer must not wait a lease for it, as it
@@ -15,8 +15,8 @@ import pytest
 
 from tests.helpers import query, until
 from tests.twins import claim_params
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.contract import CancelTimer, Repeat, ScheduleTimer
 from worker.core.domain import Fired
 from worker.core.firing import next_of

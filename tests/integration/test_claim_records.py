@@ -1,4 +1,4 @@
-"""A claim records its one-shot occurrences as fired in the row it leases (sql/queries.sql,
+"""A claim records its one-shot occurrences as fired in the row it leases (sql/queries/firing.sql,
 claim_due): nobody sees them fired before the batch commits, and one that does not fire (a failed
 publish, an unreadable row, a stop) is put back in the batch's transaction as a lease and its
 retry would have left it (Batch, retry_later)."""
@@ -13,8 +13,8 @@ import pytest
 
 from tests.helpers import query, row
 from tests.twins import claim_params
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.contract import Repeat, ScheduleTimer
 from worker.core.domain import Fired
 from worker.core.firing import next_of

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import query, running_replica
-from worker.adapters import migrations
+from worker.adapters.postgres import migrations
 from worker.config import Settings
 from worker.service import Replica, SchemaNotReady
 

@@ -20,11 +20,12 @@ from tests.helpers import jetstream, publish_raw, query, running_replica, until
 from tests.integration.test_cli import run
 from worker import logs, metrics
 from worker.adapters.jetstream.broker import Broker
-from worker.adapters.queries import QUERIES
-from worker.adapters.stats import StatsRollup
-from worker.config import ConsoleSettings, Settings, load_console_settings
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.stats import StatsRollup
+from worker.config import ConsoleSettings, Settings
 from worker.ops import dlq
 from worker.ops.console.app import create_app
+from worker.settings import load_console_settings
 
 TOKEN = "console-token-0123456789"
 ROUTES = [

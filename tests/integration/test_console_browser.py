@@ -19,7 +19,7 @@ from playwright.async_api import Page, async_playwright, expect
 
 from tests.helpers import iso_in, jetstream, publish_raw, row, running_replica, until
 from tests.integration.test_console import TOKEN, console_settings
-from worker.adapters.stats import StatsRollup
+from worker.adapters.postgres.stats import StatsRollup
 from worker.client import TimerClient
 from worker.config import Settings
 from worker.ops.console.app import create_app

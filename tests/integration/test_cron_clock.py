@@ -30,9 +30,10 @@ import pytest
 
 from tests.helpers import jetstream, publish_raw, row, running_replica, until
 from tests.servers import delete_streams, own_names
-from worker.adapters.migrations import migrate
-from worker.config import Settings, load_settings
+from worker.adapters.postgres.migrations import migrate
+from worker.config import Settings
 from worker.devkit.embedded import EmbeddedPostgres
+from worker.settings import load_settings
 
 # Where the fake clock stands before an occurrence: past the claim's look-ahead (100 ms), so the
 # replica holds a claimed occurrence until it is due, and far inside the downtime window (1 min).

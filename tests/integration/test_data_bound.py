@@ -26,8 +26,8 @@ from psycopg.types.json import Jsonb
 
 from tests.helpers import jetstream, property_settings, query
 from tests.twins import claim_params
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.contract import (
     MAX_BODY_BYTES,

@@ -22,8 +22,8 @@ from tests.helpers import (
     running_replica,
     until,
 )
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.contract import Outgoing, PauseTimers
 from worker.core.domain import ClaimParams, Fired
@@ -53,7 +53,7 @@ LEASE_MS = 1000  # the lease, and the pool's idle_in_transaction_session_timeout
 
 @pytest.fixture
 async def store(db_url: str) -> AsyncIterator[Store]:
-    """The replica's Store through the replica's pool (adapters/db.py), on a short lease."""
+    """The replica's Store through the replica's pool (adapters/postgres/db.py), on a short lease."""
     pool = db.pool(db_url, "fencing", min_size=1, max_size=4, idle_in_transaction_ms=LEASE_MS)
     await pool.open()
     yield Store(pool)
@@ -266,7 +266,7 @@ async def test_a_cancel_for_a_timer_whose_batch_dies_after_its_puback_comes_too_
     """The replica's batch holds the claimed row locked past the PubAck; a Cancel for the timer
     arrives; then the batch dies (its session ends, as when the process is killed: Postgres rolls
     the claim back). The event is out, so the cancel came too late: the timer ends Reached, with
-    one event in the stream. Intake must not wait on the batch's lock (sql/queries.sql, lock_keys):
+    one event in the stream. Intake must not wait on the batch's lock (sql/queries/intake.sql, lock_keys):
     a command that did would apply right after the rollback, to a row as if it had not fired."""
     # The lease is also the held batch's idle timeout: long enough that only the test ends it, on a
     # loaded machine too; the deferred cancel comes back after it.

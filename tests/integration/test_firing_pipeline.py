@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from tests.helpers import query, recorder, running_replica, until
-from worker.adapters.store import Store
+from worker.adapters.postgres.store import Store
 from worker.client import TimerClient
 from worker.config import Settings
 from worker.contract import Outgoing

@@ -34,9 +34,9 @@ from packaging.version import Version
 
 from tests.helpers import recorder, settings_env, until
 from tests.servers import own_names
-from worker.config import load_settings
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from worker.ops.cli import build_parser
+from worker.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

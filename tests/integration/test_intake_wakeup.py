@@ -1,5 +1,5 @@
 """A due timer that a claim skipped because an intake transaction held its row fires as soon as
-that transaction commits, not a poll interval later (Intake._hint; sql/queries.sql, held_among).
+that transaction commits, not a poll interval later (Intake._hint; sql/queries/intake.sql, held_among).
 And what comes on the wake subject from anyone but a replica cannot make the replicas claim
 without end (worker/core/wakeup.py, peer hints)."""
 

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from tests.helpers import jetstream, query, recorder, running_replica, until
-from worker.adapters import migrations
+from worker.adapters.postgres import migrations
 from worker.config import Settings
 
 ROOT = Path(__file__).parents[2]

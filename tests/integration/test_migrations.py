@@ -7,11 +7,11 @@ PostgreSQL's own parser (pglast) and refused when, on a table an earlier migrati
   * rewrites the table (ADD COLUMN with a volatile default, ALTER COLUMN ... TYPE) or scans it
     under its lock (SET NOT NULL, ADD COLUMN ... NOT NULL, a CHECK or foreign key without
     NOT VALID);
-  * sets lock_timeout: the runner (worker/adapters/migrations.py) waits a short one per attempt and
+  * sets lock_timeout: the runner (worker/adapters/postgres/migrations.py) waits a short one per attempt and
     retries, so an ALTER behind a long transaction never queues claims and commands for longer;
     a file's own would replace it (the 5 s the old rule asked for held the fleet up for 5 s).
 A CONCURRENTLY statement cannot run in a transaction: its file starts `-- migration:
-no-transaction` (worker/adapters/migrations.py runs it statement by statement) and drops a half-built
+no-transaction` (worker/adapters/postgres/migrations.py runs it statement by statement) and drops a half-built
 index of the same name first, so a run interrupted half-way can be run again.
 """
 
@@ -26,7 +26,7 @@ import pytest
 from pglast import ast, enums
 from pglast.visitors import Visitor
 
-from worker.adapters import migrations
+from worker.adapters.postgres import migrations
 
 MIGRATIONS = Path(__file__).parents[2] / "sql" / "migrations"
 

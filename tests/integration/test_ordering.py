@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from tests.helpers import consumer_idle, jetstream, publish_raw, query, running_replica, until
-from worker.adapters.store import Store
+from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.contract import CancelTimer, Repeat, ScheduleTimer
 
@@ -72,7 +72,7 @@ async def test_a_newer_correlation_id_with_the_same_due_at_is_recorded(store: St
 async def test_a_restatement_keeps_a_recurring_timers_progress(store: Store, db_url: str) -> None:
     hourly = Repeat("PT1H", None, None)
     await store.apply([ScheduleTimer("acme", "r", due(0), None, 10, hourly)])
-    # Three occurrences fired since (what mark_fired leaves behind).
+    # Three occurrences fired since (what record_fired leaves behind).
     query(
         db_url,
         "UPDATE timers SET occurrence_index = 3, due_at = due_at + interval '3 hours'"

@@ -25,10 +25,10 @@ from tests.helpers import (
     running_replica,
     until,
 )
-from worker.adapters import db, pausing
-from worker.adapters.pausing import TENANT_LOCKS, intake_lock_keys, pause_lock_keys
-from worker.adapters.queries import QUERIES
-from worker.adapters.store import ORDER_GRACE, Store
+from worker.adapters.postgres import db, pausing
+from worker.adapters.postgres.pausing import TENANT_LOCKS, intake_lock_keys, pause_lock_keys
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.store import ORDER_GRACE, Store
 from worker.config import Settings
 from worker.contract import PauseTimers, ScheduleTimer
 from worker.core.domain import Key
@@ -170,7 +170,7 @@ async def test_a_pause_racing_an_in_flight_schedule_pauses_the_new_timer_too(
 
 
 # Issue 23 review, defect 2: a recurring timer claimed when its tenant is paused keeps firing after its
-# claimed occurrence: mark_fired moves it to its next occurrence as Scheduled (it ignores the paused
+# claimed occurrence: record_fired moves it to its next occurrence as Scheduled (it ignores the paused
 # flag), and the pause only comes back for it a whole lease (TIMER_LEASE_MS, default 3 s) later, so a
 # 1 s timer fires two or three more times, and again whenever the redelivery meets it claimed.
 # README: "A claimed occurrence fires ... the timer is paused right after it".
@@ -286,7 +286,7 @@ async def test_a_pause_behind_a_stuck_claim_is_given_up_once_the_rest_is_paused(
         dlq = await js.pull_subscribe(f"{settings.subject_prefix}.acme.timer.dlq", stream=settings.dlq_stream)
         cancel, pause = await dlq.fetch(2, timeout=10)
     # Given up visibly, as the cancel was, once every other row is paused; the stuck row is left as is
-    # (its mark, if it ever comes, stores it Paused: mark_fired).
+    # (its mark, if it ever comes, stores it Paused: record_fired).
     assert pause.headers is not None and pause.headers["Timer-Error"] == "timer_stuck"
     assert json.loads(pause.data) == {"tenantId": "acme"}
     assert cancel.headers is not None and cancel.headers["Timer-Error"] == "timer_stuck"

@@ -1,4 +1,4 @@
-"""The plans the hot statements depend on (their comments in sql/queries.sql say why): a planner
+"""The plans the hot statements depend on (docs/SQL.md says why): a planner
 change, an index dropped or a rewrite that loses them fails here, not in production at 1 s a mark.
 
 Whatever the statistics and cost settings: at 50,000 rows with the default random_page_cost the
@@ -18,10 +18,10 @@ import pytest
 
 from tests.helpers import insert_due
 from tools.bench.realistic import build_realistic
-from worker.adapters import db
-from worker.adapters.batch import Batch
-from worker.adapters.queries import QUERIES
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.claim import Batch
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.store import Store
 from worker.core.domain import ClaimParams, Fired
 
 LEASED = 1000
@@ -54,7 +54,7 @@ def seeded(request: pytest.FixtureRequest, db_url: str) -> tuple[str, float, lis
 
 def plan(db_url: str, cost: float, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """Every node of the statement's plan in the claim's transaction (claim_begin: claim_due,
-    mark_fired and retry_later all run in it), flattened."""
+    record_fired and retry_later all run in it), flattened."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(f"SET random_page_cost = {cost}")
         conn.execute(QUERIES["claim_begin"])
@@ -77,14 +77,14 @@ def scans(nodes: list[dict[str, Any]]) -> set[tuple[str, str]]:
     }
 
 
-@pytest.mark.parametrize("name", ["mark_fired", "retry_later"])
+@pytest.mark.parametrize("name", ["record_fired", "retry_later"])
 def test_a_full_batch_is_recorded_through_its_row_ids(
     seeded: tuple[str, float, list[str]], name: str
 ) -> None:
     db_url, cost, row_ids = seeded
     n = len(row_ids)
     params: dict[str, Any] = {"row_id": row_ids, "lease_token": [7] * n}
-    if name == "mark_fired":
+    if name == "record_fired":
         params |= {"due_at": [datetime.now(UTC)] * n, "next_due_at": None, "next_index": None}
     else:
         params |= {"error": ["publish: TimeoutError"] * n, "backoff_ms": [1000] * n, "owner": None}

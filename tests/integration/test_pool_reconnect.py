@@ -1,5 +1,5 @@
 """The replica's pool reconnects within about a second of Postgres coming back, however long it was
-away (adapters/db.py, Refill).
+away (adapters/postgres/db.py, Refill).
 
 psycopg_pool on its own retries a lost connection with a delay that doubles (1, 2, 4, 8 s ...):
 after an 8 s outage its next attempt comes 6 to 9 s after the server is back, and under Patroni
@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests.chaos.proxy import Proxy
 from tests.helpers import until
-from worker.adapters import db
+from worker.adapters.postgres import db
 
 OUTAGE_S = 8.0  # past three doublings: psycopg_pool's own next try would come at 15 s
 BACK_WITHIN_S = 3.0  # RECONNECT_S, a connection's set-up, and a loaded machine's slack

@@ -15,9 +15,9 @@ import pytest
 
 from tests.helpers import query, until
 from tests.twins import TwinBatch, TwinPublisher, TwinStore, claim_params
-from worker.adapters import db
 from worker.adapters.jetstream.broker import Broker
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.contract import CancelTimer, Outgoing, PauseTimers, Repeat, ScheduleTimer
 from worker.core.domain import Claimed, ClaimParams, ClaimResult, Fired, Position, Unreadable
@@ -29,7 +29,7 @@ class Ports(FiringStore, IntakeStore, Protocol):
     """Both halves of the store's ports."""
 
 
-# The adapter's claims run in the pool the replica uses (adapters/db.py: its session pins, and
+# The adapter's claims run in the pool the replica uses (adapters/postgres/db.py: its session pins, and
 # idle_in_transaction_session_timeout as the lease of a batch in flight): a minute, longer than any
 # check here holds a batch open on a loaded machine, or this short where a frozen batch is the point.
 IDLE_MS = 60_000
@@ -235,7 +235,7 @@ async def test_commands_for_a_claimed_occurrence_wait_and_a_reached_timer_ignore
 async def test_a_command_for_a_timer_in_a_batch_in_flight_is_deferred_without_waiting_for_it(
     ports: Ports,
 ) -> None:
-    """Intake never waits on a row a claim's batch holds locked (sql/queries.sql, lock_keys): were
+    """Intake never waits on a row a claim's batch holds locked (sql/queries/intake.sql, lock_keys): were
     the batch rolled back after its publish, the command would meet the timer as if it had not
     fired. It is deferred, as for a claimed occurrence, and meets the recorded timer after."""
     await ports.apply([schedule("k", -1), schedule("free", 60)])
@@ -349,7 +349,7 @@ async def stored(publisher: EventPublisher) -> int:
     return int((await publisher.js.stream_info(publisher.settings.event_stream)).state.messages)
 
 
-# Pause and resume (Store.pause, worker/adapters/pausing.py; README, Pause and resume).
+# Pause and resume (Store.pause, worker/adapters/postgres/pausing.py; README, Pause and resume).
 
 
 def pause(tenant: str = "acme", key: str | None = None, resume: bool = False) -> PauseTimers:
@@ -415,7 +415,7 @@ async def test_a_timer_paused_by_itself_stays_paused_through_its_tenants_resume(
     own_timer = schedule("own", 60)
     await ports.apply([own_timer, schedule("with", 60), schedule("held", -1)])
     assert [c.service_call_id for c in await claim_one(ports, "a")] == ["held"]
-    # Its claimed occurrence fires first; the pause is recorded, for its mark (mark_fired).
+    # Its claimed occurrence fires first; the pause is recorded, for its mark (record_fired).
     assert (await ports.pause(pause(key="held"))).outcomes == ["applied"]
     assert (await ports.pause(pause(key="own"))).outcomes == ["applied"]
     assert (await ports.pause(pause(key="nobody"))).outcomes == ["ignored"]

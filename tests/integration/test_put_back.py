@@ -1,5 +1,5 @@
 """A one-shot occurrence its claim recorded as fired and then put back (a failed publish, an
-unreadable row, a stop: Batch, sql/queries.sql retry_later) is left, column for column, as a lease
+unreadable row, a stop: Batch, sql/queries/firing.sql retry_later) is left, column for column, as a lease
 and its retry leave an occurrence that was never recorded."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from tests.helpers import query, until
 from tests.twins import claim_params
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.contract import PauseTimers, Repeat, ScheduleTimer
 from worker.core.domain import Claimed, Fired, Leased
 from worker.core.ports import ClaimedBatch
@@ -22,7 +22,7 @@ from worker.ops import reads
 
 # What a claim's lease and then retry_later (or a stop's commit) change on a row: nothing else.
 LEASE_COLUMNS = {"lease_owner", "lease_token", "lease_expires_at", "attempts", "claimed_at", "last_error"}
-# A put-back row's updated_at is when it was claimed (sql/queries.sql, retry_later): the value it
+# A put-back row's updated_at is when it was claimed (sql/queries/firing.sql, retry_later): the value it
 # had is gone with the claim's write. Known and accepted; checked apart below.
 PUT_BACK_COLUMNS = LEASE_COLUMNS | {"updated_at"}
 BACKOFF_MS = 1_000  # a failed publish's (end): short, for tests that wait for it to run out
@@ -204,7 +204,7 @@ async def test_a_timers_pause_sent_while_its_occurrence_is_in_flight_and_put_bac
 ) -> None:
     # The pause meets the batch in flight (deferred, nothing written), then the row put back and
     # leased: it records its pause on the claimed row, which fires once and ends unpaused (a
-    # finished timer's pause ends, mark_fired), as a lease-path row does.
+    # finished timer's pause ends, record_fired), as a lease-path row does.
     await store.apply([timer("paused", -2)])
     batch = await store.claim(claim_params("a", 10, lease_ms=1_000))
     pause = PauseTimers("acme", "paused", False)

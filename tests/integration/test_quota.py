@@ -10,8 +10,8 @@ from typing import Any, cast
 import psycopg
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
-from worker.adapters.queries import QUERIES
-from worker.adapters.store import Store
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.contract import CancelTimer, Command, ScheduleTimer
 from worker.core.domain import Key

@@ -1,4 +1,4 @@
-"""Readiness asks Postgres on a connection of its own (adapters/pinger.py), never the pool.
+"""Readiness asks Postgres on a connection of its own (adapters/postgres/pinger.py), never the pool.
 
 A replica's pool can be entirely out: every connection in a claim's batch whose COMMIT waits on a
 stalled synchronous standby, or gone with a dead primary while the pool's reconnects fail. The
@@ -20,9 +20,9 @@ import pytest
 
 from tests.chaos.proxy import Proxy
 from tests.helpers import until
-from worker.adapters import db
-from worker.adapters.pinger import PING_TIMEOUT_S, Pinger, PingTimeout
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.pinger import PING_TIMEOUT_S, Pinger, PingTimeout
+from worker.adapters.postgres.store import Store
 from worker.errors import TransientError
 
 POOL = 2

@@ -98,7 +98,7 @@ def test_listing_queries_walk_an_index(db_url: str, name: str, params: dict[str,
     for t in range(20):
         _insert(db_url, f"t{t}", 1000)
     query(db_url, "ANALYZE timers")
-    from worker.adapters.queries import QUERIES
+    from worker.adapters.postgres.queries import QUERIES
 
     args = {"tenant_id": "t7", "after_due": T0, "limit": 50} | params
     with reads.connect(db_url) as conn:

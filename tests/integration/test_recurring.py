@@ -11,8 +11,8 @@ import nats
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
 from tests.twins import claim_params
-from worker.adapters import db
-from worker.adapters.store import Store
+from worker.adapters.postgres import db
+from worker.adapters.postgres.store import Store
 from worker.client import TimerClient
 from worker.config import Settings
 from worker.devkit.recorder import EventRecorder

@@ -14,8 +14,8 @@ import psycopg
 from prometheus_client import REGISTRY
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
-from worker.adapters.queries import QUERIES
-from worker.adapters.store import Store
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.core.retention import Retention
 
@@ -127,7 +127,7 @@ def _schedule(sc: str, due: str, **extra: object) -> dict[str, object]:
 # pause older than TIMER_RETENTION puts them at the head of that order, so delete_finished walks (and
 # visits the heap of) all of them before each batch of deletable rows: a sweep of B batches reads
 # B x paused rows. A tenant can set this up alone (schedule its quota, pause, wait). Root cause:
-# sql/queries.sql delete_finished + timers_finished (0001) not excluding Paused (0011 kept the index).
+# sql/queries/upkeep.sql delete_finished + timers_finished (0001) not excluding Paused (0011 kept the index).
 async def test_a_retention_batch_does_not_walk_long_paused_rows(settings: Settings, db_url: str) -> None:
     paused = 50000
     async with running_replica(settings):
@@ -165,7 +165,7 @@ async def test_a_retention_batch_does_not_walk_long_paused_rows(settings: Settin
 # back to its batch by key, the planner, expecting no finished row, read the rows to delete
 # through timers_done once per row of the batch (a nested loop: batch x finished rows), and held
 # back the vacuum horizon all that time, so every claim re-read the index entries of every timer
-# fired meanwhile. Root cause: sql/queries.sql delete_finished joined by key, not by row id.
+# fired meanwhile. Root cause: sql/queries/upkeep.sql delete_finished joined by key, not by row id.
 async def test_a_retention_batch_finds_its_rows_by_id_whatever_the_statistics(
     settings: Settings, db_url: str
 ) -> None:

@@ -36,8 +36,9 @@ from worker.adapters.jetstream.broker import Broker
 from worker.adapters.jetstream.options import connect_options
 from worker.client import TimerClient
 from worker.client.wire import nats_connect
-from worker.config import Settings, load_settings, mask_url, secret_values
+from worker.config import Settings, mask_url, secret_values
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, postgres_bin
+from worker.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

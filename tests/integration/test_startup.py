@@ -11,7 +11,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.helpers import database_encoded, settings_env
-from worker.adapters import migrations
+from worker.adapters.postgres import migrations
 from worker.config import Settings
 from worker.devkit.harness import replica_env
 

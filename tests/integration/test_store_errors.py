@@ -31,8 +31,8 @@ from tests.helpers import (
     running_replica,
     until,
 )
-from worker.adapters import db
-from worker.adapters.pgerrors import classify
+from worker.adapters.postgres import db
+from worker.adapters.postgres.pgerrors import classify
 from worker.config import Settings
 from worker.errors import ConfigError, DatabaseError, TransientError
 from worker.service import Replica

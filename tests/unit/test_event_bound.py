@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from nats.js import api
 
 from worker.adapters.jetstream.streams import check_sizes
-from worker.config import load_settings
 from worker.contract import (
     EARLIEST_DUE_AT,
     LATEST_DUE_AT,
@@ -27,6 +26,7 @@ from worker.contract import (
 )
 from worker.core.headers import carried_headers
 from worker.errors import ConfigError
+from worker.settings import load_settings
 
 IDS = MessageIds(b"a fleet secret of thirty-two b..")
 MIB = 1024 * 1024

@@ -5,7 +5,7 @@
 
 Two fresh migrated databases on one Postgres, one of them without the index; each round applies
 the same kind of batches to both, in turns whose order alternates (A B, B A, ...), through the
-service's own Store.apply (sql/queries.sql, upsert_schedules): ScheduleTimer commands that all
+service's own Store.apply (sql/queries/intake.sql, upsert_schedules): ScheduleTimer commands that all
 carry a correlationId (the case the index costs something: it is partial), first new timers
 (inserts), then the same timers moved to another dueAt (reschedules: dueAt is indexed, so these
 updates are not HOT and add an entry to every index). Per 1,000 commands: the wall time of
@@ -31,8 +31,8 @@ from typing import Any
 
 from tools.bench.calibrate import calibrate, describe
 from tools.bench.rig import Rig
-from worker.adapters.db import pool
-from worker.adapters.store import Store
+from worker.adapters.postgres.db import pool
+from worker.adapters.postgres.store import Store
 from worker.contract import ScheduleTimer
 from worker.errors import ConfigError
 from worker.logs import redact

@@ -33,8 +33,8 @@ from tools.bench import scenarios
 from tools.bench.calibrate import calibrate, describe
 from tools.bench.context import Context
 from tools.bench.rig import Rig
-from worker.adapters.migrations import migrate
-from worker.adapters.queries import QUERIES
+from worker.adapters.postgres.migrations import migrate
+from worker.adapters.postgres.queries import QUERIES
 from worker.devkit.dev import servers
 
 SEED = """

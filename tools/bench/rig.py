@@ -25,13 +25,14 @@ from nats.aio.client import Client as NATS
 
 import worker
 from worker.adapters.jetstream.broker import Broker
-from worker.adapters.migrations import migrate
-from worker.config import Settings, load_settings
+from worker.adapters.postgres.migrations import migrate
+from worker.config import Settings
 from worker.devkit.harness import ReplicaSet, replica_env_from
 from worker.devkit.recorder import EventRecorder
+from worker.settings import load_settings
 
 # Bench-only SQL: loading rows fast and reading results. The service's own statements live in
-# sql/queries.sql; none of these run in a replica.
+# sql/queries/; none of these run in a replica.
 SEED_SQL = """
 INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at)
 SELECT %(tenant)s || (i %% %(tenants)s), %(prefix)s || i, 'Scheduled', d, d

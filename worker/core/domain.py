@@ -11,7 +11,7 @@ from typing import Literal, NamedTuple
 # for longer than TIMER_STUCK_AFTER without being recorded, and the command is given up.
 # partial: a tenant's pause or resume did one delivery's share of its rows; offered again at once.
 # busy: the timer's row is locked by a batch that holds no occurrence of it (a claim that rechecked
-# the row and left it out: sql/queries.sql, lock_keys); offered again soon, not after a lease.
+# the row and left it out: sql/queries/intake.sql, lock_keys); offered again soon, not after a lease.
 Outcome = Literal["applied", "ignored", "deferred", "stuck", "partial", "busy"]
 Key = tuple[str, str]
 
@@ -19,7 +19,7 @@ Key = tuple[str, str]
 @dataclass(frozen=True, slots=True)
 class Position:
     """Where a command sits in the command stream: its sequence and the time JetStream stored it.
-    Together they order a timer's commands without timestampMs (sql/queries.sql, upsert_schedules):
+    Together they order a timer's commands without timestampMs (sql/queries/intake.sql, upsert_schedules):
     the sequence alone starts again at 1 when the stream is recreated, the time tells the two apart."""
 
     seq: int
@@ -37,12 +37,12 @@ class Applied:
 
 
 class Claimed(NamedTuple):
-    """One claimed occurrence: what to publish, and the fence to mark it with.
+    """One claimed occurrence: what to publish, and the fence to record it with.
 
     A NamedTuple, not a frozen dataclass: a replica builds a thousand per claim, and a frozen
     dataclass's __init__ (one object.__setattr__ per field) was 13 % of its CPU in a drain
     (docs/BENCHMARKS.md, "Where the time went"); a NamedTuple is one tuple.__new__ from the row
-    (worker/adapters/claim_rows.py reads it from claim_due's columns by name)."""
+    (worker/adapters/postgres/claim.py reads it from claim_due's columns by name)."""
 
     tenant_id: str
     service_call_id: str
@@ -58,11 +58,11 @@ class Claimed(NamedTuple):
     # The recurrence reference: a recurring timer's next occurrence is the first due after this.
     # Stored in the column claimed_at, but not always when this occurrence was claimed: claim_due
     # keeps the first claim's across a crash, starts a fresh occurrence from its own dueAt, and
-    # moves it to now only after downtime (sql/queries.sql). The column keeps its name: renaming
+    # moves it to now only after downtime (sql/queries/). The column keeps its name: renaming
     # it takes two releases (README, Upgrades); claim_due returns it AS recurrence_ref.
     recurrence_ref: datetime
     # The store's handle on the claimed row version, opaque to the core (Postgres: its ctid, which
-    # the claim's row lock keeps still until the batch ends; sql/queries.sql, mark_fired).
+    # the claim's row lock keeps still until the batch ends; sql/queries/firing.sql, record_fired).
     row_id: str
     # The fields below default to None: most timers have none of them.
     # The ScheduleTimer's carried headers (trace context, allowed producer headers), or None.
@@ -90,9 +90,16 @@ class Unreadable(NamedTuple):
 Leased = Claimed | Unreadable
 
 
+# Claims reach this far ahead (ClaimParams.ahead_ms; claim_due): the firing loop, its wake-ups and
+# the intake store (lock_keys: could a claim hold this row?) share it. A cancel or reschedule that
+# arrives later than this before dueAt may find the occurrence already claimed, and it fires
+# (README, guarantees).
+LOOKAHEAD_MS = 100
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimParams:
-    """What one claim asks for (sql/queries.sql, claim_due), as River's JobGetAvailableParams: one
+    """What one claim asks for (sql/queries/firing.sql, claim_due), as River's JobGetAvailableParams: one
     typed value taken by the port, Store and the twin, so the three cannot drift apart on seven
     positional numbers, and no default exists that only a test wants."""
 

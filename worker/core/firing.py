@@ -15,7 +15,7 @@ from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, Outgoi
 from worker.core.budget import TenantBudgets
 from worker.core.clock import Clock
 from worker.core.crashpoints import crash_point
-from worker.core.domain import Claimed, ClaimParams, Failed, Fired, Key, Leased, Unreadable
+from worker.core.domain import LOOKAHEAD_MS, Claimed, ClaimParams, Failed, Fired, Key, Leased, Unreadable
 from worker.core.headers import stored_carried_problem
 from worker.core.loop import Loop
 from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore
@@ -54,9 +54,6 @@ CLAIM_RETRY_FIRST_S = 0.05
 FRESH_LANE_BATCH = 50
 FRESH_LANE_S = 0.1
 FRESH_LANE_WINDOW_MS = 2000  # "newest" means due in the last two seconds, not the backlog's tail
-# Claims reach this far ahead; see claim_due. A cancel or reschedule that arrives later than
-# this before dueAt may find the occurrence already claimed, and it fires (README, guarantees).
-LOOKAHEAD_MS = 100
 # Batches in flight at once per replica: one publishing and marking while the next is claimed.
 # Each holds a pooled connection across its publish (its claim's transaction), as does the fresh
 # lane's: Settings.db_pool_size leaves room for intake and the reads beside them.
@@ -452,7 +449,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
         return [due[i] for i in keep], [messages[i] for i in keep]
 
     async def _record(self, batch: ClaimedBatch, fired: list[Fired], failed: list[Failed]) -> None:
-        """Mark what was acknowledged and release what failed, in the claim's transaction.
+        """Record what was acknowledged and release what failed, in the claim's transaction.
 
         Not retried: an error rolls the claim back, its rows free at once for another claim. But
         its firings are out, and a row that looks never claimed would take a command meanwhile (a
@@ -475,7 +472,7 @@ class FiringLoop(Loop[FiringStore, EventPublisher]):
             )
 
     async def _record_again(self, fired: list[Fired], lost: Exception) -> None:
-        """Mark acknowledged firings whose claim's transaction was lost (`lost`), each only where
+        """Record acknowledged firings whose claim's transaction was lost (`lost`), each only where
         its row still holds that occurrence, unclaimed (FiringStore.record_again). Once: if this
         fails too (the database gone), another claim fires them again, deduplicated by their
         Nats-Msg-Id, and a command that came first meanwhile applies (docs/RELIABILITY.md)."""

@@ -227,36 +227,36 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         tenants' commands never wait behind it (a flood of them is one pass, and each delivery moves
         at most pausing's share of rows). The earlier controls each one makes moot are acknowledged
         as superseded (controls_superseded)."""
-        winners, superseded = _coalesce(batch)
-        run: list[tuple[ReceivedCommand, Command]] = []
-        for i, (msg, command) in enumerate(batch):
+        placed = [(msg, command, position(msg)) for msg, command in batch]  # read once per message
+        winners, superseded = _coalesce(placed)
+        run: list[tuple[ReceivedCommand, Command, Position]] = []
+        for i, (msg, command, where) in enumerate(placed):
             if isinstance(command, PauseTimers):
                 if i in superseded or command.service_call_id is None:
                     continue
                 if run:
                     await self._apply_commands(run)
                     run = []
-                await self._pause(msg, command)
+                await self._pause(msg, command, where)
             else:
-                run.append((msg, command))
+                run.append((msg, command, where))
         if run:
             await self._apply_commands(run)
         for i in winners:
-            msg, command = batch[i]
+            msg, command, where = placed[i]
             if isinstance(command, PauseTimers):
-                await self._pause(msg, command)
+                await self._pause(msg, command, where)
         for i in sorted(superseded):
-            msg, command = batch[i]
+            msg, command, _ = placed[i]
             kind = "resume" if isinstance(command, PauseTimers) and command.resume else "pause"
             metrics.COMMANDS_APPLIED.labels(kind, "superseded").inc()
             await answer(msg)
 
-    async def _pause(self, msg: ReceivedCommand, command: PauseTimers) -> None:
+    async def _pause(self, msg: ReceivedCommand, command: PauseTimers, where: Position) -> None:
         kind = "resume" if command.resume else "pause"
         try:
             # Retried like a batch: every step of a pause or resume can run again.
-            # Its place in the stream: an older pause or resume never undoes a newer one.
-            where = position(msg)
+            # Its place in the stream (`where`): an older pause or resume never undoes a newer one.
             done = await retry_transient(lambda: self.store.pause(command, where), 5, first_s=0.1, max_s=2)
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
@@ -281,15 +281,14 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         await answer(msg, self._retry_in(outcome))
         await self._hint(done.soonest_due)
 
-    async def _apply_commands(self, batch: list[tuple[ReceivedCommand, Command]]) -> None:
+    async def _apply_commands(self, batch: list[tuple[ReceivedCommand, Command, Position]]) -> None:
         started = time.perf_counter()
         try:
             # Their places in the stream keep each timer's commands in stream order (Store.apply).
-            positions = [position(msg) for msg, _ in batch]
-            applied = await self._apply_retrying([c for _, c in batch], positions)
+            applied = await self._apply_retrying([c for _, c, _ in batch], [p for _, _, p in batch])
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
-            for msg, _ in batch:  # nothing committed, nothing acknowledged
+            for msg, _, _ in batch:  # nothing committed, nothing acknowledged
                 await answer(msg, RETRY_DELAY_S)
             return
         metrics.COMMAND_BATCH_SECONDS.observe(time.perf_counter() - started)
@@ -297,7 +296,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         stuck: list[tuple[ReceivedCommand, Rejection]] = []
         outcomes: Counter[tuple[str, ...]] = Counter()
         try:
-            for (msg, command), outcome in zip(batch, applied.outcomes, strict=True):
+            for (msg, command, _), outcome in zip(batch, applied.outcomes, strict=True):
                 kind = "schedule" if isinstance(command, ScheduleTimer) else "cancel"
                 if outcome == "stuck":  # waited past TIMER_STUCK_AFTER: give up, visibly
                     stuck.append((msg, Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id)))
@@ -354,7 +353,9 @@ async def answer(msg: ReceivedCommand, retry_in: float | None = None) -> None:
         log.debug("command not settled", extra={"action": "settle_failed", "error": f"{type(exc).__name__}"})
 
 
-def _coalesce(batch: Sequence[tuple[ReceivedCommand, Command | PauseTimers]]) -> tuple[list[int], set[int]]:
+def _coalesce(
+    batch: Sequence[tuple[ReceivedCommand, Command | PauseTimers, Position]],
+) -> tuple[list[int], set[int]]:
     """(the index of each tenant's last pause or resume of the whole tenant, by stream sequence: a
     redelivered one may come after newer ones; the indexes of the controls that leaves moot: a
     tenant's earlier ones, and a timer's pause or resume followed in the batch by another of the
@@ -362,11 +363,10 @@ def _coalesce(batch: Sequence[tuple[ReceivedCommand, Command | PauseTimers]]) ->
     last: dict[str, int] = {}
     superseded: set[int] = set()
     timer_last: dict[tuple[str, str], int] = {}
-    for i, (msg, command) in enumerate(batch):
+    for i, (_, command, where) in enumerate(batch):
         if isinstance(command, PauseTimers) and command.service_call_id is None:
-            seq = position(msg).seq
             before = last.get(command.tenant_id)
-            if before is None or position(batch[before][0]).seq < seq:
+            if before is None or batch[before][2].seq < where.seq:
                 last[command.tenant_id] = i
             if before is not None:
                 superseded.add(before if last[command.tenant_id] == i else i)

@@ -12,23 +12,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from worker.contract import Command, MessageIds, Outgoing, PauseTimers, Subjects
 from worker.core.domain import Applied, ClaimParams, ClaimResult, Failed, Fired, Key, Position
 from worker.core.received import ReceivedCommand
+from worker.core.timers import StoredTimer
 
 
 class ClaimedBatch(Protocol):
     """One claim, open until it is recorded or closed: Postgres holds its rows locked in one
-    transaction, from the claim to the mark (docs/RELIABILITY.md, The claim's transaction)."""
+    transaction, from the claim to its record (docs/RELIABILITY.md, The claim's transaction)."""
 
     @property
     def result(self) -> ClaimResult: ...
 
     async def record(self, fired: Sequence[Fired], failed: Sequence[Failed]) -> int:
-        """Mark the fired occurrences and release the failed ones for a retry after their back-off,
-        together, and end the batch; returns how many marks the fence let through. Raises, and
+        """Record the fired occurrences and release the failed ones for a retry after their back-off,
+        together, and end the batch; returns how many records the fence let through. Raises, and
         changes nothing, when the batch was ended under it (its session killed)."""
         ...
 
@@ -49,10 +50,10 @@ class FiringStore(Protocol):
         ...
 
     async def record_again(self, fired: Sequence[Fired]) -> int:
-        """Mark, in a transaction of its own, firings whose batch raised in record after their
+        """Record, in a transaction of its own, firings whose batch raised in record after their
         PubAck (its claim rolled back with it): each row still holding that very occurrence,
-        unleased and unlocked, is marked as record would have; one a command changed or another
-        claim holds since is left alone. Returns how many were marked."""
+        unleased and unlocked, is recorded as record would have; one a command changed or another
+        claim holds since is left alone. Returns how many were recorded."""
         ...
 
 
@@ -83,12 +84,10 @@ class IntakeStore(Protocol):
 
 
 class TimerReader(Protocol):
-    """The read model's database: the rows (the contract's timer_view reads them) of those of a
-    tenant's timers that exist among `service_call_ids`, by serviceCallId."""
+    """The read model's database: those of a tenant's timers that exist among `service_call_ids`,
+    by serviceCallId (timers.timer_view shows them)."""
 
-    async def get_many(
-        self, tenant_id: str, service_call_ids: Sequence[str]
-    ) -> dict[str, dict[str, Any]]: ...
+    async def get_many(self, tenant_id: str, service_call_ids: Sequence[str]) -> dict[str, StoredTimer]: ...
 
 
 class FinishedTimers(Protocol):
@@ -104,7 +103,7 @@ class FinishedTimers(Protocol):
 
 class EventPublisher(Protocol):
     """Publishing to JetStream. For each message, None once the stream acknowledged it, else why
-    not; no call raises for a message that failed (worker/adapters/batches.py)."""
+    not; no call raises for a message that failed (worker/adapters/jetstream/publisher.py)."""
 
     subjects: Subjects
     ids: MessageIds  # the Nats-Msg-Ids of what it publishes

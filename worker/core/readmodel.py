@@ -18,10 +18,11 @@ from collections import deque
 from typing import Any
 
 from worker import metrics
-from worker.contract import Subjects, is_valid_tenant, tenant_inbox, timer_view
+from worker.contract import Subjects, is_valid_tenant, tenant_inbox
 from worker.core.fields import identifier_problem
 from worker.core.ports import TimerReader
 from worker.core.received import Request
+from worker.core.timers import timer_view
 from worker.errors import verdict
 from worker.logs import Throttled
 

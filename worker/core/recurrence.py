@@ -28,7 +28,7 @@ indexes, so `times` counts occurrences of the schedule, not firings: `times=3` w
 missed fires the first and the third, then ends.
 
 Downtime means no replica claimed the timer although it could: it sat claimable for longer than
-TIMER_DOWNTIME_AFTER (sql/queries.sql, claim_due). A lease plus a poll interval would do on an
+TIMER_DOWNTIME_AFTER (sql/queries/firing.sql, claim_due). A lease plus a poll interval would do on an
 idle fleet, but an overloaded one (a backlog, starved CPU) can be seconds late, and that is not
 downtime either. A crash is not downtime, whatever the period: the
 occurrences that come due while a dead replica's lease hides the timer, and until a live one

@@ -15,13 +15,14 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from worker.adapters.migrations import migrate
+from worker.adapters.postgres.migrations import migrate
 from worker.client import TimerClient
-from worker.config import load_settings, mask_url
+from worker.config import mask_url
 from worker.devkit.harness import ReplicaSet, replica_env_from, summary
 from worker.devkit.polling import until_async
 from worker.devkit.recorder import EventRecorder
 from worker.errors import ConfigError
+from worker.settings import load_settings
 
 TENANTS = ["acme", "globex", "initech", "umbrella", "hooli"]
 MAX_DELAY_S = 5.0  # demo timers come due 0.5 to 5 s after they are scheduled

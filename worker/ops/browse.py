@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from worker.adapters.queries import QUERIES
+from worker.adapters.postgres.queries import QUERIES
 from worker.ops.reads import _EARLIEST, _decode, _encode
 
 # by serviceCallId (the primary key) or by dueAt (Scheduled timers only: the due index); "-" for

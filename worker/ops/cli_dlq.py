@@ -7,9 +7,9 @@ import asyncio
 import json
 import sys
 
-from worker.config import load_settings
 from worker.errors import ConfigError
 from worker.ops.cli_nats import _nats_options
+from worker.settings import load_settings
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 from worker import logs, tracing
-from worker.config import load_settings
 from worker.errors import ConfigError
+from worker.settings import load_settings
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from worker.adapters import migrations
-    from worker.adapters.db import require_utf8
+    from worker.adapters.postgres import migrations
+    from worker.adapters.postgres.db import require_utf8
 
     settings = load_settings()
     url = settings.database_url.get_secret_value()
@@ -68,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    from worker.config import load_console_settings
+    from worker.settings import load_console_settings
 
     settings = load_console_settings()
     try:

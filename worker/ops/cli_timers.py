@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from worker.client.envelopes import Envelope
-from worker.config import Settings, load_settings, parse_duration
+from worker.config import Settings, parse_duration
 from worker.contract import (
     INVALID_TENANT,
     MAX_BODY_BYTES,
@@ -29,6 +29,7 @@ from worker.contract import (
 )
 from worker.errors import ConfigError
 from worker.ops.cli_nats import _backlog, _with_client
+from worker.settings import load_settings
 
 
 def _due(args: argparse.Namespace) -> datetime:

@@ -32,9 +32,9 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from worker.adapters import db
 from worker.adapters.jetstream.options import connect_options
 from worker.adapters.jetstream.streams import command_stream_now
+from worker.adapters.postgres import db
 from worker.client.wire import nats_connect
 from worker.config import Settings
 from worker.contract import MessageIds, Rejection, Subjects

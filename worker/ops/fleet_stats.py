@@ -1,5 +1,5 @@
 """The fleet over time, from the replicas' minute stats (table timer_stats, worker/adapters/
-stats.py): fires per second, lateness p50 and p99, overdue and rejections a minute, and the
+postgres/stats.py): fires per second, lateness p50 and p99, overdue and rejections a minute, and the
 replicas that wrote lately. For the console's charts; plain data, on an open connection."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import psycopg
 
-from worker.adapters.queries import QUERIES
-from worker.adapters.stats import STATS_EVERY_S
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.stats import STATS_EVERY_S
 
 # A replica that has not written its stats for this long is not listed as alive (it writes every
 # 15 s: three missed writes).

@@ -3,7 +3,7 @@
 
 Each takes an open psycopg connection (a one-off read-only one from `connect`, for the CLI and
 the console alike: there is no pool) and returns plain data; every statement is named in
-sql/queries.sql and reads on the database clock. `overview` opens its own (adapters/db.py).
+sql/queries/ and reads on the database clock. `overview` opens its own (adapters/postgres/db.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from worker.adapters import db
-from worker.adapters.queries import QUERIES
-from worker.contract import iso, timer_view
+from worker.adapters.postgres import db
+from worker.adapters.postgres.queries import QUERIES
+from worker.contract import iso
+from worker.core.timers import StoredTimer, stored_timer, timer_view
 from worker.metrics import OVERDUE_CAP
 from worker.ops.diagnosis import diagnose
 
@@ -153,29 +154,44 @@ def list_timers(
     return Page(rows, cursor, f)
 
 
+@dataclass(frozen=True, slots=True)
+class Described:
+    """One timer as `describe` reads it: the stored row, typed, and what `describe` shows of it."""
+
+    timer: StoredTimer
+    view: dict[str, Any]
+
+
 def describe(conn: psycopg.Connection[Any], tenant_id: str, service_call_id: str) -> dict[str, Any] | None:
     """Every field of one timer, the contract's view of it, and why it has (not) fired."""
+    found = described(conn, tenant_id, service_call_id)
+    return None if found is None else found.view
+
+
+def described(conn: psycopg.Connection[Any], tenant_id: str, service_call_id: str) -> Described | None:
+    """describe's view, with the timer it shows as a StoredTimer (its times as datetimes)."""
     cur = conn.cursor(row_factory=dict_row)
     cur.execute(QUERIES["inspect_timer"], {"tenant_id": tenant_id, "service_call_id": service_call_id})
     row = cur.fetchone()
     if row is None:
         return None
-    view = timer_view(row)
+    timer = stored_timer(row)
+    view = timer_view(timer)
     view.update(
-        leaseOwner=row["lease_owner"],
-        leaseExpiresAt=fmt_time(row["lease_expires_at"]),
+        leaseOwner=timer.lease_owner,
+        leaseExpiresAt=fmt_time(timer.lease_expires_at),
         leaseActive=bool(row["lease_active"]),
         overdue=bool(row["overdue"]),
-        updatedAt=fmt_time(row["updated_at"]),
+        updatedAt=fmt_time(timer.updated_at),
         commandTimestampMs=row["command_ts"],
-        occurrenceIndex=row["occurrence_index"],
+        occurrenceIndex=timer.occurrence_index,
         pausedAt=fmt_time(row.get("paused_at")),
         # What its DueTimeReached events carry (trace context, producer headers): the console's
         # reschedule and fire-now send them again, so a moved timer keeps them.
         carriedHeaders=row.get("carried_headers"),
         why=diagnose(row),
     )
-    return view
+    return Described(timer, view)
 
 
 def tenant_summary(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, Any]:

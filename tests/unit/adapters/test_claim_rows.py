@@ -1,4 +1,4 @@
-"""Store reads claim_due's rows by the names of its columns (worker/adapters/claim_rows.py)."""
+"""Store reads claim_due's rows by the names of its columns (worker/adapters/postgres/claim.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from worker.adapters.claim_rows import claim_result, recorded_ids
+from worker.adapters.postgres.claim import claim_result, recorded_ids
 from worker.core.domain import Claimed, Unreadable
 from worker.errors import DatabaseError
 

@@ -1,40 +1,65 @@
-"""The named SQL (sql/queries.sql) where two statements must agree."""
+"""The named SQL of sql/queries/: one namespace over its files, fragments written once, one line
+under each name."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from worker.adapters.queries import QUERIES
+import pytest
 
+from worker.adapters.postgres.queries import QUERIES, QueryFileError, parse
 
-def _set_list(statement: str) -> dict[str, str]:
-    """The SET list of a statement's `UPDATE timers t SET`, column to expression, comments and
-    layout removed."""
-    text = re.sub(r"--[^\n]*", "", statement)
-    body = text.split("UPDATE timers t SET", 1)[1].split("\nFROM ", 1)[0]
-    assignments: dict[str, str] = {}
-    column = ""
-    for line in body.splitlines():
-        if match := re.match(r"\s{4}(\w+) = (.*)", line):
-            column = match[1]
-            assignments[column] = match[2]
-        elif line.strip():
-            assignments[column] += " " + line.strip()
-    return {c: " ".join(e.split()).rstrip(",") for c, e in assignments.items()}
+QUERY_FILES = sorted((Path(__file__).resolve().parents[3] / "sql" / "queries").glob("*.sql"))
 
 
-def test_a_firing_recorded_again_sets_what_its_mark_would_have() -> None:
-    """mark_fired_again records, after its claim was rolled back, what mark_fired would have:
-    column for column but what only the claim held: the recurrence reference (it comes back as
-    recurrence_ref) and the claim's attempts, which a finished timer keeps. The two SET lists are
-    written twice; this keeps them from drifting apart."""
-    mark, again = _set_list(QUERIES["mark_fired"]), _set_list(QUERIES["mark_fired_again"])
-    assert mark.keys() == again.keys()
-    assert mark["claimed_at"] == "CASE WHEN f.next_due_at <= f.db_now THEN t.claimed_at END"
-    assert again["claimed_at"] == "CASE WHEN f.next_due_at <= f.db_now THEN f.recurrence_ref END"
-    assert mark["attempts"] == "CASE WHEN f.next_due_at IS NULL THEN t.attempts ELSE 0 END"
-    assert again["attempts"] == "CASE WHEN f.next_due_at IS NULL THEN f.attempts ELSE 0 END"
-    claim_only = ("claimed_at", "attempts")
-    assert {c: e for c, e in mark.items() if c not in claim_only} == {
-        c: e for c, e in again.items() if c not in claim_only
+def test_fragments_are_spliced_where_a_statement_names_them() -> None:
+    text = (
+        "-- fragment: live\n-- Not finished.\nstate <> 'Reached'\n\n"
+        "-- name: a\n-- One.\nSELECT 1 FROM timers WHERE {{live}};\n\n"
+        "-- name: b\n-- Two.\nDELETE FROM timers WHERE NOT ({{live}});\n"
+    )
+    assert parse([text]) == {
+        "a": "-- One.\nSELECT 1 FROM timers WHERE state <> 'Reached';",
+        "b": "-- Two.\nDELETE FROM timers WHERE NOT (state <> 'Reached');",
     }
+
+
+@pytest.mark.parametrize(
+    ("texts", "error"),
+    [
+        (["-- name: a\nSELECT 1;\n", "-- name: a\nSELECT 2;\n"], "a is defined twice"),
+        (["-- fragment: a\n1\n-- name: a\nSELECT {{a}};\n"], "a is defined twice"),
+        (["-- name: a\nSELECT {{one}};\n"], "no fragment one"),
+        (["-- fragment: one\n1\n-- name: a\nSELECT 1;\n"], "fragment one is used nowhere"),
+        (["-- fragment: one\n1 -- one\n-- name: a\nSELECT {{one}}, 2;\n"], "fragment one holds a comment"),
+    ],
+)
+def test_a_broken_query_file_is_refused_naming_what(texts: list[str], error: str) -> None:
+    with pytest.raises(QueryFileError, match=error):
+        parse(texts)
+
+
+def test_every_statement_has_one_line_saying_what_it_does() -> None:
+    """The why goes to docs/SQL.md: under a name, one comment line, then the SQL."""
+    assert QUERY_FILES
+    for path in QUERY_FILES:
+        for name, first, second in re.findall(r"^-- name: (\w+)\n(.*)\n(.*)", path.read_text(), re.M):
+            assert first.startswith("-- ") and not second.startswith("--"), f"{path.name}: {name}"
+
+
+def test_every_statement_is_documented() -> None:
+    documented = set(
+        re.findall(r"^### (\w+)$", (QUERY_FILES[0].parents[2] / "docs" / "SQL.md").read_text(), re.M)
+    )
+    assert set(QUERIES) - documented == set()
+
+
+def test_a_firing_recorded_again_sets_what_its_record_would_have() -> None:
+    """record_fired_again writes, after its claim was rolled back, what record_fired would have:
+    one SET list, the claim's recurrence reference and attempts where record_fired reads the row's."""
+    record, again = QUERIES["record_fired"], QUERIES["record_fired_again"]
+    set_list = re.compile(r"UPDATE timers t SET\n(.*?)\nFROM ", re.S)
+    assert set_list.search(record)[1] == set_list.search(again)[1]  # type: ignore[index]
+    assert "NULL::timestamptz AS recurrence_ref, NULL::int AS attempts" in record
+    assert "%(recurrence_ref)b" in again and "%(attempts)b" in again

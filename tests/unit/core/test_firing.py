@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from tests.helpers import until
 from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore, claim_params, event_id
-from worker.config import Settings, load_settings
+from worker.config import Settings
 from worker.contract import Repeat, ScheduleTimer
 from worker.core.budget import TenantBudgets, TimeBudget
 from worker.core.domain import Fired
@@ -26,6 +26,7 @@ from worker.core.firing import (
 )
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError
+from worker.settings import load_settings
 
 
 @pytest.fixture
@@ -211,7 +212,7 @@ async def test_a_batch_whose_transaction_ended_after_its_puback_is_recorded_agai
         await firing(settings, store, publisher, FakeClock(time)).tick()
     assert counter("timer_marked_total") - marked == 2
     assert [r.state for r in store.rows.values()] == ["Reached", "Reached"]
-    assert [name for name, _ in store.log].count("mark_fired_again") == 1
+    assert [name for name, _ in store.log].count("record_fired_again") == 1
     (again,) = [r for r in caplog.records if getattr(r, "action", None) == "recorded_again"]
     assert (getattr(again, "count", None), getattr(again, "marked", None)) == (2, 2)
     assert len(publisher.stored) == 2

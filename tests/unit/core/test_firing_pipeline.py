@@ -13,14 +13,15 @@ import pytest
 
 from tests.helpers import until
 from tests.twins import FakeClock, FakeTime, TwinBatch, TwinPublisher, TwinStore, event_id
-from worker.config import Settings, load_settings
+from worker.config import Settings
 from worker.contract import Repeat, ScheduleTimer
 from worker.core.clock import DbClock
-from worker.core.domain import ClaimParams, Failed, Fired
-from worker.core.firing import CLAIM_SPACING_S, LOOKAHEAD_MS, PIPELINE_DEPTH, FiringLoop
+from worker.core.domain import LOOKAHEAD_MS, ClaimParams, Failed, Fired
+from worker.core.firing import CLAIM_SPACING_S, PIPELINE_DEPTH, FiringLoop
 from worker.core.ports import ClaimedBatch
 from worker.core.wakeup import Wakeup
 from worker.errors import DatabaseError
+from worker.settings import load_settings
 
 # As in test_firing: in memory, a claim the pipeline failed to hold back signals within a few turns.
 NO_CLAIM_WITHIN_S = 0.2
@@ -107,7 +108,7 @@ async def test_a_hard_stop_with_two_batches_in_flight_ends_them_at_once_and_reco
         await asyncio.wait_for(task, timeout=5)
     publisher.gate.set()  # a PubAck now reaches no one
     assert store.open == []
-    assert not [name for name, _ in store.log if name in ("mark_fired", "retry_later")]
+    assert not [name for name, _ in store.log if name in ("record_fired", "retry_later")]
     assert all(r.state == "Scheduled" for r in store.rows.values())
     assert {k for k, r in store.rows.items() if r.lease_owner == "unit"} == claimed
     assert claims.empty() and not publisher.stored
@@ -184,7 +185,7 @@ async def test_a_fatal_error_of_a_batch_in_flight_ends_the_loop_at_once_not_at_t
         batch = await claim(params)
 
         async def record(fired: Sequence[Fired], failed: Sequence[Failed]) -> int:
-            raise DatabaseError("mark_fired: column timers.reached_at does not exist")
+            raise DatabaseError("record_fired: column timers.reached_at does not exist")
 
         batch.record = record  # type: ignore[method-assign]
         return batch

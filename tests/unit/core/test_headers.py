@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from worker.config import load_settings
 from worker.contract import MAX_CARRIED_VALUE_CHARS
 from worker.core.headers import carried_headers, stored_carried_problem
 from worker.errors import ConfigError
+from worker.settings import load_settings
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -14,12 +14,13 @@ from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
 from tests.twins import FakeClock, FakeTime, TwinBroker, TwinStore, claim_params
-from worker.config import Settings, load_settings
+from worker.config import Settings
 from worker.contract import Command
 from worker.core.domain import Applied, Outcome, Position
 from worker.core.intake import BUSY_RETRY_S, RETRY_DELAY_S, Intake
 from worker.core.ports import FetchFailed
 from worker.core.wakeup import Wakeup
+from worker.settings import load_settings
 
 
 def command(kind: str, tenant: str, key: str, due: datetime | None = None, ts: int = 1) -> dict[str, Any]:
@@ -69,7 +70,7 @@ async def test_a_command_for_a_claimed_occurrence_waits_a_lease_and_is_not_ackno
 
 
 class RowHeldBesideABatch(TwinStore):
-    """The Store when a claim's batch holds a timer's row it did not claim (sql/queries.sql,
+    """The Store when a claim's batch holds a timer's row it did not claim (sql/queries/intake.sql,
     lock_keys): that key's commands come out "busy". The twin has no such lock of its own."""
 
     held: tuple[str, str] = ("acme", "held")

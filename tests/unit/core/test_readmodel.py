@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from worker.core.readmodel import BATCH, LINE_BYTES, LINE_GETS, ReadModel, answerable
+from worker.core.timers import StoredTimer
 from worker.errors import TransientError
 
 
@@ -66,7 +67,7 @@ class _Store:
         self.batches: list[tuple[str, list[str]]] = []
         self.breaks, self.error = breaks, error
 
-    async def get_many(self, tenant_id: str, service_call_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    async def get_many(self, tenant_id: str, service_call_ids: Sequence[str]) -> dict[str, StoredTimer]:
         self.batches.append((tenant_id, list(service_call_ids)))
         if self.error is not None:
             raise self.error

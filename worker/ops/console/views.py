@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import urllib.parse
-from datetime import datetime
 from typing import Any
 
 import nats.errors
@@ -102,11 +101,12 @@ async def tenant(request: Request) -> Response:
 async def timer(request: Request) -> Response:
     c = console_of(request)
     tenant, sid = request.path_params["tenant"], request.path_params["sid"]
-    view = await c.db(reads.describe, tenant, sid)
+    found = await c.db(reads.described, tenant, sid)
+    view = None if found is None else found.view
     rejected, cut_at = await _rejected(request, tenant, sid)
     fired = None
-    if view is not None and c.nc is not None:
-        since = datetime.fromisoformat(view["registeredAt"]) if view["registeredAt"] else None
+    if found is not None and c.nc is not None:
+        since = found.timer.registered_at
         try:
             fired = await history.firings(
                 c.nc.jetstream(timeout=5), c.s.event_stream, c.s.subject_prefix, tenant, sid, since

@@ -11,8 +11,8 @@ from nats.aio.msg import Msg
 
 from worker.adapters.jetstream.pull import PullFailed
 from worker.adapters.jetstream.streams import CommandFeed, CommandStreams
-from worker.config import load_settings
 from worker.core.ports import FetchFailed
+from worker.settings import load_settings
 
 
 class Conn:

@@ -35,7 +35,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from worker.adapters import db
+from worker.adapters.postgres import db
 
 log = logging.getLogger("worker.migrations")
 

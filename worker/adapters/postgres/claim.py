@@ -1,18 +1,67 @@
-"""One claim's transaction, held from the claim to the mark (Store.claim returns it)."""
+"""A claim (sql/queries/firing.sql, claim_due): its transaction, held from the claim to its record
+(Batch), its rows read by the names of their columns, and the parameters of the statements that end
+it (record_fired, retry_later) or record its firings again (record_fired_again)."""
 
 from __future__ import annotations
 
+import functools
+import operator
+import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from worker.adapters.queries import QUERIES
-from worker.adapters.writes import Writes
-from worker.core.domain import ClaimParams, ClaimResult, Failed, Fired, Leased
-from worker.errors import TransientError
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.writes import Writes
+from worker.core.domain import Claimed, ClaimParams, ClaimResult, Failed, Fired, Leased, Unreadable
+from worker.errors import DatabaseError, TransientError
+
+Db = Callable[..., AbstractContextManager[None]]  # Store._db: psycopg's errors as the store's
+
+
+async def claim(pool: AsyncConnectionPool[Any], db: Db, params: ClaimParams, writes: Writes) -> Batch:
+    """Claim up to `params.limit` occurrences (claim_due) in a transaction the batch keeps open,
+    holding their rows locked, until it is recorded (Batch.record) or closed.
+
+    A claim that took nothing ends its transaction at once and holds no connection."""
+    sql_params = {
+        "owner": params.owner,
+        "ahead_ms": params.ahead_ms,
+        "fresh_window_ms": params.fresh_window_ms,
+        "oldest_limit": params.limit - params.fresh_limit,
+        "fresh_limit": params.fresh_limit,
+        "lease_ms": params.lease_ms,
+        "downtime_ms": params.downtime_ms,
+    }
+    with db(write=True):
+        conn = await pool.getconn()
+        try:
+            # BEGIN and the claim's plan settings (claim_begin) in one message, not pipelined
+            # with the claim: a session left in a transaction after a psycopg pipeline was never
+            # ended by idle_in_transaction_session_timeout (Postgres 18, psycopg 3;
+            # tests/integration/test_port_conformance.py).
+            await conn.execute(QUERIES["claim_begin"])
+            cur = conn.cursor(binary=True)  # plain tuples, read by column name (_ClaimReader)
+            await cur.execute(QUERIES["claim_due"], sql_params)
+            received = time.monotonic()  # the clock reading is in: the rows are read after
+            rows = await cur.fetchall()
+            names = [c.name for c in cur.description or ()]
+            result = claim_result(names, rows, received)
+            recorded = recorded_ids(names, rows)
+            empty = not (result.claimed or result.unreadable)
+            if empty:
+                await conn.execute("COMMIT")
+        except BaseException:
+            await pool.putconn(conn)  # in a transaction or broken: the pool rolls back or drops it
+            raise
+    if empty:
+        await pool.putconn(conn)
+        return Batch(pool, db, None, result, recorded, params, writes)
+    return Batch(pool, db, conn, result, recorded, params, writes)
 
 
 class Batch:
@@ -21,11 +70,11 @@ class Batch:
 
     Held across the publish, so a replica holds up to PIPELINE_DEPTH + 1 (the fresh lane) while
     it fires; the pool is sized for that (Settings.db_pool_size). The session's
-    idle_in_transaction_session_timeout (the lease, adapters/db.py) ends a batch whose replica
+    idle_in_transaction_session_timeout (the lease, adapters/postgres/db.py) ends a batch whose replica
     froze: Postgres rolls it back, and another replica claims its rows.
 
     The claim wrote some one-shot occurrences as already fired (`recorded`, their row ids:
-    sql/queries.sql, claim_due); the batch commits that only for those acknowledged, and puts
+    sql/queries/firing.sql, claim_due); the batch commits that only for those acknowledged, and puts
     each other one back, leased, in the same transaction (retry_later): until it commits, nobody
     sees any of its rows otherwise than as the claim found them."""
 
@@ -34,7 +83,7 @@ class Batch:
     def __init__(
         self,
         pool: AsyncConnectionPool[Any],
-        db: Callable[..., AbstractContextManager[None]],
+        db: Db,
         conn: psycopg.AsyncConnection[Any] | None,
         result: ClaimResult,
         recorded: frozenset[str],
@@ -50,7 +99,7 @@ class Batch:
         self._writes = writes  # Store.writes: the commit below, in flight, for readiness
 
     async def record(self, fired: Sequence[Fired], failed: Sequence[Failed]) -> int:
-        """Mark what was acknowledged, release what failed, and commit them with the claim: one
+        """Record what was acknowledged, release what failed, and commit them with the claim: one
         round trip. Raises (TransientError, DatabaseError) when the transaction is gone; then
         nothing of this batch, its claim included, is committed."""
         conn = self._conn
@@ -65,19 +114,19 @@ class Batch:
             # would commit as fired unpublished: held for a lease instead, whatever happened.
             ended = {f.timer.row_id for f in fired} | {c.row_id for c, _, _ in failed}
             release += [(h, None, self._claim.lease_ms) for h in self._recorded_among(ended)]
-        marks = None
+        records = None
         try:
             with self._db(write=True), self._writes.writing():
                 async with conn.pipeline():
                     if leased:
-                        marks = conn.cursor()
-                        await marks.execute(QUERIES["mark_fired"], mark_params(leased))
+                        records = conn.cursor()
+                        await records.execute(QUERIES["record_fired"], record_params(leased))
                     if release:
                         await conn.execute(QUERIES["retry_later"], retry_params(release))
                     await conn.execute("COMMIT")
         finally:
             await self._pool.putconn(conn)  # still in the transaction after an error: the pool rolls back
-        return len(fired) - len(leased) + (0 if marks is None else marks.rowcount)
+        return len(fired) - len(leased) + (0 if records is None else records.rowcount)
 
     async def close(self) -> None:
         """End a batch that was not recorded (a stop, an error): commit its claim, each occurrence
@@ -107,23 +156,23 @@ class Batch:
         return [r for r in rows if r.row_id in recorded and r.row_id not in ended]
 
 
-def mark_params(fired: Sequence[Fired]) -> dict[str, Any]:
+def record_params(fired: Sequence[Fired]) -> dict[str, Any]:
     params: dict[str, Any] = {
         "row_id": [f.timer.row_id for f in fired],
         "lease_token": [f.timer.lease_token for f in fired],
         "due_at": [f.timer.due_at for f in fired],
     }
     # A NULL array is padded with NULLs by unnest: one-shot timers need not send two arrays
-    # of NULLs (dumping arrays is most of a mark's cost on this side).
+    # of NULLs (dumping arrays is most of a record's cost on this side).
     recurring = any(f.next_due_at is not None for f in fired)
     params["next_due_at"] = [f.next_due_at for f in fired] if recurring else None
     params["next_index"] = [f.next_index for f in fired] if recurring else None
     return params
 
 
-def mark_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
-    """mark_fired_again's: each firing's key, its occurrence and definition (the guard), and what
-    to mark. A column NULL in every row is sent as one NULL (unnest pads it): most timers repeat
+def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
+    """record_fired_again's: each firing's key, its occurrence and definition (the guard), and what
+    to record. A column NULL in every row is sent as one NULL (unnest pads it): most timers repeat
     nothing."""
     timers = [f.timer for f in fired]
 
@@ -158,3 +207,65 @@ def retry_params(held: Sequence[tuple[Leased, str | None, int]], owner: str | No
         "backoff_ms": [ms for _, _, ms in held],
         "owner": owner,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimReader:
+    """Where claim_due's columns are, by name. Rows are fetched as plain tuples (a row class built
+    each row by keyword was 8 % of a replica's CPU in a drain), and read by the positions the
+    cursor's description gives, found once per shape: a column added to the statement cannot
+    shift a field silently, and one missing fails the claim, naming it."""
+
+    claimed: Callable[[Sequence[Any]], tuple[Any, ...]]  # Claimed's fields, in its order
+    unreadable: Callable[[Sequence[Any]], tuple[Any, ...]]  # Unreadable's
+    tenant_id: int
+    due_at: int
+    next_due_at: int
+    db_now: int
+    row_id: int
+    recorded: int  # the claim wrote the occurrence as fired (claim_due)
+
+
+@functools.lru_cache(maxsize=4)
+def _reader_for(names: tuple[str, ...]) -> _ClaimReader:
+    where = {n: i for i, n in enumerate(names)}
+    missing = [f for f in (*Claimed._fields, "next_due_at", "db_now", "recorded") if f not in where]
+    if missing:
+        raise DatabaseError(f"claim_due returns no column {', '.join(missing)} (sql/queries/)")
+    return _ClaimReader(
+        claimed=operator.itemgetter(*(where[f] for f in Claimed._fields)),
+        unreadable=operator.itemgetter(*(where[f] for f in Unreadable._fields)),
+        tenant_id=where["tenant_id"],
+        due_at=where["due_at"],
+        next_due_at=where["next_due_at"],
+        db_now=where["db_now"],
+        row_id=where["row_id"],
+        recorded=where["recorded"],
+    )
+
+
+def claim_result(
+    names: Sequence[str], rows: Sequence[Sequence[Any]], received: float | None = None
+) -> ClaimResult:
+    """claim_due's rows, read by the names of its columns (`received`: when they arrived, on
+    time.monotonic)."""
+    read = _reader_for(tuple(names))
+    # The one row of a claim that took nothing has NULL in every timer column.
+    key, due_at = read.tenant_id, read.due_at
+    taken = [r for r in rows if r[key] is not None]
+    db_now = max(r[read.db_now] for r in rows)  # the latest reading of the clock
+    next_due_at = rows[0][read.next_due_at]  # the same on every row
+    return ClaimResult(
+        claimed=[Claimed._make(read.claimed(r)) for r in taken if r[due_at] is not None],
+        unreadable=[Unreadable._make(read.unreadable(r)) for r in taken if r[due_at] is None],
+        next_due_in_ms=None if next_due_at is None else (next_due_at - db_now).total_seconds() * 1000,
+        db_now=db_now,
+        received=received,
+    )
+
+
+def recorded_ids(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> frozenset[str]:
+    """The row ids of the occurrences claim_due recorded as fired (its `recorded` column)."""
+    read = _reader_for(tuple(names))
+    flag, row_id = read.recorded, read.row_id
+    return frozenset(r[row_id] for r in rows if r[flag])

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from worker.adapters.queries import QUERIES
+from worker.adapters.postgres.queries import QUERIES
 from worker.contract import PauseTimers
 from worker.core.domain import Applied, Key, Outcome, Position
 

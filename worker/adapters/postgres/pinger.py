@@ -6,7 +6,7 @@ they are gone and the pool's reconnects fail until a writable server appears.
 Either way a ping that asks the pool for a connection waits out its timeout, however fast the
 real answer is ("connection refused", "read-only"): in the failover-sync chaos scenario every
 replica's /readyz took 2 s to say not ready (docs/RELIABILITY.md). One connection of its own,
-opened with the pool's conninfo (adapters/db.py's session pins), answers at once, reconnects when
+opened with the pool's conninfo (adapters/postgres/db.py's session pins), answers at once, reconnects when
 broken, and is bounded however the network misbehaves.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from worker.adapters.queries import QUERIES
+from worker.adapters.postgres.queries import QUERIES
 
 # Below the readiness probe's timeoutSeconds (2 s in the chart): the probe gets "not ready" from
 # the replica, with its reason, rather than a timeout of its own.

@@ -1,39 +1,30 @@
-"""Every database operation of a replica: intake writes, claims, fenced marks, reads."""
+"""Every database call of a replica but the claim's (claim.py): intake writes, pauses, reads, quota."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from worker.adapters import pausing
-from worker.adapters.batch import Batch, mark_again_params
-from worker.adapters.claim_rows import claim_result, recorded_ids
-from worker.adapters.pgerrors import classify
-from worker.adapters.pinger import Pinger
-from worker.adapters.queries import QUERIES
-from worker.adapters.writes import Writes
+from worker.adapters.postgres import claim, pausing
+from worker.adapters.postgres.claim import record_again_params
+from worker.adapters.postgres.pgerrors import classify
+from worker.adapters.postgres.pinger import Pinger
+from worker.adapters.postgres.queries import QUERIES
+from worker.adapters.postgres.writes import Writes
 from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
-from worker.core.domain import (
-    Applied,
-    ClaimParams,
-    Fired,
-    Key,
-    Outcome,
-    Position,
-)
-from worker.core.firing import LOOKAHEAD_MS
+from worker.core.domain import LOOKAHEAD_MS, Applied, ClaimParams, Fired, Key, Position
+from worker.core.ordering import Held, Marker, StreamOrder
 from worker.core.ports import ClaimedBatch
+from worker.core.timers import StoredTimer
 from worker.errors import TransientError
 
 log = logging.getLogger("worker.store")
@@ -52,36 +43,8 @@ RECOUNT_LOCKS = b"timer-quota"  # the advisory lock keys of a tenant's recount (
 FOLD_LOCK = pausing.tenant_lock_keys([""], b"timer-fold")[0]  # the fleet's one fold at a time
 
 
-def _rounds(commands: Sequence[Command], seqs: Sequence[int] | None = None) -> list[list[int]]:
-    """Split a batch into rounds in which each key appears once, keeping stream order per key.
-
-    One INSERT ... ON CONFLICT cannot touch a row twice, and applying a key's commands in
-    order, round after round, is exactly applying them one by one. Given their stream sequences,
-    that order is theirs: a fetch may hand a redelivered command after a newer one.
-    """
-    seen: dict[Key, int] = {}
-    rounds: list[list[int]] = []
-    order = range(len(commands)) if seqs is None else sorted(range(len(commands)), key=seqs.__getitem__)
-    for i in order:
-        c = commands[i]
-        key = (c.tenant_id, c.service_call_id)
-        r = seen.get(key, 0)
-        seen[key] = r + 1
-        if r == len(rounds):
-            rounds.append([])
-        rounds[r].append(i)
-    return rounds
-
-
-@dataclass(frozen=True, slots=True)
-class _Held:
-    """Why a key's commands may wait (held_among)."""
-
-    claimed: bool  # its occurrence is claimed: they wait for it to be recorded
-    stuck: bool  # claimed for longer than TIMER_STUCK_AFTER: they are given up
-    head: int | None  # the stream sequence of the oldest command waiting for it, if live
-    marked: bool  # some command is recorded as waiting (live or stale)
-    due_at: datetime | None  # Scheduled and no lease holds it: a claim may have skipped it
+def _held(row: dict[str, Any]) -> Held:
+    return Held(row["claimed"], row["stuck"], row["head"], row["marked"], row["due_at"])
 
 
 def _columns(rows: Sequence[Any], *names: str) -> dict[str, list[Any]]:
@@ -89,7 +52,7 @@ def _columns(rows: Sequence[Any], *names: str) -> dict[str, list[Any]]:
 
 
 class Store:
-    """The Postgres adapter. Every statement is named in sql/queries.sql; every error it raises
+    """The Postgres adapter. Every statement is named in sql/queries/; every error it raises
     is a TransientError or a DatabaseError (see classify)."""
 
     def __init__(
@@ -102,7 +65,7 @@ class Store:
         self.stuck_after = stuck_after
         # A command waiting for its timer comes back within a lease (its NAK delay), or an ack
         # wait when its replica died: a marker unchanged for this long, the timer not claimed,
-        # is stale and holds nothing up (sql/queries.sql, upsert_schedules).
+        # is stale and holds nothing up (sql/queries/intake.sql, upsert_schedules).
         self.order_grace = order_grace
         self._folding: asyncio.Task[None] | None = None  # pending_bounds' fold in flight, if any
         # The error of the last write, until one succeeds: `SELECT 1` still answers on a read-only
@@ -130,74 +93,54 @@ class Store:
         soonest dueAt of the timers it locked and left claimable (domain.Applied).
 
         `positions`, the commands' places in the stream, keep each timer's commands in stream
-        order: one earlier than the last applied to the timer is ignored (sql/queries.sql,
+        order: one earlier than the last applied to the timer is ignored (sql/queries/intake.sql,
         upsert_schedules), and a command deferred behind a claimed occurrence is recorded on the
         row (deferred_seqs), every later one for that timer waiting behind it until it has
         applied (README, Ordering).
 
-        It never waits on a timer's row locked by a claim's batch in flight (sql/queries.sql,
+        It never waits on a timer's row locked by a claim's batch in flight (sql/queries/intake.sql,
         lock_keys): that key's commands are deferred, with no marker (writing one would wait);
         "busy" instead when the row could not be in a claim (a batch that left it out still holds
         it): nothing to wait a lease for, they are offered again soon.
         """
-        seqs = None if positions is None else [p.seq for p in positions]
-        outcomes: list[Outcome] = ["ignored"] * len(commands)
-        waiting: dict[Key, Outcome] = {}  # keys whose commands wait: "deferred", "busy" or "stuck"
+        where: Sequence[Position | None] = positions if positions is not None else [None] * len(commands)
+        placed = list(zip(commands, where, strict=True))
+        keys = [(c.tenant_id, c.service_call_id) for c in commands]
         dues: list[datetime] = []
         with self._db(write=True):
             async with self.pool.connection() as conn, _writing(self.writes), conn.transaction():
                 # First, before any row lock: a pause or resume of these tenants waits for this.
                 await _lock_tenants_shared(conn, commands)
-                busy = await self._lock_keys(conn, {_key(c) for c in commands})
-                waiting.update((k, "deferred" if claimable else "busy") for k, claimable in busy.items())
-                for indexes in _rounds(commands, seqs):
-                    todo = [i for i in indexes if _key(commands[i]) not in waiting]
-                    changed = await self._apply_round(
-                        conn,
-                        [commands[i] for i in todo],
-                        None if positions is None else [positions[i] for i in todo],
-                    )
+                locked = await self._lock_keys(conn, set(keys))
+                order = StreamOrder(keys, [None if p is None else p.seq for _, p in placed], locked)
+                for indexes in order.rounds:
+                    sent = order.to_send(indexes)
+                    changed = await self._apply_round(conn, [placed[i] for i in sent])
                     dues += [d for d in changed.values() if d is not None]
-                    untouched = [i for i in todo if _key(commands[i]) not in changed]
-                    held = await self._held_among(conn, [_key(commands[i]) for i in untouched])
+                    held = await self._held_among(conn, order.unchanged(sent, changed))
                     dues += [h.due_at for h in held.values() if h.due_at is not None]
-                    for i in untouched:
-                        h = held.get(_key(commands[i]))
-                        if h is not None and h.claimed:
-                            waiting[_key(commands[i])] = "stuck" if h.stuck else "deferred"
-                        elif h is not None and h.head is not None and seqs is not None and seqs[i] > h.head:
-                            waiting[_key(commands[i])] = "deferred"  # behind an older waiting command
-                    settle: list[tuple[Key, int, bool]] = []
-                    for i in indexes:
-                        key = _key(commands[i])
-                        if key in changed:
-                            outcomes[i] = "applied"  # and left deferred_seqs in the same statement
-                        elif key in waiting:
-                            outcomes[i] = waiting[key]
-                            if seqs is not None and key not in busy:
-                                settle.append((key, seqs[i], waiting[key] == "deferred"))
-                        elif seqs is not None and (h := held.get(key)) is not None and h.marked:
-                            settle.append((key, seqs[i], False))  # ignored: it waits no more
-                    if settle:
-                        await self._settle_deferred(conn, settle)
-        return Applied(outcomes, min(dues, default=None))
+                    if markers := order.decide(indexes, sent, changed, held):
+                        await self._update_deferred_seqs(conn, markers)
+        return Applied(order.outcomes, min(dues, default=None))
 
     async def _apply_round(
-        self, conn: psycopg.AsyncConnection[Any], batch: list[Command], positions: list[Position] | None
+        self, conn: psycopg.AsyncConnection[Any], batch: list[tuple[Command, Position | None]]
     ) -> dict[Key, datetime | None]:
         """The keys the round changed, each with its dueAt if it is now Scheduled."""
-        schedules = [i for i, c in enumerate(batch) if isinstance(c, ScheduleTimer)]
-        cancels = [i for i, c in enumerate(batch) if isinstance(c, CancelTimer)]
+        schedules = [(c, p) for c, p in batch if isinstance(c, ScheduleTimer)]
+        cancels = [(c, p) for c, p in batch if isinstance(c, CancelTimer)]
         changed: dict[Key, datetime | None] = {}
 
-        def position_of(params: dict[str, Any], indexes: list[int]) -> None:
-            # NULLs (no order to keep) when unknown.
-            chosen = None if positions is None else [positions[i] for i in indexes]
-            params["command_seq"] = None if chosen is None else [p.seq for p in chosen]
-            params["command_stored_at"] = None if chosen is None else [p.stored_at for p in chosen]
+        def position_of(params: dict[str, Any], chosen: Sequence[Position | None]) -> None:
+            # NULL (no order to keep) when unknown: an array of NULLs need not be sent.
+            known = any(p is not None for p in chosen)
+            params["command_seq"] = [None if p is None else p.seq for p in chosen] if known else None
+            params["command_stored_at"] = (
+                [None if p is None else p.stored_at for p in chosen] if known else None
+            )
 
         if schedules:
-            sched = [c for i in schedules if isinstance(c := batch[i], ScheduleTimer)]
+            sched = [c for c, _ in schedules if isinstance(c, ScheduleTimer)]
             params = {
                 "tenant_id": [c.tenant_id for c in sched],
                 "service_call_id": [c.service_call_id for c in sched],
@@ -223,15 +166,15 @@ class Store:
                 ),
                 "order_grace": self.order_grace,
             }
-            position_of(params, schedules)
+            position_of(params, [p for _, p in schedules])
             cur = await conn.execute(QUERIES["upsert_schedules"], params)
             changed |= {(t, s): d for t, s, d in await cur.fetchall()}
         if cancels:
             cancel_params: dict[str, Any] = _columns(
-                [batch[i] for i in cancels], "tenant_id", "service_call_id", "correlation_id", "timestamp_ms"
+                [c for c, _ in cancels], "tenant_id", "service_call_id", "correlation_id", "timestamp_ms"
             )
             cancel_params["command_ts"] = cancel_params.pop("timestamp_ms")
-            position_of(cancel_params, cancels)
+            position_of(cancel_params, [p for _, p in cancels])
             cancel_params["order_grace"] = self.order_grace
             cur = await conn.execute(QUERIES["cancel_timers"], cancel_params)
             changed |= {(t, s): d for t, s, d in await cur.fetchall()}
@@ -244,10 +187,11 @@ class Store:
         cur = await conn.execute(QUERIES["lock_keys"], params | {"reach": CLAIM_REACH})
         return {(t, s): claimable for t, s, claimable in await cur.fetchall()}
 
-    async def _held_among(self, conn: psycopg.AsyncConnection[Any], keys: list[Key]) -> dict[Key, _Held]:
+    async def _held_among(self, conn: psycopg.AsyncConnection[Any], keys: list[Key]) -> dict[Key, Held]:
         if not keys:
             return {}
-        cur = await conn.execute(
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(
             QUERIES["held_among"],
             {
                 "tenant_id": [k[0] for k in keys],
@@ -256,66 +200,28 @@ class Store:
                 "order_grace": self.order_grace,
             },
         )
-        return {(t, s): _Held(*rest) for t, s, *rest in await cur.fetchall()}
+        return {(r["tenant_id"], r["service_call_id"]): _held(r) for r in await cur.fetchall()}
 
-    async def _settle_deferred(
-        self, conn: psycopg.AsyncConnection[Any], settle: list[tuple[Key, int, bool]]
-    ) -> None:
+    async def _update_deferred_seqs(self, conn: psycopg.AsyncConnection[Any], markers: list[Marker]) -> None:
         await conn.execute(
-            QUERIES["settle_deferred"],
+            QUERIES["update_deferred_seqs"],
             {
-                "tenant_id": [k[0] for k, _, _ in settle],
-                "service_call_id": [k[1] for k, _, _ in settle],
-                "seq": [seq for _, seq, _ in settle],
-                "waits": [waits for _, _, waits in settle],
+                "tenant_id": [m.key[0] for m in markers],
+                "service_call_id": [m.key[1] for m in markers],
+                "seq": [m.seq for m in markers],
+                "waits": [m.waits for m in markers],
                 "order_grace": self.order_grace,
             },
         )
 
     async def claim(self, params: ClaimParams) -> ClaimedBatch:
-        """Claim up to `params.limit` occurrences (sql/queries.sql, claim_due) in a transaction the
-        batch keeps open, holding their rows locked, until it is recorded (Batch.record) or closed.
-
-        A claim that took nothing ends its transaction at once and holds no connection."""
-        sql_params = {
-            "owner": params.owner,
-            "ahead_ms": params.ahead_ms,
-            "fresh_window_ms": params.fresh_window_ms,
-            "oldest_limit": params.limit - params.fresh_limit,
-            "fresh_limit": params.fresh_limit,
-            "lease_ms": params.lease_ms,
-            "downtime_ms": params.downtime_ms,
-        }
-        with self._db(write=True):
-            conn = await self.pool.getconn()
-            try:
-                # BEGIN and the claim's plan settings (claim_begin) in one message, not pipelined
-                # with the claim: a session left in a transaction after a psycopg pipeline was never
-                # ended by idle_in_transaction_session_timeout (Postgres 18, psycopg 3;
-                # tests/integration/test_port_conformance.py).
-                await conn.execute(QUERIES["claim_begin"])
-                cur = conn.cursor(binary=True)  # plain tuples, read by column name (claim_rows)
-                await cur.execute(QUERIES["claim_due"], sql_params)
-                received = time.monotonic()  # the clock reading is in: the rows are read after
-                rows = await cur.fetchall()
-                names = [c.name for c in cur.description or ()]
-                result = claim_result(names, rows, received)
-                recorded = recorded_ids(names, rows)
-                empty = not (result.claimed or result.unreadable)
-                if empty:
-                    await conn.execute("COMMIT")
-            except BaseException:
-                await self.pool.putconn(conn)  # in a transaction or broken: the pool rolls back or drops it
-                raise
-        if empty:
-            await self.pool.putconn(conn)
-            return Batch(self.pool, self._db, None, result, recorded, params, self.writes)
-        return Batch(self.pool, self._db, conn, result, recorded, params, self.writes)
+        """Claim up to `params.limit` occurrences in a transaction the batch keeps open (claim.claim)."""
+        return await claim.claim(self.pool, self._db, params, self.writes)
 
     async def record_again(self, fired: Sequence[Fired]) -> int:
-        """Mark acknowledged firings whose batch's transaction was lost (sql/queries.sql,
-        mark_fired_again): one statement on another pooled connection, committed on its own."""
-        return await self._execute_count("mark_fired_again", mark_again_params(fired))
+        """Record acknowledged firings whose batch's transaction was lost (sql/queries/firing.sql,
+        record_fired_again): one statement on another pooled connection, committed on its own."""
+        return await self._execute_count("record_fired_again", record_again_params(fired))
 
     async def _execute_count(self, name: str, params: dict[str, Any]) -> int:
         with self._db(write=True):
@@ -324,15 +230,15 @@ class Store:
                 count: int = cur.rowcount
                 return count
 
-    async def get_many(self, tenant_id: str, service_call_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    async def get_many(self, tenant_id: str, service_call_ids: Sequence[str]) -> dict[str, StoredTimer]:
         with self._db():
             async with self.pool.connection() as conn:
-                cur = conn.cursor(row_factory=dict_row)
+                cur = conn.cursor(row_factory=class_row(StoredTimer))  # by column name
                 await cur.execute(
                     QUERIES["get_timers"],
                     {"tenant_id": tenant_id, "service_call_ids": list(service_call_ids)},
                 )
-                return {row["service_call_id"]: row async for row in cur}
+                return {timer.service_call_id: timer async for timer in cur}
 
     async def fleet_gauges(self, cap: int) -> tuple[int, float | None, int]:
         """(overdue unclaimed, capped at `cap`; age of the oldest in seconds; Scheduled estimate)."""
@@ -361,7 +267,7 @@ class Store:
 
     async def pending_bounds(self, tenants: Sequence[str]) -> dict[str, int]:
         """For the quota: a number never below each tenant's pending timers (0 for a tenant with
-        none), a few rows of tenant_pending per tenant (sql/queries.sql, quota_bounds). A tenant
+        none), a few rows of tenant_pending per tenant (sql/queries/quota.sql, quota_bounds). A tenant
         whose bound has spread over more than FOLD_AFTER rows has them folded into one beside the
         batch, not before it: a fold of the tenants of one batch took longer than the read."""
         with self._db():
@@ -447,7 +353,7 @@ class Store:
 
 async def _lock_tenants_shared(conn: psycopg.AsyncConnection[Any], commands: Sequence[Command]) -> None:
     """Hold the ScheduleTimers' tenants against a pause or resume until this transaction ends
-    (sql/queries.sql, lock_tenants_shared): a step of its own, before the statements that read the
+    (sql/queries/intake.sql, lock_tenants_shared): a step of its own, before the statements that read the
     tenants' flags. CancelTimers read no flag."""
     tenants = [c.tenant_id for c in commands if isinstance(c, ScheduleTimer)]
     if tenants:
@@ -460,7 +366,3 @@ async def _writing(writes: Writes) -> AsyncIterator[None]:
     after the transaction's COMMIT has answered."""
     with writes.writing():
         yield
-
-
-def _key(c: Command) -> Key:
-    return (c.tenant_id, c.service_call_id)

@@ -17,7 +17,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import Format
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
-from worker.adapters.queries import QUERIES
+from worker.adapters.postgres.queries import QUERIES
 from worker.errors import ConfigError, DatabaseError
 
 
@@ -57,6 +57,16 @@ CLIENT_TCP = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, 
               "tcp_user_timeout": 30_000}  # fmt: skip
 SERVER_TCP = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3,
               "tcp_user_timeout": 30_000}  # fmt: skip
+
+
+def conninfo_fault(conninfo: str) -> str | None:
+    """Why libpq would not take `conninfo`, or None: only the kind of fault, as libpq quotes the
+    offending part, which may be the password."""
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        return str(exc).split(":")[0]
+    return None
 
 
 def session_conninfo(conninfo: str) -> str:

@@ -20,7 +20,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from worker import metrics
-from worker.adapters.queries import QUERIES
+from worker.adapters.postgres.queries import QUERIES
 from worker.core.waiting import wait_any
 
 log = logging.getLogger("worker.stats")

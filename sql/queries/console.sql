@@ -1,0 +1,67 @@
+-- The console's pages and searches (worker/ops/browse.py, worker/ops/fleet_stats.py).
+-- The why of each statement: docs/SQL.md.
+
+-- name: console_stats
+-- Every replica's minute stats of a recent window.
+SELECT minute, worker_id, fired, rejected, overdue, lateness_le, lateness, written_at, now() AS db_now
+FROM timer_stats
+WHERE minute >= date_trunc('minute', now()) - make_interval(mins => %(window)s)
+ORDER BY minute;
+
+-- name: console_replicas
+-- The replicas that wrote stats in the last ten minutes.
+SELECT worker_id, max(written_at) AS last_seen, extract(epoch FROM now() - max(written_at)) AS ago_s
+FROM timer_stats
+WHERE minute >= date_trunc('minute', now()) - interval '10 minutes'
+GROUP BY worker_id
+ORDER BY worker_id;
+
+-- name: console_find_correlation
+-- Timers of any tenant with a correlationId.
+SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+       last_error, fired_count, repeat_every, correlation_id,
+       state = 'Scheduled' AND due_at <= now() AS overdue
+FROM timers
+WHERE correlation_id = %(correlation_id)s AND correlation_id IS NOT NULL
+ORDER BY tenant_id, service_call_id
+LIMIT %(limit)s;
+
+-- name: console_find_id
+-- Timers of any tenant with a serviceCallId, by a loose scan of the primary key.
+WITH RECURSIVE tenants(tenant_id) AS (
+    (SELECT tenant_id FROM timers ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.tenant_id FROM timers t WHERE t.tenant_id > tenants.tenant_id
+            ORDER BY t.tenant_id LIMIT 1)
+    FROM tenants WHERE tenants.tenant_id IS NOT NULL
+)
+SELECT t.tenant_id, t.service_call_id, t.state, t.due_at, t.lease_owner, t.lease_expires_at,
+       t.attempts, t.last_error, t.fired_count, t.repeat_every, t.correlation_id,
+       t.state = 'Scheduled' AND t.due_at <= now() AS overdue
+FROM tenants
+JOIN timers t ON t.tenant_id = tenants.tenant_id AND t.service_call_id = %(service_call_id)s
+ORDER BY t.tenant_id
+LIMIT %(limit)s;
+
+-- name: console_tenant_back
+-- One tenant's timers in reverse key order: the previous page.
+SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+       last_error, fired_count, repeat_every,
+       state = 'Scheduled' AND due_at <= now() AS overdue
+FROM timers
+WHERE tenant_id = %(tenant_id)s AND service_call_id < %(before)s
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+ORDER BY service_call_id DESC
+LIMIT %(limit)s;
+
+-- name: console_due_back
+-- One tenant's Scheduled timers in reverse due order: the previous page.
+SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+       last_error, fired_count, repeat_every,
+       due_at <= now() AS overdue
+FROM timers
+WHERE state = 'Scheduled'
+  AND (due_at, tenant_id, service_call_id) < (%(before_due)s::timestamptz, %(before_tenant)s, %(before_id)s)
+  AND tenant_id = %(tenant_id)s
+ORDER BY due_at DESC, tenant_id DESC, service_call_id DESC
+LIMIT %(limit)s;

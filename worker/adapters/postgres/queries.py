@@ -1,0 +1,69 @@
+"""The named SQL of sql/queries/, loaded once: no SQL text is scattered through the code.
+
+Each file holds the statements of one subsystem, each under `-- name: <name>` and a line saying
+what it does (docs/SQL.md says why). The names are one namespace, a dict for every file.
+
+A predicate or a SET list two statements share is written once, under `-- fragment: <name>`, and
+spliced where a statement says `{{<name>}}`: the text Postgres receives, and so the plan, is what
+it would be written out, with nothing to keep in step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from importlib import resources
+from typing import LiteralString
+
+_HEADER = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
+_USE = re.compile(r"\{\{(\w+)\}\}")
+
+
+class QueryFileError(ValueError):
+    """sql/queries/ holds a name twice, or a statement uses a fragment nobody wrote."""
+
+
+def parse(texts: Iterable[str]) -> dict[str, LiteralString]:
+    """Every named statement of `texts` (the files' contents), fragments spliced in."""
+    named: dict[str, str] = {}
+    fragments: dict[str, str] = {}
+    for text in texts:
+        parts = _HEADER.split(text)  # [preamble, kind1, name1, body1, kind2, ...]
+        for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+            into = fragments if kind == "fragment" else named
+            if name in named or name in fragments:
+                raise QueryFileError(f"sql/queries/: {name} is defined twice")
+            into[name] = _strip_description(body) if kind == "fragment" else body.strip()
+            if kind == "fragment" and "--" in into[name]:
+                raise QueryFileError(
+                    f"sql/queries/: fragment {name} holds a comment, which would cut its use short"
+                )
+
+    def splice(match: re.Match[str]) -> str:
+        if match[1] not in fragments:
+            raise QueryFileError(f"sql/queries/: no fragment {match[1]}")
+        return fragments[match[1]]
+
+    unused = set(fragments) - {m for body in named.values() for m in _USE.findall(body)}
+    if unused:
+        raise QueryFileError(f"sql/queries/: fragment {', '.join(sorted(unused))} is used nowhere")
+    # The files' text, no value from outside: LiteralString for psycopg (mypy takes any str as one).
+    return {name: _USE.sub(splice, body) for name, body in named.items()}
+
+
+def _strip_description(body: str) -> str:
+    """A fragment's text without its description: it goes inside another statement, where a comment
+    line would end mid-expression."""
+    lines = body.strip().splitlines()
+    while lines and lines[0].startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines).strip()
+
+
+def _load() -> dict[str, LiteralString]:
+    folder = resources.files("worker.sql").joinpath("queries")
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
+    return parse(f.read_text(encoding="utf-8") for f in files)
+
+
+QUERIES = _load()

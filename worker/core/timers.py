@@ -1,0 +1,84 @@
+"""A stored timer as the core reads it (StoredTimer: the read port's row type, TimerReader), and
+the contract's view of it (timer_view: `get`'s answer, `describe`'s first fields).
+
+The adapter reads the row by column name into this type; the core and the operator's tools read
+its fields, never a column name, and format its times once, here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from worker.contract import iso
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTimer:
+    """One row of `timers` (sql/schema.sql), the fields a reader may show: get_timers' columns,
+    by name."""
+
+    tenant_id: str
+    service_call_id: str
+    state: str  # Scheduled, Paused, Reached or Cancelled (a stored state only: Paused shows as Scheduled)
+    due_at: datetime | None  # the current occurrence's; None for a cancel's tombstone
+    registered_at: datetime
+    updated_at: datetime
+    reached_at: datetime | None
+    correlation_id: str | None
+    attempts: int
+    last_error: str | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    repeat_every: str | None
+    repeat_times: int | None
+    repeat_timezone: str | None
+    anchor_due_at: datetime | None
+    occurrence_index: int
+    fired_count: int
+    repeat_cron: str | None
+    repeat_until: datetime | None
+    data: Any  # the ScheduleTimer's `data`, as JSON decoded; None when it had none
+
+
+def stored_timer(row: dict[str, Any]) -> StoredTimer:
+    """The StoredTimer in a row read by column name (any other columns it has are left out)."""
+    return StoredTimer(**{name: row[name] for name in StoredTimer.__dataclass_fields__})
+
+
+def timer_view(timer: StoredTimer) -> dict[str, Any]:
+    """A stored timer as the read model shows it (camelCase, RFC 3339 times)."""
+
+    def t(value: datetime | None) -> str | None:
+        return iso(value) if value is not None else None
+
+    repeat = None
+    if timer.repeat_every or timer.repeat_cron:
+        repeat = {
+            "every": timer.repeat_every,
+            "cron": timer.repeat_cron,
+            "times": timer.repeat_times,
+            "until": t(timer.repeat_until),
+            "timezone": timer.repeat_timezone,
+        }
+    # Paused is a stored state only (sql/migrations/0011): the contract shows a paused timer as
+    # Scheduled, with paused true; it fires once resumed.
+    paused = timer.state == "Paused"
+    scheduled = timer.state == "Scheduled" or paused
+    return {
+        "tenantId": timer.tenant_id,
+        "serviceCallId": timer.service_call_id,
+        "state": "Scheduled" if paused else timer.state,
+        "paused": paused,
+        "dueAt": t(timer.due_at),
+        "nextOccurrence": t(timer.due_at) if scheduled else None,
+        "registeredAt": t(timer.registered_at),
+        "reachedAt": t(timer.reached_at),
+        "correlationId": timer.correlation_id,
+        "occurrencesFired": timer.fired_count,
+        "repeat": repeat,
+        "attempts": timer.attempts,
+        "lastError": timer.last_error,
+        "data": timer.data,
+    }
