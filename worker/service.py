@@ -33,7 +33,7 @@ from worker.core.waiting import wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import ConfigError, DatabaseError, TransientError
 
-log = logging.getLogger("worker.service")
+log = logging.getLogger(__name__)
 
 # A loop that has not ticked for this long makes /healthz fail.
 STALL_S = 30.0

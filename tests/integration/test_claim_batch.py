@@ -29,8 +29,8 @@ from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.contract import Outgoing, PauseTimers
 from worker.core.domain import ClaimParams, Fired, Position
-from worker.core.firing import next_of
 from worker.core.ports import ClaimedBatch
+from worker.core.recurrence import next_of
 from worker.service import Replica
 
 # Whatever its outcome: that intake took the command is what counts.

@@ -16,8 +16,8 @@ from worker.adapters.postgres import db
 from worker.adapters.postgres.store import Store
 from worker.contract import CancelTimer, PauseTimers, Repeat, ScheduleTimer
 from worker.core.domain import Claimed, Fired
-from worker.core.firing import next_of
 from worker.core.ports import ClaimedBatch
+from worker.core.recurrence import next_of
 
 
 @pytest.fixture

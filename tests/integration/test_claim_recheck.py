@@ -19,7 +19,7 @@ from worker.adapters.postgres import db
 from worker.adapters.postgres.store import Store
 from worker.contract import CancelTimer, Repeat, ScheduleTimer
 from worker.core.domain import Fired
-from worker.core.firing import next_of
+from worker.core.recurrence import next_of
 
 # A claim takes its fencing token from this sequence before it locks any row (claim_due's token
 # CTE is the outer side of the UPDATE's join in its plan; if that changed, the claim would skip the

@@ -17,7 +17,7 @@ from worker.adapters.postgres import db
 from worker.adapters.postgres.store import Store
 from worker.contract import Repeat, ScheduleTimer
 from worker.core.domain import Fired
-from worker.core.firing import next_of
+from worker.core.recurrence import next_of
 
 
 @pytest.fixture

@@ -431,7 +431,7 @@ def test_actions_are_refused_when_off_confirmed_first_and_audited(
         TestClient(
             create_app(console_settings(settings, console_actions=True)), follow_redirects=False
         ) as on,
-        caplog.at_level(logging.INFO, logger="worker.console"),
+        caplog.at_level(logging.INFO, logger="worker.ops.console"),
     ):
         csrf = _login(on)
         assert on.post("/act/cancel/acme/secret-timer", data={"confirm": "yes"}).status_code == 403  # no CSRF

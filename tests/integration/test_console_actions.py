@@ -56,7 +56,7 @@ async def _schedule(js: Any, settings: Settings, body: dict[str, Any], headers: 
 async def test_pause_and_resume_a_tenant_and_a_timer_from_the_console(
     settings: Settings, db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="worker.console")
+    caplog.set_level(logging.INFO, logger="worker.ops.console")
     async with running_replica(settings), jetstream(settings) as js:
         for sid in ("one", "two"):
             await _schedule(

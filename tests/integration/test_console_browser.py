@@ -133,7 +133,7 @@ async def test_live_updates_charts_search_history_and_every_action_in_a_browser(
     across tenants landing on a timer whose firing shows in its history, then each action (pause and
     resume of a timer and of a tenant too, issue 23), each confirmed first and each audited with
     who did it."""
-    caplog.set_level(logging.INFO, logger="worker.console")
+    caplog.set_level(logging.INFO, logger="worker.ops.console")
     async with running_replica(settings) as replica, console(settings) as base, jetstream(settings) as js:
         rollup = StatsRollup(replica.pool, replica.s.worker_id)
         client = TimerClient(js._nc, settings.subject_prefix)

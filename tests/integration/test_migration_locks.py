@@ -68,7 +68,7 @@ async def test_an_add_column_blocked_by_a_long_reader_keeps_timers_on_time(
     (Before: the file's own `lock_timeout = 5s` held every claim and intake write for 5 s, and
     the migration then failed.)"""
     release = release_with(tmp_path, "0098_note.sql")
-    caplog.set_level(logging.INFO, logger="worker.migrations")
+    caplog.set_level(logging.INFO, logger="worker.adapters.postgres.migrations")
     async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
 
         async def schedule(prefix: str, n: int, start_s: float, over_s: float) -> None:

@@ -182,7 +182,7 @@ async def test_gets_while_postgres_is_away_log_one_line_not_one_each(
     each get waiting logged `get failed`: ~36,000 lines at the stop after a flood. Each is still
     answered `unavailable`; the line comes at most once every logs.THROTTLE_S, the next saying
     how many it left out."""
-    caplog.set_level(logging.WARNING, logger="worker.readmodel")
+    caplog.set_level(logging.WARNING, logger="worker.core.readmodel")
     started = time.monotonic()
     async with running_replica(settings) as replica:
         await replica.pool.close()  # every lookup now fails, as at a stop

@@ -1,26 +1,35 @@
-"""The folders say the architecture, and this keeps them saying it (README, Layout).
+"""The folders say the architecture, and this keeps them saying it (CONTRIBUTING.md, The rooms).
 
 Every `import` in worker/ is read with `ast`, wherever it stands: at the top, inside a function
 (the CLI's lazy imports), under `if TYPE_CHECKING:`. A type-only import is still a dependency a
 reader has to follow, so it counts.
 
+- every module is in a room: a folder (core, adapters, client, ops, devkit), the contract, the
+  cross-cutting modules (config, errors, logs, metrics, tracing) or the composition (service.py,
+  which wires the adapters into the core's loops, and settings.py, which checks the settings
+  through the Postgres adapter); a new top-level module has to say which;
 - the contract is pure: no worker module, nothing outside the standard library;
 - the producer client (worker/client: TimerClient, its consumer, its envelopes, the NATS wire it
   owns) imports only the contract and itself (and nats-py);
-- the core (worker/core) imports no adapter, no operator tool, no devkit, not the composition
-  root, and neither the database driver nor nats-py: it reads a received message through its own
+- the core (worker/core) imports no adapter, no operator tool, no devkit, not the composition,
+  and neither the database driver nor nats-py: it reads a received message through its own
   protocols (worker/core/received.py), which nats-py's Msg satisfies; nor does any module it
   reaches import either (the JetStream adapter tells errors.verdict of nats-py's errors, the
   Postgres adapter checks a conninfo for worker/settings.py);
-- the cross-cutting modules (config, errors, logs, metrics, tracing) import no adapter,
-  no operator tool, no devkit;
-- adapters import no operator tool and no devkit; the replica (worker/service.py) reaches neither;
+- the cross-cutting modules import no adapter, no operator tool, no devkit, not the composition;
+- adapters import no operator tool, no devkit, not the composition; the composition reaches
+  neither an operator tool nor the devkit;
 - no import circle among worker modules.
+
+And the house stays one a newcomer finds things in: no module over MAX_LINES lines, and every
+package's `__init__.py` docstring names each of its modules and folders, one line each (`name.py`
+or `name/` at the start of a line, then what it holds), and names nothing that is not there.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -28,7 +37,11 @@ from pathlib import Path
 
 WORKER = Path(__file__).resolve().parents[2] / "worker"
 
+ROOMS = {"core", "adapters", "ops", "devkit", "client"}
 CROSS_CUTTING = {"config", "errors", "logs", "metrics", "tracing"}
+# What wires the rooms together: the replica, and the settings every entry point loads.
+COMPOSITION = {"service", "settings"}
+MAX_LINES = 400
 DATABASE = {"psycopg", "psycopg_pool", "psycopg_binary", "psycopg_c"}
 # What the adapters wrap and the core never imports: the database driver and the NATS client.
 ADAPTED = DATABASE | {"nats"}
@@ -84,15 +97,18 @@ def _longest_known(name: str, modules: dict[str, Module]) -> str | None:
 
 
 def layer(name: str) -> str:
-    """core, adapters, ops, devkit, client, contract, service, cross-cutting or package."""
+    """core, adapters, ops, devkit, client, contract, composition, cross-cutting, package or
+    "no room"."""
     parts = name.split(".")
-    if len(parts) > 1 and parts[1] in {"core", "adapters", "ops", "devkit", "client"}:
+    if len(parts) > 1 and parts[1] in ROOMS:
         return parts[1]
     if len(parts) == 1 or parts[1] == "__main__":
         return "package"
     if parts[1] in CROSS_CUTTING:
         return "cross-cutting"
-    return parts[1]  # contract, service
+    if parts[1] in COMPOSITION:
+        return "composition"
+    return "contract" if parts[1] == "contract" else "no room"
 
 
 def reachable(start: Iterable[str], modules: dict[str, Module]) -> dict[str, list[str]]:
@@ -156,6 +172,8 @@ def violations(modules: dict[str, Module], layer_of: Callable[[str], str] = laye
                     out.append(f"{who} {name} imports {of[target]} {target}")
 
     for name, m in sorted(modules.items()):
+        if of[name] == "no room":
+            out.append(f"{name} is in no room: a folder, or ROOMS, CROSS_CUTTING or COMPOSITION here")
         if of[name] == "contract" and (m.worker or m.third_party):
             out.append(f"contract {name} is not pure: imports {sorted(m.worker | m.third_party)}")
         if of[name] == "client":
@@ -175,11 +193,40 @@ def violations(modules: dict[str, Module], layer_of: Callable[[str], str] = laye
                     and (found := modules[target].third_party & NEVER_REACHED)
                 ):
                     out.append(f"core {name} reaches {sorted(found)} via {' -> '.join(path)}")
-    refuse({"adapters", "ops", "devkit", "service", "client"}, "core", via=True)
-    refuse({"adapters", "ops", "devkit", "service"}, "cross-cutting")
-    refuse({"ops", "devkit", "service"}, "adapters")
-    refuse({"ops", "devkit"}, "service", via=True)
+    refuse({"adapters", "ops", "devkit", "composition", "client"}, "core", via=True)
+    refuse({"adapters", "ops", "devkit", "composition"}, "cross-cutting")
+    refuse({"ops", "devkit", "composition"}, "adapters")
+    refuse({"ops", "devkit"}, "composition", via=True)
     out += [f"import circle: {' <-> '.join(c)}" for c in cycles(modules)]
+    return out
+
+
+def too_long(root: Path = WORKER, limit: int = MAX_LINES) -> list[str]:
+    """Every module over `limit` lines, one line each."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > limit:
+            out.append(f"{path.relative_to(root.parent)} has {n} lines, more than {limit}: split it")
+    return out
+
+
+# A docstring's entry: `name.py` or `name/` at the start of a line, then what it holds.
+ENTRY = re.compile(r"^(\w+(?:\.py|/))[ \t]+\S", re.MULTILINE)
+
+
+def unnamed(root: Path = WORKER) -> list[str]:
+    """Every module or folder its package's docstring does not name, and every name it gives that
+    is not there, one line each."""
+    out = []
+    for init in sorted(root.rglob("__init__.py")):
+        package = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        named = {m.group(1) for m in ENTRY.finditer(doc)}
+        present = {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+        present |= {f"{p.name}/" for p in package.iterdir() if p.is_dir() and p.name != "__pycache__"}
+        where = init.relative_to(root.parent)
+        out += [f"{where} does not name {n}" for n in sorted(present - named)]
+        out += [f"{where} names {n}, which is not there" for n in sorted(named - present)]
     return out
 
 
@@ -262,3 +309,68 @@ def test_the_client_is_a_room_of_its_own(tmp_path: Path) -> None:
     assert violations(modules) == [
         "client worker.client.wire imports more than the contract and the client: ['psycopg', 'worker.logs']",
     ]
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """A module a newcomer reads in one sitting; past that, it has seams to split along."""
+    assert too_long() == []
+
+
+def test_a_module_over_the_limit_is_named_with_its_length(tmp_path: Path) -> None:
+    root = tmp_path / "worker"
+    (root / "core").mkdir(parents=True)
+    (root / "core/short.py").write_text("x = 1\n" * MAX_LINES)
+    (root / "core/long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    too = f"worker/core/long.py has {MAX_LINES + 1} lines, more than {MAX_LINES}: split it"
+    assert too_long(root) == [too]
+
+
+def test_every_package_docstring_names_each_of_its_modules() -> None:
+    """The layout a newcomer reads is in the code, checked: no list elsewhere to go stale."""
+    assert unnamed() == []
+
+
+def test_a_module_or_folder_nobody_names_fails_and_so_does_a_stale_name(tmp_path: Path) -> None:
+    root = tmp_path / "worker"
+    (root / "core/deep").mkdir(parents=True)
+    (root / "templates").mkdir()
+    (root / "__init__.py").write_text(
+        '"""The package.\n\ncore/  the loops\ngone.py  removed long ago\ntemplates/\n"""\n'
+    )
+    (root / "core/__init__.py").write_text('"""The core: clock.py is named in prose only."""\n')
+    (root / "core/clock.py").write_text("")
+    (root / "core/deep/__init__.py").write_text('"""Deep.\n\nx.py   what x holds\n"""\n')
+    (root / "core/deep/x.py").write_text("")
+    assert unnamed(root) == [
+        "worker/__init__.py does not name templates/",  # named, but with nothing said of it
+        "worker/__init__.py names gone.py, which is not there",
+        "worker/core/__init__.py does not name clock.py",
+        "worker/core/__init__.py does not name deep/",
+    ]
+
+
+def test_a_top_level_module_in_no_room_fails_and_the_composition_reaches_no_tool(tmp_path: Path) -> None:
+    """settings.py imports the Postgres adapter: composition, like service.py, which the core, the
+    cross-cutting modules and the adapters may not import."""
+    root = tmp_path / "worker"
+    for d in ("core", "adapters", "ops"):
+        (root / d).mkdir(parents=True)
+        (root / d / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "helpers.py").write_text("")
+    (root / "adapters/db.py").write_text("")
+    (root / "ops/cli.py").write_text("from worker.settings import load\n")
+    (root / "settings.py").write_text("from worker.adapters import db\n")
+    (root / "config.py").write_text("from worker import settings\n")
+    (root / "core/intake.py").write_text("from worker.settings import load\n")
+    (root / "service.py").write_text("def f():\n    from worker.ops import cli\n")
+    assert sorted(violations(read_package(root))) == sorted(
+        [
+            "worker.helpers is in no room: a folder, or ROOMS, CROSS_CUTTING or COMPOSITION here",
+            "core worker.core.intake imports composition worker.settings",
+            "core worker.core.intake reaches adapters worker.adapters.db via "
+            "worker.core.intake -> worker.settings -> worker.adapters.db",
+            "cross-cutting worker.config imports composition worker.settings",
+            "composition worker.service imports ops worker.ops.cli",
+        ]
+    )

@@ -24,7 +24,7 @@ from tools.bench.calibrate import cpu_loop_ms
 from worker.contract import Rejection, ScheduleTimer
 from worker.core.commands import parse_command
 from worker.core.domain import Claimed
-from worker.core.firing import NEXT_FREE_S, NEXT_SHARE
+from worker.core.fireable import NEXT_FREE_S, NEXT_SHARE
 from worker.core.recurrence import next_of
 
 PROG = "python -m tools.bench.tenantwork"

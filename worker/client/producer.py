@@ -22,6 +22,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
 
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.errors import APIError
 
@@ -35,6 +36,7 @@ from worker.client.batches import (
 from worker.client.closing import close_within
 from worker.client.consumer import MAX_ACK_PENDING, DueEvent, due_events
 from worker.client.envelopes import Envelope, Envelopes, envelope
+from worker.client.errors import GetRefused, GetTimeout, NoReplica
 from worker.client.wire import nats_connect, written
 from worker.contract import CONTROL_TYPES, FAST_BATCHES, TENANT_RE, ControlKind, Subjects, iso
 
@@ -151,14 +153,20 @@ class TimerClient:
         await self._send(self.subjects.of(tenant, kind), CONTROL_TYPES[kind], payload, None)
 
     async def get(self, tenant_id: str, service_call_id: str, timeout: float = 5.0) -> dict[str, Any] | None:
-        """The timer's read model, or None when the service knows no such timer."""
+        """The timer's read model, or None when the service knows no such timer; else GetTimeout,
+        NoReplica or GetRefused, each a TimerClientError (worker/client/errors.py)."""
         body = json.dumps({"serviceCallId": service_call_id}).encode()
-        reply = await self.nc.request(self.subjects.of(_tenant(tenant_id), "get"), body, timeout=timeout)
+        try:
+            reply = await self.nc.request(self.subjects.of(_tenant(tenant_id), "get"), body, timeout=timeout)
+        except nats.errors.TimeoutError as exc:
+            raise GetTimeout() from exc
+        except nats.errors.NoRespondersError as exc:
+            raise NoReplica() from exc
         view: dict[str, Any] = json.loads(reply.data)
         if view.get("error") == "not_found":
             return None
         if "error" in view:
-            raise RuntimeError(f"{view['error']}: {view.get('detail', '')}")
+            raise GetRefused(view["error"], view.get("detail", ""))
         return view
 
     async def _send(

@@ -75,7 +75,7 @@ class Claimed(NamedTuple):
 
 
 class Unreadable(NamedTuple):
-    """A claimed occurrence whose dueAt no datetime holds: it fails alone (FiringLoop.fire)."""
+    """A claimed occurrence whose dueAt no datetime holds: it fails alone (worker/core/fireable.py)."""
 
     tenant_id: str
     service_call_id: str

@@ -208,7 +208,7 @@ def _data(value: Any, limit: int) -> Any:
     stored) made a 737 KiB event, and at the largest setting events over NATS's 1 MiB max_payload
     that never fired. The stored form, not a new column of the producer's text: that would
     rewrite the table (sql/migrations/0009), and a row stored before is measured at firing anyway
-    (FiringLoop._publish). Besides the spacing, only a float's text grows: json.loads makes every
+    (BatchFiring._publish). Besides the spacing, only a float's text grows: json.loads makes every
     number with a fraction or an exponent a float, whose repr (the text Jsonb sends) jsonb parses
     as an exact numeric; an integer prints the same digits either way, a string the same escapes.
 

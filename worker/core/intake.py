@@ -34,7 +34,7 @@ from worker.core.waiting import Slices, retry_transient, wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError, verdict
 
-log = logging.getLogger("worker.intake")
+log = logging.getLogger(__name__)
 
 FETCH_WAIT_S = 1.0
 # A command whose key could not be written is offered again after this long.

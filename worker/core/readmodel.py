@@ -26,7 +26,7 @@ from worker.core.timers import timer_view
 from worker.errors import verdict
 from worker.logs import Throttled
 
-log = logging.getLogger("worker.readmodel")
+log = logging.getLogger(__name__)
 
 # A tenant's gets waiting on one replica: at most this many, their bodies at most this many bytes
 # (a body may be up to max_payload, a megabyte, where a get needs tens of bytes). Far above what a

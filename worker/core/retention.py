@@ -20,7 +20,7 @@ from worker.core.ports import FinishedTimers
 from worker.core.waiting import wait_any
 from worker.errors import TransientError
 
-log = logging.getLogger("worker.retention")
+log = logging.getLogger(__name__)
 
 # Rows per DELETE: a few milliseconds of locks and WAL, however large the backlog.
 BATCH = 2000

@@ -331,7 +331,7 @@ def fleet_now(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     backing_off = 0
     for owner, n, expiry in conn.execute(QUERIES["status_leases"]):
         if owner is None:
-            # A lease without an owner is a failed publish's back-off (worker/core/firing.py):
+            # A lease without an owner is a failed publish's back-off (worker/core/publishing.py):
             # due, not fired, and retried by any replica when it runs out.
             backing_off = n
             continue

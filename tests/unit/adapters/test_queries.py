@@ -63,3 +63,27 @@ def test_a_firing_recorded_again_sets_what_its_record_would_have() -> None:
     assert set_list.search(record)[1] == set_list.search(again)[1]  # type: ignore[index]
     assert "NULL::timestamptz AS recurrence_ref, NULL::int AS attempts" in record
     assert "%(recurrence_ref)b" in again and "%(attempts)b" in again
+
+
+def test_docs_states_names_every_statement_that_writes_a_timer_row_and_no_other() -> None:
+    """docs/STATES.md draws the row's states with the statement that moves each: every statement
+    that writes `timers` is in it, and each its transitions name exists (or is a fragment)."""
+    states = (QUERY_FILES[0].parents[2] / "docs" / "STATES.md").read_text()
+    writers = {
+        n for n, sql in QUERIES.items() if re.search(r"\b(?:UPDATE|INSERT INTO|DELETE FROM) timers\b", sql)
+    }
+    assert {"claim_due", "record_fired", "retry_later", "upsert_schedules", "delete_finished"} <= writers
+    assert writers - set(re.findall(r"`(\w+)`", states)) == set()
+    fragments = {f for p in QUERY_FILES for f in re.findall(r"^-- fragment: (\w+)$", p.read_text(), re.M)}
+    transitions = states.split("## The transitions", 1)[1]
+    moved_by = {
+        name
+        for row in re.findall(r"^\|(.*)\|$", transitions, re.M)[2:]  # past the header and its rule
+        for name in re.findall(r"`(\w+)`", row.split("|")[2])
+    }
+    assert moved_by and moved_by - set(QUERIES) - fragments == set()
+    diagram = states.split("```mermaid", 1)[1].split("```", 1)[0]
+    drawn = {
+        n for labels in re.findall(r"--> \w+: (.*)", diagram) for n in re.findall(r"\b[a-z]+_\w+\b", labels)
+    }
+    assert drawn and drawn - set(QUERIES) == set(), "a diagram's arrow names a statement that is not there"

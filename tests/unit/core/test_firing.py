@@ -14,16 +14,9 @@ from tests.twins import FakeClock, FakeTime, TwinPublisher, TwinStore, claim_par
 from worker.config import Settings
 from worker.contract import Repeat, ScheduleTimer
 from worker.core.budget import TenantBudgets, TimeBudget
-from worker.core.domain import Fired
-from worker.core.firing import (
-    LOOKAHEAD_MS,
-    NEXT_BURST_S,
-    NEXT_SHARE,
-    PIPELINE_DEPTH,
-    POSTPONE_MS,
-    RETRY_BACKOFF_MS,
-    FiringLoop,
-)
+from worker.core.domain import LOOKAHEAD_MS, Fired
+from worker.core.fireable import NEXT_BURST_S, NEXT_SHARE, POSTPONE_MS, RETRY_BACKOFF_MS
+from worker.core.firing import PIPELINE_DEPTH, FiringLoop
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError
 from worker.settings import load_settings

@@ -37,7 +37,7 @@ from tenacity import (
 
 from worker.adapters.postgres import db
 
-log = logging.getLogger("worker.migrations")
+log = logging.getLogger(__name__)
 
 # Any constant works; it only has to be the same for every replica.
 _MIGRATION_LOCK = 0x7115_E4

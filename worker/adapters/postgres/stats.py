@@ -23,7 +23,7 @@ from worker import metrics
 from worker.adapters.postgres.queries import QUERIES
 from worker.core.waiting import wait_any
 
-log = logging.getLogger("worker.stats")
+log = logging.getLogger(__name__)
 
 STATS_EVERY_S = 15.0
 STATS_KEEP = timedelta(days=7)

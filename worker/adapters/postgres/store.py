@@ -27,7 +27,7 @@ from worker.core.ports import ClaimedBatch
 from worker.core.timers import StoredTimer
 from worker.errors import TransientError
 
-log = logging.getLogger("worker.store")
+log = logging.getLogger(__name__)
 
 # How long a command waiting for its timer may hold up the later ones once the timer is no longer
 # claimed (Store.order_grace); at least the lease plus the command consumer's ack wait.

@@ -1,1 +1,12 @@
-"""The operator console: a small server-rendered web app (Starlette, Jinja2, uvicorn)."""
+"""The operator console: a small server-rendered web app (Starlette, Jinja2, uvicorn).
+
+app.py          the app (`timer-service console`): its routes, read-only unless
+                TIMER_CONSOLE_ACTIONS
+auth.py         the door: every request authenticated, every form post with its CSRF token
+base.py         what every page shares: the Console, rendering, the checked form, the audit line
+views.py        the reading pages: the overview, the search, a tenant's timers, a timer
+dlq_views.py    the DLQ pages: the listing, one entry, its replay, the bulk actions
+actions.py      the actions on a timer or a tenant (cancel, reschedule, fire now, pause, resume)
+charts.py       line charts as inline SVG, drawn on the server
+templates/      the Jinja2 templates of those pages
+"""

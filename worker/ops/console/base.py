@@ -28,7 +28,7 @@ from worker.config import ConsoleSettings
 from worker.ops import dlq, reads
 from worker.ops.console.auth import Credentials, LoginThrottle, Sessions, csrf_ok
 
-log = logging.getLogger("worker.console")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # The counts that read the whole table (timers by state, top tenants) are read at most this often;

@@ -1,0 +1,114 @@
+"""Which of a claimed batch's rows can fire, and the next occurrence of each: the checks a row
+must pass to become an event, the recurring arithmetic under each tenant's time budget, and the
+back-off of a row that cannot fire."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from datetime import datetime
+
+from worker import metrics
+from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, iso
+from worker.core.budget import TenantBudgets
+from worker.core.domain import Claimed, Failed, Key, Leased, Unreadable
+from worker.core.headers import stored_carried_problem
+from worker.core.recurrence import next_of
+from worker.core.waiting import Slices
+from worker.errors import verdict
+
+log = logging.getLogger(__name__)
+
+# A failed publish is retried by any replica after this long.
+RETRY_BACKOFF_MS = 1000
+# A row that cannot be made into an event (its dueAt unreadable or out of range, its repeat
+# broken) is retried after RETRY_BACKOFF_MS, doubling with each attempt up to this: it stays
+# visible (attempts, lastError) and never spins the loop.
+ROW_RETRY_MAX_MS = 300_000
+# What next occurrences cost beyond NEXT_FREE_S each (a rare cron schedule, skipped occurrences
+# counted for `times`: worker/core/budget.py) takes at most a tenth of the loop's time per tenant,
+# a tenth of a second saved up, and a quarter of it for all tenants together. A common schedule's
+# costs 10 to 40 us and is never charged; the free part is about what firing any row costs the
+# replica anyway (~30 us), so a claim of rows just under it holds the loop ~0.1 s at most. A
+# recurring row met while its tenant's budget is overdrawn, or a cron one while the total is, is
+# put back, unfired and with no error, for POSTPONE_MS; every other row goes on.
+NEXT_SHARE = 0.1
+NEXT_BURST_S = 0.1
+NEXT_TOTAL_SHARE = 0.25
+NEXT_TOTAL_BURST_S = 0.25
+NEXT_FREE_S = 0.0001
+POSTPONE_MS = 1000
+
+# Each firing occurrence's next one (worker/core/recurrence.py next_of), by timer.
+Nexts = dict[Key, tuple[datetime | None, int | None]]
+
+
+def next_budget() -> TenantBudgets:
+    """The budget of next-occurrence arithmetic a replica's batches share (both lanes')."""
+    return TenantBudgets(NEXT_SHARE, NEXT_BURST_S, NEXT_TOTAL_SHARE, NEXT_TOTAL_BURST_S)
+
+
+async def fireable(
+    claimed: Sequence[Claimed], unreadable: Sequence[Unreadable], budget: TenantBudgets, failed: list[Failed]
+) -> tuple[list[Claimed], Nexts]:
+    """The claimed rows that can fire, earliest due first, and each one's next occurrence. Every
+    other row goes to `failed`: backed off when it cannot be made into an event, put back unfired
+    when its tenant's budget (or the total, for a cron row) is overdrawn."""
+    for u in unreadable:
+        cannot_fire(u, "unreadable_due_at", "dueAt cannot be read (infinite, or not in years 1-9999)", failed)
+    nexts: Nexts = {}
+    postponed = 0
+    # Each tenant's budget bounds its own costly rows; the slices bound what many tenants'
+    # add up to in one claim (40 tenants' budgets held the loop 2 s): other batches and the
+    # fresh lane go on between them.
+    slices = Slices()
+    for c in claimed:
+        await slices.check()
+        if not EARLIEST_DUE_AT <= c.due_at <= LATEST_DUE_AT:
+            cannot_fire(c, "due_at_out_of_range", f"dueAt {iso(c.due_at)} is outside {DUE_AT_RANGE}", failed)
+            continue
+        if (problem := stored_carried_problem(c.carried)) is not None:
+            cannot_fire(c, "bad_carried_headers", problem, failed)
+            continue
+        recurring = c.repeat_every is not None or c.repeat_cron is not None
+        if recurring and not budget.ready(c.tenant_id, costly=c.repeat_cron is not None):
+            postponed += 1
+            failed.append((c, None, POSTPONE_MS))
+            continue
+        started = time.perf_counter()
+        try:  # computed before the publish: an event goes out only when its row can be recorded
+            nexts[c.tenant_id, c.service_call_id] = next_of(c)
+        except Exception as exc:  # whatever the row's values break, the row alone fails
+            if verdict(exc) != "alone":
+                raise
+            cannot_fire(c, "bad_repeat", f"next occurrence: {type(exc).__name__}: {exc}", failed)
+        if recurring:
+            budget.charge(c.tenant_id, time.perf_counter() - started - NEXT_FREE_S)
+    if postponed:
+        metrics.POSTPONED.labels("next_occurrence").inc(postponed)
+        log.info(
+            "recurring timers postponed",
+            extra={"action": "postponed", "reason": "next_occurrence", "count": postponed},
+        )
+    ready = sorted((c for c in claimed if (c.tenant_id, c.service_call_id) in nexts), key=lambda c: c.due_at)
+    return ready, nexts
+
+
+def cannot_fire(timer: Leased, reason: str, error: str, failed: list[Failed]) -> None:
+    """One row's failure: recorded on the row and retried with back-off; the batch goes on."""
+    backoff_ms = min(ROW_RETRY_MAX_MS, RETRY_BACKOFF_MS * 2 ** min(max(timer.attempts - 1, 0), 20))
+    failed.append((timer, error, backoff_ms))
+    metrics.FIRE_ERRORS.labels(reason).inc()
+    log.warning(
+        "timer cannot fire",
+        extra={
+            "action": "fire_error",
+            "reason": reason,
+            "error": error,
+            "tenant": timer.tenant_id,
+            "service_call_id": timer.service_call_id,
+            "attempts": timer.attempts,
+            "retry_in_ms": backoff_ms,
+        },
+    )

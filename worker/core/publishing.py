@@ -1,0 +1,211 @@
+"""One claimed batch fired: its events published as each occurrence comes due on the database
+clock, all of them acknowledged (or failed) before anything is recorded, then recorded in the
+claim's own transaction (or, that transaction lost, in one of their own). The claiming around
+it is worker/core/firing.py's; which rows can fire, worker/core/fireable.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from worker import metrics, tracing
+from worker.config import Settings
+from worker.contract import Outgoing, due_event, iso, wire_size
+from worker.core.clock import Clock
+from worker.core.crashpoints import crash_point
+from worker.core.domain import Claimed, Failed, Fired, Unreadable
+from worker.core.fireable import RETRY_BACKOFF_MS, Nexts, cannot_fire, fireable, next_budget
+from worker.core.loop import Loop
+from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore
+from worker.core.wakeup import Wakeup
+
+log = logging.getLogger(__name__)
+
+
+async def _no_results() -> list[BaseException | None]:
+    return []
+
+
+class BatchFiring(Loop[FiringStore, EventPublisher]):
+    """What the firing loop does with each batch it claims (`fire`)."""
+
+    def __init__(
+        self, settings: Settings, store: FiringStore, broker: EventPublisher, wakeup: Wakeup, clock: Clock
+    ) -> None:
+        super().__init__(settings, store, broker, wakeup, clock)
+        self.next_budget = next_budget()  # both lanes' batches share it
+
+    async def fire(self, batch: ClaimedBatch) -> None:
+        """Publish each occurrence of a claimed batch as soon as it is due on the database clock,
+        then record them all; the batch ends here whatever happens."""
+        try:
+            if batch.result.claimed or batch.result.unreadable:
+                await self._fire(batch, batch.result.claimed, batch.result.unreadable)
+        finally:
+            await batch.close()
+
+    async def _fire(
+        self, batch: ClaimedBatch, claimed: list[Claimed], unreadable: Sequence[Unreadable]
+    ) -> None:
+        metrics.CLAIMED.inc(len(claimed) + len(unreadable))
+        reclaimed = [c.attempts for c in claimed] + [u.attempts for u in unreadable]
+        metrics.LEASES_RECLAIMED.inc(sum(1 for n in reclaimed if n > 1))
+        crash_point("claimed")
+        failed: list[Failed] = []
+        waiting, nexts = await fireable(claimed, unreadable, self.next_budget, failed)
+        fired: list[Fired] = []
+        # Each due instant's events go out when it comes, not after the PubAcks of the instant
+        # before: waiting for those made every later event of the claim a round trip later.
+        # All are acknowledged (or failed) before anything is recorded.
+        sends: list[asyncio.Task[None]] = []
+        try:
+            while waiting:
+                now = self.clock.now()  # never ahead of the database clock: never early
+                ready = bisect.bisect_right(waiting, now, key=lambda c: c.due_at.timestamp())
+                if ready == 0:
+                    await self.clock.sleep(waiting[0].due_at.timestamp() - now)
+                    continue
+                group, waiting = waiting[:ready], waiting[ready:]
+                at = datetime.fromtimestamp(now, UTC)
+                sends.append(asyncio.create_task(self._publish(group, at, nexts, fired, failed)))
+            for send in sends:
+                await send
+        finally:
+            for send in sends:
+                send.cancel()  # after an error or a stop: those still out end here too
+            await asyncio.gather(*sends, return_exceptions=True)
+        crash_point("published")
+        await self._record(batch, fired, failed)
+        crash_point("marked")
+        # A recurring timer's next occurrence was unknown when this claim looked ahead.
+        if upcoming := [f.next_due_at for f in fired if f.next_due_at is not None]:
+            self.wakeup.hint(min(upcoming).timestamp())
+
+    async def _publish(
+        self,
+        due: list[Claimed],
+        now: datetime,
+        nexts: Nexts,
+        fired: list[Fired],
+        failed: list[Failed],
+    ) -> None:
+        # First attempts go in atomic batches; an occurrence claimed before may already be in
+        # the stream, which would make its whole batch fail, so those go one by one (deduped).
+        due = sorted(due, key=lambda c: c.attempts > 1)
+        reached, reached_ms = iso(now), round(now.timestamp() * 1000)
+        subjects = self.broker.subjects
+        ids = self.broker.ids
+        messages = [due_event(c, subjects.due(c.tenant_id), reached, reached_ms, ids) for c in due]
+        if oversized := self._oversized(messages):
+            due, messages = self._deliverable(due, messages, oversized, failed)
+        retries = sum(1 for c in due if c.attempts > 1)
+        first, again = messages[: len(messages) - retries], messages[len(messages) - retries :]
+        timeout = self.s.publish_timeout_ms / 1000
+        started = time.perf_counter()
+        with tracing.span("timer.publish", **{"timer.count": len(due), "timer.retries": retries}):
+            traced = tracing.publish_spans(due, messages)
+            # Side by side, within one timeout (held under the lease): one after the other they
+            # could outlast it, and Postgres would end the claim's idle session, rolling back
+            # every claim, so that the next claim had the same shape again.
+            published, republished = await asyncio.gather(
+                self.broker.publish_atomic(first, timeout) if first else _no_results(),
+                self.broker.publish_many(again, timeout) if again else _no_results(),
+            )
+            results = [*published, *republished]
+            if traced:
+                tracing.end_publish_spans(traced, results)
+        metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
+        acked_at = self.clock.now()
+        errors = 0
+        lateness: list[float] = []
+        for timer, err in zip(due, results, strict=True):
+            if err is None:
+                fired.append(Fired(timer, *nexts[timer.tenant_id, timer.service_call_id]))
+                lateness.append(max(0.0, acked_at - timer.due_at.timestamp()))
+            else:
+                errors += 1
+                failed.append((timer, f"publish: {type(err).__name__}: {err}", RETRY_BACKOFF_MS))
+        # One call per batch: a histogram's observe per timer was 3 % of a replica's CPU in a drain.
+        metrics.observe_many(metrics.LATENESS_SECONDS, lateness)
+        metrics.FIRED.inc(len(due) - errors)
+        if errors:
+            metrics.PUBLISH_FAILED.inc(errors)
+            log.warning(
+                "publish failed",
+                extra={"action": "publish_failed", "count": errors, "error": failed[-1][1]},
+            )
+
+    def _oversized(self, messages: list[Outgoing]) -> dict[int, int]:
+        """{place: size} of the events the server would refuse for their size (wire_size over its
+        max_payload): it would answer MaxPayloadError, or, where nats-py checks the payload alone,
+        close the connection. A timer accepted since `data` is measured as delivered never makes
+        one (Broker.ensure_streams checks the settings against the server); a row stored before,
+        or written by hand, may."""
+        limit = self.broker.max_payload
+        # Measured whole only where it could be over: an event with its Nats-Msg-Id alone (59
+        # bytes of headers) and half the limit of payload is not, so most cost two len()s.
+        return {
+            i: size
+            for i, m in enumerate(messages)
+            if len(m.payload) > limit // 2 or len(m.headers) > 1
+            if (size := wire_size(m)) > limit
+        }
+
+    def _deliverable(
+        self,
+        due: list[Claimed],
+        messages: list[Outgoing],
+        oversized: dict[int, int],
+        failed: list[Failed],
+    ) -> tuple[list[Claimed], list[Outgoing]]:
+        """The occurrences and events left once the oversized ones are set aside as broken rows:
+        recorded on the row and backed off (its attempts and lastError in `get`, a fire error in
+        the metrics), never retried every second as a publish that failed for now."""
+        limit = self.broker.max_payload
+        for i, size in oversized.items():
+            error = f"its event is {size} bytes, more than the NATS server's max_payload {limit}"
+            cannot_fire(due[i], "event_too_large", error, failed)
+        keep = [i for i in range(len(due)) if i not in oversized]
+        return [due[i] for i in keep], [messages[i] for i in keep]
+
+    async def _record(self, batch: ClaimedBatch, fired: list[Fired], failed: list[Failed]) -> None:
+        """Record what was acknowledged and release what failed, in the claim's transaction.
+
+        Not retried: an error rolls the claim back, its rows free at once for another claim. But
+        its firings are out, and a row that looks never claimed would take a command meanwhile (a
+        reschedule firing a one-shot timer twice): _record_again records them, then the error goes on."""
+        with tracing.span("timer.mark", **{"timer.count": len(fired)}) as span:
+            try:
+                marked = await batch.record(fired, failed)
+            except Exception as exc:
+                if fired:
+                    await self._record_again(fired, exc)
+                raise
+            span.set_attribute("timer.marked", marked)
+            span.set_attribute("timer.fenced", len(fired) - marked)
+        metrics.MARKED.inc(marked)
+        if marked < len(fired):
+            metrics.FENCE_REJECTED.inc(len(fired) - marked)
+            log.warning(
+                "lease lost before mark",
+                extra={"action": "fence_rejected", "count": len(fired) - marked},
+            )
+
+    async def _record_again(self, fired: list[Fired], lost: Exception) -> None:
+        """Record acknowledged firings whose claim's transaction was lost (`lost`), each only where
+        its row still holds that occurrence, unclaimed (FiringStore.record_again). Once: if this
+        fails too (the database gone), another claim fires them again, deduplicated by their
+        Nats-Msg-Id, and a command that came first meanwhile applies (docs/RELIABILITY.md)."""
+        try:
+            marked = await self.store.record_again(fired)
+        except Exception as exc:  # the batch's own error is what the loop judges, raised after this
+            again = {"count": len(fired), "error": f"{type(exc).__name__}: {exc}"}
+            log.warning("record again failed", extra={"action": "record_again_failed", **again})
+            return
+        metrics.MARKED.inc(marked)
+        done = {"count": len(fired), "marked": marked, "error": f"{type(lost).__name__}: {lost}"}
+        log.warning("batch recorded again", extra={"action": "recorded_again", **done})
