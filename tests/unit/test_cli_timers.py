@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from worker.ops.cli_timers import _lines
 
 LIMIT = 10
@@ -47,3 +49,20 @@ def test_a_line_past_the_bound_is_skipped_by_its_number_without_being_held() -> 
 def test_the_last_line_needs_no_line_end() -> None:
     assert list(_lines(Bounded(b"a\nbc"), LIMIT)) == [(1, b"a\n", 2), (2, b"bc", 2)]
     assert list(_lines(Bounded(b""), LIMIT)) == []
+
+
+def test_a_read_the_service_refuses_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`status --id` when a replica answers with an error: the reason on one line, exit 1."""
+    from worker.client.errors import GetRefused
+    from worker.ops import cli, cli_timers
+
+    def refused(*_: object) -> object:
+        raise GetRefused("bad_request", "the request cannot be looked up")
+
+    monkeypatch.setattr(cli_timers, "load_settings", lambda: None)
+    monkeypatch.setattr(cli_timers, "_with_client", refused)
+    assert cli.main(["status", "--tenant", "acme", "--id", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("timer-service: ") and "bad_request" in err, err

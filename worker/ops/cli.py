@@ -18,6 +18,7 @@ import nats.errors
 import psycopg
 
 from worker import __version__, logs
+from worker.client.errors import TimerClientError
 from worker.config import parse_duration
 from worker.contract import REASONS, TENANT_RULE, is_valid_tenant
 from worker.errors import ConfigError
@@ -318,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         where = "" if exc.sqlstate else "Postgres (TIMER_DATABASE_URL): "
         print(f"timer-service: {where}{logs.redact(_first_line(exc))}", file=sys.stderr)
         return 1
-    except (OSError, nats.errors.Error) as exc:
-        # A server not reachable, a file not found: a user's situation, not a bug. One line.
+    except (OSError, nats.errors.Error, TimerClientError) as exc:
+        # A server not reachable, a file not found, a replica refusing a read: a user's
+        # situation, not a bug. One line.
         where = "NATS (TIMER_NATS_URL): " if isinstance(exc, nats.errors.Error) else ""
         print(f"timer-service: {where}{logs.redact(_first_line(exc))}", file=sys.stderr)
         return 1
