@@ -18,8 +18,7 @@ ORDER BY worker_id;
 
 -- name: console_find_correlation
 -- Timers of any tenant with a correlationId.
-SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
-       last_error, fired_count, repeat_every, correlation_id,
+SELECT {{listed_timer_columns}}, correlation_id,
        state = 'Scheduled' AND due_at <= now() AS overdue
 FROM timers
 WHERE correlation_id = %(correlation_id)s AND correlation_id IS NOT NULL
@@ -45,8 +44,7 @@ LIMIT %(limit)s;
 
 -- name: console_tenant_back
 -- One tenant's timers in reverse key order: the previous page.
-SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
-       last_error, fired_count, repeat_every,
+SELECT {{listed_timer_columns}},
        state = 'Scheduled' AND due_at <= now() AS overdue
 FROM timers
 WHERE tenant_id = %(tenant_id)s AND service_call_id < %(before)s
@@ -56,8 +54,7 @@ LIMIT %(limit)s;
 
 -- name: console_due_back
 -- One tenant's Scheduled timers in reverse due order: the previous page.
-SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
-       last_error, fired_count, repeat_every,
+SELECT {{listed_timer_columns}},
        due_at <= now() AS overdue
 FROM timers
 WHERE state = 'Scheduled'

@@ -1,6 +1,11 @@
 -- Reads: `get`, the gauges, `status`, `list` and `describe` (worker/ops/reads.py).
 -- The why of each statement: docs/SQL.md.
 
+-- fragment: listed_timer_columns
+-- The columns a listing of timers shows (the CLI's `list`, the console's pages).
+tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+last_error, fired_count, repeat_every
+
 -- name: get_timers
 -- The timers of one tenant's batch of `get`s, one primary-key probe each.
 SELECT tenant_id, service_call_id, state, due_at, registered_at, updated_at, reached_at,
@@ -46,8 +51,7 @@ LIMIT %(top)s;
 
 -- name: inspect_tenant_timers
 -- One tenant's timers in key order, a page after a key, optionally filtered.
-SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
-       last_error, fired_count, repeat_every,
+SELECT {{listed_timer_columns}},
        state = 'Scheduled' AND due_at <= now() AS overdue
 FROM timers
 WHERE tenant_id = %(tenant_id)s AND service_call_id > %(after)s
@@ -59,8 +63,7 @@ LIMIT %(limit)s;
 
 -- name: inspect_due_timers
 -- Scheduled timers of every tenant (or one) in due order, a page after a key.
-SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
-       last_error, fired_count, repeat_every,
+SELECT {{listed_timer_columns}},
        due_at <= now() AS overdue
 FROM timers
 WHERE state = 'Scheduled'
