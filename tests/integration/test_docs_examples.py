@@ -32,7 +32,7 @@ ROOT = Path(__file__).parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Lines not run here, and why: long-running servers, or minutes of load.
 NOT_RUN = {
-    "bench": "minutes of load: tests/integration/test_bench.py runs the scenarios small",
+    "bench": "minutes of load: tests/integration/bench/test_bench.py runs the scenarios small",
 }
 # A command line: optional VAR=value words, optional .venv/bin/, then timer-service.
 COMMAND = re.compile(r"^(?:[A-Z_]+=\S*\s+)*(?:\.venv/bin/)?(timer-service\s.*)$")

@@ -3,7 +3,7 @@
 That a late duplicate ScheduleTimer inside the redelivery horizon does not re-arm a fired timer is
 test_timers.py::test_same_command_three_times_makes_one_timer_that_fires_once; retention keeps the
 row that makes that hold, since settings refuse TIMER_RETENTION < TIMER_COMMAND_MAX_AGE
-(test_cli.py checks the one-line error).
+(ops/test_cli.py checks the one-line error).
 """
 
 from __future__ import annotations

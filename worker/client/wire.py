@@ -7,7 +7,7 @@ the raw delivery hook (`_process_msg`, a subscription's `_id` and `_pending_queu
 many publishes (`_send_publish`, `_send_command`, `_flush_pending`, `_flush_queue`, `_pending`,
 `_max_payload`, `_skip_subject_validation`, `_flusher_task`, `_validate_subject`,
 `_HEADER_KEY_RE`, `_SUBJECT_INVALID_RE`) and a JetStream context's connection (`_nc`).
-tests/unit/test_wire.py has one test per name, failing when the installed nats-py drops or
+tests/unit/client/test_wire_internals.py has one test per name, failing when the installed nats-py drops or
 reshapes it; pyproject.toml states the nats-py versions that are tested (the floor by
 tests/integration/test_installed.py, the newest by the rest of the suite). Every use but the TLS
 check falls back to the public API when a name is missing."""

@@ -1,7 +1,7 @@
 """sql/schema.sql: the schema the migrations build, for a reader who wants the table, not twelve
 migrations. Generated, never edited: `make schema` (or `python -m worker.devkit.schema`) migrates
 a throwaway embedded Postgres and writes its `pg_dump --schema-only`, normalised (no comments, no
-session settings, no owners or grants), and tests/integration/test_schema.py fails when the file
+session settings, no owners or grants), and tests/integration/postgres/test_schema.py fails when the file
 no longer matches what the migrations build.
 """
 

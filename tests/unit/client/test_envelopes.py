@@ -1,5 +1,5 @@
 """The bulk path's commands (schedule_many, cancel_many): the envelope `schedule` sends, built per
-call; the sending itself is tested against a real server in tests/integration/test_client.py."""
+call; the sending itself is tested against a real server in tests/integration/client/test_producer.py."""
 
 from __future__ import annotations
 

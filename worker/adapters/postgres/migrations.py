@@ -4,7 +4,8 @@ Each migration runs in a transaction of its own with its version row, so a failu
 ones before it applied. A file whose first line is `-- migration: no-transaction` runs statement
 by statement outside any transaction (`CREATE INDEX CONCURRENTLY` cannot run inside one): every
 statement in it ends a line with `;` and can be run again after a failure half-way
-(tests/integration/test_migrations.py holds every file to these rules and the README's upgrade rules).
+(tests/integration/postgres/test_migrations.py holds every file to these rules and the README's
+upgrade rules).
 
 A migration that must wait for a lock (an ALTER TABLE behind a long transaction that has read the
 table, a pg_dump) would hold every claim, mark and intake write queued behind it for as long as

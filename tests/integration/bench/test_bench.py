@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_json(argv: list[str], env: dict[str, str] | None = None, timeout: int = 600) -> tuple[Any, str]:

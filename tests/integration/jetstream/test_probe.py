@@ -12,7 +12,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from tests.integration.test_client import command_headers, timers
+from tests.integration.client.test_producer import command_headers, timers
 from worker.adapters.jetstream.broker import Broker
 from worker.adapters.jetstream.probe import MEASURED_AT, probe_stream
 from worker.client import TimerClient

@@ -1,4 +1,5 @@
-"""Publishing to JetStream: atomic batches, and what happens when a batch cannot be taken."""
+"""Publishing to JetStream (worker/adapters/jetstream/publisher.py): atomic batches, and what
+happens when a batch cannot be taken."""
 
 from __future__ import annotations
 

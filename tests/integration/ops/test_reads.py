@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import query, running_replica, until
-from tests.integration.test_cli import run
+from tests.integration.ops.test_cli import run
 from worker.config import Settings
 from worker.ops import reads
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import consumer_idle, iso_in, jetstream, publish_raw, row, running_replica, until
-from tests.integration.test_cli import run
+from tests.integration.ops.test_cli import run
 from worker.config import Settings
 from worker.ops import dlq
 

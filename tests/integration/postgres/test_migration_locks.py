@@ -22,7 +22,7 @@ from tests.helpers import jetstream, query, recorder, running_replica, until
 from worker.adapters.postgres import migrations
 from worker.config import Settings
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 NEXT_RELEASE = ROOT / "tests" / "fixtures" / "next_release"
 TENANT = "acme"
 log = logging.getLogger(__name__)

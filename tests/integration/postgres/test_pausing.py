@@ -1,6 +1,6 @@
-"""Pause and resume under concurrency (issue 23, review): a schedule in flight beside a tenant's pause or
-resume, a claimed recurring timer, a tenant's pause/resume flood beside other tenants' commands, and a
-pause behind a stuck claim."""
+"""Pause and resume under concurrency (worker/adapters/postgres/pausing.py, its locks): a schedule
+in flight beside a tenant's pause or resume, a claimed recurring timer, a tenant's pause/resume
+flood beside other tenants' commands, and a pause behind a stuck claim."""
 
 from __future__ import annotations
 

@@ -18,13 +18,13 @@ import uvicorn
 from playwright.async_api import Page, async_playwright, expect
 
 from tests.helpers import iso_in, jetstream, publish_raw, row, running_replica, until
-from tests.integration.test_console import TOKEN, console_settings
+from tests.integration.ops.test_console import TOKEN, console_settings
 from worker.adapters.postgres.stats import StatsRollup
 from worker.client import TimerClient
 from worker.config import Settings
 from worker.ops.console.app import create_app
 
-ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "console"
+ARTIFACTS = Path(__file__).parents[2] / "artifacts" / "console"
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
     "--headless",

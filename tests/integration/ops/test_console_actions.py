@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.helpers import due_events, iso_in, jetstream, query, row, running_replica, until
-from tests.integration.test_console import _login, console_settings
+from tests.integration.ops.test_console import _login, console_settings
 from worker.config import Settings
 from worker.ops.console.app import create_app
 

@@ -1,4 +1,5 @@
-"""The producer client's bulk sends and its DueTimeReached consumer (issue 21, items 5 and 6)."""
+"""The producer client's bulk sends (worker/client/producer.py, batches.py) and its DueTimeReached
+consumer."""
 
 from __future__ import annotations
 
@@ -147,7 +148,7 @@ async def test_auto_keeps_atomic_batches_on_a_stream_with_one_replica_the_servic
     streams: Broker, client: TimerClient, settings: Settings
 ) -> None:
     # One server under sync_interval: always: a fast batch fsyncs each command, an atomic batch once.
-    # The service measures which (test_batch_probe.py); unmeasured, atomic batches.
+    # The service measures which (jetstream/test_probe.py); unmeasured, atomic batches.
     sent = await client.schedule_many(timers(200))
     assert [s.outcome for s in sent] == ["accepted"] * 200
     info = await streams.js.stream_info(settings.command_stream)

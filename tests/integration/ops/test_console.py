@@ -17,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.testclient import TestClient
 
 from tests.helpers import jetstream, publish_raw, query, running_replica, until
-from tests.integration.test_cli import run
+from tests.integration.ops.test_cli import run
 from worker import logs, metrics
 from worker.adapters.jetstream.broker import Broker
 from worker.adapters.postgres.queries import QUERIES

@@ -137,8 +137,8 @@ def test_servers_die_with_the_process_that_started_them(tmp_path: Path) -> None:
         [sys.executable, "-c", _ORPHAN, str(tmp_path)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        cwd=Path(__file__).parents[2],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        cwd=Path(__file__).parents[3],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])},
     )
     assert owner.stdout is not None
     pids = [int(p) for p in owner.stdout.readline().split()]

@@ -10,7 +10,7 @@ import pytest
 
 from worker.adapters.postgres.queries import QUERIES, QueryFileError, parse
 
-QUERY_FILES = sorted((Path(__file__).resolve().parents[3] / "sql" / "queries").glob("*.sql"))
+QUERY_FILES = sorted((Path(__file__).resolve().parents[4] / "sql" / "queries").glob("*.sql"))
 
 
 def test_fragments_are_spliced_where_a_statement_names_them() -> None:

@@ -158,7 +158,7 @@ def test_no_private_nats_py_api() -> None:
     """nats-py's JetStreamContext is a JetStreamManager: `js._jsm` is a private alias of itself."""
     from pathlib import Path
 
-    root = Path(__file__).parents[2] / "worker"
+    root = Path(__file__).parents[3] / "worker"
     users = [str(p) for p in root.rglob("*.py") if "._jsm" in p.read_text(encoding="utf-8")]
     assert users == []
 

@@ -28,7 +28,7 @@ from pglast.visitors import Visitor
 
 from worker.adapters.postgres import migrations
 
-MIGRATIONS = Path(__file__).parents[2] / "sql" / "migrations"
+MIGRATIONS = Path(__file__).parents[3] / "sql" / "migrations"
 
 # Default expressions PostgreSQL stores once instead of writing into every row (not volatile).
 _STABLE_DEFAULTS = {"now", "statement_timestamp", "transaction_timestamp"}
@@ -133,7 +133,7 @@ def test_every_shipped_migration_keeps_a_rolling_upgrade_safe() -> None:
     assert not refused, refused
 
 
-NEXT_RELEASE = Path(__file__).parents[1] / "fixtures" / "next_release"  # stand-ins for the next migrations
+NEXT_RELEASE = Path(__file__).parents[2] / "fixtures" / "next_release"  # stand-ins for the next migrations
 
 
 @pytest.mark.parametrize(
