@@ -74,6 +74,11 @@ def series(conn: psycopg.Connection[Any], window_min: int = 60) -> list[Minute]:
     return out
 
 
+def running(conn: psycopg.Connection[Any]) -> list[str]:
+    """The replicas alive by their stats (written within ALIVE_S): what `status` counts as running."""
+    return [r["worker_id"] for r in replicas_seen(conn) if r["alive"]]
+
+
 def replicas_seen(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
     """Replicas that wrote stats in the last 10 minutes: worker id, last seen, alive or not."""
     return [

@@ -25,6 +25,7 @@ from worker.adapters.postgres.queries import QUERIES
 from worker.contract import iso
 from worker.core.timers import StoredTimer, stored_timer, timer_view
 from worker.metrics import OVERDUE_CAP
+from worker.ops import fleet_stats
 from worker.ops.diagnosis import diagnose
 
 # Paused: the stored state of a paused timer (sql/migrations/0011), which the contract shows as
@@ -301,7 +302,7 @@ def cancel_outcome(
 
 def overview(conninfo: str, top: int = 10) -> dict[str, Any]:
     with db.connect(conninfo) as conn:
-        return {**fleet_counts(conn, top), **fleet_now(conn)}
+        return {**fleet_counts(conn, top), **fleet_now(conn), "running": fleet_stats.running(conn)}
 
 
 def fleet_counts(conn: psycopg.Connection[Any], top: int = 10) -> dict[str, Any]:

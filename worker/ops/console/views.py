@@ -41,7 +41,8 @@ async def overview(request: Request) -> Response:
     backlog = None
     if c.nc is not None:
         try:
-            backlog = await fleet.command_backlog(c.nc.jetstream(timeout=2), c.s)
+            running = sum(1 for r in found["replicas"] if r["alive"])
+            backlog = await fleet.command_backlog(c.nc.jetstream(timeout=2), c.s, running)
         except (nats.errors.Error, TimeoutError):
             backlog = None
     return c.page(
