@@ -71,6 +71,17 @@ WHERE state = 'Scheduled'
 ORDER BY due_at, tenant_id, service_call_id
 LIMIT %(limit)s;
 
+-- name: inspect_paused_timers
+-- Paused timers of every tenant in key order, a page after a key.
+SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+       last_error, fired_count, repeat_every, false AS overdue
+FROM timers
+WHERE state = 'Paused' AND (tenant_id, service_call_id) > (%(after_tenant)s, %(after_id)s)
+  AND (%(due_from)s::timestamptz IS NULL OR due_at >= %(due_from)s::timestamptz)
+  AND (%(due_to)s::timestamptz IS NULL OR due_at < %(due_to)s::timestamptz)
+ORDER BY tenant_id, service_call_id
+LIMIT %(limit)s;
+
 -- name: inspect_timer
 -- One timer, with what an operator asks about it, on the database clock.
 SELECT t.*, now() AS db_now,

@@ -66,3 +66,10 @@ def test_a_read_the_service_refuses_is_one_line(
     assert cli.main(["status", "--tenant", "acme", "--id", "x"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("timer-service: ") and "bad_request" in err, err
+
+
+def test_list_takes_every_state_the_reads_know() -> None:
+    """`list --state` (cli.STATES, kept apart so the parser imports no driver) refused Paused."""
+    from worker.ops import cli, reads
+
+    assert cli.STATES == reads.STATES

@@ -75,8 +75,8 @@ class TimerFilter:
     def __post_init__(self) -> None:
         if self.state is not None and self.state not in STATES:
             raise ValueError(f"state: one of {', '.join(STATES)}, not {self.state!r}")
-        if self.tenant_id is None and self.state not in (None, "Scheduled"):
-            raise ValueError("listing every tenant shows Scheduled timers only: give a tenant")
+        if self.tenant_id is None and self.state not in (None, "Scheduled", "Paused"):
+            raise ValueError("listing every tenant shows Scheduled or Paused timers only: give a tenant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +107,22 @@ def list_timers(
     or one tenant's with a due window or --overdue). Keyset paging: a page costs what it reads,
     however deep it is."""
     limit = max(1, min(limit, MAX_PAGE))
-    by_due = f.tenant_id is None or f.overdue
+    every_paused = f.tenant_id is None and f.state == "Paused"  # in key order: timers_paused
+    by_due = (f.tenant_id is None or f.overdue) and not every_paused
     cur = conn.cursor(row_factory=dict_row)
-    if by_due:
+    if every_paused:
+        tenant, sid = _decode(after) if after else ["", ""]
+        cur.execute(
+            QUERIES["inspect_paused_timers"],
+            {
+                "after_tenant": tenant,
+                "after_id": sid,
+                "due_from": f.due_from,
+                "due_to": f.due_to,
+                "limit": limit,
+            },
+        )
+    elif by_due:
         due, tenant, sid = _decode(after) if after else [None, "", ""]
         due_to = f.due_to
         if f.overdue:
@@ -149,6 +162,8 @@ def list_timers(
         key = (
             [last_row["due_at"].isoformat(), last_row["tenant_id"], last_row["service_call_id"]]
             if by_due
+            else [last_row["tenant_id"], last_row["service_call_id"]]
+            if every_paused
             else [last_row["service_call_id"]]
         )
         cursor = _encode(key)
