@@ -107,16 +107,6 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM timers
 FROM timers
 WHERE tenant_id = %(tenant_id)s AND state = 'Scheduled';
 
--- name: inspect_lateness
--- How late one-shot timers fired in a recent window (percentiles).
-SELECT count(*) AS fired,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM reached_at - due_at)) AS p50_s,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM reached_at - due_at)) AS p99_s,
-       max(extract(epoch FROM reached_at - due_at)) AS max_s
-FROM timers
-WHERE state <> 'Scheduled' AND state <> 'Paused' AND updated_at > now() - %(window)s::interval
-  AND state = 'Reached' AND reached_at IS NOT NULL;
-
 -- name: paused_gauges
 -- The paused timers (capped) and the paused tenants, for the gauges.
 SELECT (SELECT count(*) FROM (SELECT 1 FROM timers WHERE state = 'Paused' LIMIT %(cap)s) AS p) AS paused,

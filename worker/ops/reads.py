@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -224,17 +224,6 @@ def tenant_summary(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, A
         "overdue": overdue or 0,
         "oldest_overdue_s": float(oldest) if oldest is not None else None,
         "next_due_at": fmt_time(next_due),
-    }
-
-
-def lateness(conn: psycopg.Connection[Any], window: timedelta = timedelta(minutes=5)) -> dict[str, Any]:
-    """How late one-shot timers fired lately: count, p50, p99 and max seconds."""
-    row = conn.execute(QUERIES["inspect_lateness"], {"window": window}).fetchone()
-    fired, p50, p99, most = row if row else (0, None, None, None)
-    return {
-        "window_s": window.total_seconds(),
-        "fired": fired,
-        **{k: None if v is None else float(v) for k, v in (("p50_s", p50), ("p99_s", p99), ("max_s", most))},
     }
 
 
