@@ -73,3 +73,19 @@ def test_list_takes_every_state_the_reads_know() -> None:
     from worker.ops import cli, reads
 
     assert cli.STATES == reads.STATES
+
+
+def test_describe_writes_every_value_as_its_json_form() -> None:
+    """`describe` wrote booleans as Python's `False` beside JSON's `false` in a nested value."""
+    from worker.ops.reads import one_timer
+
+    view = {"tenantId": "acme", "overdue": False, "paused": True, "attempts": 0, "lastError": None}
+    view["repeat"] = {"every": "PT1H", "times": None}
+    lines = dict(line.split(None, 1) for line in one_timer(view).splitlines())
+    assert lines == {
+        "tenantId": "acme",
+        "overdue": "false",
+        "paused": "true",
+        "attempts": "0",
+        "repeat": '{"every": "PT1H", "times": null}',
+    }

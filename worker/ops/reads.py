@@ -379,9 +379,8 @@ def render_overview(report: dict[str, Any], commands: str | None = None) -> str:
 
 
 def one_timer(view: dict[str, Any]) -> str:
-    """`describe` and `status --id`: one field a line, values as the JSON form shows them."""
+    """`describe` and `status --id`: one field a line, each value as the JSON form writes it
+    (`true`, `3`, `{"every": "PT1H"}`; never Python's `True`), a string without its quotes."""
     shown = {k: v for k, v in view.items() if v is not None}
     width = max(map(len, shown), default=0) + 2
-    return "\n".join(
-        f"{k:<{width}}{json.dumps(v) if isinstance(v, dict | list) else v}" for k, v in shown.items()
-    )
+    return "\n".join(f"{k:<{width}}{v if isinstance(v, str) else json.dumps(v)}" for k, v in shown.items())
