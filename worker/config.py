@@ -6,6 +6,7 @@ import os
 import re
 import socket
 import urllib.parse
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any, TypeVar
 
@@ -201,10 +202,46 @@ class ConsoleSettings(Settings):
 
 S = TypeVar("S", bound=Settings)
 
+# TIMER_* variables that are not settings and are read all the same: the chaos suite's crash
+# points (a replica reads it: worker/core/crashpoints.py) and the test suite's knobs (tests/).
+NOT_SETTINGS = frozenset(
+    {
+        "TIMER_TEST_CRASH",
+        "TIMER_TEST_DATABASE_URL",
+        "TIMER_TEST_NATS_URL",
+        "TIMER_CHAOS_SCALE",
+        "TIMER_PAUSE_SCALE",
+    }
+)
+# What Kubernetes puts in every pod for each Service of its namespace (and Docker for a link): a
+# Service named `timer-service`, as the chart names it when the release is, gives
+# TIMER_SERVICE_SERVICE_HOST, TIMER_SERVICE_PORT=tcp://..., TIMER_SERVICE_PORT_8080_TCP_ADDR.
+_SERVICE_LINK = re.compile(
+    r"\w+_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)"
+)
+_SERVICE_LINK_PORT = re.compile(r"(tcp|udp|sctp)://\S+")
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """The TIMER_* variables of `environ` that name no setting: a typo there was ignored, and the
+    replica ran on the default it meant to change."""
+    known = {f"TIMER_{name.upper()}" for name in ConsoleSettings.model_fields} | NOT_SETTINGS
+    return sorted(
+        name
+        for name, value in environ.items()
+        if name.upper().startswith("TIMER_")
+        and name.upper() not in known
+        and not _SERVICE_LINK.fullmatch(name)
+        and not (name.upper().endswith("_PORT") and _SERVICE_LINK_PORT.fullmatch(value))
+    )
+
 
 def build(cls: type[S], overrides: dict[str, Any]) -> S:
     """Settings of `cls` from the environment (and overrides); a bad one raises ConfigError, one
-    line. Entry points call worker/settings.py's load_settings, which also checks the database URL."""
+    line, as does a TIMER_* variable that names no setting. Entry points call worker/settings.py's
+    load_settings, which also checks the database URL."""
+    if unknown := unknown_variables(os.environ):
+        raise ConfigError(f"{', '.join(unknown)}: not a setting (a typo? README, Configuration, lists them)")
     try:
         settings = cls(**overrides)
     except ValidationError as exc:

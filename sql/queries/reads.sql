@@ -74,6 +74,17 @@ WHERE state = 'Scheduled'
 ORDER BY due_at, tenant_id, service_call_id
 LIMIT %(limit)s;
 
+-- name: inspect_paused_timers
+-- Paused timers of every tenant in key order, a page after a key.
+SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+       last_error, fired_count, repeat_every, false AS overdue
+FROM timers
+WHERE state = 'Paused' AND (tenant_id, service_call_id) > (%(after_tenant)s, %(after_id)s)
+  AND (%(due_from)s::timestamptz IS NULL OR due_at >= %(due_from)s::timestamptz)
+  AND (%(due_to)s::timestamptz IS NULL OR due_at < %(due_to)s::timestamptz)
+ORDER BY tenant_id, service_call_id
+LIMIT %(limit)s;
+
 -- name: inspect_timer
 -- One timer, with what an operator asks about it, on the database clock.
 SELECT t.*, now() AS db_now,
@@ -98,16 +109,6 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM timers
        min(due_at) FILTER (WHERE due_at > now()) AS next_due_at
 FROM timers
 WHERE tenant_id = %(tenant_id)s AND state = 'Scheduled';
-
--- name: inspect_lateness
--- How late one-shot timers fired in a recent window (percentiles).
-SELECT count(*) AS fired,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM reached_at - due_at)) AS p50_s,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM reached_at - due_at)) AS p99_s,
-       max(extract(epoch FROM reached_at - due_at)) AS max_s
-FROM timers
-WHERE state <> 'Scheduled' AND state <> 'Paused' AND updated_at > now() - %(window)s::interval
-  AND state = 'Reached' AND reached_at IS NOT NULL;
 
 -- name: paused_gauges
 -- The paused timers (capped) and the paused tenants, for the gauges.

@@ -20,11 +20,12 @@ OPERATIONS = ROOT / "docs" / "OPERATIONS.md"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "timer-service-dashboard.json"
 
-# Series each metric type exposes, after prometheus_client (counters keep `_total` in their name).
+# Series each metric type exposes, after prometheus_client (counters keep `_total` in their name;
+# no `_created` series: worker/metrics.py turns them off).
 SUFFIXES = {
-    "counter": ["", "_created"],
+    "counter": [""],
     "gauge": [""],
-    "histogram": ["_bucket", "_count", "_sum", "_created"],
+    "histogram": ["_bucket", "_count", "_sum"],
 }
 PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "inf", "nan"}
 
@@ -45,11 +46,7 @@ def code_metrics() -> dict[str, tuple[str, set[str]]]:
 
 def series_names() -> set[str]:
     """Every series name a query may use: the metrics with their type's suffixes."""
-    return {
-        name.removesuffix("_total") + suffix if suffix == "_created" else name + suffix
-        for name, (kind, _) in code_metrics().items()
-        for suffix in SUFFIXES[kind]
-    }
+    return {name + suffix for name, (kind, _) in code_metrics().items() for suffix in SUFFIXES[kind]}
 
 
 def section(markdown: str, heading: str) -> str:

@@ -37,21 +37,23 @@ class HttpServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-            method, path = request.split(b" ", 2)[:2]
-            status, ctype, body = await self._route(method.decode(), path.decode().split("?")[0])
+            method, path = (part.decode() for part in request.split(b" ", 2)[:2])
+            status, ctype, body = await self._route(method, path.split("?")[0])
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
-            status, ctype, body = 400, "text/plain", b"bad request\n"
+            method, (status, ctype, body) = "", (400, "text/plain", b"bad request\n")
+        allow = "Allow: GET, HEAD\r\n" if status == 405 else ""
         head = (
             f"HTTP/1.1 {status} {'OK' if status == 200 else 'ERROR'}\r\n"
-            f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{allow}Connection: close\r\n\r\n"
         )
         with contextlib.suppress(ConnectionError):
-            writer.write(head.encode() + body)
+            # HEAD: GET's status and headers, Content-Length included, without the body.
+            writer.write(head.encode() + (b"" if method == "HEAD" else body))
             await writer.drain()
             writer.close()
 
     async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
-        if method != "GET":
+        if method not in ("GET", "HEAD"):  # HEAD: what a monitor or a load balancer checks with
             return 405, "text/plain", b"method not allowed\n"
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest()

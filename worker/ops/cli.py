@@ -47,7 +47,8 @@ from worker.ops.cli_timers import (
 # option (only plain negative numbers are let through), so these are joined to their value
 # (`--before=-7d`) before argparse sees them; see _join_relative_times.
 RELATIVE_TIME_OPTIONS = ("--since", "--before", "--due-from", "--due-to")
-STATES = ("Scheduled", "Reached", "Cancelled")
+# reads.STATES, without importing the database driver to parse a command line.
+STATES = ("Scheduled", "Paused", "Reached", "Cancelled")
 
 
 class Parser(argparse.ArgumentParser):
@@ -230,7 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument(
         "--tenant", type=_tenant, help="without it: Scheduled timers of every tenant, soonest due first"
     )
-    ls.add_argument("--state", type=_state, help="Scheduled, Reached or Cancelled (any case)")
+    ls.add_argument(
+        "--state",
+        type=_state,
+        help="Scheduled, Paused, Reached or Cancelled (any case); every tenant: Scheduled or Paused",
+    )
     ls.add_argument("--due-from", type=_when, help="RFC 3339, or -/+ a duration from now (-1h)")
     ls.add_argument("--due-to", type=_when, help="RFC 3339, or -/+ a duration from now (+5m); exclusive")
     ls.add_argument("--overdue", action="store_true", help="Scheduled and due by now, oldest first")

@@ -46,14 +46,15 @@ async def _jetstream(settings: Settings) -> AsyncIterator[JetStreamContext]:
         await nc.close()
 
 
-def _backlog(settings: Settings) -> tuple[Any, str | None]:
+def _backlog(settings: Settings, running: int) -> tuple[Any, str | None]:
     """(the command backlog or None, why it is unknown): for `status` and `describe`, which
-    answer from the database even when NATS is not there."""
+    answer from the database even when NATS is not there. `running`: the replicas alive by their
+    stats (worker/ops/fleet.py says why NATS alone cannot count them)."""
     from worker.ops.fleet import command_backlog
 
     async def read() -> Any:
         async with _jetstream(settings) as js:
-            return await command_backlog(js, settings)
+            return await command_backlog(js, settings, running)
 
     try:
         found = asyncio.run(read())

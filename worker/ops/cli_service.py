@@ -86,6 +86,14 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return run_dev(duration=args.duration, replicas=args.replicas, rate=args.rate)
 
 
+# `bench --help` of an installed package, which has no benchmarks to ask for theirs.
+INSTALLED_BENCH_HELP = """usage: timer-service bench [arguments ...]
+
+The benchmark scenarios (docs/BENCHMARKS.md). They run from a repository checkout, not an
+installed package: in a checkout, `make bench` runs them and `timer-service bench --help`
+lists the scenarios and their options."""
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """The benchmarks of the checkout this package runs from (tools/bench beside worker/, as in an
     editable install): they are not in the wheel, so an installed package says where they are."""
@@ -93,6 +101,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     checkout = Path(worker.__file__).resolve().parents[1]
     if not (checkout / "tools" / "bench" / "__init__.py").is_file():
+        if args.arguments[:1] in (["-h"], ["--help"]):  # every command listed shows its help
+            print(INSTALLED_BENCH_HELP)
+            return 0
         raise ConfigError(
             "bench: the benchmarks run from a repository checkout, not an installed package: "
             "`make bench` or `python -m tools.bench` there"

@@ -331,7 +331,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(camel(summary), indent=2) if args.json else render_summary(summary))
         return 0
     report = overview(settings.database_url.get_secret_value(), top=args.top)
-    backlog, unknown = _backlog(settings)
+    backlog, unknown = _backlog(settings, len(report["running"]))
     if args.json:
         report["commands"] = backlog.as_dict() if backlog is not None else {"unknown": unknown}
         print(json.dumps(camel(report), indent=2))
@@ -363,33 +363,35 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
+    from worker.ops.fleet_stats import running
     from worker.ops.reads import connect, describe, one_timer
 
     settings = load_settings()
     with connect(settings.database_url.get_secret_value()) as conn:
         view = describe(conn, args.tenant, args.id)
+        alive = len(running(conn)) if view is None else 0
     if view is None:
-        why = _why_missing(settings, args.tenant, args.id)
+        why = _why_missing(settings, args.tenant, args.id, alive)
         print(f"not found: {args.tenant}/{args.id}; {why}", file=sys.stderr)
         return 1
     print(json.dumps(view, indent=2) if args.json else one_timer(view))
     return 0
 
 
-def _why_missing(settings: Settings, tenant: str, sid: str) -> str:
+def _why_missing(settings: Settings, tenant: str, sid: str, running: int) -> str:
     """A timer the database does not have: queued behind other commands, or rejected?"""
     dlq_list = f"timer-service dlq list --tenant {tenant} --id {sid}"
-    backlog, unknown = _backlog(settings)
+    backlog, unknown = _backlog(settings, running)
     if backlog is None:
         return f"the command backlog is {unknown}; if it was sent, it may have been rejected: {dlq_list}"
-    if backlog.waiting and not backlog.pullers:
+    if backlog.waiting and not backlog.taking:
         return (
             f"{backlog.waiting} command(s) wait in the command stream and no replica is taking them: "
             "if it was sent, it is queued until a replica runs (timer-service status)"
         )
     if backlog.waiting:
         return (
-            f"{backlog.waiting} command(s) are not applied yet ({backlog.pullers} replica(s) taking "
+            f"{backlog.waiting} command(s) are not applied yet ({backlog.taking} replica(s) taking "
             f"commands): if it was sent just now, ask again shortly; if it stays missing: {dlq_list}"
         )
     return f"no command waits to be applied: if it was sent, it was rejected: {dlq_list}"

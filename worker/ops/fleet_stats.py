@@ -1,11 +1,12 @@
 """The fleet over time, from the replicas' minute stats (table timer_stats, worker/adapters/
-postgres/stats.py): fires per second, lateness p50 and p99, overdue and rejections a minute, and the
-replicas that wrote lately. For the console's charts; plain data, on an open connection."""
+postgres/stats.py): fires per second, lateness p50 and p99 (a minute's, and the last five
+minutes'), overdue and rejections a minute, and the replicas that wrote lately. For the console's
+charts and `status`; plain data, on an open connection."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -27,6 +28,9 @@ class Minute:
     p50_s: float | None
     p99_s: float | None
     replicas: int
+    # The minute's lateness histogram, all replicas added up: firings per bucket of `bounds`.
+    bounds: tuple[float, ...] = ()
+    counts: tuple[int, ...] = ()
 
 
 def quantile(bounds: list[float], counts: list[int], q: float) -> float | None:
@@ -69,9 +73,37 @@ def series(conn: psycopg.Connection[Any], window_min: int = 60) -> list[Minute]:
                 p50_s=quantile(bounds, merged, 0.5),
                 p99_s=quantile(bounds, merged, 0.99),
                 replicas=len(rows),
+                bounds=tuple(bounds),
+                counts=tuple(merged),
             )
         )
     return out
+
+
+def lateness(minutes: list[Minute], now: datetime, window_min: int = 5) -> dict[str, Any]:
+    """The lateness of the last `window_min` minutes (the current one included), what the chart
+    draws a minute at a time: PubAck time minus dueAt, what a consumer sees (metric
+    timer_lateness_seconds). Not the row's `reached_at`: a claim records when it took the
+    occurrence, up to LOOKAHEAD_MS (100 ms) before dueAt, so that read 0 whenever the fleet kept
+    up."""
+    since = now.replace(second=0, microsecond=0) - timedelta(minutes=window_min - 1)
+    recent = [m for m in minutes if m.at >= since]
+    bounds = list(recent[-1].bounds) if recent else []
+    merged = [0] * len(bounds)
+    for m in recent:
+        if list(m.bounds) == bounds:
+            merged = [a + b for a, b in zip(merged, m.counts, strict=True)]
+    return {
+        "window_s": window_min * 60.0,
+        "fired": sum(merged),
+        "p50_s": quantile(bounds, merged, 0.5),
+        "p99_s": quantile(bounds, merged, 0.99),
+    }
+
+
+def running(conn: psycopg.Connection[Any]) -> list[str]:
+    """The replicas alive by their stats (written within ALIVE_S): what `status` counts as running."""
+    return [r["worker_id"] for r in replicas_seen(conn) if r["alive"]]
 
 
 def replicas_seen(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:

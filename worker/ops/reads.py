@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -25,6 +25,7 @@ from worker.adapters.postgres.queries import QUERIES
 from worker.contract import iso
 from worker.core.timers import StoredTimer, stored_timer, timer_view
 from worker.metrics import OVERDUE_CAP
+from worker.ops import fleet_stats
 from worker.ops.diagnosis import diagnose
 
 # Paused: the stored state of a paused timer (sql/migrations/0011), which the contract shows as
@@ -74,8 +75,8 @@ class TimerFilter:
     def __post_init__(self) -> None:
         if self.state is not None and self.state not in STATES:
             raise ValueError(f"state: one of {', '.join(STATES)}, not {self.state!r}")
-        if self.tenant_id is None and self.state not in (None, "Scheduled"):
-            raise ValueError("listing every tenant shows Scheduled timers only: give a tenant")
+        if self.tenant_id is None and self.state not in (None, "Scheduled", "Paused"):
+            raise ValueError("listing every tenant shows Scheduled or Paused timers only: give a tenant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +107,22 @@ def list_timers(
     or one tenant's with a due window or --overdue). Keyset paging: a page costs what it reads,
     however deep it is."""
     limit = max(1, min(limit, MAX_PAGE))
-    by_due = f.tenant_id is None or f.overdue
+    every_paused = f.tenant_id is None and f.state == "Paused"  # in key order: timers_paused
+    by_due = (f.tenant_id is None or f.overdue) and not every_paused
     cur = conn.cursor(row_factory=dict_row)
-    if by_due:
+    if every_paused:
+        tenant, sid = _decode(after) if after else ["", ""]
+        cur.execute(
+            QUERIES["inspect_paused_timers"],
+            {
+                "after_tenant": tenant,
+                "after_id": sid,
+                "due_from": f.due_from,
+                "due_to": f.due_to,
+                "limit": limit,
+            },
+        )
+    elif by_due:
         due, tenant, sid = _decode(after) if after else [None, "", ""]
         due_to = f.due_to
         if f.overdue:
@@ -148,6 +162,8 @@ def list_timers(
         key = (
             [last_row["due_at"].isoformat(), last_row["tenant_id"], last_row["service_call_id"]]
             if by_due
+            else [last_row["tenant_id"], last_row["service_call_id"]]
+            if every_paused
             else [last_row["service_call_id"]]
         )
         cursor = _encode(key)
@@ -208,17 +224,6 @@ def tenant_summary(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, A
         "overdue": overdue or 0,
         "oldest_overdue_s": float(oldest) if oldest is not None else None,
         "next_due_at": fmt_time(next_due),
-    }
-
-
-def lateness(conn: psycopg.Connection[Any], window: timedelta = timedelta(minutes=5)) -> dict[str, Any]:
-    """How late one-shot timers fired lately: count, p50, p99 and max seconds."""
-    row = conn.execute(QUERIES["inspect_lateness"], {"window": window}).fetchone()
-    fired, p50, p99, most = row if row else (0, None, None, None)
-    return {
-        "window_s": window.total_seconds(),
-        "fired": fired,
-        **{k: None if v is None else float(v) for k, v in (("p50_s", p50), ("p99_s", p99), ("max_s", most))},
     }
 
 
@@ -301,7 +306,7 @@ def cancel_outcome(
 
 def overview(conninfo: str, top: int = 10) -> dict[str, Any]:
     with db.connect(conninfo) as conn:
-        return {**fleet_counts(conn, top), **fleet_now(conn)}
+        return {**fleet_counts(conn, top), **fleet_now(conn), "running": fleet_stats.running(conn)}
 
 
 def fleet_counts(conn: psycopg.Connection[Any], top: int = 10) -> dict[str, Any]:
@@ -374,9 +379,8 @@ def render_overview(report: dict[str, Any], commands: str | None = None) -> str:
 
 
 def one_timer(view: dict[str, Any]) -> str:
-    """`describe` and `status --id`: one field a line, values as the JSON form shows them."""
+    """`describe` and `status --id`: one field a line, each value as the JSON form writes it
+    (`true`, `3`, `{"every": "PT1H"}`; never Python's `True`), a string without its quotes."""
     shown = {k: v for k, v in view.items() if v is not None}
     width = max(map(len, shown), default=0) + 2
-    return "\n".join(
-        f"{k:<{width}}{json.dumps(v) if isinstance(v, dict | list) else v}" for k, v in shown.items()
-    )
+    return "\n".join(f"{k:<{width}}{v if isinstance(v, str) else json.dumps(v)}" for k, v in shown.items())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.parse
+from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
@@ -26,10 +27,11 @@ def _q(value: str) -> str:
 
 
 def _overview_reads(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    minutes = fleet_stats.series(conn)
     return {
         "now": reads.fleet_now(conn),
-        "late": reads.lateness(conn),
-        "minutes": fleet_stats.series(conn),
+        "late": fleet_stats.lateness(minutes, datetime.now(UTC)),  # the chart's, added up
+        "minutes": minutes,
         "replicas": fleet_stats.replicas_seen(conn),
     }
 
@@ -41,7 +43,8 @@ async def overview(request: Request) -> Response:
     backlog = None
     if c.nc is not None:
         try:
-            backlog = await fleet.command_backlog(c.nc.jetstream(timeout=2), c.s)
+            running = sum(1 for r in found["replicas"] if r["alive"])
+            backlog = await fleet.command_backlog(c.nc.jetstream(timeout=2), c.s, running)
         except (nats.errors.Error, TimeoutError):
             backlog = None
     return c.page(
