@@ -10,7 +10,7 @@ from pathlib import Path
 import nats
 
 from tests.helpers import query, settings_env, until
-from tests.integration.test_cli import run
+from tests.integration.ops.test_cli import run
 from worker.config import Settings
 from worker.devkit.harness import ReplicaSet
 

@@ -11,7 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.testclient import TestClient
 
 from tests.helpers import query
-from tests.integration.test_console import _login, console_settings
+from tests.integration.ops.test_console import _login, console_settings
 from worker import metrics
 from worker.adapters.postgres.stats import StatsRollup
 from worker.config import Settings

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from tests.helpers import query
-from tests.integration.test_cli import run
-from tests.integration.test_reads import _all_pages, _insert
+from tests.integration.ops.test_cli import run
+from tests.integration.ops.test_reads import _all_pages, _insert
 from worker.adapters.postgres.queries import QUERIES
 from worker.ops import reads
 
