@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test test-unit test-integration schema lint typecheck bench bench-peers chaos-soak clean system-packages image-test
+.PHONY: dev test test-unit test-integration schema lint typecheck bench bench-peers chaos-soak clean system-packages image-test release-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,14 @@ system-packages:
 chaos-soak: $(STAMP) system-packages
 	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos tests/integration/test_fuzz.py \
 	  tests/integration/test_data_bound.py tests/unit/core/test_recurrence_bound.py
+
+# A release short of its pushes (RELEASING.md; .github/workflows/release.yml pushes on a tag): the
+# sdist and wheel built from a copy of the tree and checked (twine, what they hold), the chart linted
+# and packaged by Helm, the version in step everywhere it is written. In temporary directories, so
+# the tree is left as it was; about 15 s. `make test` runs it (it is tests/deploy/test_deploy_release.py);
+# the image is `make image-test`'s.
+release-check: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider tests/deploy/test_deploy_release.py
 
 # The Dockerfile built into an image with Debian's buildah (no Docker daemon needed) and run:
 # `--version`, and /healthz of `run` on the test servers. About three minutes; not part of `make test`,

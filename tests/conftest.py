@@ -10,8 +10,13 @@ Servers live for the session; isolation is per test: a database cloned from a mi
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -31,6 +36,8 @@ from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from worker.settings import load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -106,3 +113,26 @@ def spans() -> Iterator[InMemorySpanExporter]:
         yield exporter
     finally:
         tracing.disable()
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sdist and wheel, the wheel built from the sdist (python -m build), as a release makes them:
+    built once a session for tests/deploy/test_deploy_release.py (what they hold) and
+    tests/integration/test_installed.py (the wheel installed), outside the tree, which is left as it
+    was. The build's output is kept in build.log for test_the_build_warns_of_nothing."""
+    out = tmp_path_factory.mktemp("dist")
+    # From a copy without build leftovers: setuptools adds the files a stale *.egg-info/SOURCES.txt
+    # lists to the sdist, so a file MANIFEST.in leaves out could ship from this tree and no other.
+    tree = tmp_path_factory.mktemp("tree") / "src"
+    shutil.copytree(
+        ROOT, tree, ignore=shutil.ignore_patterns(".*", "*.egg-info", "build", "dist", "__pycache__")
+    )
+    # PYTHONDONTWRITEBYTECODE makes distutils warn that it skips byte-compiling: the machine's
+    # setting, not the project's, so the build runs without it.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    argv = [sys.executable, "-m", "build", "--outdir", str(out), str(tree)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert result.returncode == 0, f"python -m build failed:\n{result.stdout}\n{result.stderr}"
+    (out / "build.log").write_text(result.stdout + result.stderr)
+    return out

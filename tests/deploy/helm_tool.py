@@ -5,10 +5,13 @@ helm-python-sdk binds Helm v4's own Go library (the engine `helm lint` and `helm
 so the chart is checked by Helm itself with no helm binary and no cluster.
 
 stdin:  {"chart": dir, "release": name, "namespace": ns, "cases": {case: values}, "yaml": [paths],
-         "upgrades": [cases rendered as an upgrade (.Release.IsUpgrade) rather than an install]}
+         "upgrades": [cases rendered as an upgrade (.Release.IsUpgrade) rather than an install],
+         "package": dir to package the chart into (`helm package`)}
 stdout: {"cases": {case: {"lint": [messages], "objects": [{"template", "object"}], "notes": str,
                          "error": str|null}},
-         "yaml": {path: [documents]}}
+         "yaml": {path: [documents]},
+         "package": {"archive": path, "metadata": Chart.yaml as packaged, "files": [names]},
+         "helm": the Helm version linting and packaging}
 """
 
 from __future__ import annotations
@@ -51,9 +54,18 @@ def render_case(
     return out
 
 
+def package(path: str, destination: str) -> dict[str, Any]:
+    """`helm package` into `destination`; the archive read back as Helm would install it."""
+    archive = helm.package(path, destination=destination)
+    packaged = helm.Chart.load(archive)
+    files = [f["name"] for f in (*packaged.files, *packaged.templates)]
+    files += ["values.schema.json"] if packaged.schema else []  # Helm holds it apart from the files
+    return {"archive": archive, "metadata": packaged.metadata, "files": files}
+
+
 def main() -> None:
     req = json.load(sys.stdin)
-    result: dict[str, Any] = {"cases": {}, "yaml": {}}
+    result: dict[str, Any] = {"cases": {}, "yaml": {}, "helm": helm.helm_sdk_version()}
     if req.get("chart"):
         chart = helm.Chart.load(req["chart"])
         for case, values in req.get("cases", {}).items():
@@ -65,6 +77,8 @@ def main() -> None:
                 req.get("namespace", "timers"),
                 case in req.get("upgrades", []),
             )
+    if req.get("package"):
+        result["package"] = package(req["chart"], req["package"])
     for path in req.get("yaml", []):
         with open(path, encoding="utf-8") as f:
             result["yaml"][path] = list(yaml.safe_load_all(f))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +15,9 @@ import pytest
 from worker.config import Settings, parse_duration
 from worker.ops.cli import build_parser
 
-CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "timer-service"
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "timer-service"
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 Tool = Callable[[dict[str, Any]], dict[str, Any]]
 
 # Settings that never go to the ConfigMap: secrets, mounted files, the pod name.
@@ -654,8 +657,8 @@ def test_image_registry_prefixes_every_image(rendered: dict[str, Any], default: 
     extras = Release(rendered["extras"])
     ours = [c for p in _pod_specs(extras) for c in p["spec"]["containers"] if c["name"] != "proxy"]
     assert len(ours) == 4  # replica, migration, console, test
-    assert {c["image"] for c in ours} == {"registry.example.com:5000/timer-service:0.1.0"}
-    assert default.container["image"] == "timer-service:0.1.0"
+    assert {c["image"] for c in ours} == {f"registry.example.com:5000/timer-service:{VERSION}"}
+    assert default.container["image"] == f"timer-service:{VERSION}"  # the chart's appVersion
 
 
 def test_extra_env_from_init_containers_and_sidecars(rendered: dict[str, Any], default: Release) -> None:
@@ -804,13 +807,11 @@ def test_helm_test_pod_checks_readyz_through_the_service(rendered: dict[str, Any
 
 def test_chart_links_match_the_package() -> None:
     """Chart.yaml's home and sources, and pyproject's [project.urls], name one repository."""
-    import tomllib
-
     chart = (CHART / "Chart.yaml").read_text()
     home = re.search(r"^home: (\S+)$", chart, re.M)
     sources = re.findall(r"^  - (https://\S+)$", chart, re.M)
     assert home and sources, "Chart.yaml has no home or sources"
-    urls = tomllib.loads((CHART.parents[2] / "pyproject.toml").read_text())["project"]["urls"]
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
     assert urls["Source"] == home.group(1) == sources[0]
 
 

@@ -1,5 +1,6 @@
-"""The package as users install it: sdist and wheel built, the wheel installed with no extras into a
-fresh virtualenv, and run from there. Every other test imports the source tree (an editable
+"""The package as users install it: the wheel (the `dist` fixture's, tests/conftest.py) installed with
+no extras into a fresh virtualenv, and run from there; what the sdist and wheel hold is checked by
+tests/deploy/test_deploy_release.py. Every other test imports the source tree (an editable
 install), which is how a wheel without worker/bench went unnoticed.
 
 The wheel's venv holds the lowest version of every dependency pyproject.toml allows, and its one
@@ -11,20 +12,17 @@ tested here; the rest of the suite runs the newest.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tomllib
 import urllib.error
 import urllib.request
-import zipfile
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -115,43 +113,6 @@ def test_bench_from_the_checkouts_console_script() -> None:
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """sdist and wheel, the wheel built from the sdist (python -m build), as a release makes them.
-    The build's output is kept in build.log for test_the_build_warns_of_nothing."""
-    out = tmp_path_factory.mktemp("dist")
-    # From a copy without build leftovers: setuptools adds the files a stale *.egg-info/SOURCES.txt
-    # lists to the sdist, so a file MANIFEST.in leaves out could ship from this tree and no other.
-    tree = tmp_path_factory.mktemp("tree") / "src"
-    shutil.copytree(
-        ROOT, tree, ignore=shutil.ignore_patterns(".*", "*.egg-info", "build", "dist", "__pycache__")
-    )
-    # PYTHONDONTWRITEBYTECODE makes distutils warn that it skips byte-compiling: the machine's
-    # setting, not the project's, so the build runs without it.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    result = _run(sys.executable, "-m", "build", "--outdir", out, tree, env=env)
-    (out / "build.log").write_text(result.stdout + result.stderr)
-    return out
-
-
-def test_the_build_warns_of_nothing(dist: Path) -> None:
-    """setuptools' warnings (a data directory left out of `packages`, a deprecated setting) are
-    how a file goes missing from the wheel or a release breaks on the next setuptools."""
-    warnings = [line for line in (dist / "build.log").read_text().splitlines() if "warn" in line.lower()]
-    assert warnings == []
-
-
-def test_the_sdist_carries_the_docs_and_changelog(dist: Path) -> None:
-    (sdist,) = dist.glob("*.tar.gz")
-    with tarfile.open(sdist) as tar:
-        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    assert "CHANGELOG.md" in names
-    for path in (ROOT / "docs").rglob("*"):
-        if path.is_file() and "__pycache__" not in path.parts:
-            assert path.relative_to(ROOT).as_posix() in names, path
-    assert not any(n.startswith("tests/") for n in names)
-
-
-@pytest.fixture(scope="module")
 def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the wheel and no extras; every dependency at its declared minimum."""
     home = tmp_path_factory.mktemp("installed")
@@ -162,41 +123,6 @@ def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     pip = [home / "venv" / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     _run(*pip, "--constraint", constraints, wheel, env=_clean_env())
     return home / "venv"
-
-
-def test_the_wheel_ships_every_module_and_file(dist: Path) -> None:
-    (wheel,) = dist.glob("*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    for path in (ROOT / "worker").rglob("*.py"):
-        assert path.relative_to(ROOT).as_posix() in names
-    for path in (ROOT / "sql").rglob("*.sql"):
-        assert f"worker/{path.relative_to(ROOT).as_posix()}" in names
-    assert f"timer_service-{VERSION}.dist-info/licenses/LICENSE" in names
-    assert [p.name for p in dist.glob("*.tar.gz")] == [f"timer_service-{VERSION}.tar.gz"]
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def test_the_wheel_and_sdist_hold_no_benchmark_code(dist: Path) -> None:
-    # The benchmarks (tools/) stay in the repository: not as a package, not under another name.
-    (wheel,) = dist.glob("*.whl")
-    with zipfile.ZipFile(wheel) as whl:
-        names = whl.namelist()
-        contents = {_digest(whl.read(n)): n for n in names if not n.endswith("/")}
-    assert {n.split("/")[0] for n in names} == {"worker", f"timer_service-{VERSION}.dist-info"}
-    named = [n for n in names if {"bench", "peers", "tools"} & set(PurePosixPath(n).with_suffix("").parts)]
-    assert named == [], "a bench or peers module, or tools/, in the wheel"
-    bench_files = [p for p in (ROOT / "tools").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    assert len(bench_files) >= 8, "the benchmarks moved: point this test at them"
-    copies = {contents[d]: p for p in bench_files if (d := _digest(p.read_bytes())) in contents}
-    assert copies == {}, "benchmark code in the wheel"
-    (sdist,) = dist.glob("*.tar.gz")
-    with tarfile.open(sdist) as tar:
-        top = f"timer_service-{VERSION}/"
-        members = {m.name.removeprefix(top).split("/")[0] for m in tar.getmembers() if m.name != top[:-1]}
-    assert "tools" not in members and {"worker", "sql"} <= members, sorted(members)
 
 
 def test_installed_commands(venv: Path) -> None:
