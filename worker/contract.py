@@ -47,6 +47,9 @@ MAX_CARRIED_VALUE_CHARS = 512
 # (bad_due_at); a recurring timer's occurrences end at its last one inside it.
 EARLIEST_DUE_AT = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_DUE_AT = datetime(9999, 12, 31, tzinfo=UTC)
+# A ScheduleTimer's `window` (README, Firing window): each occurrence fires within this long after
+# its dueAt, at most a day.
+MAX_WINDOW_MS = 86_400_000
 DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
 
 # Every reason a command is rejected for (the DLQ header `Timer-Error` and the metric label;
@@ -70,6 +73,7 @@ Reason = Literal[
     "bad_due_at",  # also a dueAt outside EARLIEST_DUE_AT..LATEST_DUE_AT
     "beyond_horizon",
     "bad_repeat",  # also a bad repeat.cron or repeat.until; the detail names the field
+    "bad_window",  # `window` is not an ISO 8601 duration of days to seconds, or longer than a day
     "unknown_timezone",
     "payload_too_large",  # `data` is more than TIMER_MAX_PAYLOAD_BYTES as its events carry it
     "bad_data",  # `data` holds a string Postgres jsonb cannot store (U+0000, a lone surrogate)
@@ -166,6 +170,8 @@ class ScheduleTimer:
     # The producer's opaque `data`, already validated and bounded; None when absent (or null).
     # Delivered in every DueTimeReached of the timer; a newer ScheduleTimer replaces it.
     data: Any = None
+    # The firing window (README, Firing window), the ISO 8601 duration as given; None: fire at dueAt.
+    window: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +272,18 @@ class MessageIds:
         outer.update(inner.digest())
         return outer.hexdigest()[:32]
 
+    def spread(self, tenant_id: str, service_call_id: str, due_at: datetime, window_ms: int) -> int:
+        """Where in a firing window of `window_ms` the occurrence of this timer nominally due at
+        `due_at` fires: 0..window_ms milliseconds after it, uniform over the window and the same
+        on every replica (worker/core/window.py). Keyed, so no tenant can aim it."""
+        if window_ms <= 0:
+            return 0
+        digest = self._id(
+            f"window\0{tenant_id}\0{service_call_id}\0{(due_at.timestamp() * 1000).__round__()}"
+        )
+        # 128 bits modulo at most 86,400,001: a bias below 2^-100.
+        return int(digest, 16) % (window_ms + 1)
+
     def event(self, envelope_id: str) -> str:
         """The Nats-Msg-Id of the DueTimeReached whose envelope `id` (firing_id) this is."""
         return self._id(f"due\0{envelope_id}")
@@ -298,7 +316,9 @@ class Occurrence(Protocol):
     @property
     def service_call_id(self) -> str: ...
     @property
-    def due_at(self) -> datetime: ...
+    def due_at(self) -> datetime: ...  # when it was planned to fire: dueAt itself without a window
+    @property
+    def nominal_due_at(self) -> datetime | None: ...  # with a window, its dueAt; else None
     @property
     def correlation_id(self) -> str | None: ...
     @property
@@ -334,14 +354,18 @@ def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int, id
     3). Every string goes through the C JSON string encoder, so any id or correlation id is
     escaped exactly as json.dumps would.
     """
-    event_id = firing_id(timer.tenant_id, timer.service_call_id, timer.due_at)
+    # With a window, the event's dueAt and id are the nominal occurrence's, and plannedAt says
+    # when it was planned to fire (docs/CONTRACT.md, DueTimeReached).
+    nominal = timer.nominal_due_at
+    due, planned = (timer.due_at, "") if nominal is None else (nominal, f',"plannedAt":"{iso(timer.due_at)}"')
+    event_id = firing_id(timer.tenant_id, timer.service_call_id, due)
     msg_id = ids.event(event_id)
     tenant = _json_str(timer.tenant_id)
     correlation = "null" if timer.correlation_id is None else _json_str(timer.correlation_id)
     body = (
         f'{{"id":{_json_str(event_id)},"type":"DueTimeReached","tenantId":{tenant},'
         f'"correlationId":{correlation},"timestampMs":{reached_ms},"payload":{{"tenantId":{tenant},'
-        f'"serviceCallId":{_json_str(timer.service_call_id)},"dueAt":"{iso(timer.due_at)}",'
+        f'"serviceCallId":{_json_str(timer.service_call_id)},"dueAt":"{iso(due)}"{planned},'
         f'"reachedAt":"{reached}"}}'
     )
     # `data` is spliced as stored: jsonb's text output is always exactly one valid JSON value.
@@ -360,6 +384,7 @@ class OccurrenceValues(NamedTuple):
     correlation_id: str | None
     carried: dict[str, str] | None
     data: str | None
+    nominal_due_at: datetime | None = None
 
 
 def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
@@ -367,7 +392,7 @@ def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
     server's max_payload (wire_size), with TIMER_MAX_PAYLOAD_BYTES `max_data_bytes` and
     TIMER_CARRY_HEADERS `carry`. Made by due_event itself, so it follows the template: the longest
     tenant; both ids of MAX_ID_CHARS characters the longest to escape (U+10FFFF, a surrogate pair:
-    12 bytes); the latest dueAt and reachedAt; `data` of max_data_bytes as stored (as
+    12 bytes); the latest dueAt, plannedAt and reachedAt; `data` of max_data_bytes as stored (as
     worker.core.fields._data measures it); every header a timer may carry (carried_headers: a
     traceparent, a tracestate, one per name of `carry`) at MAX_CARRIED_VALUE_CHARS characters of
     4 bytes each."""
@@ -376,7 +401,8 @@ def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
     carried = {TRACEPARENT: f"00-{'1' * 32}-{'1' * 16}-01", TRACESTATE: widest_value}
     carried |= {name: widest_value for name in carry if name not in carried}
     data = "0" * max_data_bytes if max_data_bytes else None  # 0 refuses any `data`
-    worst = OccurrenceValues("t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data)
+    # A window's plannedAt: an instant as wide as any.
+    worst = OccurrenceValues("t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data, LATEST_DUE_AT)
     latest_ms = round(LATEST_DUE_AT.timestamp() * 1000)
     event = due_event(worst, "", iso(LATEST_DUE_AT), latest_ms, MessageIds(bytes(16)))
     return wire_size(event)

@@ -199,7 +199,7 @@ class Replica:
                 opening.cancel()
             elif not opening.cancelled():
                 opening.exception()  # seen: the schema check's error is the one raised
-        self.broker.ids = MessageIds(secret)
+        self.broker.ids = self.store.ids = MessageIds(secret)
 
     async def _connect_nats(self) -> None:
         if not self.broker.connected:

@@ -55,7 +55,7 @@ claimed AS (
         -- whatever came due meanwhile still fires, late and in order.
         claimed_at = CASE
             WHEN t.claimed_at IS NULL AND t.due_at >= now() - %(downtime_ms)s * interval '1 millisecond'
-                THEN least(t.due_at, now())
+                THEN least(coalesce(t.nominal_due_at, t.due_at), now())
             WHEN t.claimed_at IS NOT NULL AND greatest(t.lease_expires_at, t.updated_at)
                                               >= now() - %(downtime_ms)s * interval '1 millisecond'
                 THEN t.claimed_at
@@ -67,7 +67,9 @@ claimed AS (
               t.repeat_timezone, t.anchor_due_at, t.occurrence_index, t.claimed_at AS recurrence_ref,
               t.ctid::text AS row_id, t.carried_headers AS carried,
               -- 0009: the cron schedule, the end, and `data` as text (spliced into the event).
-              t.repeat_cron, t.repeat_until, t.data::text AS data
+              t.repeat_cron, t.repeat_until, t.data::text AS data,
+              -- 0016: a firing window; due_at is then the planned instant, nominal_due_at the dueAt.
+              t.nominal_due_at, t.fire_window
 )
 SELECT c.*, n.next_due_at, clock_timestamp() AS db_now
 FROM (SELECT min(due_at) AS next_due_at FROM timers
@@ -75,7 +77,8 @@ FROM (SELECT min(due_at) AS next_due_at FROM timers
 LEFT JOIN claimed c ON true;
 
 -- fragment: record_fired_set
--- What recording a firing writes: the next occurrence, or Reached. f.recurrence_ref and f.attempts:
+-- What recording a firing writes: the next occurrence (with a window: its planned instant in due_at,
+-- its dueAt in nominal_due_at), or Reached. f.recurrence_ref and f.attempts:
 -- the claim's, when its transaction was lost (record_fired_again); NULL, the row's own, in it.
     state = CASE WHEN f.next_due_at IS NULL THEN 'Reached'
                  WHEN t.paused_at IS NOT NULL
@@ -83,6 +86,7 @@ LEFT JOIN claimed c ON true;
                  THEN 'Paused' ELSE 'Scheduled' END,
     paused_at = CASE WHEN f.next_due_at IS NOT NULL THEN t.paused_at END,
     due_at = coalesce(f.next_due_at, t.due_at),
+    nominal_due_at = CASE WHEN f.next_due_at IS NOT NULL THEN f.next_nominal ELSE t.nominal_due_at END,
     occurrence_index = coalesce(f.next_index, t.occurrence_index),
     fired_count = least(t.fired_count, 2147483646) + 1,
     reached_at = f.db_now,
@@ -99,8 +103,8 @@ WITH f AS MATERIALIZED (
     SELECT f.*, f.row_id::tid AS tid, statement_timestamp() AS db_now,
            NULL::timestamptz AS recurrence_ref, NULL::int AS attempts  -- the row's own (record_fired_set)
     FROM unnest(%(row_id)b::text[], %(lease_token)b::bigint[], %(due_at)b::timestamptz[],
-                %(next_due_at)b::timestamptz[], %(next_index)b::int[])
-         AS f(row_id, lease_token, due_at, next_due_at, next_index)
+                %(next_due_at)b::timestamptz[], %(next_index)b::int[], %(next_nominal)b::timestamptz[])
+         AS f(row_id, lease_token, due_at, next_due_at, next_index, next_nominal)
 )
 UPDATE timers t SET
 {{record_fired_set}}
@@ -118,10 +122,11 @@ WITH f AS MATERIALIZED (
                 %(occurrence_index)b::int[], %(anchor_due_at)b::timestamptz[], %(repeat_every)b::text[],
                 %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(repeat_cron)b::text[],
                 %(repeat_until)b::timestamptz[], %(recurrence_ref)b::timestamptz[],
-                %(next_due_at)b::timestamptz[], %(next_index)b::int[], %(attempts)b::int[])
+                %(next_due_at)b::timestamptz[], %(next_index)b::int[], %(attempts)b::int[],
+                %(next_nominal)b::timestamptz[], %(fire_window)b::text[])
          AS f(tenant_id, service_call_id, due_at, occurrence_index, anchor_due_at, repeat_every,
               repeat_times, repeat_timezone, repeat_cron, repeat_until, recurrence_ref,
-              next_due_at, next_index, attempts)
+              next_due_at, next_index, attempts, next_nominal, fire_window)
 ),
 -- The published occurrence, still as it was, and not locked by anyone else.
 still AS MATERIALIZED (
@@ -136,6 +141,7 @@ still AS MATERIALIZED (
       AND t.repeat_timezone IS NOT DISTINCT FROM f.repeat_timezone
       AND t.repeat_cron IS NOT DISTINCT FROM f.repeat_cron
       AND t.repeat_until IS NOT DISTINCT FROM f.repeat_until
+      AND t.fire_window IS NOT DISTINCT FROM f.fire_window
       AND (t.lease_expires_at IS NULL OR t.lease_expires_at < f.db_now)
     FOR UPDATE OF t SKIP LOCKED
 )

@@ -50,35 +50,41 @@ t.state <> 'Reached'
 -- Insert or reschedule timers, one row per key, unless the command is older or must wait.
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts,
                          repeat_every, repeat_times, repeat_timezone, anchor_due_at, carried_headers,
-                         command_seq, command_stored_at, repeat_cron, repeat_until, data)
+                         command_seq, command_stored_at, repeat_cron, repeat_until, data,
+                         fire_window, nominal_due_at)
 SELECT i.tenant_id, i.service_call_id,
        CASE WHEN i.tenant_id IN (SELECT p.tenant_id FROM paused_tenants p WHERE p.paused_at IS NOT NULL) THEN 'Paused' ELSE 'Scheduled' END,
-       i.due_at, i.correlation_id, i.command_ts,
+       coalesce(i.planned_at, i.due_at), i.correlation_id, i.command_ts,
        i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at, i.carried_headers, i.command_seq,
-       i.command_stored_at, i.repeat_cron, i.repeat_until, i.data
+       i.command_stored_at, i.repeat_cron, i.repeat_until, i.data,
+       i.fire_window, CASE WHEN i.fire_window IS NOT NULL THEN i.due_at END
 FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
             %(correlation_id)b::text[], %(command_ts)b::bigint[], %(repeat_every)b::text[],
             %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(carried_headers)b::jsonb[],
             %(command_seq)b::bigint[], %(command_stored_at)b::timestamptz[], %(repeat_cron)b::text[],
-            %(repeat_until)b::timestamptz[], %(data)b::jsonb[])
+            %(repeat_until)b::timestamptz[], %(data)b::jsonb[], %(fire_window)b::text[],
+            %(planned_at)b::timestamptz[])
      AS i(tenant_id, service_call_id, due_at, correlation_id, command_ts, repeat_every,
           repeat_times, repeat_timezone, carried_headers, command_seq, command_stored_at,
-          repeat_cron, repeat_until, data)
+          repeat_cron, repeat_until, data, fire_window, planned_at)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = CASE WHEN t.paused_at IS NOT NULL THEN 'Paused' ELSE excluded.state END,
     -- A restatement keeps the timer's progress; anything else starts it afresh.
-    (due_at, occurrence_index, claimed_at) = (
+    (due_at, occurrence_index, claimed_at, nominal_due_at) = (
         SELECT CASE WHEN r.same THEN t.due_at ELSE excluded.due_at END,
                CASE WHEN r.same THEN t.occurrence_index ELSE 0 END,
-               CASE WHEN r.same THEN t.claimed_at END
+               CASE WHEN r.same THEN t.claimed_at END,
+               CASE WHEN r.same THEN t.nominal_due_at ELSE excluded.nominal_due_at END
         FROM (SELECT t.state IN ('Scheduled', 'Paused')
                      AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone,
-                          t.repeat_cron, t.repeat_until)
-                         IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every,
+                          t.repeat_cron, t.repeat_until, t.fire_window)
+                         IS NOT DISTINCT FROM (excluded.anchor_due_at, excluded.repeat_every,
                                                excluded.repeat_times, excluded.repeat_timezone,
-                                               excluded.repeat_cron, excluded.repeat_until)
+                                               excluded.repeat_cron, excluded.repeat_until,
+                                               excluded.fire_window)
                      AS same) AS r),
-    anchor_due_at = excluded.due_at,
+    anchor_due_at = excluded.anchor_due_at,
+    fire_window = excluded.fire_window,
     correlation_id = excluded.correlation_id,
     carried_headers = excluded.carried_headers,
     repeat_every = excluded.repeat_every,
@@ -96,14 +102,15 @@ WHERE {{command_in_order}}
   AND NOT (t.state = CASE WHEN t.paused_at IS NOT NULL THEN 'Paused' ELSE excluded.state END
            AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone, t.correlation_id,
                 t.carried_headers, t.command_ts, t.command_seq, t.command_stored_at, t.repeat_cron,
-                t.repeat_until, t.data)
-               IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every, excluded.repeat_times,
+                t.repeat_until, t.data, t.fire_window)
+               IS NOT DISTINCT FROM (excluded.anchor_due_at, excluded.repeat_every, excluded.repeat_times,
                                      excluded.repeat_timezone, excluded.correlation_id,
                                      excluded.carried_headers,
                                      coalesce(excluded.command_ts, t.command_ts),
                                      coalesce(excluded.command_seq, t.command_seq),
                                      coalesce(excluded.command_stored_at, t.command_stored_at),
-                                     excluded.repeat_cron, excluded.repeat_until, excluded.data))
+                                     excluded.repeat_cron, excluded.repeat_until, excluded.data,
+                                     excluded.fire_window))
 RETURNING t.tenant_id, t.service_call_id, t.due_at;
 
 -- name: cancel_timers

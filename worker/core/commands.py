@@ -52,6 +52,7 @@ from worker.core.fields import (
     _required,
     _show,
     _timestamp,
+    _window,
 )
 
 T = TypeVar("T")
@@ -106,7 +107,10 @@ def _parse(
     if repeat is not None:
         due_at = _first_occurrence(repeat, due_at)
     data = _data(fields.get("data"), max_payload_bytes)
-    return ScheduleTimer(tenant, service_call_id, due_at, correlation_id, timestamp_ms, repeat, data=data)
+    window = _window(fields.get("window"))
+    return ScheduleTimer(
+        tenant, service_call_id, due_at, correlation_id, timestamp_ms, repeat, data=data, window=window
+    )
 
 
 def parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> PauseTimers | Rejection:

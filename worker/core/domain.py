@@ -72,6 +72,11 @@ class Claimed(NamedTuple):
     repeat_until: datetime | None = None
     # The ScheduleTimer's `data` as JSON text (jsonb's output, spliced into the event), or None.
     data: str | None = None
+    # A firing window (worker/core/window.py, sql/migrations/0016): due_at above is then the
+    # instant the occurrence is planned to fire at, the claim key, and this its dueAt, which the
+    # event and the recurrence speak of. None without a window, where due_at is both.
+    nominal_due_at: datetime | None = None
+    fire_window: str | None = None  # the ScheduleTimer's `window`, as given
 
 
 class Unreadable(NamedTuple):
@@ -129,8 +134,9 @@ class Fired(NamedTuple):
     """A published occurrence to record, with the next one for a recurring timer."""
 
     timer: Claimed
-    next_due_at: datetime | None
+    next_due_at: datetime | None  # with a window, the next occurrence's planned instant
     next_index: int | None
+    next_nominal: datetime | None = None  # with a window, the next occurrence's dueAt
 
 
 # An occurrence that did not fire, released for a retry by any replica: (the occurrence, the error

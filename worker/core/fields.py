@@ -1,8 +1,8 @@
 """The field checks of the validation boundary (worker.core.commands): the ids, timestampMs, dueAt,
-`repeat` (every or cron, times, until, timezone) and the `data` payload, each raising `_Reject`
-with its reason code (docs/CONTRACT.md, Reason codes and Limits). `_Reject` and the helpers here
-are the boundary's own: commands.py catches `_Reject` in `parse_command` and `parse_control`,
-headers.py quotes values with `_show`. `identifier_problem` is the id rule for readers of ids
+`repeat` (every or cron, times, until, timezone), the firing `window` and the `data` payload, each
+raising `_Reject` with its reason code (docs/CONTRACT.md, Reason codes and Limits). `_Reject` and
+the helpers here are the boundary's own: commands.py catches `_Reject` in `parse_command` and
+`parse_control`, headers.py quotes values with `_show`. `identifier_problem` is the id rule for readers of ids
 that are no commands (timer.get).
 
 Identifiers (serviceCallId, correlationId) are opaque strings: any printable Unicode is accepted,
@@ -34,6 +34,7 @@ from worker.contract import (
     data_json,
 )
 from worker.core.recurrence import MAX_INDEX, first_cron_occurrence, load_zone, parse_cron, parse_period
+from worker.core.window import window_ms
 
 JsonObject = dict[str, Any]
 T = TypeVar("T")
@@ -197,6 +198,19 @@ def _first_occurrence(repeat: Repeat, due_at: datetime) -> datetime:
     if repeat.until is not None and first > repeat.until:
         raise _Reject("bad_repeat", "repeat.until is before the first occurrence: nothing would fire")
     return first
+
+
+def _window(value: Any) -> str | None:
+    """`window`: an ISO 8601 duration of days to seconds, at most a day (worker/core/window.py)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _Reject("bad_window", f"window must be an ISO 8601 duration string, not {_json_type(value)}")
+    try:
+        window_ms(value)
+    except ValueError as exc:
+        raise _Reject("bad_window", f"window {_show(value)}: {exc}") from None
+    return value
 
 
 def _data(value: Any, limit: int) -> Any:

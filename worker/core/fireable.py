@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from worker import metrics
-from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, iso
+from worker.contract import DUE_AT_RANGE, EARLIEST_DUE_AT, LATEST_DUE_AT, MessageIds, iso
 from worker.core.budget import TenantBudgets
 from worker.core.domain import Claimed, Failed, Key, Leased, Unreadable
 from worker.core.headers import stored_carried_problem
 from worker.core.recurrence import next_of
 from worker.core.waiting import Slices
+from worker.core.window import planned_at
 from worker.errors import verdict
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,9 @@ NEXT_TOTAL_BURST_S = 0.25
 NEXT_FREE_S = 0.0001
 POSTPONE_MS = 1000
 
-# Each firing occurrence's next one (worker/core/recurrence.py next_of), by timer.
-Nexts = dict[Key, tuple[datetime | None, int | None]]
+# Each firing occurrence's next one (worker/core/recurrence.py next_of), by timer: when it fires
+# (with a window, its planned instant), its index, and with a window its dueAt (Fired's fields).
+Nexts = dict[Key, tuple[datetime | None, int | None, datetime | None]]
 
 
 def next_budget() -> TenantBudgets:
@@ -50,9 +52,14 @@ def next_budget() -> TenantBudgets:
 
 
 async def fireable(
-    claimed: Sequence[Claimed], unreadable: Sequence[Unreadable], budget: TenantBudgets, failed: list[Failed]
+    claimed: Sequence[Claimed],
+    unreadable: Sequence[Unreadable],
+    budget: TenantBudgets,
+    failed: list[Failed],
+    ids: MessageIds,
 ) -> tuple[list[Claimed], Nexts]:
-    """The claimed rows that can fire, earliest due first, and each one's next occurrence. Every
+    """The claimed rows that can fire, earliest due first, and each one's next occurrence (`ids`
+    plan it in its window, if it has one). Every
     other row goes to `failed`: backed off when it cannot be made into an event, put back unfired
     when its tenant's budget (or the total, for a cron row) is overdrawn."""
     for u in unreadable:
@@ -65,8 +72,10 @@ async def fireable(
     slices = Slices()
     for c in claimed:
         await slices.check()
-        if not EARLIEST_DUE_AT <= c.due_at <= LATEST_DUE_AT:
-            cannot_fire(c, "due_at_out_of_range", f"dueAt {iso(c.due_at)} is outside {DUE_AT_RANGE}", failed)
+        # The dueAt, not a window's planned instant: that may be up to a day past LATEST_DUE_AT.
+        due = c.due_at if c.nominal_due_at is None else c.nominal_due_at
+        if not EARLIEST_DUE_AT <= due <= LATEST_DUE_AT:
+            cannot_fire(c, "due_at_out_of_range", f"dueAt {iso(due)} is outside {DUE_AT_RANGE}", failed)
             continue
         if (problem := stored_carried_problem(c.carried)) is not None:
             cannot_fire(c, "bad_carried_headers", problem, failed)
@@ -78,7 +87,12 @@ async def fireable(
             continue
         started = time.perf_counter()
         try:  # computed before the publish: an event goes out only when its row can be recorded
-            nexts[c.tenant_id, c.service_call_id] = next_of(c)
+            nxt, index = next_of(c)
+            if c.fire_window is None or nxt is None:
+                nexts[c.tenant_id, c.service_call_id] = (nxt, index, None)
+            else:
+                planned = planned_at(ids, c.tenant_id, c.service_call_id, nxt, c.fire_window)
+                nexts[c.tenant_id, c.service_call_id] = (planned, index, nxt)
         except Exception as exc:  # whatever the row's values break, the row alone fails
             if verdict(exc) != "alone":
                 raise

@@ -56,7 +56,7 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         metrics.LEASES_RECLAIMED.inc(sum(1 for n in reclaimed if n > 1))
         crash_point("claimed")
         failed: list[Failed] = []
-        waiting, nexts = await fireable(claimed, unreadable, self.next_budget, failed)
+        waiting, nexts = await fireable(claimed, unreadable, self.next_budget, failed, self.broker.ids)
         fired: list[Fired] = []
         # Each due instant's events go out when it comes, not after the PubAcks of the instant
         # before: waiting for those made every later event of the claim a round trip later.

@@ -376,6 +376,10 @@ def next_of(timer: Claimed) -> tuple[datetime | None, int | None]:
         until=timer.repeat_until,
     )
     nxt = next_occurrence(
-        repeat, timer.anchor_due_at, timer.occurrence_index, timer.recurrence_ref, fired_at=timer.due_at
+        repeat,
+        timer.anchor_due_at,
+        timer.occurrence_index,
+        timer.recurrence_ref,
+        fired_at=timer.due_at if timer.nominal_due_at is None else timer.nominal_due_at,
     )
     return (nxt[0], nxt[1]) if nxt else (None, None)

@@ -40,6 +40,10 @@ class StoredTimer:
     repeat_cron: str | None
     repeat_until: datetime | None
     data: Any  # the ScheduleTimer's `data`, as JSON decoded; None when it had none
+    # A firing window (sql/migrations/0016): due_at is then the current occurrence's planned
+    # instant and nominal_due_at its dueAt; both None without one.
+    nominal_due_at: datetime | None
+    fire_window: str | None
 
 
 def stored_timer(row: dict[str, Any]) -> StoredTimer:
@@ -66,13 +70,18 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
     # Scheduled, with paused true; it fires once resumed.
     paused = timer.state == "Paused"
     scheduled = timer.state == "Scheduled" or paused
+    due = timer.due_at if timer.nominal_due_at is None else timer.nominal_due_at
+    planned = {} if timer.fire_window is None else {"window": timer.fire_window, "plannedAt": t(timer.due_at)}
     return {
         "tenantId": timer.tenant_id,
         "serviceCallId": timer.service_call_id,
         "state": "Scheduled" if paused else timer.state,
         "paused": paused,
-        "dueAt": t(timer.due_at),
-        "nextOccurrence": t(timer.due_at) if scheduled else None,
+        "dueAt": t(due),
+        "nextOccurrence": t(due) if scheduled else None,
+        # With a window only (README, Firing window): its length, and when the occurrence of
+        # dueAt is planned to fire (its last one's, once the timer ended).
+        **planned,
         "registeredAt": t(timer.registered_at),
         "reachedAt": t(timer.reached_at),
         "correlationId": timer.correlation_id,

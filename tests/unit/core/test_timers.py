@@ -33,6 +33,8 @@ ROW: dict[str, Any] = {
     "repeat_cron": "0 * * * *",
     "repeat_until": None,
     "data": {"k": 1},
+    "nominal_due_at": None,
+    "fire_window": None,
 }
 
 

@@ -167,6 +167,8 @@ def record_params(fired: Sequence[Fired]) -> dict[str, Any]:
     recurring = any(f.next_due_at is not None for f in fired)
     params["next_due_at"] = [f.next_due_at for f in fired] if recurring else None
     params["next_index"] = [f.next_index for f in fired] if recurring else None
+    windowed = any(f.next_nominal is not None for f in fired)  # few timers have a firing window
+    params["next_nominal"] = [f.next_nominal for f in fired] if windowed else None
     return params
 
 
@@ -194,6 +196,8 @@ def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
         "next_due_at": column([f.next_due_at for f in fired]),
         "next_index": column([f.next_index for f in fired]),
         "attempts": [t.attempts for t in timers],  # what a one-shot occurrence keeps (CONTRACT.md)
+        "next_nominal": column([f.next_nominal for f in fired]),
+        "fire_window": column([t.fire_window for t in timers]),
     }
 
 

@@ -20,11 +20,12 @@ from worker.adapters.postgres.pgerrors import classify
 from worker.adapters.postgres.pinger import Pinger
 from worker.adapters.postgres.queries import QUERIES
 from worker.adapters.postgres.writes import Writes
-from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
+from worker.contract import CancelTimer, Command, MessageIds, PauseTimers, ScheduleTimer
 from worker.core.domain import LOOKAHEAD_MS, Applied, ClaimParams, Fired, Key, Position
 from worker.core.ordering import Held, Marker, StreamOrder
 from worker.core.ports import ClaimedBatch
 from worker.core.timers import StoredTimer
+from worker.core.window import planned_at
 from worker.errors import TransientError
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ class Store:
         self.write_failure: str | None = None
         self.writes = Writes()  # readiness: a write stuck (a synchronous standby gone) says so
         self._pinger = Pinger.beside(pool)
+        # The fleet's keyed ids, set once the fleet secret is read (Service.connect): they plan
+        # a firing window's first instant (worker/core/window.py), as the firing loop the next.
+        self.ids: MessageIds | None = None
 
     @contextlib.contextmanager
     def _db(self, write: bool = False) -> Iterator[None]:
@@ -166,6 +170,7 @@ class Store:
                 ),
                 "order_grace": self.order_grace,
             }
+            params |= self._windows(sched)
             position_of(params, [p for _, p in schedules])
             cur = await conn.execute(QUERIES["upsert_schedules"], params)
             changed |= {(t, s): d for t, s, d in await cur.fetchall()}
@@ -229,6 +234,24 @@ class Store:
                 cur = await conn.execute(QUERIES[name], params)
                 count: int = cur.rowcount
                 return count
+
+    def _windows(self, sched: Sequence[ScheduleTimer]) -> dict[str, Any]:
+        """upsert_schedules' window columns: each one's `window` and the instant its first
+        occurrence is planned to fire at; NULL (no array) when none has a window, as most."""
+        if all(c.window is None for c in sched):
+            return {"fire_window": None, "planned_at": None}
+        if self.ids is None:
+            raise RuntimeError("Store.ids is not set: the fleet secret plans firing windows")
+        ids = self.ids
+        return {
+            "fire_window": [c.window for c in sched],
+            "planned_at": [
+                None
+                if c.window is None
+                else planned_at(ids, c.tenant_id, c.service_call_id, c.due_at, c.window)
+                for c in sched
+            ],
+        }
 
     async def get_many(self, tenant_id: str, service_call_ids: Sequence[str]) -> dict[str, StoredTimer]:
         with self._db():

@@ -1,0 +1,52 @@
+"""A firing window (README, Firing window): a ScheduleTimer's `window`, and the instant in
+[dueAt, dueAt + window] each occurrence is planned to fire at.
+
+The instant is a keyed hash of the tenant, the timer and the occurrence's nominal dueAt
+(MessageIds.spread, keyed with the fleet secret): the same on every replica and after a crash
+(a re-claim picks the same instant), spread uniformly over the window's milliseconds, and out of a
+tenant's reach: without the secret no tenant can aim its timers at one instant, or work out when
+another's fire. Stored as the row's due_at, the claim key, beside the nominal dueAt
+(sql/migrations/0016_window.sql), so the claim keeps walking the due index.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from datetime import datetime, timedelta
+
+from worker.contract import MAX_WINDOW_MS, MessageIds
+
+# PnDTnHnMnS with at most millisecond seconds; each part bounded, so the text is short and the
+# arithmetic small whatever a tenant sends (the sum is then held to MAX_WINDOW_MS).
+_WINDOW = re.compile(
+    r"P(?:(\d{1,3})D)?(?:T(?:(\d{1,5})H)?(?:(\d{1,7})M)?(?:(\d{1,9})(?:[.,](\d{1,3}))?S)?)?\Z", re.ASCII
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def window_ms(text: str) -> int:
+    """The window's length in milliseconds; ValueError, with a one-line reason, when it is none.
+    Cached: the firing path reads it for every occurrence of a timer with a window."""
+    m = _WINDOW.match(text)
+    if m is None or text in ("P", "PT") or text.endswith("T"):
+        raise ValueError("window must be an ISO 8601 duration in days, hours, minutes and seconds (PT10M)")
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups()[:4])
+    fraction = m.group(5)
+    ms = ((((days * 24) + hours) * 60 + minutes) * 60 + seconds) * 1000
+    ms += int(fraction.ljust(3, "0")) if fraction else 0
+    if ms > MAX_WINDOW_MS:
+        raise ValueError("window is longer than a day (P1D)")
+    return ms
+
+
+def planned_at(
+    ids: MessageIds, tenant_id: str, service_call_id: str, due_at: datetime, window: str
+) -> datetime:
+    """When the occurrence nominally due at `due_at` fires: a whole number of milliseconds after
+    it, at most the window's. Never before due_at (clamped at the calendar's end, year 9999)."""
+    offset = ids.spread(tenant_id, service_call_id, due_at, window_ms(window))
+    try:
+        return due_at + timedelta(milliseconds=offset)
+    except OverflowError:
+        return datetime.max.replace(tzinfo=due_at.tzinfo)
