@@ -238,3 +238,32 @@ def test_message_ids_are_hmac_sha256_of_what_they_name_whatever_the_secret_s_len
         ids.derived("TIMER_COMMANDS", 1, stored)
         == hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()[:32]
     )
+
+
+def test_an_event_of_a_window_says_its_due_at_and_when_it_was_planned_to_fire() -> None:
+    due = datetime(2026, 11, 23, 9, 0, 0, 123000, tzinfo=UTC)
+    planned = due + timedelta(minutes=7, milliseconds=456)
+    timer = _occurrence("acme", "bday", planned, nominal_due_at=due, fire_window="PT10M")
+    out = due_event(timer, "svc.acme.timer.due", "2026-11-23T09:07:23.580Z", 1795425043580, IDS)
+    body = json.loads(out.payload)
+    # The id and Nats-Msg-Id are the occurrence's, by its dueAt: the same as without a window.
+    assert body["id"] == firing_id("acme", "bday", due) and out.headers == {
+        "Nats-Msg-Id": IDS.event(body["id"])
+    }
+    assert body["payload"] == {
+        "tenantId": "acme",
+        "serviceCallId": "bday",
+        "dueAt": "2026-11-23T09:00:00.123Z",
+        "plannedAt": "2026-11-23T09:07:00.579Z",
+        "reachedAt": "2026-11-23T09:07:23.580Z",
+    }
+
+
+@pytest.mark.parametrize("window_ms", [1, 600_000, 86_400_000])
+def test_a_window_s_spread_is_hmac_sha256_of_the_occurrence_as_before(window_ms: int) -> None:
+    # Pinned: a replica of the next release re-claiming an occurrence plans the same instant.
+    due = datetime(2026, 11, 23, 9, 0, 0, 123456, tzinfo=UTC)
+    text = "window\0acme\0bday\x001795424400123"
+    digest = hmac.new(b"a fleet secret of thirty-two b..", text.encode(), hashlib.sha256).hexdigest()[:32]
+    assert IDS.spread("acme", "bday", due, window_ms) == int(digest, 16) % (window_ms + 1)
+    assert IDS.spread("acme", "bday", due, 0) == 0
