@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring_ascii as _json_str  # C, when available
 from typing import Any, Literal, NamedTuple, Protocol, get_args
 
@@ -224,6 +224,14 @@ def iso(dt: datetime) -> str:
         u.second,
         u.microsecond // 1000,
     )
+
+
+def duration(span: timedelta) -> str:
+    """An ISO 8601 duration in seconds to the millisecond, as a `window` is written: PT600S,
+    PT0.25S (docs/CONTRACT.md, Firing window). The service refuses one under 0 or over a day."""
+    ms = (span / timedelta(milliseconds=1)).__round__()
+    sign, ms = ("-", -ms) if ms < 0 else ("", ms)
+    return f"{sign}PT{ms // 1000}S" if ms % 1000 == 0 else f"{sign}PT{ms // 1000}.{ms % 1000:03d}S"
 
 
 def firing_id(tenant_id: str, service_call_id: str, due_at: datetime) -> str:

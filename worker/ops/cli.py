@@ -201,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--until", type=_when, help="repeat: no occurrence after this (RFC 3339 or +duration)")
     s.add_argument("--timezone", help="repeat: IANA zone for wall-clock occurrences")
     s.add_argument("--data", type=_json_value, help="JSON delivered with every DueTimeReached: '{\"a\":1}'")
+    s.add_argument(
+        "--window",
+        help="fire each occurrence at an instant in [dueAt, dueAt + window], at most P1D: PT10M, say",
+    )
     s.set_defaults(func=cmd_schedule)
 
     c = sub.add_parser("cancel", help="cancel a timer not yet claimed")

@@ -68,6 +68,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         payload["correlationId"] = args.correlation_id
     if args.data is not None:
         payload["data"] = args.data
+    if args.window is not None:
+        payload["window"] = args.window
     # The service's own check, before sending: a command it would only copy to the DLQ is not sent.
     checked = parse_command(
         "schedule",
@@ -90,6 +92,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 correlation_id=args.correlation_id,
                 repeat=payload.get("repeat"),
                 data=payload.get("data"),
+                window=args.window,
             ),
         )
     )
