@@ -121,6 +121,11 @@ BAD_COMMANDS: list[tuple[str, Any, str]] = [
         "bad_due_at",
     ),
     ("ScheduleTimer", {"tenantId": "acme", "serviceCallId": "sc-1", "dueAt": 1795338000}, "wrong_type"),
+    (
+        "ScheduleTimer",
+        {"tenantId": "acme", "serviceCallId": "sc-1", "dueAt": "2026-11-22T09:00:00Z", "window": "P2D"},
+        "bad_window",
+    ),
     ("CancelTimer", {"tenantId": "acme\n", "serviceCallId": "sc-1"}, "bad_tenant"),
     ("CancelTimer", {"tenantId": "ac me", "serviceCallId": "sc-1"}, "bad_tenant"),
     ("CancelTimer", {"tenantId": "acme", "serviceCallId": ""}, "bad_service_call_id"),
@@ -184,7 +189,13 @@ def test_the_schemas_refuse_what_the_parser_refuses(name: str, body: Any, reason
 
 
 async def test_a_real_due_time_reached_matches_the_schema(settings: Settings, db_url: str) -> None:
-    timers = {"plain": None, 'odd: id \u00e9 "quoted"': "corr-\u65e5\u672c", "traced": None, "data": None}
+    timers = {
+        "plain": None,
+        'odd: id \u00e9 "quoted"': "corr-\u65e5\u672c",
+        "traced": None,
+        "data": None,
+        "windowed": None,
+    }
     # Any JSON value, delivered as an equal value (jsonb keeps neither key order nor spacing).
     data = {"n": 1, "text": '\u00e9\n"', "list": [1, 2.5, None, True], "nested": {"a": {}}}
     trace = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "X-Request-Id": "r"}
@@ -199,6 +210,8 @@ async def test_a_real_due_time_reached_matches_the_schema(settings: Settings, db
                 body["correlationId"] = correlation_id
             if service_call_id == "data":
                 body["data"] = data
+            if service_call_id == "windowed":
+                body["window"] = "PT0.2S"
             headers = trace if service_call_id == "traced" else None
             await js.publish(
                 f"{settings.subject_prefix}.acme.timer.schedule", json.dumps(body).encode(), headers=headers
@@ -221,6 +234,9 @@ async def test_a_real_due_time_reached_matches_the_schema(settings: Settings, db
         # `data` only on the timer that had some: absent, not null, on the others.
         expected = data if event["payload"]["serviceCallId"] == "data" else "absent"
         assert event.get("data", "absent") == expected
+        # plannedAt only on the timer with a window.
+        windowed = event["payload"]["serviceCallId"] == "windowed"
+        assert ("plannedAt" in event["payload"]) == windowed
     assert seen == timers
 
 
@@ -229,18 +245,28 @@ async def test_real_get_replies_match_the_schema(settings: Settings, db_url: str
     async with running_replica(settings), jetstream(settings) as js:
         body = {"tenantId": "acme", "serviceCallId": "sc-get", "dueAt": iso_in(3600, db_url)}
         await publish_raw(js, settings, "acme", "schedule", {**body, "repeat": {"every": "P1D", "times": 3}})
+        windowed = {**body, "serviceCallId": "sc-window", "window": "PT10M"}
+        await publish_raw(js, settings, "acme", "schedule", windowed)
         await until(lambda: row(db_url, "acme", "sc-get") is not None, what="the timer stored")
+        await until(lambda: row(db_url, "acme", "sc-window") is not None, what="the windowed timer stored")
         nc = await nats.connect(settings.nats_url)
         try:
             replies = [
                 json.loads((await nc.request(f"{prefix}.acme.timer.get", request, timeout=5)).data)
-                for request in (b'{"serviceCallId": "sc-get"}', b'{"serviceCallId": "nope"}', b"[]")
+                for request in (
+                    b'{"serviceCallId": "sc-get"}',
+                    b'{"serviceCallId": "nope"}',
+                    b"[]",
+                    b'{"serviceCallId": "sc-window"}',
+                )
             ]
         finally:
             await nc.close()
     for reply in replies:
         assert errors("GetReply", reply) == [], reply
-    found, missing, bad = replies
+    found, missing, bad, window = replies
+    assert "window" not in found and "plannedAt" not in found
+    assert window["window"] == "PT10M" and window["dueAt"] <= window["plannedAt"]
     assert found["state"] == "Scheduled"
     assert found["repeat"] == {"every": "P1D", "cron": None, "times": 3, "until": None, "timezone": None}
     assert found["data"] is None
