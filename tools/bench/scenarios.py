@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from nats.js import api
 
+from tools.bench.burst import burst, burst_window
 from tools.bench.context import Context, Metrics, lateness_ms, schedule_command, until_fired
 from tools.bench.intake_scale import intake_quota, intake_tenants
 from tools.bench.producer import producer
@@ -336,5 +337,8 @@ SCENARIOS = {
             on_request=True,
         ),
         Scenario("sweep", sweep, ()),
+        # On request: the window's run lasts its ten minutes; the two are read side by side.
+        Scenario("burst", burst, (("early", "<=", 0), ("lost", "<=", 0)), on_request=True),
+        Scenario("burst-window", burst_window, (("early", "<=", 0), ("lost", "<=", 0)), on_request=True),
     )
 }

@@ -43,13 +43,16 @@ class Firing:
     due_at: float  # epoch seconds
     reached_at: float  # when the replica published it, on its database-clock estimate
     received_at: float  # epoch seconds, this process's clock
+    # When it was planned to fire: a firing window's plannedAt (docs/CONTRACT.md), else dueAt.
+    planned_at: float | None = None
 
     @classmethod
     def of(cls, received_at: float, msg: Received) -> Firing:
         body = json.loads(msg.data)
         p = body["payload"]
         due, reached = (datetime.fromisoformat(p[k]).timestamp() for k in ("dueAt", "reachedAt"))
-        return cls(body["id"], p["tenantId"], p["serviceCallId"], due, reached, received_at)
+        planned = datetime.fromisoformat(p["plannedAt"]).timestamp() if "plannedAt" in p else due
+        return cls(body["id"], p["tenantId"], p["serviceCallId"], due, reached, received_at, planned)
 
 
 class Recorder(Generic[T]):
