@@ -77,7 +77,8 @@ async def timer_action(request: Request) -> Response:
             return _refuse(request, 422, tenant, sid, "dueAt: give the offset, e.g. Z for UTC")
     if (why := _not_now(what, view)) is not None:
         return _refuse(request, 409, tenant, sid, why)
-    payload = _schedule_payload(view, due) if due is not None else None
+    # Fire now means now: a reschedule keeps the timer's firing window, "fire now" sends none.
+    payload = _schedule_payload(view, due, keep_window=what == "reschedule") if due is not None else None
     if payload is not None:
         checked = parse_command(
             "schedule", tenant, _json(payload), now=datetime.now(UTC), max_horizon=c.s.max_horizon,
@@ -105,7 +106,7 @@ async def timer_action(request: Request) -> Response:
         assert due is not None and payload is not None
         await c.client.schedule(
             tenant, sid, due, correlation_id=payload.get("correlationId"), repeat=payload.get("repeat"),
-            data=payload.get("data"), headers=view.get("carriedHeaders"),
+            data=payload.get("data"), headers=view.get("carriedHeaders"), window=payload.get("window"),
         )  # fmt: skip
         audit(request, what, tenant, sid, due_at=iso(due))
     # Post/redirect/get: reloading the timer's page sends nothing again.
@@ -134,9 +135,10 @@ async def tenant_action(request: Request) -> Response:
     return RedirectResponse(f"/tenants/{_q(tenant)}?done={what}", status_code=303)
 
 
-def _schedule_payload(view: dict[str, Any], due: datetime) -> dict[str, Any]:
+def _schedule_payload(view: dict[str, Any], due: datetime, keep_window: bool) -> dict[str, Any]:
     """The ScheduleTimer a producer would send to move this timer to `due`: its correlationId,
-    repeat and data kept (a ScheduleTimer without `data` would clear it). A recurring timer counts
+    repeat and data kept (a ScheduleTimer without `data` would clear it), and its firing window
+    when `keep_window`. A recurring timer counts
     its occurrences from the new dueAt (its anchor). Its carried headers go as the command's
     headers (timer_action), where a producer sends them."""
     payload: dict[str, Any] = {
@@ -150,6 +152,8 @@ def _schedule_payload(view: dict[str, Any], due: datetime) -> dict[str, Any]:
         payload["repeat"] = {k: v for k, v in view["repeat"].items() if v is not None}
     if view.get("data") is not None:
         payload["data"] = view["data"]
+    if keep_window and view.get("window") is not None:
+        payload["window"] = view["window"]
     return payload
 
 
