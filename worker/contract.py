@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring_ascii as _json_str  # C, when available
@@ -50,6 +49,10 @@ LATEST_DUE_AT = datetime(9999, 12, 31, tzinfo=UTC)
 # A ScheduleTimer's `window` (README, Firing window): each occurrence fires within this long after
 # its dueAt, at most a day.
 MAX_WINDOW_MS = 86_400_000
+# A ScheduleTimer's `expireAfter` (README, Expiry): an occurrence not published within this long
+# after its planned instant is not fired. At least a second, at most a week.
+MIN_EXPIRE_AFTER_MS = 1000
+MAX_EXPIRE_AFTER_MS = 7 * 86_400_000
 DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
 
 # Every reason a command is rejected for (the DLQ header `Timer-Error` and the metric label;
@@ -74,11 +77,13 @@ Reason = Literal[
     "beyond_horizon",
     "bad_repeat",  # also a bad repeat.cron or repeat.until; the detail names the field
     "bad_window",  # `window` is not an ISO 8601 duration of days to seconds, or longer than a day
+    "bad_expire_after",  # `expireAfter`: as `window`, at least a second and at most a week
     "unknown_timezone",
     "payload_too_large",  # `data` is more than TIMER_MAX_PAYLOAD_BYTES as its events carry it
     "bad_data",  # `data` holds a string Postgres jsonb cannot store (U+0000, a lone surrogate)
     "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
     "timer_stuck",  # from intake: the timer's occurrence stayed claimed past TIMER_STUCK_AFTER
+    "expired",  # from the firing loop, no command: an occurrence not published within expireAfter
 ]
 REASONS: frozenset[str] = frozenset(get_args(Reason))
 
@@ -172,6 +177,8 @@ class ScheduleTimer:
     data: Any = None
     # The firing window (README, Firing window), the ISO 8601 duration as given; None: fire at dueAt.
     window: str | None = None
+    # Expiry (README, Expiry), the ISO 8601 duration as given; None: an occurrence fires however late.
+    expire_after: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +303,11 @@ class MessageIds:
         """The Nats-Msg-Id of the DueTimeReached whose envelope `id` (firing_id) this is."""
         return self._id(f"due\0{envelope_id}")
 
+    def expired(self, envelope_id: str) -> str:
+        """The Nats-Msg-Id of the DLQ entry of the occurrence whose envelope `id` (firing_id) this
+        is, when it expired unpublished: a re-publish of the entry is dropped as the event's is."""
+        return self._id(f"expired\0{envelope_id}")
+
     def derived(self, stream: str, seq: int, stored: datetime) -> str:
         """The Nats-Msg-Id of a message made from the one stored at `seq` of `stream` at `stored`
         (a rejected command's DLQ copy; a DLQ entry's replay). A redelivery of that message has
@@ -381,36 +393,3 @@ def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int, id
     # The carried headers never hold Nats-Msg-Id (headers.carried_headers), and it is set last.
     headers = {"Nats-Msg-Id": msg_id} if timer.carried is None else {**timer.carried, "Nats-Msg-Id": msg_id}
     return Outgoing(subject, body.encode(), headers)
-
-
-class OccurrenceValues(NamedTuple):
-    """An Occurrence as plain values (largest_event's worst one; the tests')."""
-
-    tenant_id: str
-    service_call_id: str
-    due_at: datetime
-    correlation_id: str | None
-    carried: dict[str, str] | None
-    data: str | None
-    nominal_due_at: datetime | None = None
-
-
-def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
-    """The most a DueTimeReached of a timer stored from an accepted ScheduleTimer counts against the
-    server's max_payload (wire_size), with TIMER_MAX_PAYLOAD_BYTES `max_data_bytes` and
-    TIMER_CARRY_HEADERS `carry`. Made by due_event itself, so it follows the template: the longest
-    tenant; both ids of MAX_ID_CHARS characters the longest to escape (U+10FFFF, a surrogate pair:
-    12 bytes); the latest dueAt, plannedAt and reachedAt; `data` of max_data_bytes as stored (as
-    worker.core.fields._data measures it); every header a timer may carry (carried_headers: a
-    traceparent, a tracestate, one per name of `carry`) at MAX_CARRIED_VALUE_CHARS characters of
-    4 bytes each."""
-    widest_id = "\U0010ffff" * MAX_ID_CHARS
-    widest_value = "\U0010ffff" * MAX_CARRIED_VALUE_CHARS
-    carried = {TRACEPARENT: f"00-{'1' * 32}-{'1' * 16}-01", TRACESTATE: widest_value}
-    carried |= {name: widest_value for name in carry if name not in carried}
-    data = "0" * max_data_bytes if max_data_bytes else None  # 0 refuses any `data`
-    # A window's plannedAt: an instant as wide as any.
-    worst = OccurrenceValues("t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data, LATEST_DUE_AT)
-    latest_ms = round(LATEST_DUE_AT.timestamp() * 1000)
-    event = due_event(worst, "", iso(LATEST_DUE_AT), latest_ms, MessageIds(bytes(16)))
-    return wire_size(event)

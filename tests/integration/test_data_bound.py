@@ -37,10 +37,10 @@ from worker.contract import (
     ScheduleTimer,
     due_event,
     iso,
-    largest_event,
     wire_size,
 )
 from worker.core.commands import parse_command
+from worker.core.eventsize import largest_event
 from worker.core.readmodel import ReadModel
 from worker.service import Replica
 

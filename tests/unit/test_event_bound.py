@@ -1,4 +1,4 @@
-"""The bound on what a DueTimeReached counts against NATS's max_payload (contract.largest_event,
+"""The bound on what a DueTimeReached counts against NATS's max_payload (core.eventsize.largest_event,
 wire_size), and the start-up check that the settings keep every event within the server's
 (streams.check_sizes)."""
 
@@ -18,12 +18,11 @@ from worker.contract import (
     MAX_BODY_BYTES,
     MAX_ID_CHARS,
     MessageIds,
-    OccurrenceValues,
     due_event,
     iso,
-    largest_event,
     wire_size,
 )
+from worker.core.eventsize import OccurrenceValues, largest_event
 from worker.core.headers import carried_headers
 from worker.errors import ConfigError
 from worker.settings import load_settings
@@ -48,6 +47,7 @@ header_names = st.sampled_from(["traceparent", "tracestate", "X-A", "x-a", "x-B"
     service_call_id=ids,
     correlation_id=st.none() | ids,
     due_at=instants,
+    planned_at=st.none() | instants,
     reached_at=instants,
     headers=st.dictionaries(header_names, header_values | st.just("00-" + "a" * 32 + "-" + "b" * 16 + "-01")),
     limit=st.integers(0, MAX_BODY_BYTES),
@@ -58,6 +58,7 @@ def test_no_event_of_an_accepted_timer_is_larger_than_the_bound(
     service_call_id: str,
     correlation_id: str | None,
     due_at: datetime,
+    planned_at: datetime | None,
     reached_at: datetime,
     headers: dict[str, str],
     limit: int,
@@ -67,7 +68,9 @@ def test_no_event_of_an_accepted_timer_is_larger_than_the_bound(
     carried, _ = carried_headers(headers, carry)
     # `data` as stored, at most `limit` bytes (worker.core.fields._data): the longest such text.
     data = text.encode()[:limit].decode(errors="ignore") or None
-    timer = OccurrenceValues(tenant, service_call_id, due_at, correlation_id, carried, data)
+    # With a firing window, due_at is the planned instant and the event says both (plannedAt).
+    nominal, fire_at = (None, due_at) if planned_at is None else (due_at, planned_at)
+    timer = OccurrenceValues(tenant, service_call_id, fire_at, correlation_id, carried, data, nominal)
     event = due_event(timer, "svc.t.timer.due", iso(reached_at), round(reached_at.timestamp() * 1000), IDS)
     assert wire_size(event) <= largest_event(limit, carry)
 
@@ -77,7 +80,7 @@ def test_the_bound_is_reached() -> None:
     widest = "\U0010ffff" * MAX_ID_CHARS
     value = "\U0010ffff" * 512
     carried = {"traceparent": "00-" + "1" * 32 + "-" + "1" * 16 + "-01", "tracestate": value, "x-a": value}
-    timer = OccurrenceValues("t" * 64, widest, LATEST_DUE_AT, widest, carried, "1" * 100)
+    timer = OccurrenceValues("t" * 64, widest, LATEST_DUE_AT, widest, carried, "1" * 100, LATEST_DUE_AT)
     reached = round(LATEST_DUE_AT.timestamp() * 1000)
     event = due_event(timer, "s", iso(LATEST_DUE_AT), reached, IDS)
     assert wire_size(event) == largest_event(100, {"x-a"})

@@ -24,6 +24,7 @@ ordering.py     the rule that a timer's commands apply in stream order, on plain
 commands.py     the validation boundary: bytes in, a typed command or a Rejection out
 fields.py       the field checks of that boundary: ids, timestampMs, dueAt, repeat, `data`
 headers.py      the headers a timer carries from its ScheduleTimer to its events
+eventsize.py    the most a DueTimeReached weighs: the bound the start-up stream check holds
 quota.py        the per-tenant limit on pending timers
 readmodel.py    the `get` request/reply, tenant-scoped
 timers.py       StoredTimer, a timer as the read port returns it, and its contract view

@@ -41,7 +41,7 @@ def carried_headers(
         else:
             continue
         # One per name: "X-A" and "x-a" are two headers to NATS, and without this a command could
-        # carry a copy per spelling, past the bound contract.largest_event holds events to.
+        # carry a copy per spelling, past the bound core.eventsize.largest_event holds events to.
         if ok and key not in seen:
             seen.add(key)
             kept[key if key in (TRACEPARENT, TRACESTATE) else name] = value

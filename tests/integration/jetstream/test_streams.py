@@ -16,7 +16,7 @@ from nats.js import api
 from tests.helpers import iso_in, jetstream, publish_raw, recorder, row, running_replica, settings_env, until
 from worker.adapters.jetstream.broker import Broker
 from worker.config import Settings
-from worker.contract import largest_event
+from worker.core.eventsize import largest_event
 from worker.devkit.harness import replica_env
 from worker.errors import ConfigError
 from worker.service import Replica

@@ -98,7 +98,7 @@ def test_a_stored_nats_header_cannot_go_on_an_event(name: str) -> None:
 
 def test_one_name_in_several_spellings_is_carried_once() -> None:
     # NATS tells "X-A" from "x-a": each spelling carried, a command could send a copy per spelling
-    # of a name, each of MAX_CARRIED_VALUE_CHARS, past the events' bound (contract.largest_event).
+    # of a name, each of MAX_CARRIED_VALUE_CHARS, past the events' bound (core.eventsize.largest_event).
     other = TP.replace("01", "00", 1)
     headers = {"X-A": "1", "x-a": "2", "x-A": "3", "Traceparent": TP, "traceparent": other}
     assert carried_headers(headers, {"x-a"}) == (

@@ -19,7 +19,8 @@ from nats.js.errors import APIError, NotFoundError
 from worker import metrics
 from worker.adapters.jetstream.pull import Pull, PullFailed
 from worker.client.batches import server_has_fast_ingest as server_has_fast_ingest  # the broker's, from here
-from worker.contract import MAX_CARRIED_VALUE_CHARS, Subjects, largest_event
+from worker.contract import MAX_CARRIED_VALUE_CHARS, Subjects
+from worker.core.eventsize import largest_event
 from worker.core.ports import FetchFailed
 from worker.errors import ConfigError, TransientError
 

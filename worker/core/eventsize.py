@@ -1,0 +1,55 @@
+"""The most a DueTimeReached weighs against the NATS server's max_payload (largest_event): made by
+the event's own template (worker.contract.due_event) from the widest occurrence an accepted
+ScheduleTimer can store, so the stream check at start-up (adapters/jetstream/streams.py) holds
+every event any timer will ever make."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+from typing import NamedTuple
+
+from worker.contract import (
+    LATEST_DUE_AT,
+    MAX_CARRIED_VALUE_CHARS,
+    MAX_ID_CHARS,
+    TRACEPARENT,
+    TRACESTATE,
+    MessageIds,
+    due_event,
+    iso,
+    wire_size,
+)
+
+
+class OccurrenceValues(NamedTuple):
+    """An Occurrence as plain values (largest_event's worst one; the tests')."""
+
+    tenant_id: str
+    service_call_id: str
+    due_at: datetime
+    correlation_id: str | None
+    carried: dict[str, str] | None
+    data: str | None
+    nominal_due_at: datetime | None = None
+
+
+def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
+    """The most a DueTimeReached of a timer stored from an accepted ScheduleTimer counts against the
+    server's max_payload (wire_size), with TIMER_MAX_PAYLOAD_BYTES `max_data_bytes` and
+    TIMER_CARRY_HEADERS `carry`. Made by due_event itself, so it follows the template: the longest
+    tenant; both ids of MAX_ID_CHARS characters the longest to escape (U+10FFFF, a surrogate pair:
+    12 bytes); the latest dueAt, plannedAt and reachedAt; `data` of max_data_bytes as stored (as
+    worker.core.fields._data measures it); every header a timer may carry (carried_headers: a
+    traceparent, a tracestate, one per name of `carry`) at MAX_CARRIED_VALUE_CHARS characters of
+    4 bytes each."""
+    widest_id = "\U0010ffff" * MAX_ID_CHARS
+    widest_value = "\U0010ffff" * MAX_CARRIED_VALUE_CHARS
+    carried = {TRACEPARENT: f"00-{'1' * 32}-{'1' * 16}-01", TRACESTATE: widest_value}
+    carried |= {name: widest_value for name in carry if name not in carried}
+    data = "0" * max_data_bytes if max_data_bytes else None  # 0 refuses any `data`
+    # A window's plannedAt: an instant as wide as any.
+    worst = OccurrenceValues("t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data, LATEST_DUE_AT)
+    latest_ms = round(LATEST_DUE_AT.timestamp() * 1000)
+    event = due_event(worst, "", iso(LATEST_DUE_AT), latest_ms, MessageIds(bytes(16)))
+    return wire_size(event)
