@@ -9,11 +9,11 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from json.encoder import encode_basestring_ascii as _ascii
 from typing import Any, Literal, NamedTuple
 
-from worker.contract import TENANT_RE, Subjects, iso
+from worker.contract import TENANT_RE, Subjects, duration, iso
 
 
 class Envelope(NamedTuple):  # a tuple: schedule_many makes tens of thousands a second
@@ -32,6 +32,32 @@ def envelope(subject: str, kind: str, payload: dict[str, Any], correlation_id: s
         "payload": payload,
     }
     return Envelope(subject, body["id"], json.dumps(body).encode())
+
+
+def schedule_payload(
+    tenant_id: str,
+    service_call_id: str,
+    due_at: datetime,
+    correlation_id: str | None,
+    repeat: dict[str, Any] | None,
+    data: Any,
+) -> dict[str, Any]:
+    """TimerClient.schedule's ScheduleTimer: the fields given, `repeat.until` as RFC 3339."""
+    payload: dict[str, Any] = {"tenantId": tenant_id, "serviceCallId": service_call_id, "dueAt": iso(due_at)}
+    if correlation_id is not None:
+        payload["correlationId"] = correlation_id
+    if repeat is not None:
+        until = repeat.get("until")
+        payload["repeat"] = {**repeat, "until": iso(until)} if isinstance(until, datetime) else repeat
+    if data is not None:
+        payload["data"] = data
+    return payload
+
+
+def spans(**given: str | timedelta | None) -> dict[str, str]:
+    """The durations given (a firing `window`, `expireAfter`) as the contract writes them: ISO 8601
+    text as it is, a timedelta in seconds (contract.duration); those not given left out."""
+    return {k: v if isinstance(v, str) else duration(v) for k, v in given.items() if v is not None}
 
 
 class Envelopes:

@@ -35,10 +35,10 @@ from worker.client.batches import (
 )
 from worker.client.closing import close_within
 from worker.client.consumer import MAX_ACK_PENDING, DueEvent, due_events
-from worker.client.envelopes import Envelope, Envelopes, envelope
+from worker.client.envelopes import Envelope, Envelopes, envelope, schedule_payload, spans
 from worker.client.errors import GetRefused, GetTimeout, NoReplica
 from worker.client.wire import nats_connect, written
-from worker.contract import CONTROL_TYPES, FAST_BATCHES, TENANT_RE, ControlKind, Subjects, duration, iso
+from worker.contract import CONTROL_TYPES, FAST_BATCHES, TENANT_RE, ControlKind, Subjects
 
 # Atomic or fast batches of commands awaiting their PubAck at once: enough to keep the server busy while
 # the next one is sent, few enough to keep a slow server's backlog small.
@@ -110,6 +110,7 @@ class TimerClient:
         data: Any = None,
         headers: Mapping[str, str] | None = None,
         window: str | timedelta | None = None,
+        expire_after: str | timedelta | None = None,
     ) -> None:
         """Schedule (or reschedule) a timer. `repeat`: {"every": "P1D"} or {"cron": "0 9 * * MON-FRI"},
         with optional "times", "until" (a datetime or RFC 3339 text) and "timezone"
@@ -117,23 +118,10 @@ class TimerClient:
         DueTimeReached of the timer; None sends none (and a reschedule without it clears it).
         `headers`: NATS headers sent with the command (a `traceparent`, producer headers named in
         TIMER_CARRY_HEADERS), carried into its DueTimeReached events; a reschedule without them
-        clears them, as with `data`. `window`: fire each occurrence at an instant the service
-        picks in [dueAt, dueAt + window], at most a day (an ISO 8601 duration such as "PT10M", or a
-        timedelta; docs/CONTRACT.md, Firing window)."""
-        payload: dict[str, Any] = {
-            "tenantId": tenant_id,
-            "serviceCallId": service_call_id,
-            "dueAt": iso(due_at),
-        }
-        if correlation_id is not None:
-            payload["correlationId"] = correlation_id
-        if repeat is not None:
-            until = repeat.get("until")
-            payload["repeat"] = {**repeat, "until": iso(until)} if isinstance(until, datetime) else repeat
-        if data is not None:
-            payload["data"] = data
-        if window is not None:
-            payload["window"] = window if isinstance(window, str) else duration(window)
+        clears them, as with `data`. `window` and `expire_after`: an ISO 8601 duration ("PT10M") or a
+        timedelta (docs/CONTRACT.md, Firing window, Expiry)."""
+        payload = schedule_payload(tenant_id, service_call_id, due_at, correlation_id, repeat, data)
+        payload |= spans(window=window, expireAfter=expire_after)
         subject = self.subjects.of(_tenant(tenant_id), "schedule")
         await self._send(subject, "ScheduleTimer", payload, correlation_id, headers)
 
