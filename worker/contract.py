@@ -49,10 +49,6 @@ LATEST_DUE_AT = datetime(9999, 12, 31, tzinfo=UTC)
 # A ScheduleTimer's `window` (README, Firing window): each occurrence fires within this long after
 # its dueAt, at most a day.
 MAX_WINDOW_MS = 86_400_000
-# A ScheduleTimer's `expireAfter` (README, Expiry): an occurrence not published within this long
-# after its planned instant is not fired. At least a second, at most a week.
-MIN_EXPIRE_AFTER_MS = 1000
-MAX_EXPIRE_AFTER_MS = 7 * 86_400_000
 DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
 
 # Every reason a command is rejected for (the DLQ header `Timer-Error` and the metric label;

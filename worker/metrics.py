@@ -78,6 +78,10 @@ LEASES_RECLAIMED = Counter(
     "timer_leases_reclaimed_total", "Claims of occurrences whose earlier lease ran out (crash or retry)"
 )
 FIRED = Counter("timer_fired_total", "DueTimeReached events acknowledged by JetStream")
+EXPIRED = Counter(
+    "timer_expired_total",
+    "Occurrences not fired: later than their expireAfter (a DLQ entry each, reason expired)",
+)
 MARKED = Counter("timer_marked_total", "Firings recorded in Postgres")
 FENCE_REJECTED = Counter("timer_fence_rejected_total", "Marks refused because the lease was lost")
 PUBLISH_FAILED = Counter("timer_publish_failures_total", "Publishes that failed or timed out")

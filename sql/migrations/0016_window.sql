@@ -1,11 +1,25 @@
--- Issue 35: a firing window (README, Firing window).
+-- migration: no-transaction
+-- Issue 35: a firing window (README, Firing window) and expiry (README, Expiry).
+-- Each statement stands alone (no transaction: the state check's VALIDATE below must not scan
+-- under the lock its ALTER takes) and can run again.
+
 -- fire_window: the ScheduleTimer's `window`, the ISO 8601 duration as given; NULL without one.
 -- nominal_due_at: with a window, the current occurrence's dueAt, while due_at holds the instant
 -- it is planned to fire at (worker/core/window.py): due_at stays the claim key, so the claim
 -- keeps walking the due index (timers_due) and nothing it plans changes. NULL without a window,
 -- where due_at is both, as on every timer stored before these columns.
+-- expire_after: the ScheduleTimer's `expireAfter`, as given; NULL without one.
 -- Nullable columns without a default: a catalog change, no rewrite (as 0009). Replicas of the
--- release before ignore them: one that claims a timer with a window fires it at its planned
--- instant with that as its dueAt (README, Upgrades: finish the rollout before sending windows).
-ALTER TABLE timers ADD COLUMN fire_window text;
-ALTER TABLE timers ADD COLUMN nominal_due_at timestamptz;
+-- release before ignore them (README, Upgrades: finish the rollout before sending either).
+ALTER TABLE timers ADD COLUMN IF NOT EXISTS fire_window text;
+ALTER TABLE timers ADD COLUMN IF NOT EXISTS nominal_due_at timestamptz;
+ALTER TABLE timers ADD COLUMN IF NOT EXISTS expire_after text;
+
+-- The state check admits Expired: a one-shot timer whose occurrence expired unpublished, final
+-- like Reached. As in 0011: NOT VALID (no scan under the ALTER's brief ACCESS EXCLUSIVE lock),
+-- dropped and added in one statement, then validated under SHARE UPDATE EXCLUSIVE, which no claim,
+-- mark or command waits for.
+ALTER TABLE timers DROP CONSTRAINT IF EXISTS timers_state_check,
+    ADD CONSTRAINT timers_state_check
+        CHECK (state IN ('Scheduled', 'Paused', 'Reached', 'Cancelled', 'Expired')) NOT VALID;
+ALTER TABLE timers VALIDATE CONSTRAINT timers_state_check;

@@ -8,9 +8,9 @@ SET LOCAL enable_bitmapscan = off;
 SET LOCAL enable_sort = off;
 
 -- fragment: recorded_at_claim
--- A one-shot occurrence whose row holds nothing retry_later could not put back: claim_due records it.
+-- A one-shot occurrence whose row holds nothing retry_later could not put back, nor may expire: claim_due records it.
 (num_nonnulls(t.repeat_every, t.repeat_cron) = 0 OR t.anchor_due_at IS NULL)
-AND num_nonnulls(t.paused_at, t.reached_at, t.last_error, t.deferred_seqs) = 0
+AND num_nonnulls(t.paused_at, t.reached_at, t.last_error, t.deferred_seqs, t.expire_after) = 0
 
 -- name: claim_due
 -- Claim due occurrences under a lease (a one-shot recorded as fired at once); say when the next is due.
@@ -69,7 +69,7 @@ claimed AS (
               -- 0009: the cron schedule, the end, and `data` as text (spliced into the event).
               t.repeat_cron, t.repeat_until, t.data::text AS data,
               -- 0016: a firing window; due_at is then the planned instant, nominal_due_at the dueAt.
-              t.nominal_due_at, t.fire_window
+              t.nominal_due_at, t.fire_window, t.expire_after
 )
 SELECT c.*, n.next_due_at, clock_timestamp() AS db_now
 FROM (SELECT min(due_at) AS next_due_at FROM timers
@@ -80,7 +80,7 @@ LEFT JOIN claimed c ON true;
 -- What recording a firing writes: the next occurrence (with a window: its planned instant in due_at,
 -- its dueAt in nominal_due_at), or Reached. f.recurrence_ref and f.attempts:
 -- the claim's, when its transaction was lost (record_fired_again); NULL, the row's own, in it.
-    state = CASE WHEN f.next_due_at IS NULL THEN 'Reached'
+    state = CASE WHEN f.next_due_at IS NULL THEN CASE WHEN f.expired THEN 'Expired' ELSE 'Reached' END
                  WHEN t.paused_at IS NOT NULL
                    OR t.tenant_id IN (SELECT p.tenant_id FROM paused_tenants p WHERE p.paused_at IS NOT NULL)
                  THEN 'Paused' ELSE 'Scheduled' END,
@@ -88,8 +88,8 @@ LEFT JOIN claimed c ON true;
     due_at = coalesce(f.next_due_at, t.due_at),
     nominal_due_at = CASE WHEN f.next_due_at IS NOT NULL THEN f.next_nominal ELSE t.nominal_due_at END,
     occurrence_index = coalesce(f.next_index, t.occurrence_index),
-    fired_count = least(t.fired_count, 2147483646) + 1,
-    reached_at = f.db_now,
+    fired_count = least(t.fired_count, 2147483646) + CASE WHEN f.expired THEN 0 ELSE 1 END,
+    reached_at = CASE WHEN f.expired THEN t.reached_at ELSE f.db_now END,
     updated_at = f.db_now,
     lease_owner = NULL,
     lease_expires_at = NULL,
@@ -103,8 +103,9 @@ WITH f AS MATERIALIZED (
     SELECT f.*, f.row_id::tid AS tid, statement_timestamp() AS db_now,
            NULL::timestamptz AS recurrence_ref, NULL::int AS attempts  -- the row's own (record_fired_set)
     FROM unnest(%(row_id)b::text[], %(lease_token)b::bigint[], %(due_at)b::timestamptz[],
-                %(next_due_at)b::timestamptz[], %(next_index)b::int[], %(next_nominal)b::timestamptz[])
-         AS f(row_id, lease_token, due_at, next_due_at, next_index, next_nominal)
+                %(next_due_at)b::timestamptz[], %(next_index)b::int[], %(next_nominal)b::timestamptz[],
+                %(expired)b::bool[])
+         AS f(row_id, lease_token, due_at, next_due_at, next_index, next_nominal, expired)
 )
 UPDATE timers t SET
 {{record_fired_set}}
@@ -123,10 +124,10 @@ WITH f AS MATERIALIZED (
                 %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(repeat_cron)b::text[],
                 %(repeat_until)b::timestamptz[], %(recurrence_ref)b::timestamptz[],
                 %(next_due_at)b::timestamptz[], %(next_index)b::int[], %(attempts)b::int[],
-                %(next_nominal)b::timestamptz[], %(fire_window)b::text[])
+                %(next_nominal)b::timestamptz[], %(fire_window)b::text[], %(expired)b::bool[])
          AS f(tenant_id, service_call_id, due_at, occurrence_index, anchor_due_at, repeat_every,
               repeat_times, repeat_timezone, repeat_cron, repeat_until, recurrence_ref,
-              next_due_at, next_index, attempts, next_nominal, fire_window)
+              next_due_at, next_index, attempts, next_nominal, fire_window, expired)
 ),
 -- The published occurrence, still as it was, and not locked by anyone else.
 still AS MATERIALIZED (

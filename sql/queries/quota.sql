@@ -7,7 +7,7 @@ SELECT t.tenant_id, t.service_call_id
 FROM timers t
 JOIN unnest(%(tenant_id)s::text[], %(service_call_id)s::text[]) AS k(tenant_id, service_call_id)
   ON t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id
-WHERE t.state IN ('Scheduled', 'Paused', 'Reached');
+WHERE t.state IN ('Scheduled', 'Paused', 'Reached', 'Expired');
 
 -- name: quota_bounds
 -- An upper bound of each tenant's pending timers, and how many tenant_pending rows hold it.

@@ -43,6 +43,7 @@ from worker.core.fields import (
     _correlation,
     _data,
     _due_at,
+    _expire_after,
     _first_occurrence,
     _identifier,
     _json_type,
@@ -107,10 +108,11 @@ def _parse(
     if repeat is not None:
         due_at = _first_occurrence(repeat, due_at)
     data = _data(fields.get("data"), max_payload_bytes)
-    window = _window(fields.get("window"))
+    window, expire_after = _window(fields.get("window")), _expire_after(fields.get("expireAfter"))
     return ScheduleTimer(
-        tenant, service_call_id, due_at, correlation_id, timestamp_ms, repeat, data=data, window=window
-    )
+        tenant, service_call_id, due_at, correlation_id, timestamp_ms, repeat, data=data, window=window,
+        expire_after=expire_after,
+    )  # fmt: skip
 
 
 def parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> PauseTimers | Rejection:

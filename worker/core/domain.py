@@ -77,6 +77,7 @@ class Claimed(NamedTuple):
     # event and the recurrence speak of. None without a window, where due_at is both.
     nominal_due_at: datetime | None = None
     fire_window: str | None = None  # the ScheduleTimer's `window`, as given
+    expire_after: str | None = None  # the ScheduleTimer's `expireAfter`, as given (worker/core/expiry.py)
 
 
 class Unreadable(NamedTuple):
@@ -137,6 +138,9 @@ class Fired(NamedTuple):
     next_due_at: datetime | None  # with a window, the next occurrence's planned instant
     next_index: int | None
     next_nominal: datetime | None = None  # with a window, the next occurrence's dueAt
+    # Not published but expired (worker/core/expiry.py): its DLQ entry was acknowledged instead,
+    # and it is recorded as not fired (a one-shot ends Expired).
+    expired: bool = False
 
 
 # An occurrence that did not fire, released for a retry by any replica: (the occurrence, the error

@@ -1,9 +1,9 @@
 """The field checks of the validation boundary (worker.core.commands): the ids, timestampMs, dueAt,
-`repeat` (every or cron, times, until, timezone), the firing `window` and the `data` payload, each
+`repeat` (every or cron, times, until, timezone), `window`, `expireAfter` and `data`, each
 raising `_Reject` with its reason code (docs/CONTRACT.md, Reason codes and Limits). `_Reject` and
 the helpers here are the boundary's own: commands.py catches `_Reject` in `parse_command` and
-`parse_control`, headers.py quotes values with `_show`. `identifier_problem` is the id rule for readers of ids
-that are no commands (timer.get).
+`parse_control`, headers.py quotes values with `_show`. `identifier_problem` is the id rule for
+readers of ids that are no commands (timer.get).
 
 Identifiers (serviceCallId, correlationId) are opaque strings: any printable Unicode is accepted,
 including non-ASCII and zero-width/format characters (category Cf), because producers own their
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from worker.contract import (
     Repeat,
     data_json,
 )
+from worker.core.expiry import expire_after_ms
 from worker.core.recurrence import MAX_INDEX, first_cron_occurrence, load_zone, parse_cron, parse_period
 from worker.core.window import window_ms
 
@@ -202,14 +204,23 @@ def _first_occurrence(repeat: Repeat, due_at: datetime) -> datetime:
 
 def _window(value: Any) -> str | None:
     """`window`: an ISO 8601 duration of days to seconds, at most a day (worker/core/window.py)."""
+    return _span(value, "window", "bad_window", window_ms)
+
+
+def _expire_after(value: Any) -> str | None:
+    """`expireAfter`: as `window`, a second to a week (worker/core/expiry.py)."""
+    return _span(value, "expireAfter", "bad_expire_after", expire_after_ms)
+
+
+def _span(value: Any, key: str, reason: Reason, measure: Callable[[str], int]) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise _Reject("bad_window", f"window must be an ISO 8601 duration string, not {_json_type(value)}")
+        raise _Reject(reason, f"{key} must be an ISO 8601 duration string, not {_json_type(value)}")
     try:
-        window_ms(value)
+        measure(value)
     except ValueError as exc:
-        raise _Reject("bad_window", f"window {_show(value)}: {exc}") from None
+        raise _Reject(reason, f"{key} {_show(value)}: {exc}") from None
     return value
 
 

@@ -18,6 +18,7 @@ from worker.contract import Outgoing, due_event, iso, wire_size
 from worker.core.clock import Clock
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Claimed, Failed, Fired, Unreadable
+from worker.core.expiry import expired_entry, expiring, late_ms
 from worker.core.fireable import RETRY_BACKOFF_MS, Nexts, cannot_fire, fireable, next_budget
 from worker.core.loop import Loop
 from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore
@@ -95,11 +96,15 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
     ) -> None:
         # First attempts go in atomic batches; an occurrence claimed before may already be in
         # the stream, which would make its whole batch fail, so those go one by one (deduped).
-        due = sorted(due, key=lambda c: c.attempts > 1)
+        due, gone = expiring(sorted(due, key=lambda c: c.attempts > 1), now)
         reached, reached_ms = iso(now), round(now.timestamp() * 1000)
         subjects = self.broker.subjects
         ids = self.broker.ids
         messages = [due_event(c, subjects.due(c.tenant_id), reached, reached_ms, ids) for c in due]
+        # Expired ones go to the DLQ instead, deduplicated as re-publishes are (worker/core/expiry.py).
+        entries = [
+            expired_entry(c, subjects, c.expire_after or "", late_ms(c, now.timestamp()), ids) for c in gone
+        ]
         if oversized := self._oversized(messages):
             due, messages = self._deliverable(due, messages, oversized, failed)
         retries = sum(1 for c in due if c.attempts > 1)
@@ -111,9 +116,10 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
             # Side by side, within one timeout (held under the lease): one after the other they
             # could outlast it, and Postgres would end the claim's idle session, rolling back
             # every claim, so that the next claim had the same shape again.
-            published, republished = await asyncio.gather(
+            published, republished, dead = await asyncio.gather(
                 self.broker.publish_atomic(first, timeout) if first else _no_results(),
                 self.broker.publish_many(again, timeout) if again else _no_results(),
+                self.broker.publish_many(entries, timeout) if entries else _no_results(),
             )
             results = [*published, *republished]
             if traced:
@@ -132,12 +138,45 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         # One call per batch: a histogram's observe per timer was 3 % of a replica's CPU in a drain.
         metrics.observe_many(metrics.LATENESS_SECONDS, lateness)
         metrics.FIRED.inc(len(due) - errors)
+        errors += self._expired(gone, dead, nexts, fired, failed)
         if errors:
             metrics.PUBLISH_FAILED.inc(errors)
             log.warning(
                 "publish failed",
                 extra={"action": "publish_failed", "count": errors, "error": failed[-1][1]},
             )
+
+    @staticmethod
+    def _expired(
+        gone: list[Claimed],
+        results: list[BaseException | None],
+        nexts: Nexts,
+        fired: list[Fired],
+        failed: list[Failed],
+    ) -> int:
+        """The expired occurrences whose DLQ entry was acknowledged, recorded as not fired (a
+        recurring one moves on to its next occurrence); the others retried as a failed publish.
+        How many failed."""
+        errors = 0
+        for timer, err in zip(gone, results, strict=True):
+            if err is None:
+                fired.append(Fired(timer, *nexts[timer.tenant_id, timer.service_call_id], True))
+            else:
+                errors += 1
+                failed.append((timer, f"publish expired: {type(err).__name__}: {err}", RETRY_BACKOFF_MS))
+        if expired := len(gone) - errors:
+            metrics.EXPIRED.inc(expired)
+            oldest = gone[0]
+            log.info(
+                "occurrences expired",
+                extra={
+                    "action": "expired",
+                    "count": expired,
+                    "tenant": oldest.tenant_id,
+                    "service_call_id": oldest.service_call_id,
+                },
+            )
+        return errors
 
     def _oversized(self, messages: list[Outgoing]) -> dict[int, int]:
         """{place: size} of the events the server would refuse for their size (wire_size over its

@@ -21,7 +21,7 @@ class StoredTimer:
 
     tenant_id: str
     service_call_id: str
-    state: str  # Scheduled, Paused, Reached or Cancelled (a stored state only: Paused shows as Scheduled)
+    state: str  # Scheduled, Paused, Reached, Cancelled or Expired (Paused is stored only: shown as Scheduled)
     due_at: datetime | None  # the current occurrence's; None for a cancel's tombstone
     registered_at: datetime
     updated_at: datetime
@@ -44,6 +44,7 @@ class StoredTimer:
     # instant and nominal_due_at its dueAt; both None without one.
     nominal_due_at: datetime | None
     fire_window: str | None
+    expire_after: str | None  # expiry (worker/core/expiry.py): its `expireAfter` as given, or None
 
 
 def stored_timer(row: dict[str, Any]) -> StoredTimer:
@@ -82,6 +83,7 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
         # With a window only (README, Firing window): its length, and when the occurrence of
         # dueAt is planned to fire (its last one's, once the timer ended).
         **planned,
+        **({} if timer.expire_after is None else {"expireAfter": timer.expire_after}),
         "registeredAt": t(timer.registered_at),
         "reachedAt": t(timer.reached_at),
         "correlationId": timer.correlation_id,

@@ -18,26 +18,36 @@ from datetime import datetime, timedelta
 from worker.contract import MAX_WINDOW_MS, MessageIds
 
 # PnDTnHnMnS with at most millisecond seconds; each part bounded, so the text is short and the
-# arithmetic small whatever a tenant sends (the sum is then held to MAX_WINDOW_MS).
-_WINDOW = re.compile(
+# arithmetic small whatever a tenant sends (the sum is then held to the span's bounds).
+_SPAN = re.compile(
     r"P(?:(\d{1,3})D)?(?:T(?:(\d{1,5})H)?(?:(\d{1,7})M)?(?:(\d{1,9})(?:[.,](\d{1,3}))?S)?)?\Z", re.ASCII
 )
 
 
-@functools.lru_cache(maxsize=1024)
 def window_ms(text: str) -> int:
-    """The window's length in milliseconds; ValueError, with a one-line reason, when it is none.
-    Cached: the firing path reads it for every occurrence of a timer with a window."""
-    m = _WINDOW.match(text)
+    """The window's length in milliseconds; ValueError, with a one-line reason, when it is none."""
+    return span_ms(text, "window", 0, MAX_WINDOW_MS)
+
+
+@functools.lru_cache(maxsize=1024)
+def span_ms(text: str, name: str, least: int, most: int) -> int:
+    """A span of a timer's (`window`, `expireAfter`) in milliseconds, within least..most;
+    ValueError, with a one-line reason naming it, when it is none. Cached: the firing path reads
+    it for every occurrence of a timer that has one."""
+    m = _SPAN.match(text)
     if m is None or text in ("P", "PT") or text.endswith("T"):
-        raise ValueError("window must be an ISO 8601 duration in days, hours, minutes and seconds (PT10M)")
+        raise ValueError(f"{name} must be an ISO 8601 duration in days, hours, minutes and seconds (PT10M)")
     days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups()[:4])
     fraction = m.group(5)
     ms = ((((days * 24) + hours) * 60 + minutes) * 60 + seconds) * 1000
     ms += int(fraction.ljust(3, "0")) if fraction else 0
-    if ms > MAX_WINDOW_MS:
-        raise ValueError("window is longer than a day (P1D)")
+    if not least <= ms <= most:
+        raise ValueError(f"{name} must be within {_shown(least)}..{_shown(most)}")
     return ms
+
+
+def _shown(ms: int) -> str:
+    return f"P{ms // 86_400_000}D" if ms and ms % 86_400_000 == 0 else f"PT{ms / 1000:g}S"
 
 
 def planned_at(

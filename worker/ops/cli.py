@@ -48,7 +48,7 @@ from worker.ops.cli_timers import (
 # (`--before=-7d`) before argparse sees them; see _join_relative_times.
 RELATIVE_TIME_OPTIONS = ("--since", "--before", "--due-from", "--due-to")
 # reads.STATES, without importing the database driver to parse a command line.
-STATES = ("Scheduled", "Paused", "Reached", "Cancelled")
+STATES = ("Scheduled", "Paused", "Reached", "Cancelled", "Expired")
 
 
 class Parser(argparse.ArgumentParser):
@@ -205,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--window",
         help="fire each occurrence at an instant in [dueAt, dueAt + window], at most P1D: PT10M, say",
     )
+    s.add_argument(
+        "--expire-after", help="not fired if it cannot be published this long after due: PT1H, say"
+    )
     s.set_defaults(func=cmd_schedule)
 
     c = sub.add_parser("cancel", help="cancel a timer not yet claimed")
@@ -238,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument(
         "--state",
         type=_state,
-        help="Scheduled, Paused, Reached or Cancelled (any case); every tenant: Scheduled or Paused",
+        help="Scheduled, Paused, Reached, Cancelled or Expired (any case); every tenant: Scheduled or Paused",
     )
     ls.add_argument("--due-from", type=_when, help="RFC 3339, or -/+ a duration from now (-1h)")
     ls.add_argument("--due-to", type=_when, help="RFC 3339, or -/+ a duration from now (+5m); exclusive")

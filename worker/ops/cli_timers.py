@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from worker.client.envelopes import Envelope
+from worker.client.envelopes import Envelope, spans
 from worker.config import Settings, parse_duration
 from worker.contract import (
     INVALID_TENANT,
@@ -68,8 +68,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         payload["correlationId"] = args.correlation_id
     if args.data is not None:
         payload["data"] = args.data
-    if args.window is not None:
-        payload["window"] = args.window
+    payload |= spans(window=args.window, expireAfter=args.expire_after)
     # The service's own check, before sending: a command it would only copy to the DLQ is not sent.
     checked = parse_command(
         "schedule",
@@ -93,6 +92,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 repeat=payload.get("repeat"),
                 data=payload.get("data"),
                 window=args.window,
+                expire_after=args.expire_after,
             ),
         )
     )

@@ -15,6 +15,11 @@ def diagnose(row: dict[str, Any]) -> str:
     state, now = row["state"], row["db_now"]
     if state == "Reached":
         return f"fired: the last occurrence was recorded at {_at(row['reached_at'])}"
+    if state == "Expired":
+        return (
+            f"expired: not published within its expireAfter {row.get('expire_after')}; never fired"
+            " (its DLQ entry, reason expired, says how late)"
+        )
     if state == "Cancelled":
         if row["due_at"] is None:
             return "cancelled before any ScheduleTimer arrived (a tombstone keeping the order)"

@@ -30,7 +30,7 @@ from worker.ops.diagnosis import diagnose
 
 # Paused: the stored state of a paused timer (sql/migrations/0011), which the contract shows as
 # Scheduled with paused true; `list --state Paused` finds them.
-STATES = ("Scheduled", "Paused", "Reached", "Cancelled")
+STATES = ("Scheduled", "Paused", "Reached", "Cancelled", "Expired")
 MAX_PAGE = 1000
 _EARLIEST = datetime.fromisoformat("0001-01-01T00:00:00+00:00")
 
@@ -227,11 +227,17 @@ def tenant_summary(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, A
     }
 
 
+def counts_line(c: dict[str, int]) -> str:
+    """The timers by state, as `status` shows them: Expired only when there are some (expiry is rare)."""
+    expired = f" expired={c['Expired']}" if c.get("Expired") else ""
+    return f"timers     scheduled={c['Scheduled']} reached={c['Reached']} cancelled={c['Cancelled']}{expired}"
+
+
 def render_summary(s: dict[str, Any]) -> str:
     c = s["counts"]
     lines = [
         f"tenant     {s['tenant']}",
-        f"timers     scheduled={c['Scheduled']} reached={c['Reached']} cancelled={c['Cancelled']}",
+        counts_line(c),
         f"overdue    {s['overdue']} unclaimed"
         + (f", oldest {s['oldest_overdue_s']:.1f}s behind" if s["oldest_overdue_s"] is not None else ""),
         f"next due   {s['next_due_at'] or 'none'}",
@@ -361,7 +367,7 @@ def render_overview(report: dict[str, Any], commands: str | None = None) -> str:
     if report["backing_off"]:
         overdue += f"; {report['backing_off']} more retried after failed publishes (back-off)"
     lines = [
-        f"timers     scheduled={c['Scheduled']} reached={c['Reached']} cancelled={c['Cancelled']}",
+        counts_line(c),
         f"overdue    {overdue}",
     ]
     if commands is not None:

@@ -35,6 +35,7 @@ ROW: dict[str, Any] = {
     "data": {"k": 1},
     "nominal_due_at": None,
     "fire_window": None,
+    "expire_after": None,
 }
 
 

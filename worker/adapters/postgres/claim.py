@@ -169,7 +169,13 @@ def record_params(fired: Sequence[Fired]) -> dict[str, Any]:
     params["next_index"] = [f.next_index for f in fired] if recurring else None
     windowed = any(f.next_nominal is not None for f in fired)  # few timers have a firing window
     params["next_nominal"] = [f.next_nominal for f in fired] if windowed else None
+    params["expired"] = _expired(fired)
     return params
+
+
+def _expired(fired: Sequence[Fired]) -> list[bool] | None:
+    """Which of the firings expired unpublished; NULL (no array) when none did, as nearly always."""
+    return [f.expired for f in fired] if any(f.expired for f in fired) else None
 
 
 def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
@@ -198,6 +204,7 @@ def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
         "attempts": [t.attempts for t in timers],  # what a one-shot occurrence keeps (CONTRACT.md)
         "next_nominal": column([f.next_nominal for f in fired]),
         "fire_window": column([t.fire_window for t in timers]),
+        "expired": _expired(fired),
     }
 
 

@@ -171,6 +171,9 @@ class Store:
                 "order_grace": self.order_grace,
             }
             params |= self._windows(sched)
+            # As data: NULL (no array) when none has an expiry.
+            expiring = any(c.expire_after is not None for c in sched)
+            params["expire_after"] = [c.expire_after for c in sched] if expiring else None
             position_of(params, [p for _, p in schedules])
             cur = await conn.execute(QUERIES["upsert_schedules"], params)
             changed |= {(t, s): d for t, s, d in await cur.fetchall()}

@@ -107,6 +107,7 @@ async def timer_action(request: Request) -> Response:
         await c.client.schedule(
             tenant, sid, due, correlation_id=payload.get("correlationId"), repeat=payload.get("repeat"),
             data=payload.get("data"), headers=view.get("carriedHeaders"), window=payload.get("window"),
+            expire_after=payload.get("expireAfter"),
         )  # fmt: skip
         audit(request, what, tenant, sid, due_at=iso(due))
     # Post/redirect/get: reloading the timer's page sends nothing again.
@@ -137,8 +138,8 @@ async def tenant_action(request: Request) -> Response:
 
 def _schedule_payload(view: dict[str, Any], due: datetime, keep_window: bool) -> dict[str, Any]:
     """The ScheduleTimer a producer would send to move this timer to `due`: its correlationId,
-    repeat and data kept (a ScheduleTimer without `data` would clear it), and its firing window
-    when `keep_window`. A recurring timer counts
+    repeat, data and expireAfter kept (a ScheduleTimer without `data` would clear it), and its
+    firing window when `keep_window`. A recurring timer counts
     its occurrences from the new dueAt (its anchor). Its carried headers go as the command's
     headers (timer_action), where a producer sends them."""
     payload: dict[str, Any] = {
@@ -154,6 +155,8 @@ def _schedule_payload(view: dict[str, Any], due: datetime, keep_window: bool) ->
         payload["data"] = view["data"]
     if keep_window and view.get("window") is not None:
         payload["window"] = view["window"]
+    if view.get("expireAfter") is not None:
+        payload["expireAfter"] = view["expireAfter"]
     return payload
 
 
