@@ -100,6 +100,8 @@ class Row:
     position: Position | None = None  # command_seq and command_stored_at
     paused_at: float | None = None  # paused by itself (pause with its serviceCallId), since when
     control: Position | None = None  # control_seq and control_stored_at: its last own pause or resume
+    expire_after: str | None = None  # expireAfter (worker/core/expiry.py)
+    fired_count: int = 0
 
 
 class TwinStore:
@@ -179,7 +181,8 @@ class TwinStore:
         ts, kept = c.timestamp_ms, position
         if row is not None:
             by_ts = c.timestamp_ms is not None and row.command_ts is not None
-            if row.state == "Reached" or (by_ts and c.timestamp_ms < row.command_ts):  # type: ignore[operator]
+            final = row.state in ("Reached", "Expired")
+            if final or (by_ts and c.timestamp_ms < row.command_ts):  # type: ignore[operator]
                 return "ignored"
             earlier = (
                 position is not None
@@ -219,6 +222,7 @@ class TwinStore:
                 c.tenant_id, c.service_call_id, state, c.due_at, c.correlation_id,
                 ts, c.due_at, c.repeat, carried=c.carried, position=kept, updated_at=self.now(),
                 paused_at=own_pause, control=row.control if row is not None else None,  # the column stays
+                expire_after=c.expire_after,
             )  # fmt: skip
             return "applied"
         assert isinstance(c, CancelTimer)
@@ -419,6 +423,7 @@ class TwinStore:
                     carried=r.carried,
                     repeat_cron=r.repeat.cron if r.repeat else None,
                     repeat_until=r.repeat.until if r.repeat else None,
+                    expire_after=r.expire_after,
                 )
             )
         later = [
@@ -470,8 +475,9 @@ class TwinStore:
         # A finished timer keeps the count of claims that fired it (docs/CONTRACT.md, attempts).
         row.attempts = f.timer.attempts if f.next_due_at is None else 0
         row.last_error, row.updated_at = None, now
+        row.fired_count += 0 if f.expired else 1
         if f.next_due_at is None:
-            row.state, row.paused_at = "Reached", None
+            row.state, row.paused_at = "Expired" if f.expired else "Reached", None
         else:
             row.due_at, row.occurrence_index = f.next_due_at, f.next_index or 0
             row.state = "Paused" if row.paused_at or self._tenant_paused(row.tenant_id) else "Scheduled"

@@ -303,6 +303,10 @@ BAD: list[tuple[str, bytes | dict[str, Any], str]] = [
     ("window huge", schedule(window="PT99999999999S"), "bad_window"),
     ("window lowercase", schedule(window="pt10m"), "bad_window"),
     ("window trailing newline", schedule(window="PT10M\n"), "bad_window"),
+    ("expireAfter not a string", schedule(expireAfter=3600), "bad_expire_after"),
+    ("expireAfter zero", schedule(expireAfter="PT0S"), "bad_expire_after"),
+    ("expireAfter over a week", schedule(expireAfter="P8D"), "bad_expire_after"),
+    ("expireAfter in months", schedule(expireAfter="P1M"), "bad_expire_after"),
     ("repeat timezone not a string", schedule(repeat={"every": "P1D", "timezone": 1}), "bad_repeat"),
     ("unknown timezone", schedule(repeat={"every": "P1D", "timezone": "Mars/Olympus"}), "unknown_timezone"),
     (
