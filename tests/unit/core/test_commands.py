@@ -676,3 +676,11 @@ def test_data_postgres_cannot_store_is_bad_data(body: bytes) -> None:
         + b"}"
     )
     assert isinstance(rejected, Rejection) and rejected.reason == "bad_data", rejected
+
+
+def test_window_and_expire_after_are_kept_as_sent() -> None:
+    parsed = parse(schedule(window="PT10M", expireAfter="PT1H"))
+    assert isinstance(parsed, ScheduleTimer)
+    assert (parsed.window, parsed.expire_after) == ("PT10M", "PT1H")
+    plain = parse(schedule(window=None))
+    assert isinstance(plain, ScheduleTimer) and (plain.window, plain.expire_after) == (None, None)
