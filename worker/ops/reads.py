@@ -295,8 +295,9 @@ def cancel_outcome(
                 if view["dueAt"] is None:
                     return 1, f"no such timer: {key}; nothing to cancel"
                 return 0, f"cancelled {key}"
-            if view is not None and state == "Reached":
-                return 1, f"not cancelled: {key} has fired ({view['why']})"
+            if view is not None and state in ("Reached", "Expired"):  # final: the cancel is ignored
+                done = "has fired" if state == "Reached" else "expired unfired"
+                return 1, f"not cancelled: {key} {done} ({view['why']})"
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)  # polling a replica's intake, which has no other signal to give

@@ -43,8 +43,8 @@ def _refuse(request: Request, status: int, tenant: str, sid: str | None, message
 def _not_now(what: str, view: dict[str, Any]) -> str | None:
     """Why this action cannot apply to the timer as it stands, or None. The service would ignore
     such a command; the console says so instead of sending it."""
-    if what in ("fire", "reschedule", "pause") and view["state"] == "Reached":
-        return "it has fired: Reached is final, the command would be ignored"
+    if what in ("fire", "reschedule", "pause") and view["state"] in ("Reached", "Expired"):
+        return f"it is {view['state']}, which is final: the command would be ignored"
     if what == "pause" and view["state"] != "Scheduled":
         return f"it is {view['state']}: only a Scheduled timer can be paused"
     if what == "pause" and view.get("pausedAt"):
