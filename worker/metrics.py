@@ -99,7 +99,7 @@ POSTPONED = Counter(
 )
 POSTPONED.labels("next_occurrence")
 RETENTION_DELETED = Counter(
-    "timer_retention_deleted_total", "Reached and Cancelled timers deleted after TIMER_RETENTION"
+    "timer_retention_deleted_total", "Reached, Expired and Cancelled timers deleted after TIMER_RETENTION"
 )
 CLAIM_SECONDS = Histogram("timer_claim_seconds", "Time of one claim statement", buckets=_LATENCY_BUCKETS)
 PUBLISH_SECONDS = Histogram(

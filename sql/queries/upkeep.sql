@@ -2,7 +2,7 @@
 -- The why of each statement: docs/SQL.md.
 
 -- name: delete_finished
--- Retention: delete a batch of old Reached/Cancelled rows, oldest first.
+-- Retention: delete a batch of old finished rows (Reached, Expired, Cancelled), oldest first.
 DELETE FROM timers t
 WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM timers
                           WHERE state <> 'Scheduled' AND state <> 'Paused'

@@ -29,7 +29,7 @@ eventsize.py    the most a DueTimeReached weighs: the bound the start-up stream 
 quota.py        the per-tenant limit on pending timers
 readmodel.py    the `get` request/reply, tenant-scoped
 timers.py       StoredTimer, a timer as the read port returns it, and its contract view
-retention.py    the cleanup of Reached and Cancelled timers past TIMER_RETENTION
+retention.py    the cleanup of finished timers (Reached, Expired, Cancelled) past TIMER_RETENTION
 waiting.py      how a loop waits: the one stop-aware wait, and between a write's attempts
 crashpoints.py  the chaos suite's crash points (off unless TIMER_TEST_CRASH)
 """
