@@ -61,6 +61,11 @@ GARBAGE: list[tuple[str, str, bytes, str]] = [
         schedule_body("globex", "x", repeat={"every": "P1D", "timezone": "../../etc/passwd"}),
         "unknown_timezone",
     ),
+    # A window or expiry a tenant stretches (a year's window would park its timers for a year
+    # past their dueAt; a digit string of megabytes, a parse to match): refused, bounded.
+    ("globex", "schedule", schedule_body("globex", "x", window="P365D"), "bad_window"),
+    ("globex", "schedule", schedule_body("globex", "x", window="PT" + "9" * 60_000 + "S"), "bad_window"),
+    ("globex", "schedule", schedule_body("globex", "x", expireAfter="P30D"), "bad_expire_after"),
     # Subject tokens that are no tenant: routed to the fixed `_invalid` token, never escaped.
     ("émile", "schedule", schedule_body("émile", "x"), "bad_tenant"),
     ("a" * 65, "schedule", schedule_body("a" * 65, "x"), "bad_tenant"),
