@@ -424,6 +424,7 @@ class TwinStore:
                     repeat_cron=r.repeat.cron if r.repeat else None,
                     repeat_until=r.repeat.until if r.repeat else None,
                     expire_after=r.expire_after,
+                    repeat_catchup=r.repeat.catchup if r.repeat else None,
                 )
             )
         later = [
@@ -475,9 +476,9 @@ class TwinStore:
         # A finished timer keeps the count of claims that fired it (docs/CONTRACT.md, attempts).
         row.attempts = f.timer.attempts if f.next_due_at is None else 0
         row.last_error, row.updated_at = None, now
-        row.fired_count += 0 if f.expired else 1
+        row.fired_count += 0 if f.unfired else 1
         if f.next_due_at is None:
-            row.state, row.paused_at = "Expired" if f.expired else "Reached", None
+            row.state, row.paused_at = "Expired" if f.unfired else "Reached", None
         else:
             row.due_at, row.occurrence_index = f.next_due_at, f.next_index or 0
             row.state = "Paused" if row.paused_at or self._tenant_paused(row.tenant_id) else "Scheduled"

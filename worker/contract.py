@@ -155,6 +155,8 @@ class Repeat:
     # Exactly one of every and cron is set. Keyword-only: most repeats are `every` ones.
     cron: str | None = field(default=None, kw_only=True)  # five-field cron expression, as given
     until: datetime | None = field(default=None, kw_only=True)  # no occurrence after this instant (UTC)
+    # What occurrences missed while no replica claimed them become: "one" (None), "none", "all".
+    catchup: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,10 @@ LEASES_RECLAIMED = Counter(
     "timer_leases_reclaimed_total", "Claims of occurrences whose earlier lease ran out (crash or retry)"
 )
 FIRED = Counter("timer_fired_total", "DueTimeReached events acknowledged by JetStream")
+CATCHUP_SKIPPED = Counter(
+    "timer_catchup_skipped_total",
+    "Missed occurrences skipped, not fired: repeat.catchup none, after downtime",
+)
 EXPIRED = Counter(
     "timer_expired_total",
     "Occurrences not fired: later than their expireAfter (a DLQ entry each, reason expired)",

@@ -53,7 +53,13 @@ claimed AS (
         -- Otherwise the fleet was claiming (a crash, a poll interval's wait): a re-claim or a
         -- carried reference is kept, and a fresh occurrence counts from its own dueAt, so
         -- whatever came due meanwhile still fires, late and in order.
+        -- repeat.catchup "all" (0016) skips nothing: every missed occurrence fires, oldest first, up
+        -- to %(catchup_max)s in a row (caught_up); past that, the reference is now, as after downtime.
         claimed_at = CASE
+            WHEN t.repeat_catchup = 'all'
+                THEN CASE WHEN coalesce(t.caught_up, 0) < %(catchup_max)s
+                          THEN coalesce(t.claimed_at, least(coalesce(t.nominal_due_at, t.due_at), now()))
+                          ELSE now() END
             WHEN t.claimed_at IS NULL AND t.due_at >= now() - %(downtime_ms)s * interval '1 millisecond'
                 THEN least(coalesce(t.nominal_due_at, t.due_at), now())
             WHEN t.claimed_at IS NOT NULL AND greatest(t.lease_expires_at, t.updated_at)
@@ -69,7 +75,7 @@ claimed AS (
               -- 0009: the cron schedule, the end, and `data` as text (spliced into the event).
               t.repeat_cron, t.repeat_until, t.data::text AS data,
               -- 0016: a firing window; due_at is then the planned instant, nominal_due_at the dueAt.
-              t.nominal_due_at, t.fire_window, t.expire_after
+              t.nominal_due_at, t.fire_window, t.expire_after, t.repeat_catchup, t.caught_up
 )
 SELECT c.*, n.next_due_at, clock_timestamp() AS db_now
 FROM (SELECT min(due_at) AS next_due_at FROM timers
@@ -80,7 +86,7 @@ LEFT JOIN claimed c ON true;
 -- What recording a firing writes: the next occurrence (with a window: its planned instant in due_at,
 -- its dueAt in nominal_due_at), or Reached. f.recurrence_ref and f.attempts:
 -- the claim's, when its transaction was lost (record_fired_again); NULL, the row's own, in it.
-    state = CASE WHEN f.next_due_at IS NULL THEN CASE WHEN f.expired THEN 'Expired' ELSE 'Reached' END
+    state = CASE WHEN f.next_due_at IS NULL THEN CASE WHEN f.unfired THEN 'Expired' ELSE 'Reached' END
                  WHEN t.paused_at IS NOT NULL
                    OR t.tenant_id IN (SELECT p.tenant_id FROM paused_tenants p WHERE p.paused_at IS NOT NULL)
                  THEN 'Paused' ELSE 'Scheduled' END,
@@ -88,13 +94,15 @@ LEFT JOIN claimed c ON true;
     due_at = coalesce(f.next_due_at, t.due_at),
     nominal_due_at = CASE WHEN f.next_due_at IS NOT NULL THEN f.next_nominal ELSE t.nominal_due_at END,
     occurrence_index = coalesce(f.next_index, t.occurrence_index),
-    fired_count = least(t.fired_count, 2147483646) + CASE WHEN f.expired THEN 0 ELSE 1 END,
-    reached_at = CASE WHEN f.expired THEN t.reached_at ELSE f.db_now END,
+    fired_count = least(t.fired_count, 2147483646) + CASE WHEN f.unfired THEN 0 ELSE 1 END,
+    reached_at = CASE WHEN f.unfired THEN t.reached_at ELSE f.db_now END,
     updated_at = f.db_now,
     lease_owner = NULL,
     lease_expires_at = NULL,
     attempts = CASE WHEN f.next_due_at IS NULL THEN coalesce(f.attempts, t.attempts) ELSE 0 END,
     claimed_at = CASE WHEN f.next_due_at <= f.db_now THEN coalesce(f.recurrence_ref, t.claimed_at) END,
+    caught_up = CASE WHEN t.repeat_catchup = 'all' AND f.next_due_at <= f.db_now
+                     THEN least(coalesce(t.caught_up, 0), 2147483646) + 1 END,
     last_error = NULL
 
 -- name: record_fired
@@ -104,8 +112,8 @@ WITH f AS MATERIALIZED (
            NULL::timestamptz AS recurrence_ref, NULL::int AS attempts  -- the row's own (record_fired_set)
     FROM unnest(%(row_id)b::text[], %(lease_token)b::bigint[], %(due_at)b::timestamptz[],
                 %(next_due_at)b::timestamptz[], %(next_index)b::int[], %(next_nominal)b::timestamptz[],
-                %(expired)b::bool[])
-         AS f(row_id, lease_token, due_at, next_due_at, next_index, next_nominal, expired)
+                %(unfired)b::bool[])
+         AS f(row_id, lease_token, due_at, next_due_at, next_index, next_nominal, unfired)
 )
 UPDATE timers t SET
 {{record_fired_set}}
@@ -124,10 +132,10 @@ WITH f AS MATERIALIZED (
                 %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(repeat_cron)b::text[],
                 %(repeat_until)b::timestamptz[], %(recurrence_ref)b::timestamptz[],
                 %(next_due_at)b::timestamptz[], %(next_index)b::int[], %(attempts)b::int[],
-                %(next_nominal)b::timestamptz[], %(fire_window)b::text[], %(expired)b::bool[])
+                %(next_nominal)b::timestamptz[], %(fire_window)b::text[], %(unfired)b::bool[])
          AS f(tenant_id, service_call_id, due_at, occurrence_index, anchor_due_at, repeat_every,
               repeat_times, repeat_timezone, repeat_cron, repeat_until, recurrence_ref,
-              next_due_at, next_index, attempts, next_nominal, fire_window, expired)
+              next_due_at, next_index, attempts, next_nominal, fire_window, unfired)
 ),
 -- The published occurrence, still as it was, and not locked by anyone else.
 still AS MATERIALIZED (

@@ -11,7 +11,7 @@ last_error, fired_count, repeat_every
 SELECT tenant_id, service_call_id, state, due_at, registered_at, updated_at, reached_at,
        correlation_id, attempts, last_error, lease_owner, lease_expires_at,
        repeat_every, repeat_times, repeat_timezone, anchor_due_at, occurrence_index, fired_count,
-       repeat_cron, repeat_until, data, nominal_due_at, fire_window, expire_after
+       repeat_cron, repeat_until, data, nominal_due_at, fire_window, expire_after, repeat_catchup
 FROM timers
 WHERE tenant_id = %(tenant_id)s AND service_call_id = ANY (%(service_call_ids)s);
 

@@ -78,6 +78,8 @@ class Claimed(NamedTuple):
     nominal_due_at: datetime | None = None
     fire_window: str | None = None  # the ScheduleTimer's `window`, as given
     expire_after: str | None = None  # the ScheduleTimer's `expireAfter`, as given (worker/core/expiry.py)
+    repeat_catchup: str | None = None  # repeat.catchup: "one" (or None), "none", "all"
+    caught_up: int | None = None  # "all": missed occurrences fired in a row so far (claim_due)
 
 
 class Unreadable(NamedTuple):
@@ -101,6 +103,11 @@ Leased = Claimed | Unreadable
 # arrives later than this before dueAt may find the occurrence already claimed, and it fires
 # (README, guarantees).
 LOOKAHEAD_MS = 100
+
+# repeat.catchup "all" (README, Recurring timers): at most this many missed occurrences of a timer
+# fire in a row, oldest first, each its own claim and event; past that the rest are skipped, as
+# with "one". A bound on what one timer's outage costs the fleet and its consumer.
+CATCHUP_MAX = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +145,10 @@ class Fired(NamedTuple):
     next_due_at: datetime | None  # with a window, the next occurrence's planned instant
     next_index: int | None
     next_nominal: datetime | None = None  # with a window, the next occurrence's dueAt
-    # Not published but expired (worker/core/expiry.py): its DLQ entry was acknowledged instead,
-    # and it is recorded as not fired (a one-shot ends Expired).
-    expired: bool = False
+    # Recorded as not fired (worker/core/expiry.py): expired (its DLQ entry was acknowledged
+    # instead), or missed and skipped (repeat.catchup "none"). Its timer goes on with its next
+    # occurrence; one that has none ends Expired.
+    unfired: bool = False
 
 
 # An occurrence that did not fire, released for a retry by any replica: (the occurrence, the error

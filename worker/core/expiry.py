@@ -3,7 +3,10 @@ not published within it. Such an occurrence is not fired: its DLQ entry (an Expi
 reason `expired`) is published instead and, once acknowledged, recorded as the firing would be (a
 recurring timer goes on with its next occurrence; a one-shot ends Expired). Counted from the
 occurrence's planned instant: its dueAt, or with a firing window the instant planned in it, so a
-window never expires what it spreads."""
+window never expires what it spreads.
+
+The other occurrences a claim may take and not fire: those a timer whose repeat.catchup is "none"
+missed (missed), skipped without a DLQ entry, recorded the same way."""
 
 from __future__ import annotations
 
@@ -47,6 +50,22 @@ def expiring(due: list[Claimed], now: datetime) -> tuple[list[Claimed], list[Cla
             late = False
         (gone if late else keep).append(c)
     return keep, gone
+
+
+def missed(due: list[Claimed]) -> tuple[list[Claimed], list[Claimed]]:
+    """(to publish, to skip): the occurrences of timers whose repeat.catchup is "none" that were
+    missed. claim_due found such an occurrence after downtime (it sat due and unclaimed for
+    TIMER_DOWNTIME_AFTER) and moved its recurrence reference to the claim, past its dueAt, so the
+    next occurrence is the first after now; "none" skips this one too. An on-time claim's
+    reference is never past the occurrence's dueAt (sql/queries/firing.sql, claim_due)."""
+    if all(c.repeat_catchup != "none" for c in due):  # nearly always
+        return due, []
+    keep: list[Claimed] = []
+    skip: list[Claimed] = []
+    for c in due:
+        nominal = c.due_at if c.nominal_due_at is None else c.nominal_due_at
+        (skip if c.repeat_catchup == "none" and c.recurrence_ref > nominal else keep).append(c)
+    return keep, skip
 
 
 def expired_entry(

@@ -141,7 +141,8 @@ def _due_at(text: str) -> datetime:
     return due
 
 
-_REPEAT_KEYS = frozenset({"every", "cron", "times", "until", "timezone"})
+_REPEAT_KEYS = frozenset({"every", "cron", "times", "until", "timezone", "catchup"})
+CATCHUPS = ("one", "none", "all")
 
 
 def _repeat(value: Any) -> Repeat | None:
@@ -185,7 +186,10 @@ def _repeat(value: Any) -> Repeat | None:
             raise _Reject("bad_repeat", "repeat.timezone must be a string")
         if load_zone(zone) is None:
             raise _Reject("unknown_timezone", f"repeat.timezone {_show(zone)} is not an IANA time zone")
-    return Repeat(every, times, zone, cron=cron, until=until)
+    catchup = value.get("catchup")
+    if catchup is not None and catchup not in CATCHUPS:  # `in` a tuple of str: no unhashable trap
+        raise _Reject("bad_repeat", f"repeat.catchup must be one, none or all, not {_show(str(catchup))}")
+    return Repeat(every, times, zone, cron=cron, until=until, catchup=catchup)
 
 
 def _first_occurrence(repeat: Repeat, due_at: datetime) -> datetime:

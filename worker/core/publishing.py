@@ -18,7 +18,7 @@ from worker.contract import Outgoing, due_event, iso, wire_size
 from worker.core.clock import Clock
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Claimed, Failed, Fired, Unreadable
-from worker.core.expiry import expired_entry, expiring, late_ms
+from worker.core.expiry import expired_entry, expiring, late_ms, missed
 from worker.core.fireable import RETRY_BACKOFF_MS, Nexts, cannot_fire, fireable, next_budget
 from worker.core.loop import Loop
 from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore
@@ -96,6 +96,7 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
     ) -> None:
         # First attempts go in atomic batches; an occurrence claimed before may already be in
         # the stream, which would make its whole batch fail, so those go one by one (deduped).
+        due, skipped = missed(due)
         due, gone = expiring(sorted(due, key=lambda c: c.attempts > 1), now)
         reached, reached_ms = iso(now), round(now.timestamp() * 1000)
         subjects = self.broker.subjects
@@ -139,6 +140,7 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         metrics.observe_many(metrics.LATENESS_SECONDS, lateness)
         metrics.FIRED.inc(len(due) - errors)
         errors += self._expired(gone, dead, nexts, fired, failed)
+        self._skipped(skipped, nexts, fired)
         if errors:
             metrics.PUBLISH_FAILED.inc(errors)
             log.warning(
@@ -177,6 +179,25 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
                 },
             )
         return errors
+
+    @staticmethod
+    def _skipped(skipped: list[Claimed], nexts: Nexts, fired: list[Fired]) -> None:
+        """Missed occurrences of timers whose repeat.catchup is "none": nothing to publish, recorded
+        as not fired, each timer on to its first occurrence after now (worker/core/expiry.py)."""
+        if not skipped:
+            return
+        fired += [Fired(c, *nexts[c.tenant_id, c.service_call_id], True) for c in skipped]
+        metrics.CATCHUP_SKIPPED.inc(len(skipped))
+        first = skipped[0]
+        log.info(
+            "missed occurrences skipped",
+            extra={
+                "action": "catchup_skipped",
+                "count": len(skipped),
+                "tenant": first.tenant_id,
+                "service_call_id": first.service_call_id,
+            },
+        )
 
     def _oversized(self, messages: list[Outgoing]) -> dict[int, int]:
         """{place: size} of the events the server would refuse for their size (wire_size over its

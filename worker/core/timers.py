@@ -45,6 +45,7 @@ class StoredTimer:
     nominal_due_at: datetime | None
     fire_window: str | None
     expire_after: str | None  # expiry (worker/core/expiry.py): its `expireAfter` as given, or None
+    repeat_catchup: str | None  # repeat.catchup as given, or None ("one")
 
 
 def stored_timer(row: dict[str, Any]) -> StoredTimer:
@@ -66,6 +67,8 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
             "times": timer.repeat_times,
             "until": t(timer.repeat_until),
             "timezone": timer.repeat_timezone,
+            # Only when sent (README, Recurring timers): absent means "one", as before it existed.
+            **({} if timer.repeat_catchup is None else {"catchup": timer.repeat_catchup}),
         }
     # Paused is a stored state only (sql/migrations/0011): the contract shows a paused timer as
     # Scheduled, with paused true; it fires once resumed.

@@ -304,6 +304,8 @@ BAD: list[tuple[str, bytes | dict[str, Any], str]] = [
     ("window lowercase", schedule(window="pt10m"), "bad_window"),
     ("window trailing newline", schedule(window="PT10M\n"), "bad_window"),
     ("expireAfter not a string", schedule(expireAfter=3600), "bad_expire_after"),
+    ("repeat catchup unknown", schedule(repeat={"every": "PT1H", "catchup": "some"}), "bad_repeat"),
+    ("repeat catchup not a string", schedule(repeat={"every": "PT1H", "catchup": ["all"]}), "bad_repeat"),
     ("expireAfter zero", schedule(expireAfter="PT0S"), "bad_expire_after"),
     ("expireAfter over a week", schedule(expireAfter="P8D"), "bad_expire_after"),
     ("expireAfter in months", schedule(expireAfter="P1M"), "bad_expire_after"),
@@ -684,3 +686,10 @@ def test_window_and_expire_after_are_kept_as_sent() -> None:
     assert (parsed.window, parsed.expire_after) == ("PT10M", "PT1H")
     plain = parse(schedule(window=None))
     assert isinstance(plain, ScheduleTimer) and (plain.window, plain.expire_after) == (None, None)
+
+
+@pytest.mark.parametrize("catchup", ["one", "none", "all"])
+def test_repeat_catchup_is_kept_as_sent(catchup: str) -> None:
+    parsed = parse(schedule(repeat={"every": "PT1H", "catchup": catchup}))
+    assert isinstance(parsed, ScheduleTimer) and parsed.repeat is not None
+    assert parsed.repeat.catchup == catchup

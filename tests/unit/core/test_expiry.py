@@ -24,6 +24,7 @@ from worker.core.expiry import (
     expire_after_ms,
     expired_entry,
     expiring,
+    missed,
 )
 from worker.core.firing import FiringLoop
 from worker.core.wakeup import Wakeup
@@ -147,3 +148,40 @@ async def test_the_firing_loop_sends_an_expired_occurrence_to_the_dlq_and_record
     assert every.state == "Scheduled" and every.due_at == due + timedelta(hours=1) and every.fired_count == 0
     assert rows["acme", "fresh"].state == "Reached"
     assert (REGISTRY.get_sample_value("timer_expired_total") or 0.0) - before == 2
+
+
+def test_a_missed_occurrence_is_skipped_only_under_catchup_none() -> None:
+    # claim_due moved the reference past the dueAt: downtime. On time, it is never past it.
+    late = Claimed(
+        "acme", "n", DUE, None, 7, 1, "PT1H", None, None, DUE, 3, DUE + timedelta(hours=2), "(0,1)",
+        repeat_catchup="none",
+    )  # fmt: skip
+    on_time, one = late._replace(recurrence_ref=DUE), late._replace(repeat_catchup=None)
+    assert missed([late, on_time, one]) == ([on_time, one], [late])
+
+
+async def test_after_downtime_catchup_none_skips_what_was_missed_and_one_fires_it(settings: Settings) -> None:
+    time = FakeTime()
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    due = time.dt() - timedelta(minutes=150)  # missed at -150 min, -90 min and -30 min
+    every = Repeat("PT1H", None, None)
+    none, one = (Repeat("PT1H", None, None, catchup=c) for c in ("none", "one"))
+    await store.apply(
+        [
+            ScheduleTimer("acme", "none", due, None, None, none),
+            ScheduleTimer("acme", "one", due, None, None, one),
+            ScheduleTimer("acme", "default", due, None, None, every),
+        ]
+    )
+    before = REGISTRY.get_sample_value("timer_catchup_skipped_total") or 0.0
+    clock = FakeClock(time)
+    await FiringLoop(settings, store, publisher, Wakeup(clock, LOOKAHEAD_MS / 1000), clock).tick()
+    fired = sorted(
+        json.loads(m.payload)["payload"]["serviceCallId"] for c in publisher.calls for m in c.messages
+    )
+    assert fired == ["default", "one"]  # "one" is the default: the awaited occurrence fires, late
+    for key in ("none", "one", "default"):  # and each goes on to its first occurrence after now
+        r = store.rows["acme", key]
+        assert r.state == "Scheduled" and r.due_at == due + timedelta(hours=3), key
+    assert store.rows["acme", "none"].fired_count == 0
+    assert (REGISTRY.get_sample_value("timer_catchup_skipped_total") or 0.0) - before == 1

@@ -36,6 +36,7 @@ ROW: dict[str, Any] = {
     "nominal_due_at": None,
     "fire_window": None,
     "expire_after": None,
+    "repeat_catchup": None,
 }
 
 

@@ -17,7 +17,16 @@ from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters.postgres.queries import QUERIES
 from worker.adapters.postgres.writes import Writes
-from worker.core.domain import Claimed, ClaimParams, ClaimResult, Failed, Fired, Leased, Unreadable
+from worker.core.domain import (
+    CATCHUP_MAX,
+    Claimed,
+    ClaimParams,
+    ClaimResult,
+    Failed,
+    Fired,
+    Leased,
+    Unreadable,
+)
 from worker.errors import DatabaseError, TransientError
 
 Db = Callable[..., AbstractContextManager[None]]  # Store._db: psycopg's errors as the store's
@@ -36,6 +45,7 @@ async def claim(pool: AsyncConnectionPool[Any], db: Db, params: ClaimParams, wri
         "fresh_limit": params.fresh_limit,
         "lease_ms": params.lease_ms,
         "downtime_ms": params.downtime_ms,
+        "catchup_max": CATCHUP_MAX - 1,  # caught_up counts the ones fired before this one
     }
     with db(write=True):
         conn = await pool.getconn()
@@ -169,13 +179,13 @@ def record_params(fired: Sequence[Fired]) -> dict[str, Any]:
     params["next_index"] = [f.next_index for f in fired] if recurring else None
     windowed = any(f.next_nominal is not None for f in fired)  # few timers have a firing window
     params["next_nominal"] = [f.next_nominal for f in fired] if windowed else None
-    params["expired"] = _expired(fired)
+    params["unfired"] = _unfired(fired)
     return params
 
 
-def _expired(fired: Sequence[Fired]) -> list[bool] | None:
-    """Which of the firings expired unpublished; NULL (no array) when none did, as nearly always."""
-    return [f.expired for f in fired] if any(f.expired for f in fired) else None
+def _unfired(fired: Sequence[Fired]) -> list[bool] | None:
+    """Which of the firings were not fired (expired, skipped); NULL (no array) when none, as nearly always."""
+    return [f.unfired for f in fired] if any(f.unfired for f in fired) else None
 
 
 def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
@@ -204,7 +214,7 @@ def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
         "attempts": [t.attempts for t in timers],  # what a one-shot occurrence keeps (CONTRACT.md)
         "next_nominal": column([f.next_nominal for f in fired]),
         "fire_window": column([t.fire_window for t in timers]),
-        "expired": _expired(fired),
+        "unfired": _unfired(fired),
     }
 
 

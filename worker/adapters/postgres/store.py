@@ -156,6 +156,7 @@ class Store:
                 "repeat_timezone": [c.repeat.timezone if c.repeat else None for c in sched],
                 "repeat_cron": [c.repeat.cron if c.repeat else None for c in sched],
                 "repeat_until": [c.repeat.until if c.repeat else None for c in sched],
+                "repeat_catchup": [c.repeat.catchup if c.repeat else None for c in sched],
                 # As carried_headers: NULL (no array at all) when none has data, so it costs nothing.
                 "data": (
                     [None if c.data is None else Jsonb(c.data) for c in sched]
