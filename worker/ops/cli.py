@@ -200,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--times", type=_count, help="repeat: number of occurrences (default forever)")
     s.add_argument("--until", type=_when, help="repeat: no occurrence after this (RFC 3339 or +duration)")
     s.add_argument("--timezone", help="repeat: IANA zone for wall-clock occurrences")
+    s.add_argument(
+        "--catchup",
+        choices=("one", "none", "all"),
+        help="repeat: what missed occurrences become (default one)",
+    )
     s.add_argument("--data", type=_json_value, help="JSON delivered with every DueTimeReached: '{\"a\":1}'")
     s.add_argument(
         "--window",

@@ -48,21 +48,19 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     if args.tenant is None or args.id is None:
         raise ConfigError("schedule needs --tenant and --id (or --from-file)")
     repeats = args.every is not None or args.cron is not None
-    if not repeats and (args.times is not None or args.timezone is not None or args.until is not None):
-        raise ConfigError("--times, --until and --timezone repeat a timer: they need --every or --cron")
+    if not repeats and any(v is not None for v in (args.times, args.timezone, args.until, args.catchup)):
+        raise ConfigError(
+            "--times, --until, --timezone and --catchup repeat a timer: they need --every or --cron"
+        )
     if args.due_at is None and args.due_in is None and args.cron is None:
         raise ConfigError("schedule: --due-at or --due-in is needed (with --cron it defaults to now)")
     # A cron schedule starts at dueAt: its first occurrence is the first match at or after it.
     due = datetime.now(UTC) if args.due_at is None and args.due_in is None else _due(args)
     payload: dict[str, Any] = {"tenantId": args.tenant, "serviceCallId": args.id, "dueAt": iso(due)}
     if repeats:
-        repeat = {
-            "every": args.every,
-            "cron": args.cron,
-            "times": args.times,
-            "until": None if args.until is None else iso(args.until),
-            "timezone": args.timezone,
-        }
+        until = None if args.until is None else iso(args.until)
+        repeat = {"every": args.every, "cron": args.cron, "times": args.times, "until": until}
+        repeat |= {"timezone": args.timezone, "catchup": args.catchup}
         payload["repeat"] = {k: v for k, v in repeat.items() if v is not None}
     if args.correlation_id is not None:
         payload["correlationId"] = args.correlation_id

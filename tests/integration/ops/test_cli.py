@@ -329,3 +329,42 @@ async def test_schedule_says_the_command_was_sent_and_where_a_rejection_of_it_go
 
         await until(in_dlq, what="the rejection in the DLQ")
     assert "two" in listed[0] and not stored("two")
+
+
+async def test_schedule_sends_a_window_an_expiry_and_a_catchup_and_describe_shows_them(
+    settings: Settings,
+) -> None:
+    import json as _json
+
+    from tests.helpers import settings_env, until
+    from worker.ops.reads import connect, describe
+
+    env = settings_env(settings)
+    args = (
+        "--due-in",
+        "1h",
+        "--every",
+        "PT1H",
+        "--catchup",
+        "all",
+        "--window",
+        "PT10M",
+        "--expire-after",
+        "PT5M",
+    )
+    async with running_replica(settings):
+        sent = await asyncio.to_thread(run, "schedule", "--tenant", "acme", "--id", "w", *args, **env)
+        assert sent.returncode == 0, sent.stderr
+        url = settings.database_url.get_secret_value()
+
+        def described() -> dict[str, Any] | None:
+            with connect(url) as conn:
+                return describe(conn, "acme", "w")
+
+        await until(described, what="the timer applied")
+        shown = await asyncio.to_thread(run, "describe", "--tenant", "acme", "--id", "w", "--json", **env)
+    view = _json.loads(shown.stdout)
+    assert (view["window"], view["expireAfter"], view["repeat"]["catchup"]) == ("PT10M", "PT5M", "all")
+    assert view["dueAt"] <= view["plannedAt"]
+    refused = run("schedule", "--tenant", "acme", "--id", "x", "--due-in", "1h", "--window", "P2D", **env)
+    assert refused.returncode != 0 and "bad_window" in refused.stderr and "Traceback" not in refused.stderr
