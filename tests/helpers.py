@@ -14,6 +14,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,21 @@ def commands_applied(kind: str, *outcomes: str) -> float:
         REGISTRY.get_sample_value("timer_commands_applied_total", {"kind": kind, "outcome": o}) or 0.0
         for o in outcomes
     )
+
+
+# Downtime is a timer left unclaimed for TIMER_DOWNTIME_AFTER (a minute by default): these
+# settings make it 1.3 s, so a test of downtime needs only a few seconds of it.
+QUICK_DOWNTIME: dict[str, Any] = {
+    "lease_ms": 1000,
+    "poll_interval_ms": 300,
+    "publish_timeout_ms": 500,
+    "downtime_after": timedelta(milliseconds=1300),
+}
+
+
+def epoch(iso: str) -> float:
+    """An RFC 3339 time (as events and commands write it) in epoch seconds."""
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def message_ids(db_url: str) -> MessageIds:

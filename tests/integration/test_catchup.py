@@ -5,25 +5,24 @@ stopped while occurrences come due, then one started; "one" fires the awaited oc
 from __future__ import annotations
 
 import contextlib
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
+from tests.helpers import (
+    QUICK_DOWNTIME,
+    epoch,
+    iso_in,
+    jetstream,
+    publish_raw,
+    query,
+    recorder,
+    row,
+    running_replica,
+    until,
+)
 from tests.twins import claim_params
 from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.core.domain import CATCHUP_MAX
-
-# Downtime is a timer left unclaimed for TIMER_DOWNTIME_AFTER: 1.3 s here (test_recurring.py).
-QUICK = {
-    "lease_ms": 1000,
-    "poll_interval_ms": 300,
-    "publish_timeout_ms": 500,
-    "downtime_after": timedelta(milliseconds=1300),
-}
-
-
-def _epoch(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 async def test_after_downtime_one_fires_the_awaited_none_skips_and_all_fires_each(
@@ -44,13 +43,13 @@ async def test_after_downtime_one_fires_the_awaited_none_skips_and_all_fires_eac
                 await publish_raw(js, settings, "acme", "schedule", body)
             await until(lambda: all(row(db_url, "acme", p) is not None for p in policies), what="stored")
         # No replica runs while the occurrences at +0 s, +1 s, ... +4 s come due, and downtime passes.
-        missed_until = _epoch(first) + 4.5
+        missed_until = epoch(first) + 4.5
         await until(
             lambda: query(db_url, "SELECT extract(epoch FROM now()) > %s", missed_until)[0][0],
             timeout=15,
             what="downtime",
         )
-        async with running_replica(settings, **QUICK):
+        async with running_replica(settings, **QUICK_DOWNTIME):
             await until(
                 lambda: all(
                     sum(1 for f in rec.firings if f.service_call_id == p and f.due_at > missed_until) >= 2
@@ -62,7 +61,7 @@ async def test_after_downtime_one_fires_the_awaited_none_skips_and_all_fires_eac
 
     def missed(policy: str) -> list[int]:  # the indexes of the missed occurrences that fired
         fired = [f for f in rec.firings if f.service_call_id == policy and f.due_at < missed_until]
-        return sorted(round(f.due_at - _epoch(first)) for f in fired)
+        return sorted(round(f.due_at - epoch(first)) for f in fired)
 
     assert missed("one") == [0]  # the awaited occurrence, late; the rest skipped
     assert missed("none") == []  # every missed occurrence skipped

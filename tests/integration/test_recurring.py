@@ -9,26 +9,24 @@ from itertools import pairwise
 
 import nats
 
-from tests.helpers import iso_in, jetstream, publish_raw, query, recorder, row, running_replica, until
+from tests.helpers import (
+    QUICK_DOWNTIME,
+    epoch,
+    iso_in,
+    jetstream,
+    publish_raw,
+    query,
+    recorder,
+    row,
+    running_replica,
+    until,
+)
 from tests.twins import claim_params
 from worker.adapters.postgres import db
 from worker.adapters.postgres.store import Store
 from worker.client import TimerClient
 from worker.config import Settings
 from worker.devkit.recorder import EventRecorder
-
-# Downtime is a timer left unclaimed for TIMER_DOWNTIME_AFTER (a minute by default): these
-# settings make it 1.3 s, so a test of downtime needs only a few seconds of it.
-QUICK = {
-    "lease_ms": 1000,
-    "poll_interval_ms": 300,
-    "publish_timeout_ms": 500,
-    "downtime_after": timedelta(milliseconds=1300),
-}
-
-
-def _epoch(iso: str) -> float:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 async def test_times_three_fires_three_distinct_occurrences_then_reaches(
@@ -53,7 +51,7 @@ async def test_times_three_fires_three_distinct_occurrences_then_reaches(
     assert len(firings) == 3
     assert len({f.msg_id for f in firings}) == 3
     # Occurrences count from the anchor (dueAt at millisecond precision), one period apart.
-    assert abs(firings[0].due_at - _epoch(first)) < 0.002
+    assert abs(firings[0].due_at - epoch(first)) < 0.002
     assert [round(b.due_at - a.due_at, 3) for a, b in pairwise(firings)] == [1.0, 1.0]
 
 
@@ -64,9 +62,7 @@ async def test_forever_timer_stays_scheduled_and_moves_forward(settings: Setting
         await publish_raw(js, settings, "acme", "schedule", body)
         await until(lambda: rec.keys()[("acme", "tick")] >= 1, timeout=10, what="first occurrence")
         await until(
-            lambda: (
-                (r := row(db_url, "acme", "tick")) is not None and r["due_at"].timestamp() > _epoch(first)
-            ),
+            lambda: (r := row(db_url, "acme", "tick")) is not None and r["due_at"].timestamp() > epoch(first),
             what="dueAt moved forward",
         )
         r = row(db_url, "acme", "tick")
@@ -124,9 +120,9 @@ async def test_after_downtime_a_recurring_timer_fires_once_for_the_missed_window
         missed_until = stopped["due_at"] + timedelta(seconds=2.5)
         await until(lambda: query(db_url, "SELECT now() > %s", missed_until) == [(True,)], what="downtime")
         on_time = len(rec.firings)
-        async with running_replica(settings, **QUICK):
+        async with running_replica(settings, **QUICK_DOWNTIME):
             await until(lambda: len(rec.firings) >= on_time + 3, timeout=15, what="catch-up and two more")
-    anchor = _epoch(body["dueAt"])
+    anchor = epoch(body["dueAt"])
     after = sorted(rec.firings[on_time:], key=lambda f: f.due_at)
     index = [round(f.due_at - anchor) for f in after]
     late = after[0]
@@ -190,12 +186,12 @@ async def test_a_crash_followed_by_downtime_fires_once_for_the_missed_window(
     async with contextlib.AsyncExitStack() as outer:
         async with running_replica(settings):  # creates the streams
             rec = await outer.enter_async_context(recorder(settings))
-        await _claimed_by_a_replica_that_dies(db_url, QUICK["lease_ms"])
+        await _claimed_by_a_replica_that_dies(db_url, QUICK_DOWNTIME["lease_ms"])
         downtime = "lease_expires_at + interval '2.5 s'"  # 1.3 s, and more
         await until(
             lambda: query(db_url, f"SELECT now() > {downtime} FROM timers")[0][0], timeout=10, what="downtime"
         )
-        async with running_replica(settings, **QUICK):
+        async with running_replica(settings, **QUICK_DOWNTIME):
             await until(lambda: len(rec.firings) >= 4, timeout=15, what="catch-up and three more")
     index = _indexes(rec, db_url)
     assert index[0] == 0
