@@ -94,9 +94,10 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         fired: list[Fired],
         failed: list[Failed],
     ) -> None:
+        # Not fired: missed ones a timer skips (catch-up "none"), and those too late (expireAfter).
+        due, skipped = missed(due)
         # First attempts go in atomic batches; an occurrence claimed before may already be in
         # the stream, which would make its whole batch fail, so those go one by one (deduped).
-        due, skipped = missed(due)
         due, gone = expiring(sorted(due, key=lambda c: c.attempts > 1), now)
         reached, reached_ms = iso(now), round(now.timestamp() * 1000)
         subjects = self.broker.subjects
