@@ -16,7 +16,8 @@ fireable.py     which of a batch's rows can fire and each one's next occurrence,
 budget.py       a budget of event-loop time for work whose amount a tenant chooses
 recurrence.py   recurring timers: a period or a cron expression, when occurrence k is due
 window.py       a firing window: its length, and the instant in it each occurrence fires at
-expiry.py       expireAfter: which occurrences are too late to fire, and their DLQ entry
+expiry.py       occurrences not fired: too late (expireAfter; their DLQ entry), or missed
+                and skipped (repeat.catchup none)
 wakeup.py       when the firing loop should next look at the database
 clock.py        the replica's estimate of the database clock: never ahead, so never early
 intake.py       commands in: pulled, validated, committed in batches, only then acknowledged;
