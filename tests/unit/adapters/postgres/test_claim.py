@@ -31,6 +31,11 @@ ROW = {
     "repeat_cron": "* * * * *",
     "repeat_until": None,
     "data": '{"a": 1}',
+    "nominal_due_at": None,
+    "fire_window": None,
+    "expire_after": None,
+    "repeat_catchup": None,
+    "caught_up": None,
     "next_due_at": NOW + timedelta(seconds=2),
     "db_now": NOW,
 }
