@@ -97,8 +97,13 @@ CREATE TABLE public.timers (
     paused_at timestamp with time zone,
     control_seq bigint,
     control_stored_at timestamp with time zone,
+    fire_window text,
+    nominal_due_at timestamp with time zone,
+    expire_after text,
+    repeat_catchup text,
+    caught_up integer,
     CONSTRAINT timers_check CHECK (((due_at IS NOT NULL) OR (state = 'Cancelled'::text))),
-    CONSTRAINT timers_state_check CHECK ((state = ANY (ARRAY['Scheduled'::text, 'Paused'::text, 'Reached'::text, 'Cancelled'::text])))
+    CONSTRAINT timers_state_check CHECK ((state = ANY (ARRAY['Scheduled'::text, 'Paused'::text, 'Reached'::text, 'Cancelled'::text, 'Expired'::text])))
 )
 WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1', fillfactor='50');
 
