@@ -123,7 +123,7 @@ BAD_COMMANDS: list[tuple[str, Any, str]] = [
     ("ScheduleTimer", {"tenantId": "acme", "serviceCallId": "sc-1", "dueAt": 1795338000}, "wrong_type"),
     (
         "ScheduleTimer",
-        {"tenantId": "acme", "serviceCallId": "sc-1", "dueAt": "2026-11-22T09:00:00Z", "window": "P2D"},
+        {"tenantId": "acme", "serviceCallId": "sc-1", "dueAt": "2026-11-22T09:00:00Z", "window": "P1W"},
         "bad_window",
     ),
     ("CancelTimer", {"tenantId": "acme\n", "serviceCallId": "sc-1"}, "bad_tenant"),

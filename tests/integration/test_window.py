@@ -112,7 +112,7 @@ async def test_a_restatement_keeps_the_plan_and_a_new_window_plans_anew(
     settings: Settings, db_url: str, client: TimerClient
 ) -> None:
     ids = message_ids(db_url)
-    due = _at(iso_in(3600, db_url))
+    due = _ms(iso_in(3600, db_url))  # the client sends milliseconds
 
     def stored() -> tuple[datetime, datetime | None, str | None]:
         ((due_at, nominal, window),) = query(
