@@ -86,6 +86,7 @@ def test_a_full_batch_is_recorded_through_its_row_ids(
     params: dict[str, Any] = {"row_id": row_ids, "lease_token": [7] * n}
     if name == "record_fired":
         params |= {"due_at": [datetime.now(UTC)] * n, "next_due_at": None, "next_index": None}
+        params |= {"next_nominal": None, "unfired": None}  # 0016's: NULL arrays, as nearly always
     else:
         params |= {"error": ["publish: TimeoutError"] * n, "backoff_ms": [1000] * n, "owner": None}
     found = scans(plan(db_url, cost, name, params))
@@ -100,6 +101,7 @@ CLAIM = {
     "fresh_limit": 50,
     "lease_ms": 3000,
     "downtime_ms": 5000,
+    "catchup_max": 99,
 }
 
 
