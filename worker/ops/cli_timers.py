@@ -117,7 +117,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    """`pause` and `resume` (README, Pause and resume): the command on the tenant's own subject, as a
+    """`pause` and `resume` (docs/USING.md, Pause and resume): the command on the tenant's own subject, as a
     producer would send it; replicas apply it (a tenant's rows in chunks). Returns once JetStream
     stored it; `status --tenant` shows when it took effect."""
     settings = load_settings()
