@@ -413,6 +413,7 @@ async def test_the_json_answers_are_json_in_camel_case(settings: Settings) -> No
             ("cancel", "--tenant", "acme", "--id", "j-1"),
             ("consumer", "add", "--tenant", "acme"),
             ("dlq", "purge", "--tenant", "acme"),
+            ("migrate-streams",),
         ):
             if argv[0] == "pause":
                 await until(stored, what="j-1 stored")
@@ -431,3 +432,4 @@ async def test_the_json_answers_are_json_in_camel_case(settings: Settings) -> No
     assert cancelled["outcome"] == "cancelled", cancelled
     assert {c["filterSubject"] for c in answers[("consumer", "add", "--tenant", "acme")]["consumers"]}
     assert answers[("dlq", "purge", "--tenant", "acme")] == {"matching": 0}
+    assert answers[("migrate-streams",)] == {"drained": True}  # a limits stream already: nothing to move
