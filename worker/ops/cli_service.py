@@ -62,8 +62,11 @@ def cmd_migrate_streams(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     wait = 0.0 if args.no_wait else args.timeout
-    # Its steps as they happen; with --json on stderr, and stdout holds the outcome alone.
-    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+
+    def say(line: str) -> None:
+        """Its steps as they happen; with --json on stderr, and stdout holds the outcome alone."""
+        print(line, file=sys.stderr if args.json else sys.stdout)
+
     done = asyncio.run(migrate_streams(settings, to=args.to, wait=wait, say=say))
     if args.json:
         emit(args, {"drained": done}, "")
