@@ -75,7 +75,9 @@ def run_dev(duration: float | None, replicas: int, rate: int) -> int:
                     result, interrupted = asyncio.run(
                         _demo(nats_url, settings.subject_prefix, settings.event_stream, duration, rate)
                     )
-                codes = fleet.terminate_all()
+                    # The replicas first, at once, as before there was a console: one that has
+                    # drained on Ctrl-C on its own must not meet the SIGTERM late, as it exits.
+                    codes = fleet.terminate_all()
             clean = all(c == 0 for c in codes.values())
             if not clean:
                 print(f"replica exit codes: {codes}", file=sys.stderr)
