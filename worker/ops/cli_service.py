@@ -38,7 +38,12 @@ def cmd_consumer(args: argparse.Namespace) -> int:
 
     async def add() -> int:
         async with _jetstream(settings) as js:
-            for made in await provision(js, settings, args.tenant):
+            try:
+                provisioned = await provision(js, settings, args.tenant)
+            except ValueError as exc:  # an earlier release's push consumer: what to do, in one line
+                print(f"timer-service: {exc}", file=sys.stderr)
+                return 1
+            for made in provisioned:
                 how = f"push to {made.deliver_subject}" if made.deliver_subject else "pull"
                 print(f"consumer {made.name} on {made.stream}: {made.filter_subject}, {how}")
         return 0
