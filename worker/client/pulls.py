@@ -35,7 +35,9 @@ class Pulls:
         self.refused = False  # a request was refused: none again before the next silence
 
     def given(self) -> None:
-        self.wanted -= 1
+        # (never below none: after a silence that was only a slow server, a request asked for
+        # before it may still deliver)
+        self.wanted = max(0, self.wanted - 1)
 
     def ended(self, code: bytes, pending: int | None) -> None:
         """A status on the inbox (an idle heartbeat, 100, changes nothing): `pending`, the events a
