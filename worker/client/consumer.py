@@ -24,6 +24,7 @@ _DECODER = json.JSONDecoder()
 _SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # typeshed: "a make_scanner"
 _STATUS = b"NATS/1.0 "  # a status message's header line; a message with headers starts `NATS/1.0\r\n`
 _STATUS_HEADER = "Status"  # where nats-py puts a status message's code
+_DESCRIPTION = "Description"  # and its words ("Request Timeout")
 _PENDING = "Nats-Pending-Messages"  # on a request's end: the events it did not deliver
 
 
@@ -175,7 +176,8 @@ async def due_events(
                 arrived.append((subject, reply, data, raw_headers, None))
         else:
             pending = _parse_headers(raw_headers).get(_PENDING)
-            pulls.ended(raw_headers[9:12], int(pending) if pending and pending.isdigit() else None)
+            line = raw_headers.split(b"\r\n", 1)[0]
+            pulls.ended(line[9:12], _count(pending), line[13:].decode("utf-8", "replace"))
         waiting.set()
 
     sub = await nc.subscribe(inbox)
@@ -231,9 +233,9 @@ async def due_events(
             except nats.errors.TimeoutError:
                 await after_silence()
                 continue
-            if (status := (msg.headers or {}).get(_STATUS_HEADER)) is not None:
-                pending = (msg.headers or {}).get(_PENDING)
-                pulls.ended(status.encode(), int(pending) if pending and pending.isdigit() else None)
+            headers = msg.headers or {}
+            if (status := headers.get(_STATUS_HEADER)) is not None:
+                pulls.ended(status.encode(), _count(headers.get(_PENDING)), headers.get(_DESCRIPTION, ""))
             elif _delivered(msg):
                 return _arrival(msg)
 
@@ -353,6 +355,10 @@ async def _close(
         acks.open.clear()
         if release is not None:
             release()
+
+
+def _count(header: str | None) -> int | None:
+    return int(header) if header and header.isdigit() else None
 
 
 def _delivered(msg: Msg) -> bool:

@@ -4,6 +4,7 @@ of one durable share its events, each asking only for what it can take."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 # Events one reader asks for at a time, at most: asked for again once half are given out (as
@@ -20,6 +21,8 @@ HEARTBEAT_S = 5.0
 # or made push-based, a leader change, too many waiting requests) is not answered by asking again
 # at once, which would loop on the server's refusal: the reader asks again after the next silence.
 _ENDED = frozenset({b"408", b"409"})
+# A consumer made by hand with a cap on a request's batch refuses a larger one: asked within it.
+_MAX_BATCH = re.compile(r"Exceeded MaxRequestBatch of (\d+)")
 
 
 class Pulls:
@@ -39,15 +42,17 @@ class Pulls:
         # before it may still deliver)
         self.wanted = max(0, self.wanted - 1)
 
-    def ended(self, code: bytes, pending: int | None) -> None:
+    def ended(self, code: bytes, pending: int | None, description: str = "") -> None:
         """A status on the inbox (an idle heartbeat, 100, changes nothing): `pending`, the events a
         request ended without delivering (its Nats-Pending-Messages)."""
         if code == b"100":
             return
         if code in _ENDED and pending is not None:
             self.wanted = max(0, self.wanted - pending)
-        else:
-            self.refused = True
+            return
+        if (cap := _MAX_BATCH.search(description)) is not None:
+            self.batch = max(1, int(cap.group(1)))
+        self.refused = True
 
     def anew(self, held: int) -> None:
         """After a silence (no request left on the server: it restarted, the connection came back),

@@ -90,3 +90,17 @@ def test_the_first_request_asks_for_a_batch_and_the_next_once_half_is_given_out(
         return server.requests
 
     assert asyncio.run(run()) == [4]
+
+
+def test_a_consumer_that_caps_a_requests_batch_is_asked_within_the_cap_after_the_next_silence() -> None:
+    async def run() -> list[int]:
+        server, pulls = _Server(), Pulls("S", "d", "_INBOX.x")
+        await pulls.top_up(server)
+        server.requests.pop()  # refused whole, nothing delivered
+        pulls.ended(b"409", None, "Exceeded MaxRequestBatch of 10")
+        await pulls.top_up(server)  # not at once: it would loop on a refusal
+        pulls.anew(0)
+        await pulls.top_up(server)
+        return server.requests
+
+    assert asyncio.run(run()) == [10]
