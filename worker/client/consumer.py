@@ -280,6 +280,7 @@ async def _bound(
     """The durable's info, the consumer made when missing; refused with why when it is not one
     due_events can share (push, another filter, another ack policy). Only its info is asked
     when it exists: a tenant with docs/SECURITY.md's permissions may create no consumer."""
+    info: api.ConsumerInfo
     try:
         info = await js.consumer_info(stream, durable)
     except nats.js.errors.NotFoundError:
