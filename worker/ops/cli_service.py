@@ -45,7 +45,11 @@ def cmd_consumer(args: argparse.Namespace) -> int:
 
     async def add() -> int:
         async with _jetstream(settings) as js:
-            made = await provision(js, settings, args.tenant)
+            try:
+                made = await provision(js, settings, args.tenant)
+            except ValueError as exc:  # an earlier release's push consumer: what to do, in one line
+                print(f"timer-service: {exc}", file=sys.stderr)
+                return 1
         lines = [
             f"consumer {c.name} on {c.stream}: {c.filter_subject},"
             f" {f'push to {c.deliver_subject}' if c.deliver_subject else 'pull'}"
