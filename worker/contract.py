@@ -46,7 +46,7 @@ MAX_CARRIED_VALUE_CHARS = 512
 # (bad_due_at); a recurring timer's occurrences end at its last one inside it.
 EARLIEST_DUE_AT = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_DUE_AT = datetime(9999, 12, 31, tzinfo=UTC)
-# A ScheduleTimer's `window` (README, Firing window): each occurrence fires within this long after
+# A ScheduleTimer's `window` (docs/USING.md, Firing window): each occurrence fires within this long after
 # its dueAt, at most a day.
 MAX_WINDOW_MS = 86_400_000
 DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
@@ -84,7 +84,7 @@ Reason = Literal[
 REASONS: frozenset[str] = frozenset(get_args(Reason))
 
 CommandKind = Literal["schedule", "cancel"]
-# Pause and resume (README, Pause and resume): commands on the tenant's pause/resume subjects, for the
+# Pause and resume (docs/USING.md, Pause and resume): commands on the tenant's pause/resume subjects, for the
 # whole tenant or one timer of it; parsed by worker.core.commands.parse_control.
 ControlKind = Literal["pause", "resume"]
 Kind = Literal["schedule", "cancel", "pause", "resume", "due", "dlq", "get"]
@@ -173,9 +173,9 @@ class ScheduleTimer:
     # The producer's opaque `data`, already validated and bounded; None when absent (or null).
     # Delivered in every DueTimeReached of the timer; a newer ScheduleTimer replaces it.
     data: Any = None
-    # The firing window (README, Firing window), the ISO 8601 duration as given; None: fire at dueAt.
+    # The firing window (docs/USING.md, Firing window), the ISO 8601 duration as given; None: fire at dueAt.
     window: str | None = None
-    # Expiry (README, Expiry), the ISO 8601 duration as given; None: an occurrence fires however late.
+    # Expiry (docs/USING.md, Expiry), the ISO 8601 duration as given; None: an occurrence fires however late.
     expire_after: str | None = None
 
 

@@ -1,6 +1,6 @@
 -- migration: no-transaction
--- Issue 35: a firing window (README, Firing window), expiry (README, Expiry) and what a recurring
--- timer does with the occurrences it missed (README, Recurring timers, repeat.catchup).
+-- Issue 35: a firing window (docs/USING.md, Firing window), expiry (docs/USING.md, Expiry) and what a recurring
+-- timer does with the occurrences it missed (docs/USING.md, Recurring timers, repeat.catchup).
 -- Each statement stands alone (no transaction: the state check's VALIDATE below must not scan
 -- under the lock its ALTER takes) and can run again.
 
@@ -14,7 +14,7 @@
 -- caught_up: for a timer whose repeat.catchup is "all", how many missed occurrences in a row it
 -- has fired since it fell behind (record_fired_set); NULL once it is on time, as on every other.
 -- Nullable columns without a default: a catalog change, no rewrite (as 0009). Replicas of the
--- release before ignore them (README, Upgrades: finish the rollout before sending either).
+-- release before ignore them (docs/UPGRADING.md: finish the rollout before sending any).
 ALTER TABLE timers ADD COLUMN IF NOT EXISTS fire_window text;
 ALTER TABLE timers ADD COLUMN IF NOT EXISTS nominal_due_at timestamptz;
 ALTER TABLE timers ADD COLUMN IF NOT EXISTS expire_after text;

@@ -1,4 +1,4 @@
-"""repeat.catchup end to end (README, Recurring timers), on real Postgres and NATS: every replica
+"""repeat.catchup end to end (docs/USING.md, Recurring timers), on real Postgres and NATS: every replica
 stopped while occurrences come due, then one started; "one" fires the awaited occurrence once,
 "none" skips every missed one, "all" fires each, oldest first, and at most CATCHUP_MAX in a row."""
 

@@ -1,4 +1,4 @@
-"""Expiry end to end (README, Expiry), on real Postgres and NATS: with every replica stopped past
+"""Expiry end to end (docs/USING.md, Expiry), on real Postgres and NATS: with every replica stopped past
 its due time and its expireAfter, an occurrence is not fired but goes to the DLQ (reason expired,
 how late), a one-shot ends Expired, a recurring timer goes on, and one still within its expiry
 fires late as before."""

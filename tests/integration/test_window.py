@@ -1,4 +1,4 @@
-"""A firing window end to end (README, Firing window), on real Postgres and NATS with a replica
+"""A firing window end to end (docs/USING.md, Firing window), on real Postgres and NATS with a replica
 in this process: each occurrence fires at its planned instant in [dueAt, dueAt + window], never
 before it, the instant the one the fleet's secret plans, and the event says both."""
 

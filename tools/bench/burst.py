@@ -1,5 +1,5 @@
 """The burst: 100,000 timers due at one instant (the seed's nine o'clock birthdays), with and
-without a firing window (README, Firing window). What a consumer sees: the peak number of events
+without a firing window (docs/USING.md, Firing window). What a consumer sees: the peak number of events
 it receives in one second, and how late each is against the instant it was planned to fire at."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Expiry (README, Expiry): a ScheduleTimer's `expireAfter`, and what becomes of an occurrence
+"""Expiry (docs/USING.md, Expiry): a ScheduleTimer's `expireAfter`, and what becomes of an occurrence
 not published within it. Such an occurrence is not fired: its DLQ entry (an ExpiredOccurrence,
 reason `expired`) is published instead and, once acknowledged, recorded as the firing would be (a
 recurring timer goes on with its next occurrence; a one-shot ends Expired). Counted from the

@@ -67,7 +67,7 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
             "times": timer.repeat_times,
             "until": t(timer.repeat_until),
             "timezone": timer.repeat_timezone,
-            # Only when sent (README, Recurring timers): absent means "one", as before it existed.
+            # Only when sent (docs/USING.md, Recurring timers): absent means "one", as before it existed.
             **({} if timer.repeat_catchup is None else {"catchup": timer.repeat_catchup}),
         }
     # Paused is a stored state only (sql/migrations/0011): the contract shows a paused timer as
@@ -83,7 +83,7 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
         "paused": paused,
         "dueAt": t(due),
         "nextOccurrence": t(due) if scheduled else None,
-        # With a window only (README, Firing window): its length, and when the occurrence of
+        # With a window only (docs/USING.md, Firing window): its length, and when the occurrence of
         # dueAt is planned to fire (its last one's, once the timer ended).
         **planned,
         **({} if timer.expire_after is None else {"expireAfter": timer.expire_after}),

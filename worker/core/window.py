@@ -1,4 +1,4 @@
-"""A firing window (README, Firing window): a ScheduleTimer's `window`, and the instant in
+"""A firing window (docs/USING.md, Firing window): a ScheduleTimer's `window`, and the instant in
 [dueAt, dueAt + window] each occurrence is planned to fire at.
 
 The instant is a keyed hash of the tenant, the timer and the occurrence's nominal dueAt
