@@ -26,6 +26,7 @@ from worker.contract import iso
 from worker.core.timers import StoredTimer, stored_timer, timer_view
 from worker.metrics import OVERDUE_CAP
 from worker.ops import fleet_stats
+from worker.ops.cli_output import counts_line
 from worker.ops.diagnosis import diagnose
 
 # Paused: the stored state of a paused timer (sql/migrations/0011), which the contract shows as
@@ -227,12 +228,6 @@ def tenant_summary(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, A
     }
 
 
-def counts_line(c: dict[str, int]) -> str:
-    """The timers by state, as `status` shows them: Expired only when there are some (expiry is rare)."""
-    expired = f" expired={c['Expired']}" if c.get("Expired") else ""
-    return f"timers     scheduled={c['Scheduled']} reached={c['Reached']} cancelled={c['Cancelled']}{expired}"
-
-
 def render_summary(s: dict[str, Any]) -> str:
     c = s["counts"]
     lines = [
@@ -304,11 +299,8 @@ def cancel_outcome(
                     return CancelOutcome(1, "not_found", f"no such timer: {key}; nothing to cancel")
                 return CancelOutcome(0, "cancelled", f"cancelled {key}")
             if view is not None and state in ("Reached", "Expired"):  # final: the cancel is ignored
-                if state == "Expired":
-                    return CancelOutcome(
-                        1, "expired", f"not cancelled: {key} expired unfired ({view['why']})"
-                    )
-                return CancelOutcome(1, "fired", f"not cancelled: {key} has fired ({view['why']})")
+                word, done = ("fired", "has fired") if state == "Reached" else ("expired", "expired unfired")
+                return CancelOutcome(1, word, f"not cancelled: {key} {done} ({view['why']})")
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)  # polling a replica's intake, which has no other signal to give
@@ -383,10 +375,7 @@ def render_overview(report: dict[str, Any], commands: str | None = None) -> str:
         overdue += f", oldest {report['oldest_overdue_s']:.1f}s behind"
     if report["backing_off"]:
         overdue += f"; {report['backing_off']} more retried after failed publishes (back-off)"
-    lines = [
-        counts_line(c),
-        f"overdue    {overdue}",
-    ]
+    lines = [counts_line(c), f"overdue    {overdue}"]
     if commands is not None:
         lines.append(f"commands   {commands}")
     for lease in report["leases"]:
