@@ -9,7 +9,7 @@ cli_service.py  its commands that run something: migrate, run, console, dev, ben
 cli_nats.py     how those commands reach NATS: once, giving up at once when it is not there
 cli_output.py   what they print: a line for people, or the same answer as camelCase JSON (--json)
 reads.py        status, list, describe, the cancel outcome: what the database says
-diagnosis.py    a timer's `why`, from its row alone
+diagnosis.py    a timer's `why`, from its row alone; the timers-by-state line of `status`
 browse.py       the console's browsing: a tenant's timers page by page, the search
 fleet_stats.py  the fleet over time, from the replicas' minute stats
 dlq.py          rejected commands: list, show, replay, purge

@@ -19,9 +19,3 @@ def emit(args: argparse.Namespace, data: Mapping[str, Any], text: str, *, failed
         print(json.dumps(camel(dict(data)), indent=2))
     else:
         print(text, file=sys.stderr if failed else sys.stdout)
-
-
-def counts_line(c: Mapping[str, int]) -> str:
-    """The timers by state, as `status` shows them: Expired only when there are some (expiry is rare)."""
-    expired = f" expired={c['Expired']}" if c.get("Expired") else ""
-    return f"timers     scheduled={c['Scheduled']} reached={c['Reached']} cancelled={c['Cancelled']}{expired}"

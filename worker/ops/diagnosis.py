@@ -1,6 +1,6 @@
 """Why a timer stands where it stands: one line from its row, the `why` of `describe` (reads.py)
 and of the console's timer page. A function of the row alone (it carries the database's now, so
-no replica's clock judges lateness)."""
+no replica's clock judges lateness). And `status`'s line of timers by state (counts_line)."""
 
 from __future__ import annotations
 
@@ -64,3 +64,9 @@ def _span(d: timedelta) -> str:
     if s < 172800:
         return f"{s / 3600:.1f}h"
     return f"{s / 86400:.1f}d"
+
+
+def counts_line(c: dict[str, int]) -> str:
+    """The timers by state, as `status` shows them: Expired only when there are some (expiry is rare)."""
+    expired = f" expired={c['Expired']}" if c.get("Expired") else ""
+    return f"timers     scheduled={c['Scheduled']} reached={c['Reached']} cancelled={c['Cancelled']}{expired}"

@@ -26,8 +26,7 @@ from worker.contract import iso
 from worker.core.timers import StoredTimer, stored_timer, timer_view
 from worker.metrics import OVERDUE_CAP
 from worker.ops import fleet_stats
-from worker.ops.cli_output import counts_line
-from worker.ops.diagnosis import diagnose
+from worker.ops.diagnosis import counts_line, diagnose
 
 # Paused: the stored state of a paused timer (sql/migrations/0011), which the contract shows as
 # Scheduled with paused true; `list --state Paused` finds them.
