@@ -79,6 +79,7 @@ def test_client_imports_without_the_services_dependencies() -> None:
         "worker.client.envelopes",
         "worker.client.errors",
         "worker.client.producer",
+        "worker.client.pulls",
         "worker.client.wire",
         "worker.contract",
     ]
