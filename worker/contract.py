@@ -42,6 +42,11 @@ DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 MAX_CARRIED_VALUE_CHARS = 512
+# A timer's labels (docs/CONTRACT.md, Labels): at most MAX_LABELS pairs, each key LABEL_KEY_RULE,
+# each value at most MAX_LABEL_VALUE_CHARS characters, none a control character or a surrogate.
+MAX_LABELS = 16
+LABEL_KEY_RULE = "[a-z0-9_.-]{1,63}"
+MAX_LABEL_VALUE_CHARS = 200
 # The dueAt range every layer holds: epoch-millisecond firing ids, JavaScript dates, Postgres,
 # and a Python datetime in any local zone (UTC-12..+14). A ScheduleTimer outside it is rejected
 # (bad_due_at); a recurring timer's occurrences end at its last one inside it.
@@ -73,6 +78,7 @@ Reason = Literal[
     "unknown_timezone",
     "payload_too_large",  # `data` is more than TIMER_MAX_PAYLOAD_BYTES as its events carry it
     "bad_data",  # `data` holds a string Postgres jsonb cannot store (U+0000, a lone surrogate)
+    "bad_labels",  # `labels` (or a selector) breaks the rules of docs/CONTRACT.md, Labels
     "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
     "timer_stuck",  # from intake: the timer's occurrence stayed claimed past TIMER_STUCK_AFTER
 ]
@@ -166,6 +172,8 @@ class ScheduleTimer:
     # The producer's opaque `data`, already validated and bounded; None when absent (or null).
     # Delivered in every DueTimeReached of the timer; a newer ScheduleTimer replaces it.
     data: Any = None
+    # The timer's labels, already validated (Labels); None when it has none. Replaced like `data`.
+    labels: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +313,8 @@ class Occurrence(Protocol):
     def carried(self) -> dict[str, str] | None: ...
     @property
     def data(self) -> str | None: ...  # the stored `data` as JSON text (Postgres jsonb's), or None
+    @property
+    def labels(self) -> str | None: ...  # the stored labels as JSON text (jsonb's), or None
 
 
 def data_json(value: Any) -> str:
@@ -344,7 +354,9 @@ def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int, id
         f'"serviceCallId":{_json_str(timer.service_call_id)},"dueAt":"{iso(timer.due_at)}",'
         f'"reachedAt":"{reached}"}}'
     )
-    # `data` is spliced as stored: jsonb's text output is always exactly one valid JSON value.
+    # `labels` and `data` are spliced as stored: jsonb's text output is always one valid JSON value.
+    if timer.labels is not None:
+        body += f',"labels":{timer.labels}'
     body += "}" if timer.data is None else f',"data":{timer.data}}}'
     # The carried headers never hold Nats-Msg-Id (headers.carried_headers), and it is set last.
     headers = {"Nats-Msg-Id": msg_id} if timer.carried is None else {**timer.carried, "Nats-Msg-Id": msg_id}
@@ -360,6 +372,7 @@ class OccurrenceValues(NamedTuple):
     correlation_id: str | None
     carried: dict[str, str] | None
     data: str | None
+    labels: str | None = None
 
 
 def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
@@ -370,13 +383,17 @@ def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
     12 bytes); the latest dueAt and reachedAt; `data` of max_data_bytes as stored (as
     worker.core.fields._data measures it); every header a timer may carry (carried_headers: a
     traceparent, a tracestate, one per name of `carry`) at MAX_CARRIED_VALUE_CHARS characters of
-    4 bytes each."""
+    4 bytes each; the widest labels."""
     widest_id = "\U0010ffff" * MAX_ID_CHARS
     widest_value = "\U0010ffff" * MAX_CARRIED_VALUE_CHARS
     carried = {TRACEPARENT: f"00-{'1' * 32}-{'1' * 16}-01", TRACESTATE: widest_value}
     carried |= {name: widest_value for name in carry if name not in carried}
     data = "0" * max_data_bytes if max_data_bytes else None  # 0 refuses any `data`
-    worst = OccurrenceValues("t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data)
+    # The widest labels as stored: 63-character keys, values of 4-byte characters (a `"` escaped
+    # is 2 bytes; a control character, 6 escaped, is refused).
+    widest_value = "\U0010ffff" * MAX_LABEL_VALUE_CHARS
+    labels = data_json({f"{i:02d}".ljust(63, "k"): widest_value for i in range(MAX_LABELS)})
+    worst = OccurrenceValues("t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data, labels)
     latest_ms = round(LATEST_DUE_AT.timestamp() * 1000)
     event = due_event(worst, "", iso(LATEST_DUE_AT), latest_ms, MessageIds(bytes(16)))
     return wire_size(event)

@@ -67,7 +67,9 @@ claimed AS (
               t.repeat_timezone, t.anchor_due_at, t.occurrence_index, t.claimed_at AS recurrence_ref,
               t.ctid::text AS row_id, t.carried_headers AS carried,
               -- 0009: the cron schedule, the end, and `data` as text (spliced into the event).
-              t.repeat_cron, t.repeat_until, t.data::text AS data
+              t.repeat_cron, t.repeat_until, t.data::text AS data,
+              -- 0016: the labels as text (spliced into the event).
+              t.labels::text AS labels
 )
 SELECT c.*, n.next_due_at, clock_timestamp() AS db_now
 FROM (SELECT min(due_at) AS next_due_at FROM timers

@@ -50,20 +50,20 @@ t.state <> 'Reached'
 -- Insert or reschedule timers, one row per key, unless the command is older or must wait.
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts,
                          repeat_every, repeat_times, repeat_timezone, anchor_due_at, carried_headers,
-                         command_seq, command_stored_at, repeat_cron, repeat_until, data)
+                         command_seq, command_stored_at, repeat_cron, repeat_until, data, labels)
 SELECT i.tenant_id, i.service_call_id,
        CASE WHEN i.tenant_id IN (SELECT p.tenant_id FROM paused_tenants p WHERE p.paused_at IS NOT NULL) THEN 'Paused' ELSE 'Scheduled' END,
        i.due_at, i.correlation_id, i.command_ts,
        i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at, i.carried_headers, i.command_seq,
-       i.command_stored_at, i.repeat_cron, i.repeat_until, i.data
+       i.command_stored_at, i.repeat_cron, i.repeat_until, i.data, i.labels
 FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
             %(correlation_id)b::text[], %(command_ts)b::bigint[], %(repeat_every)b::text[],
             %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(carried_headers)b::jsonb[],
             %(command_seq)b::bigint[], %(command_stored_at)b::timestamptz[], %(repeat_cron)b::text[],
-            %(repeat_until)b::timestamptz[], %(data)b::jsonb[])
+            %(repeat_until)b::timestamptz[], %(data)b::jsonb[], %(labels)b::jsonb[])
      AS i(tenant_id, service_call_id, due_at, correlation_id, command_ts, repeat_every,
           repeat_times, repeat_timezone, carried_headers, command_seq, command_stored_at,
-          repeat_cron, repeat_until, data)
+          repeat_cron, repeat_until, data, labels)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = CASE WHEN t.paused_at IS NOT NULL THEN 'Paused' ELSE excluded.state END,
     -- A restatement keeps the timer's progress; anything else starts it afresh.
@@ -87,6 +87,7 @@ ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     repeat_cron = excluded.repeat_cron,
     repeat_until = excluded.repeat_until,
     data = excluded.data,
+    labels = excluded.labels,
     attempts = 0,
     last_error = NULL,
     lease_owner = NULL,
@@ -96,14 +97,15 @@ WHERE {{command_in_order}}
   AND NOT (t.state = CASE WHEN t.paused_at IS NOT NULL THEN 'Paused' ELSE excluded.state END
            AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone, t.correlation_id,
                 t.carried_headers, t.command_ts, t.command_seq, t.command_stored_at, t.repeat_cron,
-                t.repeat_until, t.data)
+                t.repeat_until, t.data, t.labels)
                IS NOT DISTINCT FROM (excluded.due_at, excluded.repeat_every, excluded.repeat_times,
                                      excluded.repeat_timezone, excluded.correlation_id,
                                      excluded.carried_headers,
                                      coalesce(excluded.command_ts, t.command_ts),
                                      coalesce(excluded.command_seq, t.command_seq),
                                      coalesce(excluded.command_stored_at, t.command_stored_at),
-                                     excluded.repeat_cron, excluded.repeat_until, excluded.data))
+                                     excluded.repeat_cron, excluded.repeat_until, excluded.data,
+                                     excluded.labels))
 RETURNING t.tenant_id, t.service_call_id, t.due_at;
 
 -- name: cancel_timers

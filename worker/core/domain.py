@@ -12,8 +12,22 @@ from typing import Literal, NamedTuple
 # partial: a tenant's pause or resume did one delivery's share of its rows; offered again at once.
 # busy: the timer's row is locked by a batch that holds no occurrence of it (a claim that rechecked
 # the row and left it out: sql/queries/intake.sql, lock_keys); offered again soon, not after a lease.
+BulkKind = Literal["cancel", "pause", "resume"]
 Outcome = Literal["applied", "ignored", "deferred", "stuck", "partial", "busy"]
 Key = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class BulkAction:
+    """A CancelTimer, PauseTimers or ResumeTimers naming `labels` instead of a serviceCallId, as
+    the validation boundary read it (worker.core.commands): the action on every timer of the tenant
+    carrying all of `selector`'s pairs (docs/CONTRACT.md, Labels)."""
+
+    tenant_id: str
+    selector: dict[str, str]  # at least one pair
+    kind: BulkKind
+    correlation_id: str | None = None
+    timestamp_ms: int | None = None  # a CancelTimer's: decides per timer, as for one timer's
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +86,8 @@ class Claimed(NamedTuple):
     repeat_until: datetime | None = None
     # The ScheduleTimer's `data` as JSON text (jsonb's output, spliced into the event), or None.
     data: str | None = None
+    # The timer's labels as JSON text (jsonb's output, spliced into the event), or None (0016).
+    labels: str | None = None
 
 
 class Unreadable(NamedTuple):

@@ -40,6 +40,7 @@ class StoredTimer:
     repeat_cron: str | None
     repeat_until: datetime | None
     data: Any  # the ScheduleTimer's `data`, as JSON decoded; None when it had none
+    labels: dict[str, str] | None  # the timer's labels; None when it has none
 
 
 def stored_timer(row: dict[str, Any]) -> StoredTimer:
@@ -81,4 +82,5 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
         "attempts": timer.attempts,
         "lastError": timer.last_error,
         "data": timer.data,
+        "labels": timer.labels or {},
     }

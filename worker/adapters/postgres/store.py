@@ -14,14 +14,14 @@ from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from worker.adapters.postgres import claim, pausing
+from worker.adapters.postgres import bulk, claim, pausing
 from worker.adapters.postgres.claim import record_again_params
 from worker.adapters.postgres.pgerrors import classify
 from worker.adapters.postgres.pinger import Pinger
 from worker.adapters.postgres.queries import QUERIES
 from worker.adapters.postgres.writes import Writes
 from worker.contract import CancelTimer, Command, PauseTimers, ScheduleTimer
-from worker.core.domain import LOOKAHEAD_MS, Applied, ClaimParams, Fired, Key, Position
+from worker.core.domain import LOOKAHEAD_MS, Applied, BulkAction, ClaimParams, Fired, Key, Position
 from worker.core.ordering import Held, Marker, StreamOrder
 from worker.core.ports import ClaimedBatch
 from worker.core.timers import StoredTimer
@@ -45,6 +45,14 @@ FOLD_LOCK = pausing.tenant_lock_keys([""], b"timer-fold")[0]  # the fleet's one 
 
 def _held(row: dict[str, Any]) -> Held:
     return Held(row["claimed"], row["stuck"], row["head"], row["marked"], row["due_at"])
+
+
+def _jsonb_column(values: list[Any]) -> list[Jsonb | None] | None:
+    """A jsonb[] parameter, or NULL (no array at all) when every value is None: unnest pads a NULL
+    array with NULLs, so a batch without any costs nothing to send."""
+    if all(v is None for v in values):
+        return None
+    return [None if v is None else Jsonb(v) for v in values]
 
 
 def _columns(rows: Sequence[Any], *names: str) -> dict[str, list[Any]]:
@@ -152,18 +160,9 @@ class Store:
                 "repeat_timezone": [c.repeat.timezone if c.repeat else None for c in sched],
                 "repeat_cron": [c.repeat.cron if c.repeat else None for c in sched],
                 "repeat_until": [c.repeat.until if c.repeat else None for c in sched],
-                # As carried_headers: NULL (no array at all) when none has data, so it costs nothing.
-                "data": (
-                    [None if c.data is None else Jsonb(c.data) for c in sched]
-                    if any(c.data is not None for c in sched)
-                    else None
-                ),
-                # A NULL array is padded with NULLs by unnest: nothing more to send when none has any.
-                "carried_headers": (
-                    [None if c.carried is None else Jsonb(c.carried) for c in sched]
-                    if any(c.carried is not None for c in sched)
-                    else None
-                ),
+                "data": _jsonb_column([c.data for c in sched]),
+                "labels": _jsonb_column([c.labels for c in sched]),
+                "carried_headers": _jsonb_column([c.carried for c in sched]),
                 "order_grace": self.order_grace,
             }
             position_of(params, [p for _, p in schedules])
@@ -340,6 +339,26 @@ class Store:
         with self._db(write=True):
             async with self.pool.connection() as conn:
                 return await pausing.pause(conn, command, position, self.stuck_after)
+
+    async def select_labelled(
+        self, action: BulkAction, position: Position | None, after: str, limit: int
+    ) -> list[str]:
+        """The next chunk of the timers a bulk action names, after `after` (adapters/postgres/bulk.py)."""
+        with self._db():
+            async with self.pool.connection() as conn:
+                return await bulk.select_labelled(conn, action, position, after, limit)
+
+    async def pause_listed(
+        self, action: BulkAction, service_call_ids: Sequence[str], position: Position | None
+    ) -> Applied:
+        """A bulk pause's or resume's chunk: each timer still carrying the selector, paused or
+        resumed as its own pause or resume would be (pausing.pause_listed), in one transaction."""
+        terms = bulk.label_terms(action.tenant_id, action.selector)
+        with self._db(write=True):
+            async with self.pool.connection() as conn:
+                return await pausing.pause_listed(
+                    conn, action.tenant_id, service_call_ids, action.kind == "resume", position, terms
+                )
 
     async def ping(self) -> None:
         """Answer whether Postgres does, within pinger.PING_TIMEOUT_S (PingTimeout), on a connection
