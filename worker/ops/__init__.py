@@ -3,6 +3,7 @@ service never imports them.
 
 cli.py          the `timer-service` command (also `python -m worker`): the parser and main
 cli_timers.py   its commands on timers: schedule, cancel, status, list, describe, pause, resume
+cli_import.py   `schedule --from-file`: a JSON Lines file of ScheduleTimers, checked and sent in batches
 cli_dlq.py      its `dlq` commands: list, show, replay, purge
 cli_service.py  its commands that run something: migrate, run, console, dev, bench
 cli_nats.py     how those commands reach NATS: once, giving up at once when it is not there
