@@ -17,8 +17,11 @@ from worker.contract import (
     LATEST_DUE_AT,
     MAX_BODY_BYTES,
     MAX_ID_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
     MessageIds,
     OccurrenceValues,
+    data_json,
     due_event,
     iso,
     largest_event,
@@ -73,11 +76,14 @@ def test_no_event_of_an_accepted_timer_is_larger_than_the_bound(
 
 
 def test_the_bound_is_reached() -> None:
-    """Not a loose guess: the worst ids, headers and `data` make an event of exactly the bound."""
+    """Not a loose guess: the worst ids, headers, `data` and labels make an event of exactly the bound."""
     widest = "\U0010ffff" * MAX_ID_CHARS
     value = "\U0010ffff" * 512
     carried = {"traceparent": "00-" + "1" * 32 + "-" + "1" * 16 + "-01", "tracestate": value, "x-a": value}
-    timer = OccurrenceValues("t" * 64, widest, LATEST_DUE_AT, widest, carried, "1" * 100)
+    labels = data_json(
+        {f"{i:02d}".ljust(63, "k"): "\U0010ffff" * MAX_LABEL_VALUE_CHARS for i in range(MAX_LABELS)}
+    )
+    timer = OccurrenceValues("t" * 64, widest, LATEST_DUE_AT, widest, carried, "1" * 100, labels)
     reached = round(LATEST_DUE_AT.timestamp() * 1000)
     event = due_event(timer, "s", iso(LATEST_DUE_AT), reached, IDS)
     assert wire_size(event) == largest_event(100, {"x-a"})

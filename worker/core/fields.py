@@ -276,6 +276,16 @@ def _labels(value: Any, *, selector: bool = False) -> dict[str, str] | None:
     return value or None
 
 
+def label_problem(labels: dict[str, str]) -> str | None:
+    """Why `labels` cannot be a timer's labels or a selector, or None: the rule of `_labels`, for
+    readers that build labels rather than receive them (the CLI's --label)."""
+    try:
+        _labels(labels, selector=True)
+    except _Reject as exc:
+        return exc.detail
+    return None
+
+
 def _plain_growth(number: float) -> int:
     """How much longer jsonb prints `number` than its repr: numeric's plain notation at its full
     scale. Python's repr is plain already from 1e-4 to 1e16, the same text; outside, it has an

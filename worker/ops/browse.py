@@ -67,7 +67,7 @@ def tenant_page(
     else:
         common = {"tenant_id": tenant, "state": state, "limit": limit + 1}
         if forwards:
-            common |= {"after": key[0] if key else "", "due_from": None, "due_to": None}
+            common |= {"after": key[0] if key else "", "due_from": None, "due_to": None, "terms": None}
             cur.execute(QUERIES["inspect_tenant_timers"], common)
         else:
             cur.execute(QUERIES["console_tenant_back"], {**common, "before": key[0] if key else "\U0010ffff"})

@@ -138,11 +138,28 @@ def _when(value: str) -> datetime:
     return when
 
 
+def _label(value: str) -> tuple[str, str]:
+    """One `key=value` pair of --label, checked by the service's own rule (bad_labels)."""
+    from worker.core.fields import label_problem
+
+    key, eq, label = value.partition("=")
+    problem = label_problem({key: label}) if eq else f"not key=value: {value!r}"
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return key, label
+
+
 def _json_value(value: str) -> Any:
     try:
         return json.loads(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+
+
+LABEL_HELP = (
+    "key=value the timer carries (repeatable), shown by get, in its events (docs/CONTRACT.md, Labels)"
+)
+SELECT_HELP = "key=value (repeatable): every Scheduled or paused timer of the tenant carrying all of them"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,11 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--until", type=_when, help="repeat: no occurrence after this (RFC 3339 or +duration)")
     s.add_argument("--timezone", help="repeat: IANA zone for wall-clock occurrences")
     s.add_argument("--data", type=_json_value, help="JSON delivered with every DueTimeReached: '{\"a\":1}'")
+    s.add_argument("--label", type=_label, action="append", help=LABEL_HELP)
     s.set_defaults(func=cmd_schedule)
 
-    c = sub.add_parser("cancel", help="cancel a timer not yet claimed")
+    c = sub.add_parser("cancel", help="cancel a timer not yet claimed, or every one a --label selects")
     c.add_argument("--tenant", required=True, type=_tenant)
-    c.add_argument("--id", required=True)
+    one = c.add_mutually_exclusive_group(required=True)
+    one.add_argument("--id")
+    one.add_argument("--label", type=_label, action="append", help=SELECT_HELP)
     c.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the outcome (default 5)")
     c.set_defaults(func=cmd_cancel)
 
@@ -215,7 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         pr = sub.add_parser(name, help=text)
         pr.add_argument("--tenant", required=True, type=_tenant)
-        pr.add_argument("--id", help="one timer only (default: every timer of the tenant)")
+        which = pr.add_mutually_exclusive_group()
+        which.add_argument("--id", help="one timer only (default: every timer of the tenant)")
+        which.add_argument("--label", type=_label, action="append", help=SELECT_HELP)
         pr.set_defaults(func=func)
 
     st = sub.add_parser(
@@ -239,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--due-from", type=_when, help="RFC 3339, or -/+ a duration from now (-1h)")
     ls.add_argument("--due-to", type=_when, help="RFC 3339, or -/+ a duration from now (+5m); exclusive")
     ls.add_argument("--overdue", action="store_true", help="Scheduled and due by now, oldest first")
+    ls.add_argument(
+        "--label", type=_label, action="append", help="key=value the timers carry (repeatable: all)"
+    )
     ls.add_argument("--limit", type=_count, default=50, help="rows per page (default 50, at most 1000)")
     ls.add_argument("--after", help="the cursor a previous page printed")
     ls.add_argument("--json", action="store_true")

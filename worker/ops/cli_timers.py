@@ -8,7 +8,7 @@ import asyncio
 import json
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from worker.config import Settings, parse_duration
 from worker.contract import (
@@ -58,6 +58,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         payload["correlationId"] = args.correlation_id
     if args.data is not None:
         payload["data"] = args.data
+    if args.label:
+        payload["labels"] = _labels(args.label)
     # The service's own check, before sending: a command it would only copy to the DLQ is not sent.
     checked = parse_command(
         "schedule",
@@ -80,6 +82,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 correlation_id=args.correlation_id,
                 repeat=payload.get("repeat"),
                 data=payload.get("data"),
+                labels=payload.get("labels"),
             ),
         )
     )
@@ -95,6 +98,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     from worker.ops.reads import cancel_outcome, connect, describe
 
+    if args.label:
+        return _control(args, "cancel")
     settings = load_settings()
     url = settings.database_url.get_secret_value()
     with connect(url) as conn:
@@ -106,25 +111,46 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    """`pause` and `resume` (README, Pause and resume): the command on the tenant's own subject, as a
-    producer would send it; replicas apply it (a tenant's rows in chunks). Returns once JetStream
-    stored it; `status --tenant` shows when it took effect."""
-    settings = load_settings()
-    resume = args.func is cmd_resume
-    action = "resume" if resume else "pause"
-    asyncio.run(
-        _with_client(
-            settings,
-            lambda c: (c.resume if resume else c.pause)(args.tenant, args.id),
-        )
-    )
-    what = f"{args.tenant}/{args.id}" if args.id else f"tenant {args.tenant}"
-    print(f"{action} sent for {what}; `timer-service status --tenant {args.tenant}` shows it applied")
-    return 0
+    return _control(args, "resume" if args.func is cmd_resume else "pause")
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     return cmd_pause(args)
+
+
+def _control(args: argparse.Namespace, kind: Literal["cancel", "pause", "resume"]) -> int:
+    """`pause`, `resume` (README, Pause and resume) and `cancel --label` (docs/CONTRACT.md, Labels): the
+    command on the tenant's own subject, as a producer would send it; replicas apply it (a tenant's
+    or a selector's rows in chunks). Returns once JetStream stored it: `status --tenant` or `list
+    --label` shows when it took effect."""
+    settings = load_settings()
+    labels = _labels(args.label)
+    asyncio.run(_with_client(settings, lambda c: getattr(c, kind)(args.tenant, args.id, labels=labels)))
+    if labels:
+        selector = " ".join(f"--label {k}={v}" for k, v in labels.items())
+        what, check = (
+            f"the timers of {args.tenant} labelled {selector}",
+            f"list --tenant {args.tenant} {selector}",
+        )
+    else:
+        what = f"{args.tenant}/{args.id}" if args.id else f"tenant {args.tenant}"
+        check = f"status --tenant {args.tenant}"
+    print(f"{kind} sent for {what}; `timer-service {check}` shows it applied")
+    return 0
+
+
+def _labels(pairs: list[tuple[str, str]] | None) -> dict[str, str] | None:
+    """--label's pairs as labels, each key once; None without any."""
+    from worker.core.fields import label_problem  # not loaded for the CLI's other commands
+
+    if not pairs:
+        return None
+    labels = dict(pairs)
+    if len(labels) < len(pairs):
+        raise ConfigError("--label names a key twice")
+    if (problem := label_problem(labels)) is not None:
+        raise ConfigError(problem)
+    return labels
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -167,6 +193,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             due_from=args.due_from,
             due_to=args.due_to,
             overdue=args.overdue,
+            labels=_labels(args.label),
         )
         with connect(load_settings().database_url.get_secret_value()) as conn:
             page = list_timers(conn, f, args.after, args.limit)
