@@ -18,17 +18,15 @@ over each chunk is quadratic: the last chunk as slow as the whole).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tools.bench.calibrate import calibrate, describe
+from tools.bench.calibrate import on_servers
 from tools.bench.rig import Rig
 from worker.adapters.postgres.bulk import label_terms
 from worker.adapters.postgres.db import pool
@@ -37,8 +35,6 @@ from worker.adapters.postgres.store import Store
 from worker.core import bulk
 from worker.core.bulk import BulkActions
 from worker.core.domain import BulkAction, Position
-from worker.errors import ConfigError
-from worker.logs import redact
 
 PROG = "python -m tools.bench.labels"
 RARE_EVERY = 100_000
@@ -163,8 +159,6 @@ async def _bulk_cancel(rig: Rig, rows: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from worker.devkit.dev import servers  # embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
-
     p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--rows", type=int, default=1_000_000, help="the tenant's timers (default 1,000,000)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -172,26 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows < 4 * bulk.BULK_CHUNK:
         print(f"{PROG}: --rows must be at least {4 * bulk.BULK_CHUNK}", file=sys.stderr)
         return 2
-    try:
-        with (
-            tempfile.TemporaryDirectory(prefix="timer-labels-") as tmp,
-            servers(Path(tmp), sync_always=False) as (db_url, nats_url),
-        ):
-            calibration = calibrate(Path(tmp))
-            result = asyncio.run(run(db_url, nats_url, Path(tmp), args.rows))
-    except ConfigError as exc:
-        print(f"{PROG}: {redact(str(exc))}", file=sys.stderr)
-        return 2
-    report = {
-        "command": " ".join([PROG, *(argv if argv is not None else sys.argv[1:])]),
-        "calibration": calibration,
-    }
-    report |= result
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    print(report["command"])
-    print(describe(calibration))
+    result = on_servers(PROG, argv, lambda db, nats, work: run(db, nats, work, args.rows), args.json)
+    if isinstance(result, int):
+        return result
     print("\n| read | ms | buffers | rows | plan |\n|---|---|---|---|---|")
     for name, r in result["reads"].items():
         print(f"| {name} | {r['ms']:.2f} | {r['buffers']} | {r['rows']} | {r['plan']} |")
