@@ -72,9 +72,11 @@ def tenant_page(
         common = {"tenant_id": tenant, "state": state, "limit": limit + 1, "terms": terms}
         if forwards:
             common |= {"after": key[0] if key else "", "due_from": None, "due_to": None}
-            cur.execute(QUERIES["inspect_tenant_timers"], common)
+            # A label's page planned for its terms, as select_labelled (never a generic plan).
+            cur.execute(QUERIES["inspect_tenant_timers"], common, prepare=False if labels else None)
         else:
-            cur.execute(QUERIES["console_tenant_back"], {**common, "before": key[0] if key else "\U0010ffff"})
+            back = {**common, "before": key[0] if key else "\U0010ffff"}
+            cur.execute(QUERIES["console_tenant_back"], back, prepare=False if labels else None)
     rows = cur.fetchall()
     more = len(rows) > limit
     rows = rows[:limit]
@@ -100,5 +102,5 @@ def labelled_count(conn: psycopg.Connection[Any], tenant: str, labels: dict[str,
     """How many of the tenant's Scheduled or Paused timers carry every pair of `labels`, up to `cap`:
     what a bulk action on them would act on now (the console's confirmation)."""
     params = {"tenant_id": tenant, "terms": label_terms(tenant, labels), "cap": cap}
-    row = conn.execute(QUERIES["console_labelled_count"], params).fetchone()
+    row = conn.execute(QUERIES["console_labelled_count"], params, prepare=False).fetchone()
     return int(row[0]) if row else 0

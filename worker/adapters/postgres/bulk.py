@@ -30,5 +30,8 @@ async def select_labelled(
         "command_seq": None if position is None else position.seq,
         "command_stored_at": None if position is None else position.stored_at,
     }
-    cur = await conn.execute(QUERIES["select_labelled"], params)
+    # Planned for these terms each time, never as a prepared statement's generic plan: that plan
+    # knows no term, so it cannot tell a rare pair (the labels index) from a common one (the key
+    # range), and took one way for both (docs/SQL.md, select_labelled).
+    cur = await conn.execute(QUERIES["select_labelled"], params, prepare=False)
     return [row[0] for row in await cur.fetchall()]
