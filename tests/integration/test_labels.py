@@ -87,17 +87,23 @@ async def test_a_cancel_by_labels_cancels_its_tenants_timers_carrying_every_pair
 async def test_a_pause_by_labels_holds_those_timers_and_a_resume_fires_them(
     settings: Settings, db_url: str
 ) -> None:
+    later = datetime.now(UTC) + timedelta(hours=1)
     async with running_replica(settings), recorder(settings) as rec, await _client(settings) as client:
         await client.pause("acme", labels=BF)  # before the timers: changes nothing
-        soon = datetime.now(UTC) + timedelta(seconds=1)
-        await client.schedule("acme", "held", soon, labels=BF)
-        await client.schedule("acme", "free", soon, labels={"campaign": "other"})
-        await until(lambda: _state(db_url, "acme", "held") == "Scheduled", what="stored")
+        await client.schedule("acme", "held", later, labels=BF)
+        await client.schedule("acme", "free", later, labels={"campaign": "other"})
+        await until(lambda: _state(db_url, "acme", "free") == "Scheduled", what="stored")
+        assert _state(db_url, "acme", "held") == "Scheduled"
         await client.pause("acme", labels=BF)
         await until(lambda: _state(db_url, "acme", "held") == "Paused", what="the bulk pause")
+        # Both due now, labels restated: a paused timer rescheduled stays paused.
+        now = datetime.now(UTC)
+        await client.schedule("acme", "held", now, labels=BF)
+        await client.schedule("acme", "free", now, labels={"campaign": "other"})
         assert await rec.wait_for({("acme", "free")}, timeout=10)
-        # The held timer is due, and does not fire: the free one, due with it, fired.
+        # Due with the free one, which fired: the held one did not.
         assert ("acme", "held") not in rec.keys()  # noqa: SIM118
+        assert _state(db_url, "acme", "held") == "Paused"
         await client.resume("acme", labels=BF)
         assert await rec.wait_for({("acme", "free"), ("acme", "held")}, timeout=10)
 
