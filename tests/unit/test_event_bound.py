@@ -112,8 +112,16 @@ def test_data_too_large_for_the_server_is_refused_naming_the_setting_and_what_fi
 
 
 def test_a_smaller_max_msg_size_of_the_events_stream_is_named() -> None:
-    with pytest.raises(ConfigError, match=r"more than stream TIMER_EVENTS's max_msg_size \(20000\): set it"):
-        check_sizes(load_settings(), MIB, stream(max_msg_size=20000))
+    with pytest.raises(ConfigError, match=r"more than stream TIMER_EVENTS's max_msg_size \(40000\): set it"):
+        check_sizes(load_settings(), MIB, stream(max_msg_size=40000))
+
+
+def test_a_limit_too_small_for_an_event_without_data_says_to_raise_it() -> None:
+    """Ids, the widest labels and trace context make 23.8 KB before any data or producer header."""
+    with pytest.raises(
+        ConfigError, match=r"^events can reach 23761 bytes without data .* \(20000\): raise it$"
+    ):
+        check_sizes(load_settings(max_payload_bytes=0), MIB, stream(max_msg_size=20000))
 
 
 def test_carried_headers_alone_too_large_name_their_setting() -> None:

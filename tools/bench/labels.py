@@ -134,7 +134,7 @@ async def _bulk_cancel(rig: Rig, rows: int) -> dict[str, Any]:
             timed.append(time.perf_counter())
             return await select(*args)
 
-        store.select_labelled = timed_select  # type: ignore[method-assign]
+        store.select_labelled = timed_select  # type: ignore[method-assign,assignment]
         where = Position(1, datetime.now(UTC))
         action = BulkAction("big", {"campaign": "bf"}, "cancel")
         started = time.perf_counter()

@@ -31,6 +31,7 @@ ROW = {
     "repeat_cron": "* * * * *",
     "repeat_until": None,
     "data": '{"a": 1}',
+    "labels": '{"campaign": "bf"}',
     "next_due_at": NOW + timedelta(seconds=2),
     "db_now": NOW,
 }
