@@ -2,6 +2,10 @@
 -- timers.claimed_at holds the recurrence reference, not when the row was claimed (read as
 -- recurrence_ref; docs/SQL.md, record_fired): its name is older than its use.
 
+CREATE FUNCTION public.timer_label_terms(tenant_id text, labels jsonb) RETURNS text[]
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT array_agg(tenant_id || ':' || key || '=' || value) FROM jsonb_each_text(labels) $$;
+
 CREATE FUNCTION public.timers_count_inserted() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -97,6 +101,7 @@ CREATE TABLE public.timers (
     paused_at timestamp with time zone,
     control_seq bigint,
     control_stored_at timestamp with time zone,
+    labels jsonb,
     CONSTRAINT timers_check CHECK (((due_at IS NOT NULL) OR (state = 'Cancelled'::text))),
     CONSTRAINT timers_state_check CHECK ((state = ANY (ARRAY['Scheduled'::text, 'Paused'::text, 'Reached'::text, 'Cancelled'::text])))
 )
@@ -124,6 +129,8 @@ CREATE INDEX timers_correlation ON public.timers USING btree (correlation_id) WH
 CREATE INDEX timers_done ON public.timers USING btree (updated_at) WHERE ((state <> 'Scheduled'::text) AND (state <> 'Paused'::text));
 
 CREATE INDEX timers_due ON public.timers USING btree (due_at) WHERE (state = 'Scheduled'::text);
+
+CREATE INDEX timers_labels ON public.timers USING gin (public.timer_label_terms(tenant_id, labels)) WHERE (labels IS NOT NULL);
 
 CREATE INDEX timers_paused ON public.timers USING btree (tenant_id, service_call_id) WHERE (state = 'Paused'::text);
 
