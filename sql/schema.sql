@@ -134,6 +134,8 @@ CREATE INDEX timers_labels ON public.timers USING gin (public.timer_label_terms(
 
 CREATE INDEX timers_paused ON public.timers USING btree (tenant_id, service_call_id) WHERE (state = 'Paused'::text);
 
+CREATE STATISTICS public.timers_label_terms ON public.timer_label_terms(tenant_id, labels) FROM public.timers;
+
 CREATE TRIGGER timers_pending_insert AFTER INSERT ON public.timers REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.timers_count_inserted();
 
 CREATE TRIGGER timers_pending_revive AFTER UPDATE ON public.timers FOR EACH ROW WHEN (((old.state <> ALL (ARRAY['Scheduled'::text, 'Paused'::text])) AND (new.state = ANY (ARRAY['Scheduled'::text, 'Paused'::text])))) EXECUTE FUNCTION public.timers_count_revived();

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tools.bench.labels import EXPLAIN, SEED_SQL
+from tools.bench.labels import EXPLAIN, SEED_SQL, _nodes
 from worker.adapters.postgres.bulk import label_terms
 from worker.adapters.postgres.queries import QUERIES
 
@@ -36,7 +36,7 @@ def _run(db_url: str, name: str, params: dict[str, Any]) -> tuple[int, int, str]
     assert found is not None
     plan = found[0]
     top = plan[0]["Plan"]
-    return top["Actual Rows"], top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0), str(plan)
+    return top["Actual Rows"], top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0), _nodes(top)
 
 
 def _chunk(selector: dict[str, str], after: str = "") -> dict[str, Any]:
