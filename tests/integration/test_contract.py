@@ -22,8 +22,8 @@ from referencing.jsonschema import DRAFT7
 from tests.helpers import iso_in, jetstream, message_ids, publish_raw, recorder, row, running_replica, until
 from worker.config import Settings
 from worker.contract import REASONS, PauseTimers, Rejection
-from worker.core.domain import BulkAction
 from worker.core.commands import parse_command, parse_control
+from worker.core.domain import BulkAction
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "docs" / "CONTRACT.md"
