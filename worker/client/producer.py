@@ -142,7 +142,8 @@ class TimerClient:
         self, tenant_id: str, service_call_id: str | None = None, *, labels: Labels = None
     ) -> None:
         """Pause every timer of the tenant, or only the one named, or those carrying all of `labels`
-        (README, Pause and resume): they stay Scheduled (read model: paused) and do not fire until resumed."""
+        (docs/USING.md, Pause and resume): they stay Scheduled (read model: paused) and do not fire
+        until resumed."""
         await self._control("pause", tenant_id, service_call_id, labels)
 
     async def resume(

@@ -1,5 +1,5 @@
-"""The `timer-service` commands on timers: schedule (many --from-file: cli_import.py), cancel, status,
-list, describe, pause, resume."""
+"""The `timer-service` commands on timers: schedule and cancel (one, or many --from-file, in
+cli_import.py), pause, resume, status, list, describe."""
 
 from __future__ import annotations
 
@@ -11,14 +11,11 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from worker.config import Settings, parse_duration
-from worker.contract import (
-    Rejection,
-    ScheduleTimer,
-    iso,
-)
+from worker.contract import Rejection, ScheduleTimer, iso
 from worker.errors import ConfigError
-from worker.ops.cli_import import applied_or_dlq, schedule_file
+from worker.ops.cli_import import applied_or_dlq, send_file
 from worker.ops.cli_nats import _backlog, _with_client
+from worker.ops.cli_output import emit
 from worker.settings import load_settings
 
 
@@ -34,7 +31,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     if args.from_file is not None:
-        return schedule_file(settings, args.from_file)
+        return send_file(settings, args, "schedule")
     if args.tenant is None or args.id is None:
         raise ConfigError("schedule needs --tenant and --id (or --from-file)")
     repeats = args.every is not None or args.cron is not None
@@ -89,9 +86,18 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     # What is true now: JetStream stored the command. A replica applies it shortly, or rejects it
     # (quota_exceeded, a dueAt past the horizon by then): that only shows in the DLQ. The first
     # occurrence: dueAt itself, or a cron schedule's first match at or after it.
-    print(f"sent {args.tenant}/{args.id} (first occurrence {iso(checked.due_at)}): in the command stream")
     key = f"--tenant {args.tenant} --id {args.id}"
-    print(applied_or_dlq(f"it shortly (`timer-service describe {key}`)", key))
+    sent = {
+        "tenant_id": args.tenant,
+        "service_call_id": args.id,
+        "first_occurrence": checked.due_at,
+        "dlq": f"timer-service dlq list {key}",
+    }
+    text = (
+        f"sent {args.tenant}/{args.id} (first occurrence {iso(checked.due_at)}): in the command stream\n"
+        + applied_or_dlq("schedule", f"it shortly (`timer-service describe {key}`)", key)
+    )
+    emit(args, sent, text)
     return 0
 
 
@@ -99,15 +105,22 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from worker.ops.reads import cancel_outcome, connect, describe
 
     if args.label:
+        if args.tenant is None:
+            raise ConfigError("cancel --label needs --tenant: a selector names one tenant's timers")
         return _control(args, "cancel")
     settings = load_settings()
+    if args.from_file is not None:
+        return send_file(settings, args, "cancel")
+    if args.tenant is None or args.id is None:
+        raise ConfigError("cancel needs --tenant and --id (or --from-file)")
     url = settings.database_url.get_secret_value()
     with connect(url) as conn:
         before = describe(conn, args.tenant, args.id)
     asyncio.run(_with_client(settings, lambda c: c.cancel(args.tenant, args.id)))
-    code, line = cancel_outcome(url, args.tenant, args.id, args.wait, before)
-    print(line, file=sys.stdout if code == 0 else sys.stderr)
-    return code
+    done = cancel_outcome(url, args.tenant, args.id, args.wait, before)
+    key = {"tenant_id": args.tenant, "service_call_id": args.id}
+    emit(args, {**key, "outcome": done.outcome, "detail": done.line}, done.line, failed=done.code != 0)
+    return done.code
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
@@ -119,23 +132,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace, kind: Literal["cancel", "pause", "resume"]) -> int:
-    """`pause`, `resume` (README, Pause and resume) and `cancel --label` (docs/CONTRACT.md, Labels): the
-    command on the tenant's own subject, as a producer would send it; replicas apply it (a tenant's
-    or a selector's rows in chunks). Returns once JetStream stored it: `status --tenant` or `list
-    --label` shows when it took effect."""
+    """`pause`, `resume` (docs/USING.md, Pause and resume) and `cancel --label` (Labels and bulk
+    actions): the command on the tenant's own subject, as a producer would send it; replicas apply
+    it (a tenant's or a selector's rows in chunks). Returns once JetStream stored it: `status
+    --tenant` or `list --label` shows when it took effect."""
     settings = load_settings()
     labels = _labels(args.label)
     asyncio.run(_with_client(settings, lambda c: getattr(c, kind)(args.tenant, args.id, labels=labels)))
     if labels:
         selector = " ".join(f"--label {k}={v}" for k, v in labels.items())
-        what, check = (
-            f"the timers of {args.tenant} labelled {selector}",
-            f"list --tenant {args.tenant} {selector}",
-        )
+        what = f"the timers of {args.tenant} labelled {selector}"
+        check = f"list --tenant {args.tenant} {selector}"
     else:
         what = f"{args.tenant}/{args.id}" if args.id else f"tenant {args.tenant}"
         check = f"status --tenant {args.tenant}"
-    print(f"{kind} sent for {what}; `timer-service {check}` shows it applied")
+    text = f"{kind} sent for {what}; `timer-service {check}` shows it applied"
+    sent = {"sent": kind, "tenant_id": args.tenant, "service_call_id": args.id}
+    emit(args, sent | ({"labels": labels} if labels else {}), text)
     return 0
 
 
@@ -239,3 +252,18 @@ def _why_missing(settings: Settings, tenant: str, sid: str, running: int) -> str
             f"commands): if it was sent just now, ask again shortly; if it stays missing: {dlq_list}"
         )
     return f"no command waits to be applied: if it was sent, it was rejected: {dlq_list}"
+
+
+LABEL_HELP = "key=value the timer carries (repeatable), shown by get and in its events"
+SELECT_HELP = "key=value (repeatable): every Scheduled or paused timer of the tenant carrying all of them"
+
+
+def label_arg(value: str) -> tuple[str, str]:
+    """One `key=value` pair of --label, checked by the service's own rule (bad_labels)."""
+    from worker.core.fields import label_problem
+
+    key, eq, label = value.partition("=")
+    problem = label_problem({key: label}) if eq else f"not key=value: {value!r}"
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return key, label

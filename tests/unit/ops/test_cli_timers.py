@@ -1,5 +1,4 @@
-"""The `timer-service` commands on timers (worker/ops/cli_timers.py): a refusal in one line, the
-states `list` takes, what `describe` writes, labels."""
+"""The `timer-service` commands on timers (worker/ops/cli_timers.py) without servers."""
 
 from __future__ import annotations
 
