@@ -199,6 +199,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from worker.ops.reads import TimerFilter, connect, list_timers, render_page, row_json
 
+    if args.label and args.overdue:
+        raise ConfigError("--label lists one tenant's timers in key order, --overdue in due order: not both")
     try:
         f = TimerFilter(
             tenant_id=args.tenant,

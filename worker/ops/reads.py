@@ -20,8 +20,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg.rows import dict_row
 
-from worker.adapters.postgres import db
-from worker.adapters.postgres.bulk import label_terms
+from worker.adapters.postgres import bulk, db
 from worker.adapters.postgres.queries import QUERIES
 from worker.contract import iso
 from worker.core.timers import StoredTimer, stored_timer, timer_view
@@ -72,15 +71,15 @@ class TimerFilter:
     due_from: datetime | None = None
     due_to: datetime | None = None
     overdue: bool = False  # Scheduled and due by now (the database's now)
-    labels: dict[str, str] | None = None  # carrying every one of these pairs (one tenant's, in key order)
+    labels: dict[str, str] | None = None  # carrying every pair of these (one tenant's, in key order)
 
     def __post_init__(self) -> None:
-        if self.labels and (self.tenant_id is None or self.overdue):
-            raise ValueError("a label selects one tenant's timers in key order: give a tenant, not --overdue")
         if self.state is not None and self.state not in STATES:
             raise ValueError(f"state: one of {', '.join(STATES)}, not {self.state!r}")
         if self.tenant_id is None and self.state not in (None, "Scheduled", "Paused"):
             raise ValueError("listing every tenant shows Scheduled or Paused timers only: give a tenant")
+        if self.labels and self.tenant_id is None:
+            raise ValueError("a label selects one tenant's timers: give a tenant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,18 +147,12 @@ def list_timers(
         )
     else:
         (last,) = _decode(after) if after else [""]
+        terms = bulk.label_terms(f.tenant_id or "", f.labels) if f.labels else None
         cur.execute(
             QUERIES["inspect_tenant_timers"],
-            {
-                "tenant_id": f.tenant_id,
-                "after": last,
-                "state": f.state,
-                "due_from": f.due_from,
-                "due_to": f.due_to,
-                "terms": label_terms(f.tenant_id or "", f.labels) if f.labels else None,
-                "limit": limit,
-            },
-        )
+            {"tenant_id": f.tenant_id, "after": last, "state": f.state, "due_from": f.due_from,
+             "due_to": f.due_to, "terms": terms, "limit": limit},
+        )  # fmt: skip
     rows = cur.fetchall()
     cursor = None
     if len(rows) == limit:
