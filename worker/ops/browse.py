@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from worker.adapters.postgres import bulk
 from worker.adapters.postgres.bulk import label_terms
 from worker.adapters.postgres.queries import QUERIES
 from worker.ops.reads import _EARLIEST, _decode, _encode
@@ -70,13 +71,15 @@ def tenant_page(
     else:
         terms = label_terms(tenant, labels) if labels else None
         common = {"tenant_id": tenant, "state": state, "limit": limit + 1, "terms": terms}
-        if forwards:
-            common |= {"after": key[0] if key else "", "due_from": None, "due_to": None}
-            # A label's page planned for its terms, as select_labelled (never a generic plan).
-            cur.execute(QUERIES["inspect_tenant_timers"], common, prepare=False if labels else None)
-        else:
-            back = {**common, "before": key[0] if key else "\U0010ffff"}
-            cur.execute(QUERIES["console_tenant_back"], back, prepare=False if labels else None)
+        common |= {"after": key[0] if key and forwards else "", "due_from": None, "due_to": None}
+        with conn.transaction():  # a label's page planned as select_labelled plans a chunk
+            if labels:
+                bulk.plan_listing(conn, common)
+            if forwards:
+                cur.execute(QUERIES["inspect_tenant_timers"], common, prepare=False if labels else None)
+            else:
+                back = {**common, "before": key[0] if key else "\U0010ffff"}
+                cur.execute(QUERIES["console_tenant_back"], back, prepare=False if labels else None)
     rows = cur.fetchall()
     more = len(rows) > limit
     rows = rows[:limit]

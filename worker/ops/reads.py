@@ -148,11 +148,12 @@ def list_timers(
     else:
         (last,) = _decode(after) if after else [""]
         terms = bulk.label_terms(f.tenant_id or "", f.labels) if f.labels else None
-        cur.execute(
-            QUERIES["inspect_tenant_timers"],
-            {"tenant_id": f.tenant_id, "after": last, "state": f.state, "due_from": f.due_from,
-             "due_to": f.due_to, "terms": terms, "limit": limit},
-        )  # fmt: skip
+        params = {"tenant_id": f.tenant_id, "after": last, "state": f.state, "due_from": f.due_from,
+                  "due_to": f.due_to, "terms": terms, "limit": limit}  # fmt: skip
+        with conn.transaction():  # a label's plan settings (bulk.plan_listing) are this one's
+            if terms:
+                bulk.plan_listing(conn, params)
+            cur.execute(QUERIES["inspect_tenant_timers"], params)
     rows = cur.fetchall()
     cursor = None
     if len(rows) == limit:

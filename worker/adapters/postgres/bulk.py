@@ -9,6 +9,13 @@ import psycopg
 from worker.adapters.postgres.queries import QUERIES
 from worker.core.domain import BulkAction, Position
 
+# Timers after the cursor a selector may carry for its rows to be read through the labels index (a
+# bitmap of them, sorted); past this many, through the tenant's key range in order. Counted first
+# (count_labelled): the planner's guess of a rare pair, from the statistics' least common terms,
+# was 2.5 % of the tenant, and it walked the key range for a page of one that had ten of 1,000,000
+# (18.6 s, docs/BENCHMARKS.md, Labels).
+FEW = 10_000
+
 
 def label_terms(tenant_id: str, selector: dict[str, str]) -> list[str]:
     """The terms of the timers_labels index (sql/migrations/0016, timer_label_terms) a timer of
@@ -30,8 +37,32 @@ async def select_labelled(
         "command_seq": None if position is None else position.seq,
         "command_stored_at": None if position is None else position.stored_at,
     }
-    # Planned for these terms each time, never as a prepared statement's generic plan: that plan
-    # knows no term, so it cannot tell a rare pair (the labels index) from a common one (the key
-    # range), and took one way for both (docs/SQL.md, select_labelled).
-    cur = await conn.execute(QUERIES["select_labelled"], params, prepare=False)
-    return [row[0] for row in await cur.fetchall()]
+    async with conn.transaction():  # the plan settings are this transaction's (SET LOCAL)
+        await plan_selection(conn, params)
+        # Planned for these terms each time, never as a prepared statement's generic plan, which
+        # knows no term (docs/SQL.md, select_labelled).
+        cur = await conn.execute(QUERIES["select_labelled"], params, prepare=False)
+        return [row[0] for row in await cur.fetchall()]
+
+
+async def plan_selection(conn: psycopg.AsyncConnection[Any], params: dict[str, Any]) -> None:
+    """In the open transaction of `conn`, the plan settings for the selection of a chunk: the labels
+    index for fewer than FEW timers after the cursor, else the key range (count_labelled)."""
+    await conn.execute(QUERIES["plan_labels_index"])
+    cur = await conn.execute(QUERIES["count_labelled"], counted(params), prepare=False)
+    if int((await cur.fetchone() or (0,))[0]) >= FEW:
+        await conn.execute(QUERIES["plan_key_range"])
+
+
+def counted(params: dict[str, Any]) -> dict[str, Any]:
+    """count_labelled's parameters, from a selection's or a listing's."""
+    return {"tenant_id": params["tenant_id"], "after": params["after"], "terms": params["terms"], "cap": FEW}
+
+
+def plan_listing(conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
+    """In the open transaction of `conn`, the plan settings for a listing of a selector's timers
+    (a page of `list --label`, the console's filter), as select_labelled chooses them."""
+    conn.execute(QUERIES["plan_labels_index"])
+    row = conn.execute(QUERIES["count_labelled"], counted(params), prepare=False).fetchone()
+    if int((row or (0,))[0]) >= FEW:
+        conn.execute(QUERIES["plan_key_range"])
