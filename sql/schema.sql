@@ -2,6 +2,10 @@
 -- timers.claimed_at holds the recurrence reference, not when the row was claimed (read as
 -- recurrence_ref; docs/SQL.md, record_fired): its name is older than its use.
 
+CREATE FUNCTION public.timer_label_terms(tenant_id text, labels jsonb) RETURNS text[]
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT array_agg(tenant_id || ':' || key || '=' || value) FROM jsonb_each_text(labels) $$;
+
 CREATE FUNCTION public.timers_count_inserted() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -102,6 +106,7 @@ CREATE TABLE public.timers (
     expire_after text,
     repeat_catchup text,
     caught_up integer,
+    labels jsonb,
     CONSTRAINT timers_check CHECK (((due_at IS NOT NULL) OR (state = 'Cancelled'::text))),
     CONSTRAINT timers_state_check CHECK ((state = ANY (ARRAY['Scheduled'::text, 'Paused'::text, 'Reached'::text, 'Cancelled'::text, 'Expired'::text])))
 )
@@ -130,7 +135,11 @@ CREATE INDEX timers_done ON public.timers USING btree (updated_at) WHERE ((state
 
 CREATE INDEX timers_due ON public.timers USING btree (due_at) WHERE (state = 'Scheduled'::text);
 
+CREATE INDEX timers_labels ON public.timers USING gin (public.timer_label_terms(tenant_id, labels)) WHERE (labels IS NOT NULL);
+
 CREATE INDEX timers_paused ON public.timers USING btree (tenant_id, service_call_id) WHERE (state = 'Paused'::text);
+
+CREATE STATISTICS public.timers_label_terms ON public.timer_label_terms(tenant_id, labels) FROM public.timers;
 
 CREATE TRIGGER timers_pending_insert AFTER INSERT ON public.timers REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.timers_count_inserted();
 

@@ -22,6 +22,7 @@ from worker.adapters.jetstream import errors as nats_errors  # noqa: F401  # the
 from worker.contract import CancelTimer, Command, MessageIds, Outgoing, PauseTimers, ScheduleTimer, Subjects
 from worker.core.domain import (
     Applied,
+    BulkAction,
     Claimed,
     ClaimParams,
     ClaimResult,
@@ -102,6 +103,7 @@ class Row:
     control: Position | None = None  # control_seq and control_stored_at: its last own pause or resume
     expire_after: str | None = None  # expireAfter (worker/core/expiry.py)
     fired_count: int = 0
+    labels: dict[str, str] | None = None
 
 
 class TwinStore:
@@ -207,15 +209,16 @@ class TwinStore:
                     c.repeat,
                 )
             ):  # a restatement keeps the timer's progress, and records what is newer
-                now = (c.correlation_id, c.carried, ts, kept)
+                now = (c.correlation_id, c.carried, ts, kept, c.labels)
                 if (
                     row.correlation_id,
                     row.carried,
                     row.command_ts,
                     row.position,
+                    row.labels,
                 ) == now and row.state == state:
                     return "ignored"
-                row.correlation_id, row.carried, row.command_ts, row.position = now
+                row.correlation_id, row.carried, row.command_ts, row.position, row.labels = now
                 row.state, row.updated_at = state, self.now()
                 return "applied"
             self.rows[c.tenant_id, c.service_call_id] = Row(
@@ -223,6 +226,7 @@ class TwinStore:
                 ts, c.due_at, c.repeat, carried=c.carried, position=kept, updated_at=self.now(),
                 paused_at=own_pause, control=row.control if row is not None else None,  # the column stays
                 expire_after=c.expire_after,
+                labels=c.labels,
             )  # fmt: skip
             return "applied"
         assert isinstance(c, CancelTimer)
@@ -293,6 +297,41 @@ class TwinStore:
         ]
         outcome: Outcome = "applied" if not left else "stuck" if len(stuck) == len(left) else "deferred"
         return Applied([outcome], min(dues, default=None))
+
+    async def select_labelled(
+        self, action: BulkAction, position: Position | None, after: str, limit: int
+    ) -> list[str]:
+        """Store.select_labelled (sql/queries/bulk.sql): the tenant's pending rows carrying the
+        selector, after `after` in key order, but those a later ScheduleTimer defined."""
+        self.log.append(("select_labelled", (action, after)))
+        ids = sorted(
+            r.service_call_id
+            for r in self.rows.values()
+            if r.tenant_id == action.tenant_id
+            and r.service_call_id > after
+            and r.state in ("Scheduled", "Paused")
+            and action.selector.items() <= (r.labels or {}).items()
+            and not (
+                position is not None
+                and r.position is not None
+                and r.position.seq > position.seq
+                and r.position.stored_at >= position.stored_at
+            )
+        )
+        return ids[:limit]
+
+    async def pause_listed(
+        self, action: BulkAction, service_call_ids: Sequence[str], position: Position | None
+    ) -> Applied:
+        """Store.pause_listed: each listed timer still carrying the selector, as _pause_one."""
+        done = [
+            self._pause_one((action.tenant_id, i), action.kind == "resume", position)
+            for i in sorted(service_call_ids)
+            if action.selector.items()
+            <= (getattr(self.rows.get((action.tenant_id, i)), "labels", None) or {}).items()
+        ]
+        dues = [d.soonest_due for d in done if d.soonest_due is not None]
+        return Applied([d.outcomes[0] for d in done], min(dues, default=None))
 
     def _pause_one(self, key: Key, resume: bool, position: Position | None) -> Applied:
         row, now = self.rows.get(key), self.now()

@@ -21,9 +21,8 @@ from typing import Any, Literal, NamedTuple, Protocol, get_args
 TENANT_RULE = "[A-Za-z0-9_-]{1,64}"
 # `\Z`, not `$`: `$` also matches before a trailing newline, and "acme\n" is no tenant.
 TENANT_RE = re.compile(rf"{TENANT_RULE}\Z")
-# The probe stream's metadata: "on" when the service measured fast-ingest batches the cheaper on
-# this server (worker/adapters/jetstream/probe.py), "off" when atomic ones; producers whose fast_ingest is
-# "auto" follow it (TimerClient).
+# The probe stream's metadata: "on" when fast-ingest batches measured the cheaper on this server
+# (adapters/jetstream/probe.py), "off" when atomic ones; TimerClient's fast_ingest="auto" follows it.
 FAST_BATCHES = "timer-service.fast-batches"
 # The DLQ subject's token for a command whose subject tenant is no tenant.
 INVALID_TENANT = "_invalid"
@@ -41,14 +40,16 @@ DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 MAX_CARRIED_VALUE_CHARS = 512
+# A timer's labels (docs/CONTRACT.md, Labels): at most MAX_LABELS pairs, each key LABEL_KEY_RULE,
+# each value at most MAX_LABEL_VALUE_CHARS characters, none a control character or a surrogate.
+MAX_LABELS = 16
+LABEL_KEY_RULE = "[a-z0-9_.-]{1,63}"
+MAX_LABEL_VALUE_CHARS = 200
 # The dueAt range every layer holds: epoch-millisecond firing ids, JavaScript dates, Postgres,
 # and a Python datetime in any local zone (UTC-12..+14). A ScheduleTimer outside it is rejected
 # (bad_due_at); a recurring timer's occurrences end at its last one inside it.
 EARLIEST_DUE_AT = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_DUE_AT = datetime(9999, 12, 31, tzinfo=UTC)
-# A ScheduleTimer's `window` (docs/USING.md, Firing window): each occurrence fires within this long after
-# its dueAt, at most a day.
-MAX_WINDOW_MS = 86_400_000
 DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
 
 # Every reason a command is rejected for (the DLQ header `Timer-Error` and the metric label;
@@ -77,6 +78,7 @@ Reason = Literal[
     "unknown_timezone",
     "payload_too_large",  # `data` is more than TIMER_MAX_PAYLOAD_BYTES as its events carry it
     "bad_data",  # `data` holds a string Postgres jsonb cannot store (U+0000, a lone surrogate)
+    "bad_labels",  # `labels` (or a selector) breaks the rules of docs/CONTRACT.md, Labels
     "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
     "timer_stuck",  # from intake: the timer's occurrence stayed claimed past TIMER_STUCK_AFTER
     "expired",  # from the firing loop, no command: an occurrence not published within expireAfter
@@ -173,10 +175,11 @@ class ScheduleTimer:
     # The producer's opaque `data`, already validated and bounded; None when absent (or null).
     # Delivered in every DueTimeReached of the timer; a newer ScheduleTimer replaces it.
     data: Any = None
-    # The firing window (docs/USING.md, Firing window), the ISO 8601 duration as given; None: fire at dueAt.
+    # As given (docs/CONTRACT.md): `window` and `expireAfter` ISO 8601 durations, `labels` already
+    # validated; None when absent. A newer ScheduleTimer replaces each, like `data`.
     window: str | None = None
-    # Expiry (docs/USING.md, Expiry), the ISO 8601 duration as given; None: an occurrence fires however late.
     expire_after: str | None = None
+    labels: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +346,8 @@ class Occurrence(Protocol):
     def carried(self) -> dict[str, str] | None: ...
     @property
     def data(self) -> str | None: ...  # the stored `data` as JSON text (Postgres jsonb's), or None
+    @property
+    def labels(self) -> str | None: ...  # the stored labels as JSON text (jsonb's), or None
 
 
 def data_json(value: Any) -> str:
@@ -386,7 +391,9 @@ def due_event(timer: Occurrence, subject: str, reached: str, reached_ms: int, id
         f'"serviceCallId":{_json_str(timer.service_call_id)},"dueAt":"{iso(due)}"{planned},'
         f'"reachedAt":"{reached}"}}'
     )
-    # `data` is spliced as stored: jsonb's text output is always exactly one valid JSON value.
+    # `labels` and `data` are spliced as stored: jsonb's text output is always one valid JSON value.
+    if timer.labels is not None:
+        body += f',"labels":{timer.labels}'
     body += "}" if timer.data is None else f',"data":{timer.data}}}'
     # The carried headers never hold Nats-Msg-Id (headers.carried_headers), and it is set last.
     headers = {"Nats-Msg-Id": msg_id} if timer.carried is None else {**timer.carried, "Nats-Msg-Id": msg_id}

@@ -36,6 +36,13 @@ COMMANDS_APPLIED = Counter(
     " by a batch not firing it), partial, superseded",
     ["kind", "outcome"],
 )
+BULK_TIMERS = Counter(
+    "timer_bulk_timers_total",
+    "Timers a bulk action (a cancel, pause or resume naming labels) acted on, by their outcome",
+    ["kind", "outcome"],
+)
+for _kind in ("cancel", "pause", "resume"):  # a series at 0 from start-up: a rate from the first one
+    BULK_TIMERS.labels(_kind, "applied")
 COMMANDS_REJECTED = Counter("timer_commands_rejected_total", "Invalid commands sent to the DLQ", ["reason"])
 # An ack or nak NATS could not take (reconnecting): the command comes back after the ack wait.
 COMMAND_SETTLE_FAILED = Counter(

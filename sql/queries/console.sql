@@ -49,6 +49,7 @@ SELECT {{listed_timer_columns}},
 FROM timers
 WHERE tenant_id = %(tenant_id)s AND service_call_id < %(before)s
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND {{carries_selector}}
 ORDER BY service_call_id DESC
 LIMIT %(limit)s;
 
@@ -62,3 +63,11 @@ WHERE state = 'Scheduled'
   AND tenant_id = %(tenant_id)s
 ORDER BY due_at DESC, tenant_id DESC, service_call_id DESC
 LIMIT %(limit)s;
+
+-- name: console_labelled_count
+-- A tenant's Scheduled or Paused timers carrying every pair of a selector, counted up to a cap.
+SELECT count(*) FROM (
+    SELECT FROM timers
+    WHERE tenant_id = %(tenant_id)s AND state IN ('Scheduled', 'Paused') AND {{carries_selector}}
+    LIMIT %(cap)s
+) AS c;

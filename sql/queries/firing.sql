@@ -75,7 +75,9 @@ claimed AS (
               -- 0009: the cron schedule, the end, and `data` as text (spliced into the event).
               t.repeat_cron, t.repeat_until, t.data::text AS data,
               -- 0016: a firing window; due_at is then the planned instant, nominal_due_at the dueAt.
-              t.nominal_due_at, t.fire_window, t.expire_after, t.repeat_catchup, t.caught_up
+              t.nominal_due_at, t.fire_window, t.expire_after, t.repeat_catchup, t.caught_up,
+              -- 0017: the labels as text (spliced into the event).
+              t.labels::text AS labels
 )
 SELECT c.*, n.next_due_at, clock_timestamp() AS db_now
 FROM (SELECT min(due_at) AS next_due_at FROM timers

@@ -51,23 +51,25 @@ t.state NOT IN ('Reached', 'Expired')
 INSERT INTO timers AS t (tenant_id, service_call_id, state, due_at, correlation_id, command_ts,
                          repeat_every, repeat_times, repeat_timezone, anchor_due_at, carried_headers,
                          command_seq, command_stored_at, repeat_cron, repeat_until, data,
-                         fire_window, nominal_due_at, expire_after, repeat_catchup)
+                         fire_window, nominal_due_at, expire_after, repeat_catchup, labels)
 SELECT i.tenant_id, i.service_call_id,
        CASE WHEN i.tenant_id IN (SELECT p.tenant_id FROM paused_tenants p WHERE p.paused_at IS NOT NULL) THEN 'Paused' ELSE 'Scheduled' END,
        coalesce(i.planned_at, i.due_at), i.correlation_id, i.command_ts,
        i.repeat_every, i.repeat_times, i.repeat_timezone, i.due_at, i.carried_headers, i.command_seq,
        i.command_stored_at, i.repeat_cron, i.repeat_until, i.data,
        i.fire_window, CASE WHEN i.fire_window IS NOT NULL THEN i.due_at END, i.expire_after,
-       i.repeat_catchup
+       i.repeat_catchup, i.labels
 FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
             %(correlation_id)b::text[], %(command_ts)b::bigint[], %(repeat_every)b::text[],
             %(repeat_times)b::int[], %(repeat_timezone)b::text[], %(carried_headers)b::jsonb[],
             %(command_seq)b::bigint[], %(command_stored_at)b::timestamptz[], %(repeat_cron)b::text[],
             %(repeat_until)b::timestamptz[], %(data)b::jsonb[], %(fire_window)b::text[],
-            %(planned_at)b::timestamptz[], %(expire_after)b::text[], %(repeat_catchup)b::text[])
+            %(planned_at)b::timestamptz[], %(expire_after)b::text[], %(repeat_catchup)b::text[],
+            %(labels)b::jsonb[])
      AS i(tenant_id, service_call_id, due_at, correlation_id, command_ts, repeat_every,
           repeat_times, repeat_timezone, carried_headers, command_seq, command_stored_at,
-          repeat_cron, repeat_until, data, fire_window, planned_at, expire_after, repeat_catchup)
+          repeat_cron, repeat_until, data, fire_window, planned_at, expire_after, repeat_catchup,
+          labels)
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     state = CASE WHEN t.paused_at IS NOT NULL THEN 'Paused' ELSE excluded.state END,
     -- A restatement keeps the timer's progress; anything else starts it afresh.
@@ -96,6 +98,7 @@ ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     repeat_cron = excluded.repeat_cron,
     repeat_until = excluded.repeat_until,
     data = excluded.data,
+    labels = excluded.labels,
     attempts = 0,
     last_error = NULL,
     lease_owner = NULL,
@@ -105,7 +108,7 @@ WHERE {{command_in_order}}
   AND NOT (t.state = CASE WHEN t.paused_at IS NOT NULL THEN 'Paused' ELSE excluded.state END
            AND (t.anchor_due_at, t.repeat_every, t.repeat_times, t.repeat_timezone, t.correlation_id,
                 t.carried_headers, t.command_ts, t.command_seq, t.command_stored_at, t.repeat_cron,
-                t.repeat_until, t.data, t.fire_window, t.expire_after, t.repeat_catchup)
+                t.repeat_until, t.data, t.fire_window, t.expire_after, t.repeat_catchup, t.labels)
                IS NOT DISTINCT FROM (excluded.anchor_due_at, excluded.repeat_every, excluded.repeat_times,
                                      excluded.repeat_timezone, excluded.correlation_id,
                                      excluded.carried_headers,
@@ -114,7 +117,7 @@ WHERE {{command_in_order}}
                                      coalesce(excluded.command_stored_at, t.command_stored_at),
                                      excluded.repeat_cron, excluded.repeat_until, excluded.data,
                                      excluded.fire_window, excluded.expire_after,
-                                     excluded.repeat_catchup))
+                                     excluded.repeat_catchup, excluded.labels))
 RETURNING t.tenant_id, t.service_call_id, t.due_at;
 
 -- name: cancel_timers

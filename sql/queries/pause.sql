@@ -66,14 +66,17 @@ WHERE tenant_id = %(tenant_id)s AND state = 'Paused' AND paused_at IS NULL
   AND NOT EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = %(tenant_id)s AND p.paused_at IS NOT NULL);
 
 -- name: pause_timer
--- Pause one timer, in stream order among its pauses and resumes.
+-- Pause timers of one tenant by key (and selector), each in stream order among its pauses and resumes.
 WITH s AS MATERIALIZED (
-    SELECT 1 FROM timers
-    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s
+    SELECT service_call_id FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id = ANY (%(service_call_ids)s::text[])
+      AND {{carries_selector}}
+    ORDER BY service_call_id
     FOR KEY SHARE
 ), k AS MATERIALIZED (
-    SELECT state FROM timers
-    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s AND EXISTS (SELECT FROM s)
+    SELECT service_call_id FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id IN (SELECT service_call_id FROM s)
+    ORDER BY service_call_id
     FOR UPDATE SKIP LOCKED
 ), u AS (
     UPDATE timers t SET
@@ -85,27 +88,28 @@ WITH s AS MATERIALIZED (
                           ELSE t.claimed_at END,
         updated_at = CASE WHEN t.state IN ('Scheduled', 'Paused') AND t.lease_expires_at IS NULL THEN now()
                           ELSE t.updated_at END,
-        control_seq = coalesce(%(control_seq)s::bigint, t.control_seq),
-        control_stored_at = coalesce(%(control_stored_at)s::timestamptz, t.control_stored_at)
-    WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s
-      AND EXISTS (SELECT FROM k)  -- only a row this statement holds: never waits for a claim
+{{control_order_set}}
+    FROM k
+    WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = k.service_call_id  -- only rows held: never waits
       AND (t.state IN ('Scheduled', 'Paused') OR %(control_seq)s::bigint IS NOT NULL)  -- else nothing to write
-      AND (%(control_seq)s::bigint IS NULL OR t.control_seq IS NULL OR t.control_stored_at IS NULL
-           OR %(control_seq)s::bigint >= t.control_seq OR %(control_stored_at)s::timestamptz > t.control_stored_at)
-    RETURNING t.state IN ('Scheduled', 'Paused') AS pending
+      AND {{control_in_order}}
+    RETURNING t.service_call_id, t.state IN ('Scheduled', 'Paused') AS applied, NULL::timestamptz AS due_at
 )
-SELECT EXISTS (SELECT FROM u WHERE u.pending) AS applied, NULL::timestamptz AS due_at,
-       EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM k) AS claimed;
+SELECT s.service_call_id, coalesce(u.applied, false) AS applied, u.due_at, k.service_call_id IS NULL AS claimed
+FROM s LEFT JOIN k USING (service_call_id) LEFT JOIN u USING (service_call_id);
 
 -- name: resume_timer
--- End one timer's own pause, in stream order among its pauses and resumes.
+-- End timers' own pauses, of one tenant by key (and selector), each in stream order among its pauses and resumes.
 WITH s AS MATERIALIZED (
-    SELECT 1 FROM timers
-    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s
+    SELECT service_call_id FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id = ANY (%(service_call_ids)s::text[])
+      AND {{carries_selector}}
+    ORDER BY service_call_id
     FOR KEY SHARE
 ), k AS MATERIALIZED (
-    SELECT paused_at IS NOT NULL AND state IN ('Scheduled', 'Paused') AS live FROM timers
-    WHERE tenant_id = %(tenant_id)s AND service_call_id = %(service_call_id)s AND EXISTS (SELECT FROM s)
+    SELECT service_call_id, paused_at IS NOT NULL AND state IN ('Scheduled', 'Paused') AS live FROM timers
+    WHERE tenant_id = %(tenant_id)s AND service_call_id IN (SELECT service_call_id FROM s)
+    ORDER BY service_call_id
     FOR UPDATE SKIP LOCKED
 ), u AS (
     UPDATE timers t SET
@@ -115,14 +119,26 @@ WITH s AS MATERIALIZED (
         paused_at = CASE WHEN k.live THEN NULL ELSE t.paused_at END,
         claimed_at = CASE WHEN NOT k.live OR t.lease_expires_at IS NOT NULL THEN t.claimed_at END,
         updated_at = CASE WHEN k.live THEN now() ELSE t.updated_at END,
+{{control_order_set}}
+    FROM k
+    WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = k.service_call_id
+      AND (k.live OR %(control_seq)s::bigint IS NOT NULL)  -- else nothing to write
+      AND {{control_in_order}}
+    RETURNING t.service_call_id, k.live AS applied, CASE WHEN k.live AND t.state = 'Scheduled' THEN t.due_at END AS due_at
+)
+SELECT s.service_call_id, coalesce(u.applied, false) AS applied, u.due_at, k.service_call_id IS NULL AS claimed
+FROM s LEFT JOIN k USING (service_call_id) LEFT JOIN u USING (service_call_id);
+
+-- fragment: carries_selector
+-- The row carries every pair of a selector (terms: timer_label_terms of it), or no selector was given.
+(%(terms)s::text[] IS NULL OR (labels IS NOT NULL AND timer_label_terms(tenant_id, labels) @> %(terms)s::text[]))
+
+-- fragment: control_order_set
+-- What a pause or resume leaves of its order: its stream position, when it has one.
         control_seq = coalesce(%(control_seq)s::bigint, t.control_seq),
         control_stored_at = coalesce(%(control_stored_at)s::timestamptz, t.control_stored_at)
-    FROM k
-    WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = %(service_call_id)s
-      AND (k.live OR %(control_seq)s::bigint IS NOT NULL)  -- else nothing to write
-      AND (%(control_seq)s::bigint IS NULL OR t.control_seq IS NULL OR t.control_stored_at IS NULL
+
+-- fragment: control_in_order
+-- A pause or resume may change the timer: not earlier in the stream than its last pause or resume.
+(%(control_seq)s::bigint IS NULL OR t.control_seq IS NULL OR t.control_stored_at IS NULL
            OR %(control_seq)s::bigint >= t.control_seq OR %(control_stored_at)s::timestamptz > t.control_stored_at)
-    RETURNING k.live AS applied, CASE WHEN k.live AND t.state = 'Scheduled' THEN t.due_at END AS due_at
-)
-SELECT coalesce((SELECT u.applied FROM u), false) AS applied, (SELECT u.due_at FROM u) AS due_at,
-       EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM k) AS claimed;

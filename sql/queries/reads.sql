@@ -11,7 +11,8 @@ last_error, fired_count, repeat_every
 SELECT tenant_id, service_call_id, state, due_at, registered_at, updated_at, reached_at,
        correlation_id, attempts, last_error, lease_owner, lease_expires_at,
        repeat_every, repeat_times, repeat_timezone, anchor_due_at, occurrence_index, fired_count,
-       repeat_cron, repeat_until, data, nominal_due_at, fire_window, expire_after, repeat_catchup
+       repeat_cron, repeat_until, data, nominal_due_at, fire_window, expire_after, repeat_catchup,
+       labels
 FROM timers
 WHERE tenant_id = %(tenant_id)s AND service_call_id = ANY (%(service_call_ids)s);
 
@@ -58,6 +59,7 @@ WHERE tenant_id = %(tenant_id)s AND service_call_id > %(after)s
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(due_from)s::timestamptz IS NULL OR due_at >= %(due_from)s::timestamptz)
   AND (%(due_to)s::timestamptz IS NULL OR due_at < %(due_to)s::timestamptz)
+  AND {{carries_selector}}
 ORDER BY service_call_id
 LIMIT %(limit)s;
 

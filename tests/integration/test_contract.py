@@ -23,6 +23,7 @@ from tests.helpers import iso_in, jetstream, message_ids, publish_raw, recorder,
 from worker.config import Settings
 from worker.contract import REASONS, PauseTimers, Rejection
 from worker.core.commands import parse_command, parse_control
+from worker.core.domain import BulkAction
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "docs" / "CONTRACT.md"
@@ -291,7 +292,10 @@ def test_pause_and_resume_examples_are_valid_and_taken_and_bad_ones_refused_by_b
         for example in spec()["components"]["messages"][name]["examples"]:
             assert errors(name, example["payload"]) == [], example["name"]
             parsed = parse_control(kind, "acme", json.dumps(example["payload"]).encode())  # type: ignore[arg-type]
-            assert isinstance(parsed, PauseTimers) and parsed.resume == (kind == "resume"), parsed
+            if "labels" in example["payload"]:  # a bulk action (docs/CONTRACT.md, Labels)
+                assert isinstance(parsed, BulkAction) and parsed.kind == kind, parsed
+            else:
+                assert isinstance(parsed, PauseTimers) and parsed.resume == (kind == "resume"), parsed
             taken += 1
     assert taken >= 4
     bad: list[tuple[Any, str]] = [
@@ -299,6 +303,9 @@ def test_pause_and_resume_examples_are_valid_and_taken_and_bad_ones_refused_by_b
         ({"tenantId": "acme", "serviceCallId": ""}, "bad_service_call_id"),
         ({"tenantId": "acme", "serviceCallId": 7}, "wrong_type"),
         ({"type": "PauseTimers", "payload": {"tenantId": "acme"}}, "type_mismatch"),  # on resume
+        ({"tenantId": "acme", "labels": {}}, "bad_labels"),
+        ({"tenantId": "acme", "labels": {"Campaign": "x"}}, "bad_labels"),
+        ({"tenantId": "acme", "labels": {"campaign": "x"}, "serviceCallId": "sc-1"}, "bad_labels"),
     ]
     for body, reason in bad:
         assert errors("ResumeTimers", body) != [], body

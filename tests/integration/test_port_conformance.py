@@ -20,7 +20,7 @@ from worker.adapters.postgres import db
 from worker.adapters.postgres.store import Store
 from worker.config import Settings
 from worker.contract import CancelTimer, Outgoing, PauseTimers, Repeat, ScheduleTimer
-from worker.core.domain import Claimed, ClaimParams, ClaimResult, Fired, Position, Unreadable
+from worker.core.domain import BulkAction, Claimed, ClaimParams, ClaimResult, Fired, Position, Unreadable
 from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore, IntakeStore
 from worker.errors import TransientError
 
@@ -620,3 +620,33 @@ async def test_the_record_made_again_leaves_what_a_command_or_another_claim_took
         await claim_closed(ports, claim_params("d", 10, 0, lease_ms=10_000, ahead_ms=120_000))
     ).claimed
     assert moved.service_call_id == "moved" and moved.due_at > at(30)  # its new dueAt, not fired
+
+
+async def test_a_label_selector_names_its_tenants_pending_timers_in_key_order_after_a_cursor(
+    ports: Ports,
+) -> None:
+    t0 = datetime.now(UTC)
+    bf, gold = {"campaign": "bf"}, {"campaign": "bf", "tier": "gold"}
+
+    def labelled(tenant: str, key: str, labels: dict[str, str] | None) -> ScheduleTimer:
+        return dataclasses.replace(schedule(key, 60), tenant_id=tenant, labels=labels)
+
+    timers = [labelled("acme", k, gold if k in ("b", "d") else bf) for k in ("a", "b", "c", "d", "e")]
+    await ports.apply([*timers, labelled("acme", "none", None), labelled("other", "b", gold)])
+    await ports.apply([CancelTimer("acme", "e", None, None)])
+    # A timer the selector names, scheduled again later in the stream than the action: left alone.
+    await ports.apply([labelled("acme", "c", bf)], [Position(20, t0)])
+    action = BulkAction("acme", bf, "pause")
+    at_10 = Position(10, t0)
+    assert await ports.select_labelled(action, at_10, "", 10) == ["a", "b", "d"]
+    assert await ports.select_labelled(action, at_10, "a", 1) == ["b"]
+    assert await ports.select_labelled(action, None, "", 10) == ["a", "b", "c", "d"]
+    by_gold = BulkAction("acme", gold, "pause")
+    assert await ports.select_labelled(by_gold, None, "", 10) == ["b", "d"]
+    # A chunk's pause: the timers still carrying the selector, each as its own pause.
+    paused = await ports.pause_listed(by_gold, ["a", "b", "d", "missing"], at_10)
+    assert paused.outcomes == ["applied", "applied"]
+    assert [await state_of(ports, k) for k in ("a", "b", "d")] == ["Scheduled", "Paused", "Paused"]
+    resumed = await ports.pause_listed(dataclasses.replace(by_gold, kind="resume"), ["b", "d"], at_10)
+    assert resumed.outcomes == ["applied", "applied"] and resumed.soonest_due == timers[1].due_at
+    assert await state_of(ports, "b") == "Scheduled"

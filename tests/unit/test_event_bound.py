@@ -17,7 +17,10 @@ from worker.contract import (
     LATEST_DUE_AT,
     MAX_BODY_BYTES,
     MAX_ID_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
     MessageIds,
+    data_json,
     due_event,
     iso,
     wire_size,
@@ -76,11 +79,16 @@ def test_no_event_of_an_accepted_timer_is_larger_than_the_bound(
 
 
 def test_the_bound_is_reached() -> None:
-    """Not a loose guess: the worst ids, headers and `data` make an event of exactly the bound."""
+    """Not a loose guess: the worst ids, headers, `data` and labels make an event of exactly the bound."""
     widest = "\U0010ffff" * MAX_ID_CHARS
     value = "\U0010ffff" * 512
     carried = {"traceparent": "00-" + "1" * 32 + "-" + "1" * 16 + "-01", "tracestate": value, "x-a": value}
-    timer = OccurrenceValues("t" * 64, widest, LATEST_DUE_AT, widest, carried, "1" * 100, LATEST_DUE_AT)
+    labels = data_json(
+        {f"{i:02d}".ljust(63, "k"): "\U0010ffff" * MAX_LABEL_VALUE_CHARS for i in range(MAX_LABELS)}
+    )
+    timer = OccurrenceValues(
+        "t" * 64, widest, LATEST_DUE_AT, widest, carried, "1" * 100, LATEST_DUE_AT, labels=labels
+    )
     reached = round(LATEST_DUE_AT.timestamp() * 1000)
     event = due_event(timer, "s", iso(LATEST_DUE_AT), reached, IDS)
     assert wire_size(event) == largest_event(100, {"x-a"})
@@ -109,8 +117,16 @@ def test_data_too_large_for_the_server_is_refused_naming_the_setting_and_what_fi
 
 
 def test_a_smaller_max_msg_size_of_the_events_stream_is_named() -> None:
-    with pytest.raises(ConfigError, match=r"more than stream TIMER_EVENTS's max_msg_size \(20000\): set it"):
-        check_sizes(load_settings(), MIB, stream(max_msg_size=20000))
+    with pytest.raises(ConfigError, match=r"more than stream TIMER_EVENTS's max_msg_size \(40000\): set it"):
+        check_sizes(load_settings(), MIB, stream(max_msg_size=40000))
+
+
+def test_a_limit_too_small_for_an_event_without_data_says_to_raise_it() -> None:
+    """Ids, the widest labels and trace context make 23.8 KB before any data or producer header."""
+    with pytest.raises(
+        ConfigError, match=r"^events can reach 23800 bytes without data .* \(20000\): raise it$"
+    ):
+        check_sizes(load_settings(max_payload_bytes=0), MIB, stream(max_msg_size=20000))
 
 
 def test_carried_headers_alone_too_large_name_their_setting() -> None:

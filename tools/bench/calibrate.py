@@ -9,10 +9,14 @@ commit and every synced JetStream write waits for).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +98,45 @@ def describe(cal: dict[str, Any]) -> str:
         f"fsync 4 KiB p50 {cal['fsync_4k_ms_p50']:.2f} ms / p90 {cal['fsync_4k_ms_p90']:.2f} ms, "
         f"load {cal['load_avg_1m']:.2f}"
     )
+
+
+def on_servers(
+    prog: str,
+    argv: list[str] | None,
+    run: Callable[[str, str, Path], Coroutine[Any, Any, dict[str, Any]]],
+    as_json: bool,
+) -> dict[str, Any] | int:
+    """`run(db_url, nats_url, workdir)` on the embedded servers (or TIMER_DATABASE_URL and
+    TIMER_NATS_URL), between two calibrations: its report, with the command line and the
+    calibrations, whose head (report_head) is printed; or the exit status when nothing more is to
+    be printed: 0, the report printed as JSON; 2, the servers could not be had (why, on stderr)."""
+    from worker.devkit.dev import servers  # not loaded for a bench that needs none
+    from worker.errors import ConfigError
+    from worker.logs import redact
+
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix=f"timer-{prog.rsplit('.', 1)[-1]}-") as tmp,
+            servers(Path(tmp), sync_always=False) as (db_url, nats_url),
+        ):
+            calibration = [calibrate(Path(tmp))]
+            result = asyncio.run(run(db_url, nats_url, Path(tmp)))
+            calibration.append(calibrate(Path(tmp)))
+    except ConfigError as exc:
+        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
+        return 2
+    command = " ".join([prog, *(argv if argv is not None else sys.argv[1:])])
+    report = {"command": command, "calibration": calibration} | result
+    return 0 if report_head(report, as_json) else report
+
+
+def report_head(report: dict[str, Any], as_json: bool) -> bool:
+    """The whole report as JSON (True: nothing more to print), or its command line and its
+    calibrations, the head of a table to follow (False)."""
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return True
+    print(report["command"])
+    for calibration in report["calibration"]:
+        print(describe(calibration))
+    return False

@@ -16,12 +16,9 @@ only) and the WAL it wrote. Medians of the rounds, and the ratio with the index 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -29,13 +26,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tools.bench.calibrate import calibrate, describe
+from tools.bench.calibrate import on_servers
 from tools.bench.rig import Rig
 from worker.adapters.postgres.db import pool
 from worker.adapters.postgres.store import Store
 from worker.contract import ScheduleTimer
-from worker.errors import ConfigError
-from worker.logs import redact
 
 PROG = "python -m tools.bench.indexcost"
 BATCH = 1000  # intake applies a fetch of up to 1,000 commands per transaction
@@ -141,8 +136,6 @@ def _brief(runs: dict[str, list[dict[str, float]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from worker.devkit.dev import servers  # embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
-
     p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=7, help="A/B rounds; medians over them (default 7)")
     p.add_argument(
@@ -153,28 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.batches < 1:
         print(f"{PROG}: --rounds and --batches must be at least 1", file=sys.stderr)
         return 2
-    try:
-        with (
-            tempfile.TemporaryDirectory(prefix="timer-indexcost-") as tmp,
-            servers(Path(tmp), sync_always=False) as (db_url, nats_url),
-        ):
-            calibration = [calibrate(Path(tmp))]
-            result = asyncio.run(run(db_url, nats_url, Path(tmp), args.rounds, args.batches))
-            calibration.append(calibrate(Path(tmp)))
-    except ConfigError as exc:
-        print(f"{PROG}: {redact(str(exc))}", file=sys.stderr)
-        return 2
-    report = {
-        "command": " ".join([PROG, *(argv if argv is not None else sys.argv[1:])]),
-        "calibration": calibration,
-    }
-    report |= result
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    print(report["command"])
-    for c in calibration:
-        print(describe(c))
+    result = on_servers(
+        PROG, argv, lambda db, nats, work: run(db, nats, work, args.rounds, args.batches), args.json
+    )
+    if isinstance(result, int):
+        return result
     print("\n| per 1,000 commands | with index | without | with ÷ without |\n|---|---|---|---|")
     for k, ratio in result["with_over_without"].items():
         w, wo = result["median"]["with_index"][k], result["median"]["without_index"][k]

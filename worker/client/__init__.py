@@ -14,7 +14,8 @@ batches.py      the atomic and fast-ingest batch protocols (the client's and the
 closing.py      a connection closed within a bound whatever the server does
 """
 
+from worker.client.batches import Sent
 from worker.client.errors import GetRefused, GetTimeout, NoReplica, TimerClientError
-from worker.client.producer import FastIngest, Sent, TimerClient
+from worker.client.producer import FastIngest, TimerClient
 
 __all__ = ["FastIngest", "GetRefused", "GetTimeout", "NoReplica", "Sent", "TimerClient", "TimerClientError"]

@@ -9,14 +9,16 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import api
+from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NoStreamResponseError
 
+from worker.client.envelopes import Envelope
 from worker.client.wire import Message, publish_all
+from worker.contract import FAST_BATCHES
 
 # JetStream atomic batch publish (ADR-50, nats-server 2.12+), shared by the service's broker and
 # the producer client: each message of a batch carries the batch id and its place in it, the last
@@ -176,6 +178,15 @@ class FastBatch:
         return AGAIN
 
 
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """What became of one command of schedule_many or cancel_many."""
+
+    id: str  # the envelope id, also its Nats-Msg-Id
+    outcome: Literal["accepted", "duplicate", "error"]  # duplicate: JetStream already had this id
+    error: str | None = None
+
+
 class FastBatches:
     """A connection's fast batches in flight, and the wire protocol they speak.
 
@@ -197,6 +208,28 @@ class FastBatches:
         """Subscribe to the replies on `nc`, a new connection."""
         self.prefix = f"{nc.new_inbox()}."
         await nc.subscribe(f"{self.prefix}>", cb=self.on_reply)
+
+    async def send_part(
+        self, nc: NATS, part: list[tuple[int, Envelope]], results: list[Sent | None], timeout: float
+    ) -> tuple[list[tuple[int, Envelope]], bool]:
+        """Send one fast batch of the commands of `part` and fill in `results` for what its replies
+        decide: (what is left to send one by one with the same ids, never stored or not known to
+        be: unanswered; whether the stream's owner took allow_batched away)."""
+        batch = await self.send(nc, [(c.subject, c.body, {"Nats-Msg-Id": c.id}) for _, c in part])
+        try:
+            await asyncio.wait([batch.done], timeout=timeout)
+        finally:
+            self.forget([batch])
+        again: list[tuple[int, Envelope]] = []
+        for seq, (i, c) in enumerate(part, start=1):
+            result = batch.result(seq)
+            if result is None:  # fresh ids: none was skipped as a duplicate
+                results[i] = Sent(c.id, "accepted")
+            elif isinstance(result, APIError):  # the stream refused this command
+                results[i] = Sent(c.id, "error", f"{type(result).__name__}: {result}")
+            else:
+                again.append((i, c))
+        return again, batch.disabled
 
     async def send(self, nc: NATS, chunk: Sequence[tuple[str, bytes, dict[str, str]]]) -> FastBatch:
         """Send one fast batch of (subject, payload, headers); its state, which the replies fill in."""
@@ -235,3 +268,15 @@ class FastBatches:
             return
         if isinstance(reply, dict):
             batch.on_reply(reply, seq)
+
+
+async def service_measured_fast(js: JetStreamContext, probe_subject: str) -> bool:
+    """Whether the service measured fast batches the cheaper on this server (the metadata of the
+    stream it measured on, worker/adapters/jetstream/probe.py); False when it did not or it cannot
+    be read."""
+    try:
+        name = await js.find_stream_name_by_subject(probe_subject)
+        config = (await js.stream_info(name)).config
+    except Exception:  # no such stream, no permission: not measured
+        return False
+    return (config.metadata or {}).get(FAST_BATCHES) == "on"

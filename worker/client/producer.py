@@ -15,7 +15,6 @@ consumes DueTimeReached events, acknowledged in batches.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -24,21 +23,22 @@ from typing import Any, Literal
 
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.js.errors import APIError
 
 from worker.client.batches import (
     ATOMIC_BATCH_MAX,
     ERR_ATOMIC_DISABLED,
     FastBatches,
+    Sent,
     send_atomic,
     server_has_fast_ingest,
+    service_measured_fast,
 )
 from worker.client.closing import close_within
 from worker.client.consumer import MAX_ACK_PENDING, DueEvent, due_events
 from worker.client.envelopes import Envelope, Envelopes, envelope, schedule_payload, spans
 from worker.client.errors import GetRefused, GetTimeout, NoReplica
 from worker.client.wire import nats_connect, written
-from worker.contract import CONTROL_TYPES, FAST_BATCHES, TENANT_RE, ControlKind, Subjects
+from worker.contract import COMMAND_TYPES, CONTROL_TYPES, TENANT_RE, Subjects
 
 # Atomic or fast batches of commands awaiting their PubAck at once: enough to keep the server busy while
 # the next one is sent, few enough to keep a slow server's backlog small.
@@ -48,16 +48,9 @@ BATCHES_IN_FLIGHT = 4
 SINGLES_IN_FLIGHT = 256
 
 
-@dataclasses.dataclass(frozen=True)
-class Sent:
-    """What became of one command of schedule_many or cancel_many."""
-
-    id: str  # the envelope id, also its Nats-Msg-Id
-    outcome: Literal["accepted", "duplicate", "error"]  # duplicate: JetStream already had this id
-    error: str | None = None
-
-
 FastIngest = Literal["auto", "on", "off"]
+Labels = Mapping[str, str] | None  # a timer's labels, or a selector of a cancel, pause or resume
+Kind = Literal["cancel", "pause", "resume"]
 
 
 class TimerClient:
@@ -108,6 +101,7 @@ class TimerClient:
         correlation_id: str | None = None,
         repeat: dict[str, Any] | None = None,
         data: Any = None,
+        labels: Labels = None,
         headers: Mapping[str, str] | None = None,
         window: str | timedelta | None = None,
         expire_after: str | timedelta | None = None,
@@ -116,34 +110,50 @@ class TimerClient:
         with optional "times", "until" (a datetime or RFC 3339 text) and "timezone"
         (docs/CONTRACT.md, Recurring timers). `data`: any JSON value, delivered in every
         DueTimeReached of the timer; None sends none (and a reschedule without it clears it).
+        `labels`: string pairs the timer carries (shown by get, in its events; a bulk cancel, pause
+        or resume selects by them: docs/CONTRACT.md, Labels); replaced like `data`.
         `headers`: NATS headers sent with the command (a `traceparent`, producer headers named in
         TIMER_CARRY_HEADERS), carried into its DueTimeReached events; a reschedule without them
         clears them, as with `data`. `window` and `expire_after`: an ISO 8601 duration ("PT10M") or a
         timedelta (docs/CONTRACT.md, Firing window, Expiry)."""
         payload = schedule_payload(tenant_id, service_call_id, due_at, correlation_id, repeat, data)
         payload |= spans(window=window, expireAfter=expire_after)
+        payload |= {"labels": dict(labels)} if labels else {}
         subject = self.subjects.of(_tenant(tenant_id), "schedule")
         await self._send(subject, "ScheduleTimer", payload, correlation_id, headers)
 
-    async def cancel(self, tenant_id: str, service_call_id: str) -> None:
-        payload = {"tenantId": tenant_id, "serviceCallId": service_call_id}
-        await self._send(self.subjects.of(_tenant(tenant_id), "cancel"), "CancelTimer", payload, None)
+    async def cancel(
+        self, tenant_id: str, service_call_id: str | None = None, *, labels: Labels = None
+    ) -> None:
+        """Cancel the timer, or (`labels` instead) every pending timer of the tenant carrying all
+        of those pairs (docs/CONTRACT.md, Labels)."""
+        if service_call_id is None and not labels:
+            raise ValueError("cancel: name a serviceCallId or labels")
+        await self._control("cancel", tenant_id, service_call_id, labels)
 
-    async def pause(self, tenant_id: str, service_call_id: str | None = None) -> None:
-        """Pause every timer of the tenant, or only the one named (docs/USING.md, Pause and resume): they
-        stay Scheduled (read model: paused) and do not fire until resumed."""
-        await self._control("pause", tenant_id, service_call_id)
+    async def pause(
+        self, tenant_id: str, service_call_id: str | None = None, *, labels: Labels = None
+    ) -> None:
+        """Pause every timer of the tenant, or only the one named, or those carrying all of `labels`
+        (docs/USING.md, Pause and resume): they stay Scheduled (read model: paused) and do not fire
+        until resumed."""
+        await self._control("pause", tenant_id, service_call_id, labels)
 
-    async def resume(self, tenant_id: str, service_call_id: str | None = None) -> None:
-        """Resume the tenant, or the one timer paused by itself: what came due meanwhile fires, late."""
-        await self._control("resume", tenant_id, service_call_id)
+    async def resume(
+        self, tenant_id: str, service_call_id: str | None = None, *, labels: Labels = None
+    ) -> None:
+        """Resume the tenant, or the one timer paused by itself, or those carrying all of `labels`:
+        what came due meanwhile fires, late."""
+        await self._control("resume", tenant_id, service_call_id, labels)
 
-    async def _control(self, kind: ControlKind, tenant_id: str, service_call_id: str | None) -> None:
+    async def _control(self, kind: Kind, tenant_id: str, service_call_id: str | None, labels: Labels) -> None:
         tenant = _tenant(tenant_id)
-        payload = {"tenantId": tenant_id}
-        if service_call_id is not None:
-            payload["serviceCallId"] = service_call_id
-        await self._send(self.subjects.of(tenant, kind), CONTROL_TYPES[kind], payload, None)
+        if service_call_id is not None and labels:
+            raise ValueError(f"{kind}: name a serviceCallId or labels, not both")
+        named = {"serviceCallId": service_call_id} if service_call_id is not None else {}
+        payload = {"tenantId": tenant_id, **named, **({"labels": dict(labels)} if labels else {})}
+        name = COMMAND_TYPES["cancel"] if kind == "cancel" else CONTROL_TYPES[kind]
+        await self._send(self.subjects.of(tenant, kind), name, payload, None)
 
     async def get(self, tenant_id: str, service_call_id: str, timeout: float = 5.0) -> dict[str, Any] | None:
         """The timer's read model, or None when the service knows no such timer; else GetTimeout,
@@ -253,7 +263,9 @@ class TimerClient:
             # `slot`: this part holds one of `batches`, given back once its batch is answered.
             try:
                 if slot and fast and self._fast:
-                    part = await self._fast_batch(part, results, timeout)
+                    part, disabled = await self._fast_batches.send_part(self.nc, part, results, timeout)
+                    # The stream's owner took allow_batched away: atomic from now on.
+                    self._fast = self._fast and not disabled
                 elif slot and self._atomic:
                     error = await send_atomic(
                         self.nc, [(c.subject, c.body, {"Nats-Msg-Id": c.id}) for _, c in part], timeout
@@ -306,46 +318,14 @@ class TimerClient:
                     return False
                 replicated = (config.num_replicas or 1) > 1
                 allowed = bool(getattr(config, "allow_batched", False))
-                if allowed and (self._fast_ingest == "on" or replicated or await self._measured()):
+                if allowed and (
+                    self._fast_ingest == "on"
+                    or replicated
+                    or await service_measured_fast(self.js, self.subjects.probe)
+                ):
                     await self._fast_batches.start(self.nc)
                     self._fast = True
         return self._fast
-
-    async def _measured(self) -> bool:
-        """Whether the service measured fast batches the cheaper on this server (the metadata of
-        the stream it measured on, worker/adapters/jetstream/probe.py); False when it did not or it cannot
-        be read."""
-        try:
-            name = await self.js.find_stream_name_by_subject(self.subjects.probe)
-            config = (await self.js.stream_info(name)).config
-        except Exception:  # no such stream, no permission: not measured
-            return False
-        return (config.metadata or {}).get(FAST_BATCHES) == "on"
-
-    async def _fast_batch(
-        self, part: list[tuple[int, Envelope]], results: list[Sent | None], timeout: float
-    ) -> list[tuple[int, Envelope]]:
-        """Send one fast batch and fill in `results` for what its replies decide; what is left to
-        send one by one with the same ids (never stored, or not known to be: unanswered)."""
-        batch = await self._fast_batches.send(
-            self.nc, [(c.subject, c.body, {"Nats-Msg-Id": c.id}) for _, c in part]
-        )
-        try:
-            await asyncio.wait([batch.done], timeout=timeout)
-        finally:
-            self._fast_batches.forget([batch])
-        if batch.disabled:
-            self._fast = False  # the stream's owner took allow_batched away: atomic from now on
-        again: list[tuple[int, Envelope]] = []
-        for seq, (i, c) in enumerate(part, start=1):
-            result = batch.result(seq)
-            if result is None:  # fresh ids: none was skipped as a duplicate
-                results[i] = Sent(c.id, "accepted")
-            elif isinstance(result, APIError):  # the stream refused this command
-                results[i] = Sent(c.id, "error", f"{type(result).__name__}: {result}")
-            else:
-                again.append((i, c))
-        return again
 
     def due_events(
         self,

@@ -6,7 +6,7 @@ domain.py       the types the ports speak: Key, ClaimParams (and the constants b
                 Claimed, Unreadable, ClaimResult, Fired, Failed, Leased, Outcome
 ports.py        what the loops take from the outside world, as small Protocols
 received.py     a delivered command or `get` request as the core reads it (Protocols nats-py's
-                message satisfies) and when the stream stored it
+                message satisfies), when the stream stored it, and how a command is answered
 loop.py         what each loop is built from: settings, store, broker, wake-up, clock
 firing.py       FiringLoop: claim due occurrences, two lanes, PIPELINE_DEPTH batches in flight
 publishing.py   BatchFiring: one claimed batch published as each occurrence comes due, then
@@ -22,9 +22,11 @@ wakeup.py       when the firing loop should next look at the database
 clock.py        the replica's estimate of the database clock: never ahead, so never early
 intake.py       commands in: pulled, validated, committed in batches, only then acknowledged;
                 rejections to the DLQ
+bulk.py         bulk actions: a cancel, pause or resume of every timer a label selector names,
+                a chunk at a time
 ordering.py     the rule that a timer's commands apply in stream order, on plain values
 commands.py     the validation boundary: bytes in, a typed command or a Rejection out
-fields.py       the field checks of that boundary: ids, timestampMs, dueAt, repeat, `data`
+fields.py       the field checks of that boundary: ids, timestampMs, dueAt, repeat, `data`, labels
 headers.py      the headers a timer carries from its ScheduleTimer to its events
 eventsize.py    the most a DueTimeReached weighs: the bound the start-up stream check holds
 quota.py        the per-tenant limit on pending timers

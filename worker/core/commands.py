@@ -5,7 +5,7 @@ command or a Rejection out.
 The checks raise `_Reject` (private to the boundary, caught only in `parse_command` and
 `parse_control`); everything else that can fail on input (decoding, JSON, dates, durations,
 zones) is caught by its specific exception where it is called. Here: size, UTF-8, strict JSON,
-the flat or the envelope form, the tenant; the fields themselves (ids, dueAt, repeat, data) are
+the flat or the envelope form, the tenant; the fields themselves (ids, dueAt, repeat, data, labels) are
 checked in fields.py, the headers a timer carries in headers.py.
 
 Unknown top-level and payload keys are ignored, for forward compatibility. A JSON null counts as
@@ -38,6 +38,7 @@ from worker.contract import (
     ScheduleTimer,
     is_valid_tenant,
 )
+from worker.core.domain import BulkAction
 from worker.core.fields import (
     JsonObject,
     _correlation,
@@ -47,6 +48,7 @@ from worker.core.fields import (
     _first_occurrence,
     _identifier,
     _json_type,
+    _labels,
     _optional,
     _Reject,
     _repeat,
@@ -57,6 +59,8 @@ from worker.core.fields import (
 )
 
 T = TypeVar("T")
+# A command as validated: a ScheduleTimer or CancelTimer, a pause or resume, or a bulk action.
+Parsed = Command | PauseTimers | BulkAction
 
 
 def parse_command(
@@ -67,9 +71,10 @@ def parse_command(
     now: datetime,
     max_horizon: timedelta,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-) -> Command | Rejection:
-    """The command in `body`, received on `<prefix>.<subject_tenant>.timer.<kind>`, or why not.
-    `max_payload_bytes` bounds a ScheduleTimer's `data` (TIMER_MAX_PAYLOAD_BYTES)."""
+) -> Command | BulkAction | Rejection:
+    """The command in `body`, received on `<prefix>.<subject_tenant>.timer.<kind>`, or why not (a
+    CancelTimer naming `labels`: a BulkAction). `max_payload_bytes` bounds a ScheduleTimer's `data`
+    (TIMER_MAX_PAYLOAD_BYTES)."""
     token = subject_tenant if is_valid_tenant(subject_tenant) else INVALID_TENANT
     try:
         return _parse(kind, subject_tenant, body, now, max_horizon, max_payload_bytes)
@@ -84,20 +89,22 @@ def _parse(
     now: datetime,
     max_horizon: timedelta,
     max_payload_bytes: int,
-) -> Command:
+) -> Command | BulkAction:
     _check_envelope(body, subject_tenant)
     if kind not in COMMAND_TYPES:
         raise _Reject("unknown_type", f"no command is sent on the {_show(kind)} subject")
     fields, envelope = _unwrap(kind, _load(body))
 
     tenant = _tenant(fields, envelope, subject_tenant)
+    # Both levels are checked; the envelope's value wins when both are set.
+    correlation_id = _first(_correlation(envelope), _correlation(fields))
+    timestamp_ms = _first(_timestamp(envelope), _timestamp(fields))
+    if kind == "cancel" and (selector := _selector(fields, envelope)) is not None:
+        return BulkAction(tenant, selector, "cancel", correlation_id, timestamp_ms)
 
     service_call_id = _identifier(
         _required(fields, "serviceCallId", str), "serviceCallId", "bad_service_call_id"
     )
-    # Both levels are checked; the envelope's value wins when both are set.
-    correlation_id = _first(_correlation(envelope), _correlation(fields))
-    timestamp_ms = _first(_timestamp(envelope), _timestamp(fields))
 
     if kind == "cancel":
         return CancelTimer(tenant, service_call_id, correlation_id, timestamp_ms)
@@ -109,19 +116,37 @@ def _parse(
         due_at = _first_occurrence(repeat, due_at)
     data = _data(fields.get("data"), max_payload_bytes)
     window, expire_after = _window(fields.get("window")), _expire_after(fields.get("expireAfter"))
+    labels = _labels(fields.get("labels"))
     return ScheduleTimer(
         tenant, service_call_id, due_at, correlation_id, timestamp_ms, repeat, data=data, window=window,
-        expire_after=expire_after,
+        expire_after=expire_after, labels=labels,
     )  # fmt: skip
 
 
-def parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> PauseTimers | Rejection:
+def _selector(fields: JsonObject, envelope: JsonObject) -> dict[str, str] | None:
+    """A cancel's, pause's or resume's `labels`, naming the timers it acts on instead of a
+    serviceCallId (never both: a producer bug naming both is refused, not guessed at). As for
+    serviceCallId, a selector beside the payload is refused: never taken for the whole tenant."""
+    if "labels" in envelope:
+        raise _Reject("bad_labels", "labels belongs in the payload, not the envelope")
+    if "labels" in fields and fields["labels"] is None and fields.get("serviceCallId") is None:
+        raise _Reject("bad_labels", "labels is null: name the pairs, or leave it out")
+    selector = _labels(fields.get("labels"), selector=True)
+    if selector is not None and fields.get("serviceCallId") is not None:
+        raise _Reject("bad_labels", "name serviceCallId or labels, not both")
+    return selector
+
+
+def parse_control(
+    kind: ControlKind, subject_tenant: str, body: bytes
+) -> PauseTimers | BulkAction | Rejection:
     """The PauseTimers or ResumeTimers in `body`, received on `<prefix>.<subject_tenant>.timer.<kind>`
     (kind pause or resume), or why not. The same boundary as parse_command: size, UTF-8, strict
     JSON, the flat or the envelope form, and the body's tenantId must be the subject's, so a tenant
     allowed to publish only on its own subjects can pause only its own timers. Without a
     serviceCallId in its payload it is about every timer of the tenant; a null one, or one in the
-    envelope, is refused (bad_service_call_id), never taken for the whole tenant."""
+    envelope, is refused (bad_service_call_id), never taken for the whole tenant. With `labels`
+    instead, it is a BulkAction on the timers carrying them."""
     token = subject_tenant if is_valid_tenant(subject_tenant) else INVALID_TENANT
     try:
         return _parse_control(kind, subject_tenant, body)
@@ -129,7 +154,7 @@ def parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> PauseT
         return Rejection(why.reason, _one_line(why.detail), token)
 
 
-def _parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> PauseTimers:
+def _parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> PauseTimers | BulkAction:
     _check_envelope(body, subject_tenant)
     if kind not in CONTROL_TYPES:
         raise _Reject("unknown_type", f"no command is sent on the {_show(kind)} subject")
@@ -144,6 +169,9 @@ def _parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> Pause
             raise _Reject("type_mismatch", f"type {name} was sent on the {kind} subject")
         fields, envelope = _required(doc, "payload", dict), doc
     tenant = _tenant(fields, envelope, subject_tenant)
+    correlation_id = _first(_correlation(envelope), _correlation(fields))
+    if (selector := _selector(fields, envelope)) is not None:
+        return BulkAction(tenant, selector, kind, correlation_id)
     # No serviceCallId means every timer of the tenant: only its absence from the payload says so.
     # A null (a producer serializing a None id) or one beside the payload is refused, never widened.
     if "serviceCallId" in envelope:
@@ -152,7 +180,6 @@ def _parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> Pause
         raise _Reject("bad_service_call_id", "serviceCallId is null (leave it out to pause every timer)")
     raw_id = _optional(fields, "serviceCallId", str)
     service_call_id = None if raw_id is None else _identifier(raw_id, "serviceCallId", "bad_service_call_id")
-    correlation_id = _first(_correlation(envelope), _correlation(fields))
     return PauseTimers(tenant, service_call_id, kind == "resume", correlation_id)
 
 

@@ -12,8 +12,22 @@ from typing import Literal, NamedTuple
 # partial: a tenant's pause or resume did one delivery's share of its rows; offered again at once.
 # busy: the timer's row is locked by a batch that holds no occurrence of it (a claim that rechecked
 # the row and left it out: sql/queries/intake.sql, lock_keys); offered again soon, not after a lease.
+BulkKind = Literal["cancel", "pause", "resume"]
 Outcome = Literal["applied", "ignored", "deferred", "stuck", "partial", "busy"]
 Key = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class BulkAction:
+    """A CancelTimer, PauseTimers or ResumeTimers naming `labels` instead of a serviceCallId, as
+    the validation boundary read it (worker.core.commands): the action on every timer of the tenant
+    carrying all of `selector`'s pairs (docs/CONTRACT.md, Labels)."""
+
+    tenant_id: str
+    selector: dict[str, str]  # at least one pair
+    kind: BulkKind
+    correlation_id: str | None = None
+    timestamp_ms: int | None = None  # a CancelTimer's: decides per timer, as for one timer's
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +94,8 @@ class Claimed(NamedTuple):
     expire_after: str | None = None  # the ScheduleTimer's `expireAfter`, as given (worker/core/expiry.py)
     repeat_catchup: str | None = None  # repeat.catchup: "one" (or None), "none", "all"
     caught_up: int | None = None  # "all": missed occurrences fired in a row so far (claim_due)
+    # The timer's labels as JSON text (jsonb's output, spliced into the event), or None (0017).
+    labels: str | None = None
 
 
 class Unreadable(NamedTuple):

@@ -13,9 +13,12 @@ from worker.contract import (
     LATEST_DUE_AT,
     MAX_CARRIED_VALUE_CHARS,
     MAX_ID_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
     TRACEPARENT,
     TRACESTATE,
     MessageIds,
+    data_json,
     due_event,
     iso,
     wire_size,
@@ -32,6 +35,7 @@ class OccurrenceValues(NamedTuple):
     carried: dict[str, str] | None
     data: str | None
     nominal_due_at: datetime | None = None
+    labels: str | None = None
 
 
 def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
@@ -42,14 +46,20 @@ def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
     12 bytes); the latest dueAt, plannedAt and reachedAt; `data` of max_data_bytes as stored (as
     worker.core.fields._data measures it); every header a timer may carry (carried_headers: a
     traceparent, a tracestate, one per name of `carry`) at MAX_CARRIED_VALUE_CHARS characters of
-    4 bytes each."""
+    4 bytes each; the widest labels."""
     widest_id = "\U0010ffff" * MAX_ID_CHARS
     widest_value = "\U0010ffff" * MAX_CARRIED_VALUE_CHARS
     carried = {TRACEPARENT: f"00-{'1' * 32}-{'1' * 16}-01", TRACESTATE: widest_value}
     carried |= {name: widest_value for name in carry if name not in carried}
     data = "0" * max_data_bytes if max_data_bytes else None  # 0 refuses any `data`
+    # The widest labels as stored: 63-character keys, values of 4-byte characters (a `"` escaped
+    # is 2 bytes; a control character, 6 escaped, is refused).
+    widest_label = "\U0010ffff" * MAX_LABEL_VALUE_CHARS
+    labels = data_json({f"{i:02d}".ljust(63, "k"): widest_label for i in range(MAX_LABELS)})
     # A window's plannedAt: an instant as wide as any.
-    worst = OccurrenceValues("t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data, LATEST_DUE_AT)
+    worst = OccurrenceValues(
+        "t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data, LATEST_DUE_AT, labels
+    )
     latest_ms = round(LATEST_DUE_AT.timestamp() * 1000)
     event = due_event(worst, "", iso(LATEST_DUE_AT), latest_ms, MessageIds(bytes(16)))
     return wire_size(event)

@@ -1,7 +1,7 @@
 """The field checks of the validation boundary (worker.core.commands): the ids, timestampMs, dueAt,
-`repeat` (every or cron, times, until, timezone), `window`, `expireAfter` and `data`, each
-raising `_Reject` with its reason code (docs/CONTRACT.md, Reason codes and Limits). `_Reject` and
-the helpers here are the boundary's own: commands.py catches `_Reject` in `parse_command` and
+`repeat` (every or cron, times, until, timezone), `window`, `expireAfter`, `data` and `labels`,
+each raising `_Reject` with its reason code (docs/CONTRACT.md, Reason codes and Limits). `_Reject`
+and the helpers here are the boundary's own: commands.py catches `_Reject` in `parse_command` and
 `parse_control`, headers.py quotes values with `_show`. `identifier_problem` is the id rule for
 readers of ids that are no commands (timer.get).
 
@@ -27,8 +27,11 @@ from typing import Any, TypeVar
 from worker.contract import (
     DUE_AT_RANGE,
     EARLIEST_DUE_AT,
+    LABEL_KEY_RULE,
     LATEST_DUE_AT,
     MAX_ID_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
     MAX_TIMESTAMP_MS,
     Reason,
     Repeat,
@@ -268,6 +271,48 @@ def _data(value: Any, limit: int) -> Any:
     if nul:
         raise _Reject("bad_data", "data holds U+0000 in a string, which Postgres jsonb cannot store")
     return value
+
+
+_LABEL_KEY = re.compile(rf"{LABEL_KEY_RULE}\Z")
+
+
+def _labels(value: Any, *, selector: bool = False) -> dict[str, str] | None:
+    """A ScheduleTimer's `labels` (an empty object: none), or a bulk action's selector (at least one
+    pair): an object of at most MAX_LABELS string pairs, keys LABEL_KEY_RULE, values at most
+    MAX_LABEL_VALUE_CHARS characters, none a control character (a log line's or a header's
+    breaker, 6 bytes escaped) or a lone surrogate (no text: Postgres cannot store it). So a
+    timer's labels print, as stored, within contract.largest_event's widest ones, whatever a
+    tenant sends."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _Reject("bad_labels", f"labels must be an object, not {_json_type(value)}")
+    if len(value) > MAX_LABELS:
+        raise _Reject("bad_labels", f"labels has {len(value)} pairs, more than {MAX_LABELS}")
+    if selector and not value:
+        raise _Reject("bad_labels", "labels is empty: a selector names at least one pair")
+    for key, label in value.items():
+        if _LABEL_KEY.match(key) is None:
+            raise _Reject("bad_labels", f"label key {_show(key)} does not match {LABEL_KEY_RULE}")
+        if not isinstance(label, str):
+            raise _Reject("bad_labels", f"label {key} must be a string, not {_json_type(label)}")
+        if len(label) > MAX_LABEL_VALUE_CHARS:
+            raise _Reject(
+                "bad_labels", f"label {key} has {len(label)} characters, more than {MAX_LABEL_VALUE_CHARS}"
+            )
+        if not label.isprintable() and any(unicodedata.category(ch) in ("Cc", "Cs") for ch in label):
+            raise _Reject("bad_labels", f"label {key} holds a control character or lone surrogate")
+    return value or None
+
+
+def label_problem(labels: dict[str, str]) -> str | None:
+    """Why `labels` cannot be a timer's labels or a selector, or None: the rule of `_labels`, for
+    readers that build labels rather than receive them (the CLI's --label)."""
+    try:
+        _labels(labels, selector=True)
+    except _Reject as exc:
+        return exc.detail
+    return None
 
 
 def _plain_growth(number: float) -> int:

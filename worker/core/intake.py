@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections import Counter
@@ -22,14 +23,15 @@ from worker.contract import (
     headers_size,
 )
 from worker.core import quota
+from worker.core.bulk import BulkActions
 from worker.core.clock import Clock
-from worker.core.commands import parse_command, parse_control
+from worker.core.commands import Parsed, parse_command, parse_control
 from worker.core.crashpoints import crash_point
-from worker.core.domain import Applied, Outcome, Position
+from worker.core.domain import Applied, BulkAction, Outcome, Position
 from worker.core.headers import carried_headers
 from worker.core.loop import Loop
 from worker.core.ports import FetchFailed, IntakeBroker, IntakeStore
-from worker.core.received import ReceivedCommand, position
+from worker.core.received import ReceivedCommand, answer, position
 from worker.core.waiting import Slices, retry_transient, wait_any
 from worker.core.wakeup import Wakeup
 from worker.errors import TransientError, verdict
@@ -51,6 +53,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         super().__init__(settings, store, broker, wakeup, clock)
         self._carry = settings.carried_names
         self._received: Counter[tuple[str, ...]] = Counter()
+        self._bulk = BulkActions(store)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until stop: fetch a batch and handle it. A batch in hand is finished, never dropped."""
@@ -92,7 +95,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
     async def handle(self, msgs: Sequence[ReceivedCommand]) -> None:
         with tracing.span("timer.intake", **{"timer.count": len(msgs)}) as span:
             now = datetime.now(UTC)
-            commands: list[tuple[ReceivedCommand, Command | PauseTimers]] = []
+            commands: list[tuple[ReceivedCommand, Parsed]] = []
             rejected: list[tuple[ReceivedCommand, Rejection]] = []
             try:
                 slices = Slices()  # a command matching once in decades is checked in ~2 ms
@@ -115,8 +118,8 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 await self.apply(commands)
 
     async def _within_quota(
-        self, batch: list[tuple[ReceivedCommand, Command | PauseTimers]]
-    ) -> list[tuple[ReceivedCommand, Command | PauseTimers]]:
+        self, batch: list[tuple[ReceivedCommand, Parsed]]
+    ) -> list[tuple[ReceivedCommand, Parsed]]:
         """The batch without the ScheduleTimers over their tenant's limit; those go to the DLQ."""
         limit = self.s.tenant_max_pending
         try:
@@ -140,7 +143,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             )
         return [b for i, b in enumerate(batch) if i not in over]
 
-    def parse(self, msg: ReceivedCommand, now: datetime) -> Command | PauseTimers | Rejection:
+    def parse(self, msg: ReceivedCommand, now: datetime) -> Parsed | Rejection:
         where = self.broker.subjects.split(msg.subject)
         # The stream only binds our command subjects; anything else is foreign.
         if where is None or (kind := where[1]) not in ("schedule", "cancel", "pause", "resume"):
@@ -219,7 +222,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         headers["Timer-Body-Truncated"] = str(len(data))
         return data[: max(0, limit - header_bytes)]
 
-    async def apply(self, batch: list[tuple[ReceivedCommand, Command | PauseTimers]]) -> None:
+    async def apply(self, batch: list[tuple[ReceivedCommand, Parsed]]) -> None:
         """Apply the batch: its ScheduleTimers, CancelTimers and one timer's pauses and resumes in
         stream order (the first in one transaction between each of the others); then each tenant's
         last pause or resume, one by one. A tenant's pause or resume moves rows of that tenant only,
@@ -231,6 +234,8 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         winners, superseded = _coalesce(placed)
         run: list[tuple[ReceivedCommand, Command, Position]] = []
         for i, (msg, command, where) in enumerate(placed):
+            if isinstance(command, BulkAction):
+                continue
             if isinstance(command, PauseTimers):
                 if i in superseded or command.service_call_id is None:
                     continue
@@ -242,9 +247,11 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 run.append((msg, command, where))
         if run:
             await self._apply_commands(run)
-        for i in winners:
+        # Then the tenants' pauses and resumes, and the bulk actions in stream order: each timer a bulk
+        # action names takes it at its place in the stream (core/bulk.py), whichever ran first.
+        for i in winners + [i for i, (_, c, _) in enumerate(placed) if isinstance(c, BulkAction)]:
             msg, command, where = placed[i]
-            if isinstance(command, PauseTimers):
+            if isinstance(command, PauseTimers | BulkAction):
                 await self._pause(msg, command, where)
         for i in sorted(superseded):
             msg, command, _ = placed[i]
@@ -252,12 +259,18 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             metrics.COMMANDS_APPLIED.labels(kind, "superseded").inc()
             await answer(msg)
 
-    async def _pause(self, msg: ReceivedCommand, command: PauseTimers, where: Position) -> None:
-        kind = "resume" if command.resume else "pause"
+    async def _pause(self, msg: ReceivedCommand, command: PauseTimers | BulkAction, where: Position) -> None:
+        """A tenant's or one timer's pause or resume, or a delivery of a bulk action (it logs its own)."""
+        if isinstance(command, BulkAction):
+            kind: str = command.kind
+            step = functools.partial(self._bulk.run, command, where)
+        else:
+            kind = "resume" if command.resume else "pause"
+            step = functools.partial(self.store.pause, command, where)
         try:
             # Retried like a batch: every step of a pause or resume can run again.
             # Its place in the stream (`where`): an older pause or resume never undoes a newer one.
-            done = await retry_transient(lambda: self.store.pause(command, where), 5, first_s=0.1, max_s=2)
+            done = await retry_transient(step, 5, first_s=0.1, max_s=2)
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
             await answer(msg, RETRY_DELAY_S)  # nothing acknowledged: it comes back
@@ -269,15 +282,16 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             await self._hint(done.soonest_due)
             return
         metrics.COMMANDS_APPLIED.labels(kind, outcome).inc()
-        log.info(
-            f"{kind} applied",
-            extra={
-                "action": f"timers_{kind}d",
-                "tenant": command.tenant_id,
-                "service_call_id": command.service_call_id,
-                "outcome": outcome,
-            },
-        )
+        if isinstance(command, PauseTimers):
+            log.info(
+                f"{kind} applied",
+                extra={
+                    "action": f"timers_{kind}d",
+                    "tenant": command.tenant_id,
+                    "service_call_id": command.service_call_id,
+                    "outcome": outcome,
+                },
+            )
         await answer(msg, self._retry_in(outcome))
         await self._hint(done.soonest_due)
 
@@ -337,24 +351,8 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         await self.broker.hint(self.broker.subjects.wake, f"{soonest:.3f}".encode())
 
 
-async def answer(msg: ReceivedCommand, retry_in: float | None = None) -> None:
-    """Acknowledge a command (retry_in None) or offer it again after retry_in seconds. When NATS
-    cannot take that now (reconnecting, with TIMER_PUBLISH_BUFFER_BYTES too small to hold it),
-    nothing is lost: the command comes back after the consumer's ack wait and, being idempotent,
-    is answered then. So a transient failure here is logged, never raised. (Metric and log
-    action keep the word settle: names operators' alerts and queries use.)"""
-    try:
-        await (msg.ack() if retry_in is None else msg.nak(delay=retry_in))
-    except Exception as exc:
-        if verdict(exc) != "transient":
-            raise
-        metrics.COMMAND_SETTLE_FAILED.inc()
-        # Counted, and logged at debug only: in an outage every command of a batch meets it.
-        log.debug("command not settled", extra={"action": "settle_failed", "error": f"{type(exc).__name__}"})
-
-
 def _coalesce(
-    batch: Sequence[tuple[ReceivedCommand, Command | PauseTimers, Position]],
+    batch: Sequence[tuple[ReceivedCommand, Parsed, Position]],
 ) -> tuple[list[int], set[int]]:
     """(the index of each tenant's last pause or resume of the whole tenant, by stream sequence: a
     redelivered one may come after newer ones; the indexes of the controls that leaves moot: a
@@ -364,6 +362,8 @@ def _coalesce(
     superseded: set[int] = set()
     timer_last: dict[tuple[str, str], int] = {}
     for i, (_, command, where) in enumerate(batch):
+        if isinstance(command, BulkAction):
+            continue  # run after the batch (Intake.apply); a timer's own controls keep their order
         if isinstance(command, PauseTimers) and command.service_call_id is None:
             before = last.get(command.tenant_id)
             if before is None or batch[before][2].seq < where.seq:

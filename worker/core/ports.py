@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Protocol
 
 from worker.contract import Command, MessageIds, Outgoing, PauseTimers, Subjects
-from worker.core.domain import Applied, ClaimParams, ClaimResult, Failed, Fired, Key, Position
+from worker.core.domain import Applied, BulkAction, ClaimParams, ClaimResult, Failed, Fired, Key, Position
 from worker.core.received import ReceivedCommand
 from worker.core.timers import StoredTimer
 
@@ -80,6 +80,21 @@ class IntakeStore(Protocol):
     async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
         """Pause or resume a tenant or one timer: its one outcome ("deferred": offer it again later)
         and the soonest dueAt a resume made claimable again."""
+        ...
+
+    async def select_labelled(
+        self, action: BulkAction, position: Position | None, after: str, limit: int
+    ) -> list[str]:
+        """A bulk action's next chunk: up to `limit` serviceCallIds after `after`, in key order, of
+        the tenant's Scheduled or Paused timers carrying every pair of its selector, but those a
+        ScheduleTimer later in the stream than `position` defined."""
+        ...
+
+    async def pause_listed(
+        self, action: BulkAction, service_call_ids: Sequence[str], position: Position | None
+    ) -> Applied:
+        """A bulk pause's or resume's chunk: each of these timers that still carries the selector,
+        as its own pause or resume at `position` would; the outcome of each, in key order."""
         ...
 
 

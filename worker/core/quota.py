@@ -25,13 +25,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from worker.contract import Command, PauseTimers, ScheduleTimer
+from worker.contract import ScheduleTimer
+from worker.core.commands import Parsed
 from worker.core.domain import Key
 from worker.core.ports import IntakeStore
 
 
 def over_quota(
-    commands: Sequence[Command | PauseTimers], known: set[Key], pending: dict[str, int], limit: int
+    commands: Sequence[Parsed],
+    known: set[Key],
+    pending: dict[str, int],
+    limit: int,
 ) -> list[int]:
     """Indexes of the commands to reject, walking the batch in stream order.
 
@@ -55,7 +59,7 @@ def over_quota(
     return rejected
 
 
-async def over_limit(store: IntakeStore, commands: Sequence[Command | PauseTimers], limit: int) -> list[int]:
+async def over_limit(store: IntakeStore, commands: Sequence[Parsed], limit: int) -> list[int]:
     """Indexes of the ScheduleTimers over their tenant's limit: one short read per batch, and two
     more when a tenant's bound leaves no room for its ScheduleTimers."""
     schedules = Counter(c.tenant_id for c in commands if isinstance(c, ScheduleTimer))

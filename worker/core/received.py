@@ -8,10 +8,15 @@ library. What a loop reads of a message is all it may read: the protocols list i
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from worker import metrics
 from worker.core.domain import Position
+from worker.errors import verdict
+
+log = logging.getLogger(__name__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -113,3 +118,19 @@ def position(msg: ReceivedCommand) -> Position:
         if seq.isdigit() and nanos.isdigit():
             return Position(int(seq), datetime.fromtimestamp(int(nanos) / 1_000_000_000.0, UTC))
     return Position(msg.metadata.sequence.stream, stored_time(msg))
+
+
+async def answer(msg: ReceivedCommand, retry_in: float | None = None) -> None:
+    """Acknowledge a command (retry_in None) or offer it again after retry_in seconds. When NATS
+    cannot take that now (reconnecting, with TIMER_PUBLISH_BUFFER_BYTES too small to hold it),
+    nothing is lost: the command comes back after the consumer's ack wait and, being idempotent,
+    is answered then. So a transient failure here is logged, never raised. (Metric and log
+    action keep the word settle: names operators' alerts and queries use.)"""
+    try:
+        await (msg.ack() if retry_in is None else msg.nak(delay=retry_in))
+    except Exception as exc:
+        if verdict(exc) != "transient":
+            raise
+        metrics.COMMAND_SETTLE_FAILED.inc()
+        # Counted, and logged at debug only: in an outage every command of a batch meets it.
+        log.debug("command not settled", extra={"action": "settle_failed", "error": f"{type(exc).__name__}"})

@@ -46,6 +46,7 @@ class StoredTimer:
     fire_window: str | None
     expire_after: str | None  # expiry (worker/core/expiry.py): its `expireAfter` as given, or None
     repeat_catchup: str | None  # repeat.catchup as given, or None ("one")
+    labels: dict[str, str] | None  # the timer's labels; None when it has none
 
 
 def stored_timer(row: dict[str, Any]) -> StoredTimer:
@@ -95,4 +96,5 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
         "attempts": timer.attempts,
         "lastError": timer.last_error,
         "data": timer.data,
+        "labels": timer.labels or {},
     }

@@ -15,7 +15,11 @@ import functools
 import re
 from datetime import datetime, timedelta
 
-from worker.contract import MAX_WINDOW_MS, MessageIds
+from worker.contract import MessageIds
+
+# A ScheduleTimer's `window` (docs/CONTRACT.md, Firing window): each occurrence fires within this
+# long after its dueAt, at most a day.
+MAX_WINDOW_MS = 86_400_000
 
 # PnDTnHnMnS with at most millisecond seconds; each part bounded, so the text is short and the
 # arithmetic small whatever a tenant sends (the sum is then held to the span's bounds).

@@ -2,6 +2,7 @@
 service never imports them.
 
 cli.py          the `timer-service` command (also `python -m worker`): the parser and main
+cli_args.py     its argument types, each refusing a bad value in one line
 cli_timers.py   its commands on timers: schedule, cancel, status, list, describe, pause, resume
 cli_import.py   `schedule --from-file` and `cancel --from-file`: a file checked line by line, sent in batches
 cli_dlq.py      its `dlq` commands: list, show, replay, purge

@@ -11,6 +11,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from worker.adapters.postgres import bulk
+from worker.adapters.postgres.bulk import label_terms
 from worker.adapters.postgres.queries import QUERIES
 from worker.ops.reads import _EARLIEST, _decode, _encode
 
@@ -43,10 +45,12 @@ def tenant_page(
     after: str | None = None,
     before: str | None = None,
     limit: int = 50,
+    labels: dict[str, str] | None = None,
 ) -> TenantPage:
-    """A page of one tenant's timers in `sort` order, after (or before) a cursor of this sort."""
-    if sort not in SORTS:
-        raise ValueError(f"sort: one of {', '.join(SORTS)}")
+    """A page of one tenant's timers in `sort` order, after (or before) a cursor of this sort; those
+    carrying every pair of `labels` only (in key order: an id sort)."""
+    if sort not in SORTS or (labels and sort.endswith("due")):
+        raise ValueError(f"sort: one of {', '.join(SORTS)}, by id with labels")
     by_due, descending = sort.endswith("due"), sort.startswith("-")
     # Walking the index forwards (ascending order, next page) or backwards.
     forwards = (before is None) != descending
@@ -65,12 +69,17 @@ def tenant_page(
             args = {"before_due": due, "before_tenant": tid, "before_id": sid}
             cur.execute(QUERIES["console_due_back"], {**args, "tenant_id": tenant, "limit": limit + 1})
     else:
-        common = {"tenant_id": tenant, "state": state, "limit": limit + 1}
-        if forwards:
-            common |= {"after": key[0] if key else "", "due_from": None, "due_to": None}
-            cur.execute(QUERIES["inspect_tenant_timers"], common)
-        else:
-            cur.execute(QUERIES["console_tenant_back"], {**common, "before": key[0] if key else "\U0010ffff"})
+        terms = label_terms(tenant, labels) if labels else None
+        common = {"tenant_id": tenant, "state": state, "limit": limit + 1, "terms": terms}
+        common |= {"after": key[0] if key and forwards else "", "due_from": None, "due_to": None}
+        with conn.transaction():  # a label's page planned as select_labelled plans a chunk
+            if labels:
+                bulk.plan_listing(conn, common)
+            if forwards:
+                cur.execute(QUERIES["inspect_tenant_timers"], common, prepare=False if labels else None)
+            else:
+                back = {**common, "before": key[0] if key else "\U0010ffff"}
+                cur.execute(QUERIES["console_tenant_back"], back, prepare=False if labels else None)
     rows = cur.fetchall()
     more = len(rows) > limit
     rows = rows[:limit]
@@ -90,3 +99,11 @@ def find(conn: psycopg.Connection[Any], text: str) -> list[dict[str, Any]]:
     cur.execute(QUERIES["console_find_correlation"], {"correlation_id": text, "limit": FOUND_MAX})
     seen = {(r["tenant_id"], r["service_call_id"]) for r in rows}
     return rows + [r for r in cur.fetchall() if (r["tenant_id"], r["service_call_id"]) not in seen]
+
+
+def labelled_count(conn: psycopg.Connection[Any], tenant: str, labels: dict[str, str], cap: int) -> int:
+    """How many of the tenant's Scheduled or Paused timers carry every pair of `labels`, up to `cap`:
+    what a bulk action on them would act on now (the console's confirmation)."""
+    params = {"tenant_id": tenant, "terms": label_terms(tenant, labels), "cap": cap}
+    row = conn.execute(QUERIES["console_labelled_count"], params, prepare=False).fetchone()
+    return int(row[0]) if row else 0

@@ -1,17 +1,14 @@
 """The `timer-service` command. Thin: parse arguments, build settings, call the module that does it.
 
-Here the parser, its argument types and main; the commands by group in cli_timers.py, cli_dlq.py
-and cli_service.py, and in cli_nats.py how they reach NATS."""
+Here the parser and main; its argument types in cli_args.py, the commands by group in
+cli_timers.py, cli_dlq.py and cli_service.py, and in cli_nats.py how they reach NATS."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import select
 import sys
-from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import nats.errors
@@ -19,9 +16,16 @@ import psycopg
 
 from worker import __version__, logs
 from worker.client.errors import TimerClientError
-from worker.config import parse_duration
-from worker.contract import REASONS, TENANT_RULE, is_valid_tenant
 from worker.errors import ConfigError
+from worker.ops.cli_args import (
+    count_arg,
+    duration_arg,
+    json_arg,
+    reason_arg,
+    state_arg,
+    tenant_arg,
+    when_arg,
+)
 from worker.ops.cli_dlq import cmd_dlq
 from worker.ops.cli_nats import _first_line
 from worker.ops.cli_service import (
@@ -34,6 +38,8 @@ from worker.ops.cli_service import (
     cmd_run,
 )
 from worker.ops.cli_timers import (
+    LABEL_HELP,
+    SELECT_HELP,
     cmd_cancel,
     cmd_describe,
     cmd_list,
@@ -41,14 +47,13 @@ from worker.ops.cli_timers import (
     cmd_resume,
     cmd_schedule,
     cmd_status,
+    label_arg,
 )
 
 # Options whose value may be a time before now: `--before -7d`. argparse takes `-7d` for an
 # option (only plain negative numbers are let through), so these are joined to their value
 # (`--before=-7d`) before argparse sees them; see _join_relative_times.
 RELATIVE_TIME_OPTIONS = ("--since", "--before", "--due-from", "--due-to")
-# reads.STATES, without importing the database driver to parse a command line.
-STATES = ("Scheduled", "Paused", "Reached", "Cancelled", "Expired")
 # The settings a command line may give instead of the environment (option's dest: variable).
 SERVER_OPTIONS = {"database_url": "TIMER_DATABASE_URL", "nats_url": "TIMER_NATS_URL"}
 
@@ -97,68 +102,6 @@ def _join_relative_times(argv: list[str]) -> list[str]:
     return out
 
 
-# Argument types: each raises ArgumentTypeError, which Parser.error prints as one line.
-
-
-def _duration(value: str) -> str:
-    try:
-        parse_duration(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return value
-
-
-def _tenant(value: str) -> str:
-    if not is_valid_tenant(value):
-        raise argparse.ArgumentTypeError(f"not a tenant id: {value!r} (it must match {TENANT_RULE})")
-    return value
-
-
-def _count(value: str) -> int:
-    if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"not a whole number of at least 1: {value!r}")
-    return int(value)
-
-
-def _state(value: str) -> str:
-    for state in STATES:
-        if value.lower() == state.lower():
-            return state
-    raise argparse.ArgumentTypeError(f"{value!r} is not a state: one of {', '.join(STATES)}")
-
-
-def _reason(value: str) -> str:
-    if value not in REASONS:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a reason code: one of {', '.join(sorted(REASONS))}"
-        )
-    return value
-
-
-def _when(value: str) -> datetime:
-    """RFC 3339 with an offset, or a duration before (-1h) or after (+5m) now."""
-    if value[:1] in ("+", "-"):
-        sign = -1 if value[0] == "-" else 1
-        try:
-            return datetime.now(UTC) + sign * parse_duration(value[1:])
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an RFC 3339 time or a -/+ duration: {value!r}") from None
-    if when.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"{value!r} needs a UTC offset, e.g. 2026-11-22T09:00:00Z")
-    return when
-
-
-def _json_value(value: str) -> Any:
-    try:
-        return json.loads(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="timer-service",
@@ -188,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     cn = sub.add_parser("consumer", help="a tenant's consumers of its events and DLQ (docs/SECURITY.md)")
     cns = cn.add_subparsers(dest="consumer_command", required=True, metavar="ACTION")
     a = cns.add_parser("add", help="create them (or leave them as they are): durable, named after the tenant")
-    a.add_argument("--tenant", type=_tenant, required=True)
+    a.add_argument("--tenant", type=tenant_arg, required=True)
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_consumer)
     r = sub.add_parser("run", help="run one replica until SIGTERM")
@@ -200,11 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("schedule", help="schedule (or reschedule) a timer, or many from a file")
-    s.add_argument("--tenant", type=_tenant, help="required unless --from-file")
+    s.add_argument("--tenant", type=tenant_arg, help="required unless --from-file")
     s.add_argument("--id", help="the serviceCallId; required unless --from-file")
     when = s.add_mutually_exclusive_group()
-    when.add_argument("--due-at", type=_when, help="RFC 3339 time with offset, e.g. 2026-11-22T09:00:00Z")
-    when.add_argument("--due-in", type=_duration, help="a duration from now, e.g. 30s, 5m, PT1H")
+    when.add_argument("--due-at", type=when_arg, help="RFC 3339 time with offset, e.g. 2026-11-22T09:00:00Z")
+    when.add_argument("--due-in", type=duration_arg, help="a duration from now, e.g. 30s, 5m, PT1H")
     when.add_argument(
         "--from-file",
         metavar="FILE",
@@ -215,15 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
     how = s.add_mutually_exclusive_group()
     how.add_argument("--every", help="repeat: ISO 8601 duration, e.g. PT1H, P1D")
     how.add_argument("--cron", help="repeat: five-field cron expression, e.g. '0 9 * * MON-FRI'")
-    s.add_argument("--times", type=_count, help="repeat: number of occurrences (default forever)")
-    s.add_argument("--until", type=_when, help="repeat: no occurrence after this (RFC 3339 or +duration)")
+    s.add_argument("--times", type=count_arg, help="repeat: number of occurrences (default forever)")
+    s.add_argument("--until", type=when_arg, help="repeat: no occurrence after this (RFC 3339 or +duration)")
     s.add_argument("--timezone", help="repeat: IANA zone for wall-clock occurrences")
     s.add_argument(
         "--catchup",
         choices=("one", "none", "all"),
         help="repeat: what missed occurrences become (default one)",
     )
-    s.add_argument("--data", type=_json_value, help="JSON delivered with every DueTimeReached: '{\"a\":1}'")
+    s.add_argument("--data", type=json_arg, help="JSON delivered with every DueTimeReached: '{\"a\":1}'")
     s.add_argument(
         "--window",
         help="fire each occurrence at an instant in [dueAt, dueAt + window], at most P1D: PT10M, say",
@@ -231,11 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--expire-after", help="not fired if it cannot be published this long after due: PT1H, say"
     )
+    s.add_argument("--label", type=label_arg, action="append", help=LABEL_HELP)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_schedule)
 
-    c = sub.add_parser("cancel", help="cancel a timer not yet claimed, or many from a file")
-    c.add_argument("--tenant", type=_tenant, help="required unless --from-file names each line's")
+    c = sub.add_parser(
+        "cancel", help="cancel a timer not yet claimed, every one a --label selects, or many from a file"
+    )
+    c.add_argument("--tenant", type=tenant_arg, help="required unless --from-file names each line's")
     one = c.add_mutually_exclusive_group()
     one.add_argument("--id", help="the serviceCallId; required unless --from-file")
     one.add_argument(
@@ -244,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="one serviceCallId of --tenant per line, or JSON Lines of CancelTimers, flat or envelope"
         " (- for stdin): each checked as the service would and sent once as checked, in batches",
     )
+    one.add_argument("--label", type=label_arg, action="append", help=SELECT_HELP)
     c.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the outcome (default 5)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_cancel)
@@ -253,39 +200,42 @@ def build_parser() -> argparse.ArgumentParser:
         ("resume", cmd_resume, "resume a paused tenant, or one timer paused by itself (--id)"),
     ):
         pr = sub.add_parser(name, help=text)
-        pr.add_argument("--tenant", required=True, type=_tenant)
-        pr.add_argument("--id", help="one timer only (default: every timer of the tenant)")
+        pr.add_argument("--tenant", required=True, type=tenant_arg)
+        which = pr.add_mutually_exclusive_group()
+        which.add_argument("--id", help="one timer only (default: every timer of the tenant)")
+        which.add_argument("--label", type=label_arg, action="append", help=SELECT_HELP)
         pr.add_argument("--json", action="store_true")
         pr.set_defaults(func=func)
 
     st = sub.add_parser(
         "status", help="counts by state, overdue, leases; a tenant's with --tenant; one timer with --id"
     )
-    st.add_argument("--tenant", type=_tenant)
+    st.add_argument("--tenant", type=tenant_arg)
     st.add_argument("--id")
-    st.add_argument("--top", type=_count, default=10, help="tenants to list (default 10)")
+    st.add_argument("--top", type=count_arg, default=10, help="tenants to list (default 10)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
 
     ls = sub.add_parser("list", help="timers of a tenant (key order) or Scheduled ones by due time")
     ls.add_argument(
-        "--tenant", type=_tenant, help="without it: Scheduled timers of every tenant, soonest due first"
+        "--tenant", type=tenant_arg, help="without it: Scheduled timers of every tenant, soonest due first"
     )
     ls.add_argument(
         "--state",
-        type=_state,
+        type=state_arg,
         help="Scheduled, Paused, Reached, Cancelled or Expired (any case); every tenant: Scheduled or Paused",
     )
-    ls.add_argument("--due-from", type=_when, help="RFC 3339, or -/+ a duration from now (-1h)")
-    ls.add_argument("--due-to", type=_when, help="RFC 3339, or -/+ a duration from now (+5m); exclusive")
+    ls.add_argument("--due-from", type=when_arg, help="RFC 3339, or -/+ a duration from now (-1h)")
+    ls.add_argument("--due-to", type=when_arg, help="RFC 3339, or -/+ a duration from now (+5m); exclusive")
     ls.add_argument("--overdue", action="store_true", help="Scheduled and due by now, oldest first")
-    ls.add_argument("--limit", type=_count, default=50, help="rows per page (default 50, at most 1000)")
+    ls.add_argument("--label", type=label_arg, action="append", help="key=value they carry (repeatable: all)")
+    ls.add_argument("--limit", type=count_arg, default=50, help="rows per page (default 50, at most 1000)")
     ls.add_argument("--after", help="the cursor a previous page printed")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
 
     de = sub.add_parser("describe", help="one timer: every field, lease, attempts, why it has not fired")
-    de.add_argument("--tenant", required=True, type=_tenant)
+    de.add_argument("--tenant", required=True, type=tenant_arg)
     de.add_argument("--id", required=True)
     de.add_argument("--json", action="store_true")
     de.set_defaults(func=cmd_describe)
@@ -294,26 +244,26 @@ def build_parser() -> argparse.ArgumentParser:
     qs = q.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     for name, text in (("list", "entries, oldest first"), ("purge", "delete matching entries")):
         a = qs.add_parser(name, help=text)
-        a.add_argument("--tenant", type=_tenant)
+        a.add_argument("--tenant", type=tenant_arg)
         a.add_argument("--id", help="the serviceCallId the rejected command names")
-        a.add_argument("--reason", type=_reason, help="a reason code (Timer-Error), e.g. bad_due_at")
-        a.add_argument("--since", type=_when, help="stored at or after: RFC 3339 or -duration (-1h)")
-        a.add_argument("--before", type=_when, help="stored before: RFC 3339 or -duration (-7d)")
+        a.add_argument("--reason", type=reason_arg, help="a reason code (Timer-Error), e.g. bad_due_at")
+        a.add_argument("--since", type=when_arg, help="stored at or after: RFC 3339 or -duration (-1h)")
+        a.add_argument("--before", type=when_arg, help="stored before: RFC 3339 or -duration (-7d)")
         if name == "list":
             a.add_argument(
-                "--after", type=_count, default=0, help="the stream sequence a previous page printed"
+                "--after", type=count_arg, default=0, help="the stream sequence a previous page printed"
             )
-            a.add_argument("--limit", type=_count, default=50, help="entries per page (default 50)")
+            a.add_argument("--limit", type=count_arg, default=50, help="entries per page (default 50)")
         else:
             a.add_argument("--yes", action="store_true", help="delete; without it, only count")
         a.add_argument("--json", action="store_true")
         a.set_defaults(func=cmd_dlq)
     a = qs.add_parser("show", help="one entry: headers and body")
-    a.add_argument("seq", type=_count)
+    a.add_argument("seq", type=count_arg)
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_dlq)
     a = qs.add_parser("replay", help="re-submit an entry to its subject, then remove it from the DLQ")
-    a.add_argument("seq", type=_count)
+    a.add_argument("seq", type=count_arg)
     a.add_argument("--body", help="a file with the fixed command (- for stdin) instead of the stored one")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_dlq)

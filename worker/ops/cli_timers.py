@@ -8,7 +8,7 @@ import asyncio
 import json
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from worker.client.envelopes import spans
 from worker.config import Settings, parse_duration
@@ -55,6 +55,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     if args.data is not None:
         payload["data"] = args.data
     payload |= spans(window=args.window, expireAfter=args.expire_after)
+    if args.label:
+        payload["labels"] = _labels(args.label)
     # The service's own check, before sending: a command it would only copy to the DLQ is not sent.
     checked = parse_command(
         "schedule",
@@ -79,6 +81,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 data=payload.get("data"),
                 window=args.window,
                 expire_after=args.expire_after,
+                labels=payload.get("labels"),
             ),
         )
     )
@@ -103,6 +106,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     from worker.ops.reads import cancel_outcome, connect, describe
 
+    if args.label:
+        if args.tenant is None:
+            raise ConfigError("cancel --label needs --tenant: a selector names one tenant's timers")
+        return _control(args, "cancel")
     settings = load_settings()
     if args.from_file is not None:
         return send_file(settings, args, "cancel")
@@ -119,26 +126,46 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    """`pause` and `resume` (docs/USING.md, Pause and resume): the command on the tenant's own subject, as a
-    producer would send it; replicas apply it (a tenant's rows in chunks). Returns once JetStream
-    stored it; `status --tenant` shows when it took effect."""
-    settings = load_settings()
-    resume = args.func is cmd_resume
-    action = "resume" if resume else "pause"
-    asyncio.run(
-        _with_client(
-            settings,
-            lambda c: (c.resume if resume else c.pause)(args.tenant, args.id),
-        )
-    )
-    what = f"{args.tenant}/{args.id}" if args.id else f"tenant {args.tenant}"
-    text = f"{action} sent for {what}; `timer-service status --tenant {args.tenant}` shows it applied"
-    emit(args, {"sent": action, "tenant_id": args.tenant, "service_call_id": args.id}, text)
-    return 0
+    return _control(args, "resume" if args.func is cmd_resume else "pause")
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     return cmd_pause(args)
+
+
+def _control(args: argparse.Namespace, kind: Literal["cancel", "pause", "resume"]) -> int:
+    """`pause`, `resume` (docs/USING.md, Pause and resume) and `cancel --label` (Labels and bulk
+    actions): the command on the tenant's own subject, as a producer would send it; replicas apply
+    it (a tenant's or a selector's rows in chunks). Returns once JetStream stored it: `status
+    --tenant` or `list --label` shows when it took effect."""
+    settings = load_settings()
+    labels = _labels(args.label)
+    asyncio.run(_with_client(settings, lambda c: getattr(c, kind)(args.tenant, args.id, labels=labels)))
+    if labels:
+        selector = " ".join(f"--label {k}={v}" for k, v in labels.items())
+        what = f"the timers of {args.tenant} labelled {selector}"
+        check = f"list --tenant {args.tenant} {selector}"
+    else:
+        what = f"{args.tenant}/{args.id}" if args.id else f"tenant {args.tenant}"
+        check = f"status --tenant {args.tenant}"
+    text = f"{kind} sent for {what}; `timer-service {check}` shows it applied"
+    sent = {"sent": kind, "tenant_id": args.tenant, "service_call_id": args.id}
+    emit(args, sent | ({"labels": labels} if labels else {}), text)
+    return 0
+
+
+def _labels(pairs: list[tuple[str, str]] | None) -> dict[str, str] | None:
+    """--label's pairs as labels, each key once; None without any."""
+    from worker.core.fields import label_problem  # not loaded for the CLI's other commands
+
+    if not pairs:
+        return None
+    labels = dict(pairs)
+    if len(labels) < len(pairs):
+        raise ConfigError("--label names a key twice")
+    if (problem := label_problem(labels)) is not None:
+        raise ConfigError(problem)
+    return labels
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -174,6 +201,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from worker.ops.reads import TimerFilter, connect, list_timers, render_page, row_json
 
+    if args.label and args.overdue:
+        raise ConfigError("--label lists one tenant's timers in key order, --overdue in due order: not both")
     try:
         f = TimerFilter(
             tenant_id=args.tenant,
@@ -181,6 +210,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             due_from=args.due_from,
             due_to=args.due_to,
             overdue=args.overdue,
+            labels=_labels(args.label),
         )
         with connect(load_settings().database_url.get_secret_value()) as conn:
             page = list_timers(conn, f, args.after, args.limit)
@@ -226,3 +256,18 @@ def _why_missing(settings: Settings, tenant: str, sid: str, running: int) -> str
             f"commands): if it was sent just now, ask again shortly; if it stays missing: {dlq_list}"
         )
     return f"no command waits to be applied: if it was sent, it was rejected: {dlq_list}"
+
+
+LABEL_HELP = "key=value the timer carries (repeatable), shown by get and in its events"
+SELECT_HELP = "key=value (repeatable): every Scheduled or paused timer of the tenant carrying all of them"
+
+
+def label_arg(value: str) -> tuple[str, str]:
+    """One `key=value` pair of --label, checked by the service's own rule (bad_labels)."""
+    from worker.core.fields import label_problem
+
+    key, eq, label = value.partition("=")
+    problem = label_problem({key: label}) if eq else f"not key=value: {value!r}"
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return key, label

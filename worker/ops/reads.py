@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg.rows import dict_row
 
-from worker.adapters.postgres import db
+from worker.adapters.postgres import bulk, db
 from worker.adapters.postgres.queries import QUERIES
 from worker.contract import iso
 from worker.core.timers import StoredTimer, stored_timer, timer_view
@@ -71,12 +71,15 @@ class TimerFilter:
     due_from: datetime | None = None
     due_to: datetime | None = None
     overdue: bool = False  # Scheduled and due by now (the database's now)
+    labels: dict[str, str] | None = None  # carrying every pair of these (one tenant's, in key order)
 
     def __post_init__(self) -> None:
         if self.state is not None and self.state not in STATES:
             raise ValueError(f"state: one of {', '.join(STATES)}, not {self.state!r}")
         if self.tenant_id is None and self.state not in (None, "Scheduled", "Paused"):
             raise ValueError("listing every tenant shows Scheduled or Paused timers only: give a tenant")
+        if self.labels and self.tenant_id is None:
+            raise ValueError("a label selects one tenant's timers: give a tenant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,17 +147,13 @@ def list_timers(
         )
     else:
         (last,) = _decode(after) if after else [""]
-        cur.execute(
-            QUERIES["inspect_tenant_timers"],
-            {
-                "tenant_id": f.tenant_id,
-                "after": last,
-                "state": f.state,
-                "due_from": f.due_from,
-                "due_to": f.due_to,
-                "limit": limit,
-            },
-        )
+        terms = bulk.label_terms(f.tenant_id or "", f.labels) if f.labels else None
+        params = {"tenant_id": f.tenant_id, "after": last, "state": f.state, "due_from": f.due_from,
+                  "due_to": f.due_to, "terms": terms, "limit": limit}  # fmt: skip
+        with conn.transaction():  # a label's plan settings (bulk.plan_listing) are this one's
+            if terms:
+                bulk.plan_listing(conn, params)
+            cur.execute(QUERIES["inspect_tenant_timers"], params)
     rows = cur.fetchall()
     cursor = None
     if len(rows) == limit:

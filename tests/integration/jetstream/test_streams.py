@@ -124,14 +124,14 @@ async def test_an_event_stream_with_a_short_duplicate_window_stops_start_up(sett
 
 
 async def test_an_event_stream_too_small_for_the_largest_event_stops_start_up(settings: Settings) -> None:
-    # TIMER_MAX_PAYLOAD_BYTES lets a timer's event reach about 26 KB here (16 KiB of data, the
-    # longest ids and headers): a stream that refuses messages past 20,000 bytes would refuse it,
+    # TIMER_MAX_PAYLOAD_BYTES lets a timer's event reach about 40 KB here (16 KiB of data, the
+    # longest ids, labels and headers): a stream that refuses messages past 40,000 bytes would refuse it,
     # and the timer would never fire. The one line names the setting and what would fit.
     async with jetstream(settings) as js:
         subjects = [f"{settings.subject_prefix}.*.timer.due"]
         await js.add_stream(
             api.StreamConfig(
-                name=settings.event_stream, subjects=subjects, duplicate_window=120, max_msg_size=20000
+                name=settings.event_stream, subjects=subjects, duplicate_window=120, max_msg_size=40000
             )
         )
     env = replica_env(settings_env(settings), "small-stream")
@@ -143,8 +143,8 @@ async def test_an_event_stream_too_small_for_the_largest_event_stops_start_up(se
     largest = largest_event(settings.max_payload_bytes, set())
     assert stderr.strip().splitlines()[-1] == (
         f"timer-service: TIMER_MAX_PAYLOAD_BYTES=16384 lets a DueTimeReached event reach {largest} bytes,"
-        f" more than stream {settings.event_stream}'s max_msg_size (20000): set it to at most"
-        f" {16384 - (largest - 20000)}"
+        f" more than stream {settings.event_stream}'s max_msg_size (40000): set it to at most"
+        f" {16384 - (largest - 40000)}"
     )
 
 

@@ -86,7 +86,7 @@ def test_overdue_lists_only_what_is_due_by_the_database_clock(db_url: str) -> No
     [
         (
             "inspect_tenant_timers",
-            {"after": "", "state": None, "due_from": None, "due_to": None},
+            {"after": "", "state": None, "due_from": None, "due_to": None, "terms": None},
             "timers_pkey",
         ),
         ("inspect_due_timers", {"after_tenant": "", "after_id": "", "due_to": None}, "timers_due"),

@@ -48,6 +48,7 @@ def _upsert_params(tenant: str, sid: str, due: datetime) -> dict[str, Any]:
         "repeat_cron": [None],
         "repeat_until": [None],
         "data": None,
+        "labels": None,
         "carried_headers": None,
         "order_grace": ORDER_GRACE,
         "command_seq": None,

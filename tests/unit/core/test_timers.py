@@ -37,6 +37,7 @@ ROW: dict[str, Any] = {
     "fire_window": None,
     "expire_after": None,
     "repeat_catchup": None,
+    "labels": {"campaign": "bf"},
 }
 
 
@@ -62,6 +63,11 @@ def test_a_paused_timer_shows_as_scheduled_and_paused_with_its_times_in_rfc3339(
         "timezone": None,
     }
     assert view["occurrencesFired"] == 2 and view["data"] == {"k": 1}
+    assert view["labels"] == {"campaign": "bf"}
+
+
+def test_a_timer_without_labels_shows_an_empty_object() -> None:
+    assert timer_view(replace(stored_timer(ROW), labels=None))["labels"] == {}
 
 
 def test_a_finished_timer_has_no_next_occurrence() -> None:

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.helpers import property_settings
-from worker.contract import EARLIEST_DUE_AT, LATEST_DUE_AT, MAX_WINDOW_MS, MessageIds
-from worker.core.window import planned_at, window_ms
+from worker.contract import EARLIEST_DUE_AT, LATEST_DUE_AT, MessageIds
+from worker.core.window import MAX_WINDOW_MS, planned_at, window_ms
 
 SECRET = bytes(range(32))
 IDS = MessageIds(SECRET)

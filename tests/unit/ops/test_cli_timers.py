@@ -23,10 +23,10 @@ def test_a_read_the_service_refuses_is_one_line(
 
 
 def test_list_takes_every_state_the_reads_know() -> None:
-    """`list --state` (cli.STATES, kept apart so the parser imports no driver) refused Paused."""
-    from worker.ops import cli, reads
+    """`list --state` (cli_args.STATES, kept apart so the parser imports no driver) refused Paused."""
+    from worker.ops import cli_args, reads
 
-    assert cli.STATES == reads.STATES
+    assert cli_args.STATES == reads.STATES
 
 
 def test_describe_writes_every_value_as_its_json_form() -> None:

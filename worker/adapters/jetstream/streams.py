@@ -111,10 +111,16 @@ def check_sizes(s: Settings, max_payload: int, events: api.StreamConfig) -> None
             f"TIMER_MAX_PAYLOAD_BYTES={s.max_payload_bytes} lets a DueTimeReached event reach {largest}"
             f" bytes, more than {what}: set it to at most {fits}"
         )
+    if s.carried_names:
+        raise ConfigError(
+            f"TIMER_CARRY_HEADERS: events carrying {len(s.carried_names)} producer headers of up to"
+            f" {MAX_CARRIED_VALUE_CHARS} characters can reach {largest - s.max_payload_bytes} bytes"
+            f" without data, more than {what}: carry fewer"
+        )
+    # Ids, labels and trace context alone: only a bigger limit makes room for them.
     raise ConfigError(
-        f"TIMER_CARRY_HEADERS: events carrying {len(s.carried_names)} producer headers of up to"
-        f" {MAX_CARRIED_VALUE_CHARS} characters can reach {largest - s.max_payload_bytes} bytes"
-        f" without data, more than {what}: carry fewer"
+        f"events can reach {largest - s.max_payload_bytes} bytes without data (ids, labels, trace"
+        f" context), more than {what}: raise it"
     )
 
 

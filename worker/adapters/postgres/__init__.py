@@ -4,8 +4,10 @@ db.py           the one place a database connection is opened, with every sessio
                 (TimeZone=UTC, client_encoding=UTF8, the timestamptz loaders, autocommit), the
                 UTF8 check at start-up, the one read of the fleet secret, the conninfo check
 store.py        every call a replica makes but the claim's: intake's writes, reads, the quota
+columns.py      upsert_schedules' array parameters, a column per field of a batch's schedules
 claim.py        a claim's transaction, open from the claim to its record, its rows read by name
 pausing.py      a tenant's or a timer's pause and resume
+bulk.py         a bulk action's selection: the next chunk of the timers a label selector names
 pgerrors.py     `classify`: a Postgres error worth retrying or not
 queries.py      the named SQL of sql/queries/, loaded once
 migrations.py   sql/migrations, applied safely when replicas run them at once

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -148,17 +148,35 @@ async def pause_one(
 ) -> Applied:
     """One timer's pause or resume, in stream order (`position`: one older than the timer's last
     pause or resume is ignored, so a pause deferred behind a claim never undoes a later resume)."""
+    done = await pause_listed(conn, key[0], [key[1]], resume, position)
+    return Applied([done.outcomes[0] if done.outcomes else "ignored"], done.soonest_due)
+
+
+async def pause_listed(
+    conn: psycopg.AsyncConnection[Any],
+    tenant_id: str,
+    service_call_ids: Sequence[str],
+    resume: bool,
+    position: Position | None,
+    terms: list[str] | None = None,
+) -> Applied:
+    """Timers' pauses or resumes by key, in one transaction: the outcome of each that exists and
+    still carries `terms` (a bulk action's selector; None: any), in key order. Each in stream
+    order as pause_one's."""
     params = {
-        "tenant_id": key[0],
-        "service_call_id": key[1],
+        "tenant_id": tenant_id,
+        "service_call_ids": sorted(service_call_ids),
+        "terms": terms,
         "control_seq": None if position is None else position.seq,
         "control_stored_at": None if position is None else position.stored_at,
     }
     async with conn.transaction():
         cur = await conn.execute(QUERIES["resume_timer" if resume else "pause_timer"], params)
-        found = await cur.fetchone()
-    applied, due, claimed = found if found is not None else (False, None, False)
+        rows = await cur.fetchall()
     # A claimed occurrence fires: with its lease committed, a pause records paused_at (applied) and
     # the mark stores the next one Paused; held by a claim's batch in flight, the pause or resume
     # waits for it (offered again). A resume's dueAt: when it made the timer claimable again.
-    return Applied(["deferred" if claimed else "applied" if applied else "ignored"], due)
+    outcomes: list[Outcome] = [
+        "deferred" if claimed else "applied" if applied else "ignored" for _, applied, _, claimed in rows
+    ]
+    return Applied(outcomes, min((due for _, _, due, _ in rows if due is not None), default=None))

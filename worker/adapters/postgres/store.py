@@ -11,21 +11,20 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import class_row, dict_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from worker.adapters.postgres import claim, pausing
+from worker.adapters.postgres import bulk, claim, pausing
 from worker.adapters.postgres.claim import record_again_params
+from worker.adapters.postgres.columns import schedule_columns
 from worker.adapters.postgres.pgerrors import classify
 from worker.adapters.postgres.pinger import Pinger
 from worker.adapters.postgres.queries import QUERIES
 from worker.adapters.postgres.writes import Writes
 from worker.contract import CancelTimer, Command, MessageIds, PauseTimers, ScheduleTimer
-from worker.core.domain import LOOKAHEAD_MS, Applied, ClaimParams, Fired, Key, Position
+from worker.core.domain import LOOKAHEAD_MS, Applied, BulkAction, ClaimParams, Fired, Key, Position
 from worker.core.ordering import Held, Marker, StreamOrder
 from worker.core.ports import ClaimedBatch
 from worker.core.timers import StoredTimer
-from worker.core.window import planned_at
 from worker.errors import TransientError
 
 log = logging.getLogger(__name__)
@@ -145,36 +144,7 @@ class Store:
 
         if schedules:
             sched = [c for c, _ in schedules if isinstance(c, ScheduleTimer)]
-            params = {
-                "tenant_id": [c.tenant_id for c in sched],
-                "service_call_id": [c.service_call_id for c in sched],
-                "due_at": [c.due_at for c in sched],
-                "correlation_id": [c.correlation_id for c in sched],
-                "command_ts": [c.timestamp_ms for c in sched],
-                "repeat_every": [c.repeat.every if c.repeat else None for c in sched],
-                "repeat_times": [c.repeat.times if c.repeat else None for c in sched],
-                "repeat_timezone": [c.repeat.timezone if c.repeat else None for c in sched],
-                "repeat_cron": [c.repeat.cron if c.repeat else None for c in sched],
-                "repeat_until": [c.repeat.until if c.repeat else None for c in sched],
-                "repeat_catchup": [c.repeat.catchup if c.repeat else None for c in sched],
-                # As carried_headers: NULL (no array at all) when none has data, so it costs nothing.
-                "data": (
-                    [None if c.data is None else Jsonb(c.data) for c in sched]
-                    if any(c.data is not None for c in sched)
-                    else None
-                ),
-                # A NULL array is padded with NULLs by unnest: nothing more to send when none has any.
-                "carried_headers": (
-                    [None if c.carried is None else Jsonb(c.carried) for c in sched]
-                    if any(c.carried is not None for c in sched)
-                    else None
-                ),
-                "order_grace": self.order_grace,
-            }
-            params |= self._windows(sched)
-            # As data: NULL (no array) when none has an expiry.
-            expiring = any(c.expire_after is not None for c in sched)
-            params["expire_after"] = [c.expire_after for c in sched] if expiring else None
+            params = schedule_columns(sched, self.ids) | {"order_grace": self.order_grace}
             position_of(params, [p for _, p in schedules])
             cur = await conn.execute(QUERIES["upsert_schedules"], params)
             changed |= {(t, s): d for t, s, d in await cur.fetchall()}
@@ -238,24 +208,6 @@ class Store:
                 cur = await conn.execute(QUERIES[name], params)
                 count: int = cur.rowcount
                 return count
-
-    def _windows(self, sched: Sequence[ScheduleTimer]) -> dict[str, Any]:
-        """upsert_schedules' window columns: each one's `window` and the instant its first
-        occurrence is planned to fire at; NULL (no array) when none has a window, as most."""
-        if all(c.window is None for c in sched):
-            return {"fire_window": None, "planned_at": None}
-        if self.ids is None:
-            raise RuntimeError("Store.ids is not set: the fleet secret plans firing windows")
-        ids = self.ids
-        return {
-            "fire_window": [c.window for c in sched],
-            "planned_at": [
-                None
-                if c.window is None
-                else planned_at(ids, c.tenant_id, c.service_call_id, c.due_at, c.window)
-                for c in sched
-            ],
-        }
 
     async def get_many(self, tenant_id: str, service_call_ids: Sequence[str]) -> dict[str, StoredTimer]:
         with self._db():
@@ -367,6 +319,26 @@ class Store:
         with self._db(write=True):
             async with self.pool.connection() as conn:
                 return await pausing.pause(conn, command, position, self.stuck_after)
+
+    async def select_labelled(
+        self, action: BulkAction, position: Position | None, after: str, limit: int
+    ) -> list[str]:
+        """The next chunk of the timers a bulk action names, after `after` (adapters/postgres/bulk.py)."""
+        with self._db():
+            async with self.pool.connection() as conn:
+                return await bulk.select_labelled(conn, action, position, after, limit)
+
+    async def pause_listed(
+        self, action: BulkAction, service_call_ids: Sequence[str], position: Position | None
+    ) -> Applied:
+        """A bulk pause's or resume's chunk: each timer still carrying the selector, paused or
+        resumed as its own pause or resume would be (pausing.pause_listed), in one transaction."""
+        terms = bulk.label_terms(action.tenant_id, action.selector)
+        with self._db(write=True):
+            async with self.pool.connection() as conn:
+                return await pausing.pause_listed(
+                    conn, action.tenant_id, service_call_ids, action.kind == "resume", position, terms
+                )
 
     async def ping(self) -> None:
         """Answer whether Postgres does, within pinger.PING_TIMEOUT_S (PingTimeout), on a connection

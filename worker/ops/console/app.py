@@ -117,6 +117,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/timers/{tenant}/{sid:path}", views.timer),
         Route("/act/{what}/{tenant}/{sid:path}", actions.timer_action, methods=["POST"]),
         Route("/act-tenant/{what}/{tenant}", actions.tenant_action, methods=["POST"]),
+        Route("/act-labelled/{what}/{tenant}", actions.labelled_action, methods=["POST"]),
         Route("/dlq", dlq_views.dlq_list),
         Route("/dlq/bulk", dlq_views.dlq_bulk, methods=["POST"]),
         Route("/dlq/{seq:int}", dlq_views.dlq_entry),

@@ -25,6 +25,7 @@ from starlette.responses import HTMLResponse
 
 from worker.client import TimerClient
 from worker.config import ConsoleSettings
+from worker.core.fields import label_problem
 from worker.ops import dlq, reads
 from worker.ops.console.auth import Credentials, LoginThrottle, ProxyIdentity, Roles, Sessions, csrf_ok
 
@@ -212,3 +213,14 @@ def audit(request: Request, what: str, tenant: str | None, id: str | None, **det
             **detail,
         },
     )
+
+
+def label_filter(pairs: list[str]) -> dict[str, str] | None:
+    """The `label` parameters (`key=value` each) as labels: None without any, {} for a bad one (a
+    pair the service's rule refuses, a key twice)."""
+    if not pairs:
+        return None
+    labels = {key: value for key, _, value in (pair.partition("=") for pair in pairs)}
+    if len(labels) < len(pairs) or any("=" not in pair for pair in pairs) or label_problem(labels):
+        return {}
+    return labels

@@ -13,7 +13,7 @@ from starlette.responses import RedirectResponse, Response
 
 from worker.contract import TENANT_RE
 from worker.ops import browse, dlq, fleet, fleet_stats, history, reads
-from worker.ops.console.base import checked_form, console_of, field, headers
+from worker.ops.console.base import checked_form, console_of, field, headers, label_filter
 from worker.ops.console.charts import overview_charts
 
 # The DLQ entries of a tenant read for the ones naming a timer, on the timer's page; the page
@@ -85,19 +85,24 @@ async def tenant(request: Request) -> Response:
     p = request.query_params
     state = p.get("state") or None
     sort = p.get("sort") or "id"
-    if state not in (None, *reads.STATES) or sort not in browse.SORTS:
+    labels = label_filter([v for v in p.getlist("label") if v])
+    if state not in (None, *reads.STATES) or sort not in browse.SORTS or labels == {}:
         return Response("bad filter", status_code=400, headers=headers())
+    if labels and sort.endswith("due"):
+        sort = "id"  # a label selects in key order (the labels index, or the key range)
     if sort.endswith("due"):
         state = "Scheduled"  # the due index holds Scheduled timers only
     summary = await c.db(reads.tenant_summary, tenant)
     try:
-        page = await c.db(browse.tenant_page, tenant, state, sort, p.get("after"), p.get("before"), 50)
+        page = await c.db(
+            browse.tenant_page, tenant, state, sort, p.get("after"), p.get("before"), 50, labels
+        )
     except (ValueError, KeyError, IndexError, TypeError):
         return Response("bad cursor", status_code=400, headers=headers())
     total = summary["counts"][state] if state else sum(summary["counts"].values())
     return c.page(
         request, "tenant.html", summary=summary, page=page, state=state, sort=sort, total=total,
-        done=request.query_params.get("done"),
+        done=request.query_params.get("done"), labels=labels or {},
     )  # fmt: skip
 
 

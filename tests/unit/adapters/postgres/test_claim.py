@@ -36,6 +36,7 @@ ROW = {
     "expire_after": None,
     "repeat_catchup": None,
     "caught_up": None,
+    "labels": '{"campaign": "bf"}',
     "next_due_at": NOW + timedelta(seconds=2),
     "db_now": NOW,
 }
