@@ -365,8 +365,7 @@ class Ours:
             js = rig.nc_.jetstream()
             sub = await js.subscribe(
                 subject,
-                queue="bench-receivers",
-                durable="bench-push",
+                queue="bench-push",  # the deliver group, and the durable's name (nats-py)
                 stream=stream,
                 cb=on_msg,
                 manual_ack=True,
@@ -535,7 +534,7 @@ GRAPHILE_INSERT = f"""
 SELECT graphile_worker.add_jobs(array_agg(
   ROW('noop', json_build_object('d', extract(epoch FROM t)), NULL, t, NULL, NULL, NULL, NULL)
     ::graphile_worker.job_spec))
-FROM (SELECT {DUE_AT_SQL} AS t FROM generate_series(%(lo)s, %(hi)s) AS i) AS due
+FROM (SELECT {DUE_AT_SQL} AS t FROM generate_series(%(lo)s::int, %(hi)s::int) AS i) AS due
 """
 GRAPHILE_CHUNK = 50_000  # jobs per add_jobs call: one array per statement, of a manageable size
 

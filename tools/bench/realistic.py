@@ -37,7 +37,7 @@ SELECT 'tenant-' || (i %% %(tenants)s),
        CASE WHEN i %% %(every)s = 0 THEN %(due_prefix)s || (i / %(every)s)
             ELSE left(%(prefix)s || md5(i::text) || md5(i::text), %(key_chars)s) END,
        'Scheduled', d, d
-FROM generate_series(1, %(rows)s) AS i, LATERAL (SELECT {DUE_AT_SQL}) AS t(d)
+FROM generate_series(1, %(rows)s::int) AS i, LATERAL (SELECT {DUE_AT_SQL}) AS t(d)
 """
 
 
