@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -181,23 +182,71 @@ class ConsoleSettings(Settings):
     console_token: SecretStr | None = None
     console_user: str | None = None
     console_password: SecretStr | None = None
-    # false: the console only reads; true: it can also replay DLQ entries.
+    # false: the console only reads; true: operators can also act (docs/SECURITY.md, The console).
     console_actions: bool = False
+    # Who is an operator (may act, with actions on), comma-separated: user names (`token` for the
+    # token's holder) and groups (TIMER_CONSOLE_GROUPS_HEADER's). Both empty: everyone who gets
+    # in; otherwise everyone else may only read.
+    console_operators: str = ""
+    console_operator_groups: str = ""
+    # An identity proxy in front (oauth2-proxy): the header naming the user it authenticated
+    # (X-Forwarded-User), and the one listing the user's groups, comma-separated. Believed only
+    # from TIMER_CONSOLE_TRUSTED_PROXIES (addresses or networks, comma-separated): from anyone
+    # else the headers are ignored, or any client could name itself.
+    console_user_header: str = ""
+    console_groups_header: str = ""
+    console_trusted_proxies: str = ""
+
+    @property
+    def operator_names(self) -> frozenset[str]:
+        return _names(self.console_operators)
+
+    @property
+    def operator_groups(self) -> frozenset[str]:
+        return _names(self.console_operator_groups)
+
+    @property
+    def trusted_proxies(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(ipaddress.ip_network(a, strict=False) for a in _names(self.console_trusted_proxies))
 
     @model_validator(mode="after")
     def _credentials(self) -> ConsoleSettings:
         if bool(self.console_user) != bool(self.console_password):
             raise ValueError("console_user: TIMER_CONSOLE_USER and TIMER_CONSOLE_PASSWORD go together")
-        if not (self.console_token or self.console_user):
+        if not (self.console_token or self.console_user or self.console_user_header):
             raise ValueError(
                 "console_token: the console needs TIMER_CONSOLE_TOKEN, or TIMER_CONSOLE_USER and "
-                "TIMER_CONSOLE_PASSWORD"
+                "TIMER_CONSOLE_PASSWORD, or TIMER_CONSOLE_USER_HEADER behind an identity proxy"
             )
+        self._proxy()
         for name in ("console_token", "console_password"):
             secret = getattr(self, name)
             if secret is not None and len(secret.get_secret_value()) < 12:
                 raise ValueError(f"{name}: must be at least 12 characters")
         return self
+
+    def _proxy(self) -> None:
+        for name in ("console_user_header", "console_groups_header"):
+            header = getattr(self, name)
+            if header and not _HEADER_NAME.match(header.lower()):
+                raise ValueError(f"{name}: not a header name: {header!r}")
+        if self.console_groups_header and not self.console_user_header:
+            raise ValueError("console_groups_header: needs TIMER_CONSOLE_USER_HEADER, the user's own")
+        if self.console_user_header and not self.console_trusted_proxies:
+            raise ValueError(
+                "console_trusted_proxies: TIMER_CONSOLE_USER_HEADER needs the proxies' addresses: "
+                "from anyone else the header is a client naming itself"
+            )
+        for address in _names(self.console_trusted_proxies):
+            try:
+                ipaddress.ip_network(address, strict=False)
+            except ValueError:
+                raise ValueError(f"console_trusted_proxies: not an address or network: {address!r}") from None
+
+
+def _names(text: str) -> frozenset[str]:
+    """A comma-separated setting's names."""
+    return frozenset(n.strip() for n in text.split(",") if n.strip())
 
 
 S = TypeVar("S", bound=Settings)

@@ -79,7 +79,7 @@ Reason = Literal[
 REASONS: frozenset[str] = frozenset(get_args(Reason))
 
 CommandKind = Literal["schedule", "cancel"]
-# Pause and resume (README, Pause and resume): commands on the tenant's pause/resume subjects, for the
+# Pause and resume (docs/USING.md, Pause and resume): commands on the tenant's pause/resume subjects, for the
 # whole tenant or one timer of it; parsed by worker.core.commands.parse_control.
 ControlKind = Literal["pause", "resume"]
 Kind = Literal["schedule", "cancel", "pause", "resume", "due", "dlq", "get"]

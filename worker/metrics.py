@@ -112,7 +112,7 @@ LOOP_TICK = Gauge("timer_loop_last_tick_timestamp_seconds", "Last time each loop
 # cheap to measure, and a count this high says all it needs to.
 OVERDUE_CAP = 100_000
 OVERDUE = Gauge("timer_overdue", f"Unclaimed occurrences past their dueAt (counted up to {OVERDUE_CAP:,})")
-# Paused timers (README, Pause and resume), counted up to OVERDUE_CAP like timer_overdue, and the
+# Paused timers (docs/USING.md, Pause and resume), counted up to OVERDUE_CAP like timer_overdue, and the
 # tenants paused as a whole. Paused timers are in neither timer_overdue nor timer_scheduled_estimate.
 PAUSED = Gauge("timer_paused", f"Paused timers (counted up to {OVERDUE_CAP:,})")
 PAUSED_TENANTS = Gauge("timer_paused_tenants", "Tenants paused as a whole")

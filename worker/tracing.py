@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for intake, claim, publish and mark (README, Traces).
+"""OpenTelemetry spans for intake, claim, publish and mark (docs/USING.md, Traces).
 
 Off unless OpenTelemetry's own environment asks for an exporter (`OTEL_EXPORTER_OTLP_ENDPOINT`,
 or `OTEL_TRACES_EXPORTER` other than `none`): then `setup` imports the SDK (the `otel` extra)

@@ -194,7 +194,7 @@ def _check_recurring(
     v: Verdict, t: Timer, fired: list[Event], row: Row | None, outages: Sequence[Window]
 ) -> None:
     """Every occurrence fires, except one the downtime rule skips: the next occurrence is the first
-    due after the one before was claimed (README, recurring timers), which is no later than its
+    due after the one before was claimed (docs/USING.md, recurring timers), which is no later than its
     first publish, so a skip is allowed only for an occurrence due by then, and only in downtime
     (an outage the scenario recorded): a crash skips nothing."""
     occurrences = t.occurrences()

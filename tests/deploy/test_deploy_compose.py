@@ -174,3 +174,31 @@ def test_console_runs_on_its_default_port_clear_of_the_replicas(services: dict[s
     assert "/login" in " ".join(console["healthcheck"]["test"])
     assert console["read_only"] is True and console["cap_drop"] == ["ALL"]
     assert console["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+
+
+def test_the_readmes_export_line_reaches_the_published_servers(services: dict[str, dict[str, Any]]) -> None:
+    """Issue 34: after `docker compose up` the README's CLI lines reached no server: Postgres
+    was not published. The export line the README gives (and this file's header) names the
+    ports published on the host and the database's own credentials."""
+    from urllib.parse import urlsplit
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    header = COMPOSE.read_text(encoding="utf-8")
+    found = re.findall(
+        r"^(?:# The CLI on the host: )?(export TIMER_DATABASE_URL=\S+ TIMER_NATS_URL=\S+)$",
+        readme + "\n" + header,
+        re.M,
+    )
+    compose_lines = [line for line in found if "timer:timer@" in line]
+    assert len(compose_lines) >= 2 and len(set(compose_lines)) == 1, found
+    words = dict(word.split("=", 1) for word in shlex.split(compose_lines[0])[1:])
+    db, nats_url = urlsplit(words["TIMER_DATABASE_URL"]), urlsplit(words["TIMER_NATS_URL"])
+    env = services["postgres"]["environment"]
+    assert (db.username, db.password, db.path) == (
+        env["POSTGRES_USER"],
+        env["POSTGRES_PASSWORD"],
+        f"/{env['POSTGRES_DB']}",
+    )
+    assert db.hostname == nats_url.hostname == "127.0.0.1"
+    assert db.port in _host_ports(services["postgres"])
+    assert nats_url.port in _host_ports(services["nats"])

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml  # type: ignore[import-untyped]  # no stubs in the dev extra
 
-from worker.config import Settings, parse_duration
+from worker.config import ConsoleSettings, Settings, parse_duration
 from worker.ops.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,6 +114,24 @@ CASES: dict[str, dict[str, Any]] = {
         "secrets": {"databaseUrl": SECRET_STRINGS["databaseUrl"]},
         "console": {"enabled": True, "token": "S3cret-console-token", "actions": True},
     },
+    "console_behind_proxy": {
+        "console": {
+            "enabled": True,
+            "tokenKey": "",
+            "actions": True,
+            "operators": ["bob", "token"],
+            "operatorGroups": ["sre"],
+            "identityProxy": {
+                "userHeader": "X-Forwarded-User",
+                "groupsHeader": "X-Forwarded-Groups",
+                "trustedProxies": ["10.0.0.0/8", "127.0.0.1"],
+            },
+        },
+    },
+    "console_readme_proxy": {},  # the chart README's single sign-on block: _readme_values
+    "console_proxy_trusting_nobody": {
+        "console": {"enabled": True, "identityProxy": {"userHeader": "X-Forwarded-User"}},
+    },
     "console_no_credentials": {"console": {"enabled": True}},
     "console_password_without_user": {"console": {"enabled": True, "password": "S3cret-console-pw"}},
     "console_existing_secret_no_key": {"console": {"enabled": True, "existingSecret": "c", "tokenKey": ""}},
@@ -134,6 +153,18 @@ CASES: dict[str, dict[str, Any]] = {
     "wrong_type": {"config": {"leaseMs": "3s"}},
     "out_of_range": {"config": {"batchSize": 0}},
 }
+
+
+def _readme_values(section: str) -> dict[str, Any]:
+    """The values block (```yaml) of a section of the chart README."""
+    text = (CHART / "README.md").read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```yaml\n(.*?)```", text, re.DOTALL)
+    assert block, f"the chart README's {section} section lost its values block"
+    values: dict[str, Any] = yaml.safe_load(block.group(1))
+    return values
+
+
+CASES["console_readme_proxy"] = _readme_values("The console")
 
 
 @pytest.fixture(scope="module")
@@ -775,12 +806,50 @@ def test_console_trial_credentials_stay_in_a_secret(rendered: dict[str, Any]) ->
     )
 
 
+def test_console_behind_an_identity_proxy_needs_no_credentials_and_trusts_the_proxy_alone(
+    rendered: dict[str, Any],
+) -> None:
+    container = Release(rendered["console_behind_proxy"]).one("Deployment", "console")["spec"]["template"]
+    env = _env(container["spec"]["containers"][0])
+    values = {k: v["value"] for k, v in env.items() if k.startswith("TIMER_CONSOLE_") and "value" in v}
+    assert values == {
+        "TIMER_CONSOLE_HOST": "0.0.0.0",
+        "TIMER_CONSOLE_PORT": "8081",
+        "TIMER_CONSOLE_ACTIONS": "true",
+        "TIMER_CONSOLE_OPERATORS": "bob,token",
+        "TIMER_CONSOLE_OPERATOR_GROUPS": "sre",
+        "TIMER_CONSOLE_USER_HEADER": "X-Forwarded-User",
+        "TIMER_CONSOLE_TRUSTED_PROXIES": "10.0.0.0/8,127.0.0.1",
+        "TIMER_CONSOLE_GROUPS_HEADER": "X-Forwarded-Groups",
+    }
+    assert "TIMER_CONSOLE_TOKEN" not in env
+    # What the console makes of them: settings it starts with.
+    settings = ConsoleSettings(**{k.removeprefix("TIMER_").lower(): v for k, v in values.items()})
+    assert settings.operator_names == {"bob", "token"} and len(settings.trusted_proxies) == 2
+
+
+def test_the_readmes_single_sign_on_values_install_a_console_that_trusts_the_ingress_alone(
+    rendered: dict[str, Any],
+) -> None:
+    release = Release(rendered["console_readme_proxy"])
+    pod = release.one("Deployment", "console")["spec"]["template"]
+    env = _env(pod["spec"]["containers"][0])
+    assert env["TIMER_CONSOLE_USER_HEADER"]["value"] == "X-Auth-Request-User"
+    assert env["TIMER_CONSOLE_TRUSTED_PROXIES"]["value"] == "10.244.0.0/16"
+    assert env["TIMER_CONSOLE_OPERATORS"]["value"] == "alice" and "TIMER_CONSOLE_TOKEN" not in env
+    policy = release.one("NetworkPolicy", "console")["spec"]
+    assert policy["ingress"][0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
+    ]
+
+
 @pytest.mark.parametrize(
     ("case", "message"),
     [
         ("console_no_credentials", "console.enabled needs credentials"),
         ("console_existing_secret_no_key", "console.enabled needs credentials"),
         ("console_password_without_user", "a password needs console.user"),
+        ("console_proxy_trusting_nobody", "userHeader needs console.identityProxy.trustedProxies"),
     ],
 )
 def test_console_refuses_to_install_without_credentials(

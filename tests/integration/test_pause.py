@@ -1,4 +1,4 @@
-"""Pause and resume (README, Pause and resume; issue 23), end to end on real Postgres and JetStream
+"""Pause and resume (docs/USING.md, Pause and resume; issue 23), end to end on real Postgres and JetStream
 with in-process replicas and a recorder counting DueTimeReached events per key.
 
 TIMER_PAUSE_SCALE sets the size of the big tenant (20,000 in `make test`; the issue's 100,000 by hand

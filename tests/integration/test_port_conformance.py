@@ -349,7 +349,7 @@ async def stored(publisher: EventPublisher) -> int:
     return int((await publisher.js.stream_info(publisher.settings.event_stream)).state.messages)
 
 
-# Pause and resume (Store.pause, worker/adapters/postgres/pausing.py; README, Pause and resume).
+# Pause and resume (Store.pause, worker/adapters/postgres/pausing.py; docs/USING.md, Pause and resume).
 
 
 def pause(tenant: str = "acme", key: str | None = None, resume: bool = False) -> PauseTimers:
@@ -502,7 +502,7 @@ def at_seq(seq: int) -> Position:
 async def test_a_timers_pauses_and_resumes_apply_in_stream_order_whatever_order_they_arrive_in(
     ports: Ports,
 ) -> None:
-    """README, Pause and resume: one older than the timer's last pause or resume changes nothing,
+    """docs/USING.md, Pause and resume: one older than the timer's last pause or resume changes nothing,
     even a resume that found nothing to resume; their order is their own (a ScheduleTimer older than
     them still applies) and outlives the timer's cancel and a ScheduleTimer bringing it back."""
     every = Repeat("PT1H", None, None)

@@ -1,4 +1,5 @@
-"""Retention (README, Retention; issue 6): finished timers are deleted after TIMER_RETENTION, nothing else.
+"""Retention (docs/USING.md, Retention; issue 6): finished timers are deleted after TIMER_RETENTION,
+nothing else.
 
 That a late duplicate ScheduleTimer inside the redelivery horizon does not re-arm a fired timer is
 test_timers.py::test_same_command_three_times_makes_one_timer_that_fires_once; retention keeps the

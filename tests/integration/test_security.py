@@ -35,6 +35,7 @@ from worker import logs
 from worker.adapters.jetstream.broker import Broker
 from worker.adapters.jetstream.options import connect_options
 from worker.client import TimerClient
+from worker.client.pulls import PULL_BATCH
 from worker.client.wire import nats_connect
 from worker.config import Settings, mask_url, secret_values
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres, postgres_bin
@@ -589,8 +590,7 @@ async def tenants(settings: Settings, tmp_path: Path) -> AsyncIterator[Tenants]:
                 )
                 assert (added.returncode, added.stderr) == (0, ""), added.stderr
                 assert added.stdout == (
-                    f"consumer {tenant} on TIMER_EVENTS: svc.{tenant}.timer.due,"
-                    f" push to _INBOX_{tenant}.TIMER_EVENTS\n"
+                    f"consumer {tenant} on TIMER_EVENTS: svc.{tenant}.timer.due, pull\n"
                     f"consumer {tenant} on TIMER_DLQ: svc.{tenant}.timer.dlq, pull\n"
                 )
             yield Tenants(server, service, pw)
@@ -663,7 +663,7 @@ async def test_a_tenant_with_the_documented_permissions_does_its_own_work_and_no
             # zeta's consumers.
             "$JS.API.CONSUMER.INFO.TIMER_EVENTS.zeta",
             "$JS.API.CONSUMER.MSG.NEXT.TIMER_DLQ.zeta",
-            "$JS.FC.TIMER_EVENTS.zeta.x",
+            "$JS.API.CONSUMER.MSG.NEXT.TIMER_EVENTS.zeta",
             # The streams themselves.
             "$JS.API.STREAM.INFO.TIMER_COMMANDS",
             "$JS.API.STREAM.MSG.GET.TIMER_EVENTS",
@@ -717,27 +717,36 @@ async def test_a_tenant_cannot_point_a_consumer_at_the_wake_subject(
     assert {(c.name, c.config.deliver_subject) for c in consumers} == {("acme", None), ("zeta", None)}
 
 
-async def test_due_events_keeps_reading_through_flow_control_with_the_documented_permissions(
+async def test_several_readers_share_the_tenants_consumer_with_the_documented_permissions(
     settings: Settings, tmp_path: Path
 ) -> None:
-    """The provisioned events consumer has flow control: past a few megabytes in flight the server
-    waits for the reader's answer on `$JS.FC.TIMER_EVENTS.acme.…` before it sends more. Without
-    that subject in the block the answer is refused and the consumer stalls for good."""
-    count, body = 3000, b"x" * 2000  # 6 MB: flow control asks more than once
+    """A consumer service of three pods reads the one provisioned consumer from each: every event
+    is given to one reader, asked for with CONSUMER.MSG.NEXT and delivered to the tenant's own
+    inbox, which the block allows; more events than one reader asks for at a time (pulls.py)."""
+    count = 3 * PULL_BATCH
     async with tenants(settings, tmp_path) as t:
         async with t.service_js() as service_js:  # stored as the service would, without firing each
-            for _ in range(count):
-                await service_js.publish("svc.acme.timer.due", body)
-        async with await t.connect("acme") as acme:
-            read = 0
-            async with contextlib.aclosing(acme.due_events("acme", durable="acme")) as events:
-                async with asyncio.timeout(60):
-                    async for event in events:
-                        event.ack()
-                        read += 1
-                        if read == count:
-                            break
-            assert not t.refused, t.refused
+            for i in range(count):
+                await service_js.publish("svc.acme.timer.due", json.dumps({"id": f"e-{i}"}).encode())
+        readers = [await t.connect("acme") for _ in range(3)]
+        got: list[list[str]] = [[] for _ in readers]
+
+        async def read(client: TimerClient, into: list[str]) -> None:
+            async for event in client.due_events("acme", durable="acme"):
+                into.append(event.id)
+                event.ack()
+
+        tasks = [asyncio.create_task(read(c, into)) for c, into in zip(readers, got, strict=True)]
+        try:
+            await until(lambda: sum(map(len, got)) >= count, timeout=60, what="every event read")
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            for client in readers:
+                await client.close()
+        assert sorted(e for into in got for e in into) == sorted(f"e-{i}" for i in range(count))
+        assert not t.refused, t.refused
 
 
 async def test_a_get_is_answered_only_where_its_tenant_listens(

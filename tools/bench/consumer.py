@@ -6,7 +6,8 @@ beside the consumers most users write with nats-py, reading the same stored even
 The events are stored once, before the first round, shaped as the replicas publish them (body
 and `Nats-Msg-Id`), on one embedded nats-server. Each round every consumer reads all of them
 from a consumer of its own, decodes each and acknowledges as it would in a user's service:
-- `due_events`: TimerClient.due_events (worker/client/consumer.py): push, explicit acks in one write each;
+- `due_events`: TimerClient.due_events (worker/client/consumer.py): pulling ahead, explicit acks in
+  one write each;
 - `ordered`: a nats-py ordered push consumer with a callback (no acks: a user's reader of a
   stream it does not need to acknowledge, and what the benchmarks used before due_events);
 - `push`: a nats-py durable push consumer with a callback, `msg.ack()` each;

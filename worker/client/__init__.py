@@ -3,8 +3,9 @@ imports only the contract, itself and nats-py (tests/unit/test_layout.py).
 
 producer.py     TimerClient: schedule, cancel, pause, resume, get, the bulk sends
 errors.py       what `get` raises: TimerClientError and its kinds, each also what it raised before
-consumer.py     its DueTimeReached consumer (due_events), acknowledged in batches
+consumer.py     its DueTimeReached consumer (due_events), acknowledged in batches, read by many
 acks.py         what due_events owes the server: the acks not yet sent, the events given out
+pulls.py        the pull requests a due_events reader keeps open: how readers of one durable share it
 envelopes.py    its commands' envelopes (Envelope), built in bulk
 wire.py         the own NATS wire, every nats-py internal relied on and nowhere else: the
                 connection never in clear when TLS is configured, the raw delivery hook,

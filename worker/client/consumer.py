@@ -15,16 +15,17 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
+from worker.client import pulls as pulls_module
 from worker.client.acks import Acks
+from worker.client.pulls import Pulls
 from worker.client.wire import acknowledge, connection_of, queued, subscription_id, take_raw
 
 _DECODER = json.JSONDecoder()
 _SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # typeshed: "a make_scanner"
 _STATUS = b"NATS/1.0 "  # a status message's header line; a message with headers starts `NATS/1.0\r\n`
-_STALLED = b"Nats-Consumer-Stalled:"
-# A consumer without idle heartbeats (made by hand): how long a reader waits in silence before
-# it looks whether its connection and its consumer are still there.
-_SILENCE_WITHOUT_HEARTBEATS = 30.0
+_STATUS_HEADER = "Status"  # where nats-py puts a status message's code
+_DESCRIPTION = "Description"  # and its words ("Request Timeout")
+_PENDING = "Nats-Pending-Messages"  # on a request's end: the events it did not deliver
 
 
 class DueEvent:
@@ -118,25 +119,19 @@ def _parse_headers(raw: bytes | None) -> dict[str, str]:
 
 
 # Events handed out and not yet acknowledged, at most, on a consumer due_events makes (and on a
-# tenant's, `timer-service consumer add`): what keeps a slow reader from being flooded.
+# tenant's, `timer-service consumer add`), over all its readers: what keeps slow readers from
+# being flooded.
 MAX_ACK_PENDING = 4096
 
 
-def push_config(max_ack_pending: int = MAX_ACK_PENDING) -> api.ConsumerConfig:
+def pull_config(max_ack_pending: int = MAX_ACK_PENDING) -> api.ConsumerConfig:
     """The consumer due_events reads (and the one an operator provisions for a tenant, with a
-    deliver subject and filter of its own, worker/ops/consumers.py): push, flow control, idle
-    heartbeats, each event acknowledged on its own."""
-    return api.ConsumerConfig(
-        ack_policy=api.AckPolicy.EXPLICIT,
-        max_ack_pending=max_ack_pending,
-        flow_control=True,
-        idle_heartbeat=5.0,
-    )
+    filter of its own, worker/ops/consumers.py): pull, each event acknowledged on its own."""
+    return api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=max_ack_pending)
 
 
-# What arrives, in order: an event (subject, reply, data, raw headers, parsed headers), or a
-# subject to answer with an empty message (flow control, a stalled consumer's heartbeat).
-_Arrival = tuple[bytes, bytes, bytes, bytes | None, dict[str, str] | None] | str
+# An event as it arrives: subject, reply, data, raw headers, parsed headers.
+_Arrival = tuple[bytes, bytes, bytes, bytes | None, dict[str, str] | None]
 
 
 async def due_events(
@@ -148,61 +143,45 @@ async def due_events(
     ack_every: int,
     max_ack_pending: int,
 ) -> AsyncGenerator[DueEvent, None]:
-    """The DueTimeReached events on `subject`, oldest first, from the durable consumer `durable`
-    on `stream` (created when missing). Call `event.ack()` once an event is handled: events
-    not acknowledged come again after the consumer's ack wait (30 s), here or to the next
-    consumer of that name, so an event is handled at least once. When the loop ends, the
-    events it was given but not acknowledged, and those received but not yet given, are handed
-    back at once (a NAK each), for the next reader.
+    """The DueTimeReached events on `subject`, oldest first, from the durable pull consumer
+    `durable` on `stream` (created when missing). Any number of readers may read one durable,
+    in one process or many: each is given events no other reader holds (pulls.py). Call
+    `event.ack()` once an event is handled: events not acknowledged come again after the
+    consumer's ack wait (30 s), to this reader or another, so an event is handled at least
+    once. When the loop ends, the events it was given but not acknowledged, and those received
+    but not yet given, are handed back at once (a NAK each), for the other readers.
 
-    Cheaper per event than a pull subscription read with fetch(): the server pushes events
-    as they are stored (with flow control), and each event's acknowledgement goes out with
-    others in one write, every `ack_every` events and whenever no more events are waiting
-    (acks made meanwhile, by handlers in tasks of their own, go at once).
-    Each event is acknowledged on its own (AckPolicy EXPLICIT): with AckPolicy ALL, a reader
-    that took over from one stopped with events in flight acknowledged those too with its first
-    ack, unhandled (they come again only after the ack wait, behind newer ones).
+    Each event's acknowledgement goes out with others in one write, every `ack_every` events
+    and whenever no more events are waiting (acks made meanwhile, by handlers in tasks of their
+    own, go at once). Each event is acknowledged on its own (AckPolicy EXPLICIT): with AckPolicy
+    ALL, one reader's ack covered the events another reader held, unhandled.
 
     The events are read as the connection parses them (wire.take_raw), before nats-py makes
     a message of each, parses its headers and queues it for a task: that was half of a
-    consumer's CPU per event (docs/BENCHMARKS.md). Flow control and heartbeats are answered
-    here, in order with the events, as nats-py would.
+    consumer's CPU per event (docs/BENCHMARKS.md).
     """
-    config = push_config(max_ack_pending)
     nc = connection_of(js)
+    info = await _bound(js, stream, durable, subject, max_ack_pending)
     arrived: deque[_Arrival] = deque()
     waiting = asyncio.Event()
     acks = Acks()
+    # A subscription of its own under the connection's inbox prefix (a tenant's `_INBOX_acme`,
+    # docs/SECURITY.md): the events its requests ask for come there, with the server's statuses.
+    inbox = nc.new_inbox()
+    pulls = Pulls(stream, info.name, inbox)
 
     def on_raw(subject: bytes, reply: bytes, data: bytes, raw_headers: bytes | None) -> None:
         if raw_headers is None or not raw_headers.startswith(_STATUS):
             if reply:  # else not the consumer's (_delivered)
                 arrived.append((subject, reply, data, raw_headers, None))
-        elif raw_headers[9:12] == b"100":  # flow control (it has a reply) or an idle heartbeat
-            answer = reply.decode() if reply else _stalled(raw_headers)
-            if answer:
-                arrived.append(answer)
+        else:
+            pending = _parse_headers(raw_headers).get(_PENDING)
+            line = raw_headers.split(b"\r\n", 1)[0]
+            pulls.ended(line[9:12], _count(pending), line[13:].decode("utf-8", "replace"))
         waiting.set()
 
-    # (flow_control given again: nats-py sets the config's from this argument, False by default)
-    try:
-        sub = await js.subscribe(
-            subject, durable=durable, stream=stream, manual_ack=True, config=config, flow_control=True
-        )
-    except TypeError as exc:  # nats-py's word for a durable of that name that is a pull consumer
-        if "deliver_subject" not in str(exc):
-            raise
-        raise ValueError(
-            f"consumer {durable!r} on {stream} is a pull consumer: due_events reads a push consumer "
-            "of its own; give it another durable name"
-        ) from None
-    # Without a callback nats-py keeps what arrives in the subscription's queue: what came
-    # before take_raw, all older than what the handler gets, is taken from there first.
+    sub = await nc.subscribe(inbox)
     release = take_raw(nc, subscription_id(sub), on_raw)
-    if release is not None:  # (no await since take_raw: `arrived` is still empty)
-        while (early := queued(sub)) is not None:
-            if _delivered(early):
-                arrived.append(_arrival(early))
     # Where take_raw cannot hook in: nats-py's own queue, read by one next_msg at a time. It is
     # never cancelled while the reader waits (a cancel can land after it took an event from the
     # queue, and the event would be lost to this reader): an ack() wakes the reader beside it.
@@ -210,7 +189,7 @@ async def due_events(
 
     def not_given() -> list[bytes]:
         """After the UNSUB and its flush: the events received and not given out."""
-        replies = [a[1] for a in arrived if not isinstance(a, str)]
+        replies = [a[1] for a in arrived]
         if getter is not None:
             if getter.done() and not getter.cancelled() and getter.exception() is None:
                 if _delivered(got := getter.result()):
@@ -222,28 +201,20 @@ async def due_events(
                 replies.append(held.reply.encode())
         return replies
 
-    try:
-        bound = (await js.consumer_info(stream, durable)).config
-        policy = bound.ack_policy
-        if policy != api.AckPolicy.EXPLICIT:
-            raise ValueError(
-                f"consumer {durable!r} on {stream} acknowledges with ack_policy {policy}, not explicit: "
-                "one reader's ack would cover events another had in flight, unhandled. Delete it "
-                "(`nats consumer rm`) once idle, or read from a new durable name"
-            )
-    except BaseException:
-        await _close(nc, sub, release, acks, not_given)
-        raise
+    # The server tells a reader neither that its consumer was deleted nor that the connection
+    # closed: it goes silent. Two heartbeats missed, as nats-py's own check.
+    silence = 2 * pulls_module.HEARTBEAT_S
 
-    # The server tells a push consumer's reader neither that its consumer was deleted nor, here,
-    # that the connection closed: it goes silent. Two heartbeats missed, as nats-py's own check.
-    silence = 2 * (bound.idle_heartbeat or _SILENCE_WITHOUT_HEARTBEATS / 2)
+    async def after_silence() -> None:
+        await _still_there(js, stream, durable)
+        pulls.anew(len(arrived))  # what it asked for is no longer on the server: asked afresh
 
     async def next_queued() -> _Arrival:
         nonlocal getter
         while True:
             if acks.done:  # acked while it waited: sent now, as below
                 await acks.send(nc)
+            await pulls.top_up(nc)
             if getter is None:
                 getter = asyncio.ensure_future(sub.next_msg(timeout=silence))
             waiting.clear()
@@ -259,10 +230,13 @@ async def due_events(
             done, getter = getter, None
             try:
                 msg = done.result()
-            except nats.errors.TimeoutError:  # (heartbeats are nats-py's: never here)
-                await _still_there(js, stream, durable, bound.deliver_subject)
+            except nats.errors.TimeoutError:
+                await after_silence()
                 continue
-            if _delivered(msg):
+            headers = msg.headers or {}
+            if (status := headers.get(_STATUS_HEADER)) is not None:
+                pulls.ended(status.encode(), _count(headers.get(_PENDING)), headers.get(_DESCRIPTION, ""))
+            elif _delivered(msg):
                 return _arrival(msg)
 
     async def next_arrival() -> _Arrival:
@@ -272,13 +246,14 @@ async def due_events(
             if acks.done:  # acked while it waited: sent now, not with a next event that may not come
                 await acks.send(nc)
                 continue
+            await pulls.top_up(nc)
             waiting.clear()
             acks.wake = waiting
             try:
                 async with asyncio.timeout(silence):  # any arrival, a heartbeat too, sets `waiting`
                     await waiting.wait()
             except TimeoutError:
-                await _still_there(js, stream, durable, bound.deliver_subject)
+                await after_silence()
             finally:
                 acks.wake = None
         return arrived.popleft()
@@ -287,10 +262,9 @@ async def due_events(
         while True:
             if not arrived or len(acks.done) >= ack_every:
                 await acks.send(nc)
+            await pulls.top_up(nc)
             arrival = await next_arrival()
-            if isinstance(arrival, str):  # answered once the events before it are out
-                await nc.publish(arrival)
-                continue
+            pulls.given()
             event = DueEvent(*arrival, acks)
             acks.open[event.reply] = None
             if len(acks.open) > acks.prune_at:
@@ -300,13 +274,45 @@ async def due_events(
         await _close(nc, sub, release, acks, not_given)
 
 
-async def _still_there(js: JetStreamContext, stream: str, durable: str, deliver: str | None) -> None:
+async def _bound(
+    js: JetStreamContext, stream: str, durable: str, subject: str, max_ack_pending: int
+) -> api.ConsumerInfo:
+    """The durable's info, the consumer made when missing; refused with why when it is not one
+    due_events can share (push, another filter, another ack policy). Only its info is asked
+    when it exists: a tenant with docs/SECURITY.md's permissions may create no consumer."""
+    info: api.ConsumerInfo
+    try:
+        info = await js.consumer_info(stream, durable)
+    except nats.js.errors.NotFoundError:
+        config = pull_config(max_ack_pending)
+        config.durable_name, config.filter_subject = durable, subject
+        # (two readers making it at once: the same configuration is no change, both succeed)
+        info = await js.add_consumer(stream, config)
+    config = info.config
+    if config.deliver_subject:
+        raise ValueError(
+            f"consumer {durable!r} on {stream} is a push consumer (due_events made those before "
+            "it read pull consumers): delete it (`nats consumer rm`) once no reader is on it, or "
+            "read from a new durable name"
+        )
+    if config.filter_subject not in (None, "", subject):
+        raise ValueError(f"consumer {durable!r} on {stream} reads {config.filter_subject}, not {subject}")
+    if config.ack_policy != api.AckPolicy.EXPLICIT:
+        raise ValueError(
+            f"consumer {durable!r} on {stream} acknowledges with ack_policy {config.ack_policy}, not "
+            "explicit: one reader's ack would cover events another had in flight, unhandled. Delete "
+            "it (`nats consumer rm`) once idle, or read from a new durable name"
+        )
+    return info
+
+
+async def _still_there(js: JetStreamContext, stream: str, durable: str) -> None:
     """After a silence: raises what ended the reading, if something did (nats-py's next_msg
     raises ConnectionClosedError; consumer_info NotFoundError for a consumer deleted)."""
     nc = connection_of(js)
     if nc.is_closed:
         raise nats.errors.ConnectionClosedError
-    if not nc.is_connected:  # reconnecting: heartbeats come again after, or it closes
+    if not nc.is_connected:  # reconnecting: asked again after the next silence, or it closes
         return
     try:
         info = await js.consumer_info(stream, durable)
@@ -314,18 +320,18 @@ async def _still_there(js: JetStreamContext, stream: str, durable: str, deliver:
         raise
     except nats.errors.Error:  # slow, or restarting (503): looked at again after the next silence
         return
-    if info.config.deliver_subject != deliver:  # deleted, and made again by another reader
+    if info.config.deliver_subject:  # deleted, and made again as a push consumer
         raise nats.js.errors.Error(
-            description=f"consumer {durable!r} on {stream} was deleted and made again, for another reader"
+            description=f"consumer {durable!r} on {stream} was deleted and made again as a push consumer"
         )
 
 
 async def _close(
     nc: Any, sub: Any, release: Callable[[], None] | None, acks: Acks, not_given: Callable[[], list[bytes]]
 ) -> None:
-    # Handed back for the next reader now, not after the ack wait; but only once the server
-    # has stopped pushing here (it would push them straight back): after the UNSUB, and after
-    # what it sent before it, which the round trip of a flush brings in.
+    # Handed back for the other readers now, not after the ack wait; but only once the server
+    # has stopped sending here: after the UNSUB (a request whose inbox has no interest left is
+    # dropped), and after what it sent before it, which the round trip of a flush brings in.
     try:
         await acks.send(nc)
         await sub.unsubscribe()
@@ -352,6 +358,10 @@ async def _close(
             release()
 
 
+def _count(header: str | None) -> int | None:
+    return int(header) if header and header.isdigit() else None
+
+
 def _delivered(msg: Msg) -> bool:
     # JetStream delivers each message with its ack subject as reply: one without is not the
     # consumer's (someone else's, on the deliver subject) and cannot be acknowledged (an ack to
@@ -361,12 +371,3 @@ def _delivered(msg: Msg) -> bool:
 
 def _arrival(msg: Msg) -> _Arrival:
     return (msg.subject.encode(), msg.reply.encode(), msg.data, None, msg.headers or {})
-
-
-def _stalled(raw_headers: bytes) -> str | None:
-    # An idle heartbeat names, when the server thinks the consumer stalled, where to send the
-    # flow control answer it missed.
-    at = raw_headers.find(_STALLED)
-    if at < 0:
-        return None
-    return raw_headers[at + len(_STALLED) :].split(b"\r\n", 1)[0].strip().decode() or None

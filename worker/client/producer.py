@@ -137,7 +137,7 @@ class TimerClient:
         await self._send(self.subjects.of(_tenant(tenant_id), "cancel"), "CancelTimer", payload, None)
 
     async def pause(self, tenant_id: str, service_call_id: str | None = None) -> None:
-        """Pause every timer of the tenant, or only the one named (README, Pause and resume): they
+        """Pause every timer of the tenant, or only the one named (docs/USING.md, Pause and resume): they
         stay Scheduled (read model: paused) and do not fire until resumed."""
         await self._control("pause", tenant_id, service_call_id)
 

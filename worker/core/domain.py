@@ -59,7 +59,7 @@ class Claimed(NamedTuple):
     # Stored in the column claimed_at, but not always when this occurrence was claimed: claim_due
     # keeps the first claim's across a crash, starts a fresh occurrence from its own dueAt, and
     # moves it to now only after downtime (sql/queries/). The column keeps its name: renaming
-    # it takes two releases (README, Upgrades); claim_due returns it AS recurrence_ref.
+    # it takes two releases (docs/UPGRADING.md); claim_due returns it AS recurrence_ref.
     recurrence_ref: datetime
     # The store's handle on the claimed row version, opaque to the core (Postgres: its ctid, which
     # the claim's row lock keeps still until the batch ends; sql/queries/firing.sql, record_fired).
@@ -110,7 +110,7 @@ class ClaimParams:
     ahead_ms: int  # "due" reaches this far ahead of the database clock
     fresh_window_ms: int  # "most recently due" means due no longer ago than this
     # A timer left claimable and unclaimed this long had no replica to claim it: downtime, and a
-    # recurring timer's missed occurrences are skipped (README, Recurring timers).
+    # recurring timer's missed occurrences are skipped (docs/USING.md, Recurring timers).
     downtime_ms: int
 
 

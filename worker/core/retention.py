@@ -1,4 +1,4 @@
-"""Retention (README, Retention): delete Reached and Cancelled timers once TIMER_RETENTION has passed.
+"""Retention (docs/USING.md, Retention): delete Reached and Cancelled timers once TIMER_RETENTION has passed.
 
 Every replica sweeps, at start and then about once a minute. A sweep deletes in small batches
 (one short statement each, rows locked with SKIP LOCKED so replicas never wait on each other or on

@@ -1,17 +1,22 @@
-"""`timer-service dev`: the whole service on one machine, with a demo load and a live view."""
+"""`timer-service dev`: the whole service on one machine, a playground: servers, replicas, the
+console, the line that points the CLI at them, a demo load and a live view."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import math
 import os
 import random
+import secrets
+import shlex
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,7 +24,8 @@ from worker.adapters.postgres.migrations import migrate
 from worker.client import TimerClient
 from worker.config import mask_url
 from worker.devkit.harness import ReplicaSet, replica_env_from, summary
-from worker.devkit.polling import until_async
+from worker.devkit.polling import until, until_async
+from worker.devkit.process import free_port
 from worker.devkit.recorder import EventRecorder
 from worker.errors import ConfigError
 from worker.settings import load_settings
@@ -63,10 +69,15 @@ def run_dev(duration: float | None, replicas: int, rate: int) -> int:
             with ReplicaSet(env, workdir) as fleet:
                 fleet.start(replicas)
                 print(f"{replicas} replicas running; logs in {workdir}/replica-*.log", flush=True)
-                result, interrupted = asyncio.run(
-                    _demo(nats_url, settings.subject_prefix, settings.event_stream, duration, rate)
-                )
-                codes = fleet.terminate_all()
+                with console(env, workdir) as (url, token):
+                    print(_console_line(url, token), flush=True)
+                    print(export_line(db_url, nats_url), flush=True)
+                    result, interrupted = asyncio.run(
+                        _demo(nats_url, settings.subject_prefix, settings.event_stream, duration, rate)
+                    )
+                    # The replicas first, at once, as before there was a console: one that has
+                    # drained on Ctrl-C on its own must not meet the SIGTERM late, as it exits.
+                    codes = fleet.terminate_all()
             clean = all(c == 0 for c in codes.values())
             if not clean:
                 print(f"replica exit codes: {codes}", file=sys.stderr)
@@ -86,6 +97,59 @@ def run_dev(duration: float | None, replicas: int, rate: int) -> int:
                 flush=True,
             )
             return 0 if result["lost"] == 0 and clean else 1
+
+
+def _console_line(url: str | None, token: str) -> str:
+    if url is None:
+        return "console  not started: pip install 'timer-service[console]'"
+    return f"console  {url}  (token {token}; actions on)"
+
+
+def export_line(db_url: str, nats_url: str) -> str:
+    """What to paste in another shell for the CLI and the client to find the servers dev started:
+    one line, the embedded servers' URLs (a server given by its TIMER_* variable is the shell's
+    already, and its URL may hold a password, which is not printed)."""
+    own = {"TIMER_DATABASE_URL": db_url, "TIMER_NATS_URL": nats_url}
+    given = {k: v for k, v in own.items() if os.environ.get(k) == v}
+    if len(given) == len(own):
+        return "the CLI finds these servers by the same TIMER_DATABASE_URL and TIMER_NATS_URL"
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in own.items() if k not in given)
+    return f"for the CLI, in another shell:\nexport {exports}"
+
+
+# The console's own default port, the one the README names; another when that one is taken.
+CONSOLE_PORT = 8081
+
+
+@contextlib.contextmanager
+def console(env: Mapping[str, str], workdir: Path) -> Iterator[tuple[str | None, str]]:
+    """`timer-service console` beside the replicas, answering: (its URL, its token), or (None, "")
+    without the `console` extra. On loopback with actions on (the playground is the developer's
+    own machine), a new token each run (the console refuses to start without one)."""
+    if importlib.util.find_spec("starlette") is None:
+        yield None, ""
+        return
+    token = secrets.token_urlsafe(12)
+    port = free_port(prefer=CONSOLE_PORT)
+    own = {
+        "TIMER_CONSOLE_HOST": "127.0.0.1",
+        "TIMER_CONSOLE_PORT": str(port),
+        "TIMER_CONSOLE_TOKEN": token,
+        "TIMER_CONSOLE_ACTIONS": "true",
+    }
+    with ReplicaSet({**env, **own}, workdir, prefix="console", command="console") as process:
+        (name,) = process.start()
+        url = f"http://127.0.0.1:{port}"
+
+        def answers() -> bool:
+            if not process.alive():
+                raise ConfigError(f"the console stopped: see {workdir}/{name}.log")
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/login", timeout=1) as page:
+                return bool(page.status == 200)
+            return False
+
+        until(answers, timeout=30, what="the console to answer", interval=0.1)
+        yield url, token
 
 
 def _ms(value: float) -> str:

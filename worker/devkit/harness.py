@@ -24,12 +24,16 @@ def replica_env(settings_env: Mapping[str, str], worker_id: str) -> dict[str, st
 
 
 class ReplicaSet:
-    """N `timer-service run` processes; each can be stopped, killed, paused or replaced."""
+    """N `timer-service run` processes; each can be stopped, killed, paused or replaced. `command`:
+    another `timer-service` command to run so beside them (`dev`'s console)."""
 
-    def __init__(self, env: Mapping[str, str], log_dir: Path, prefix: str = "replica") -> None:
+    def __init__(
+        self, env: Mapping[str, str], log_dir: Path, prefix: str = "replica", command: str = "run"
+    ) -> None:
         self.env = dict(env)
         self.log_dir = log_dir
         self.prefix = prefix
+        self.command = command
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._started = 0
 
@@ -41,7 +45,7 @@ class ReplicaSet:
             env = replica_env({**self.env, **(extra_env or {})}, name)
             log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115  # the child owns it
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "worker", "run"], env=env, stdout=log, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "worker", self.command], env=env, stdout=log, stderr=subprocess.STDOUT
             )
             log.close()
             names.append(name)

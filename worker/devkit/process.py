@@ -30,10 +30,13 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _live: set[ServerProcess] = set()
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+def free_port(prefer: int = 0) -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago: `prefer` if it was, else any."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        try:
+            sock.bind(("127.0.0.1", prefer))
+        except OSError:
+            sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 

@@ -3,9 +3,11 @@ service never imports them.
 
 cli.py          the `timer-service` command (also `python -m worker`): the parser and main
 cli_timers.py   its commands on timers: schedule, cancel, status, list, describe, pause, resume
+cli_import.py   `schedule --from-file` and `cancel --from-file`: a file checked line by line, sent in batches
 cli_dlq.py      its `dlq` commands: list, show, replay, purge
 cli_service.py  its commands that run something: migrate, run, console, dev, bench
 cli_nats.py     how those commands reach NATS: once, giving up at once when it is not there
+cli_output.py   what they print: a line for people, or the same answer as camelCase JSON (--json)
 reads.py        status, list, describe, the cancel outcome: what the database says
 diagnosis.py    a timer's `why`, from its row alone
 browse.py       the console's browsing: a tenant's timers page by page, the search

@@ -49,18 +49,32 @@ from worker.ops.cli_timers import (
 RELATIVE_TIME_OPTIONS = ("--since", "--before", "--due-from", "--due-to")
 # reads.STATES, without importing the database driver to parse a command line.
 STATES = ("Scheduled", "Paused", "Reached", "Cancelled")
+# The settings a command line may give instead of the environment (option's dest: variable).
+SERVER_OPTIONS = {"database_url": "TIMER_DATABASE_URL", "nats_url": "TIMER_NATS_URL"}
 
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 2) and no abbreviated options (an abbreviation
-    would slip past _join_relative_times)."""
+    would slip past _join_relative_times). Every command takes --database-url and --nats-url,
+    before its name or after it (`bench`, which hands its arguments on, only before)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        if self.add_help:
+            # Not set unless given (SUPPRESS): one given before the command's name is not undone
+            # by the command's parser, which add_subparsers makes of this class too.
+            for dest, variable in SERVER_OPTIONS.items():
+                self.add_argument(
+                    _option(dest), metavar="URL", default=argparse.SUPPRESS, help=f"instead of {variable}"
+                )
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _option(dest: str) -> str:
+    return f"--{dest.replace('_', '-')}"
 
 
 def _join_relative_times(argv: list[str]) -> list[str]:
@@ -148,7 +162,8 @@ def _json_value(value: str) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="timer-service",
-        description="Durable multi-tenant timers on Postgres and NATS JetStream. Settings: TIMER_* env vars.",
+        description="Durable multi-tenant timers on Postgres and NATS JetStream. Settings: TIMER_* env"
+        " vars; --database-url and --nats-url override TIMER_DATABASE_URL and TIMER_NATS_URL.",
     )
     p.add_argument("--version", action="version", version=f"timer-service {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -157,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--status", action="store_true", help="list applied and pending migrations; exit 1 if any is pending"
     )
+    m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_migrate)
     ms = sub.add_parser(
         "migrate-streams",
@@ -164,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ms.add_argument("--to", help="the new command stream's name (default: <TIMER_COMMAND_STREAM>_V2)")
     ms.add_argument("--no-wait", action="store_true", help="do not wait for the old stream to drain")
+    ms.add_argument("--json", action="store_true", help="the steps on stderr; on stdout whether it drained")
     ms.add_argument(
         "--timeout", type=float, default=None, help="wait at most this many seconds for it to drain (exit 1)"
     )
@@ -172,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     cns = cn.add_subparsers(dest="consumer_command", required=True, metavar="ACTION")
     a = cns.add_parser("add", help="create them (or leave them as they are): durable, named after the tenant")
     a.add_argument("--tenant", type=_tenant, required=True)
+    a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_consumer)
     r = sub.add_parser("run", help="run one replica until SIGTERM")
     r.add_argument(
@@ -201,12 +219,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--until", type=_when, help="repeat: no occurrence after this (RFC 3339 or +duration)")
     s.add_argument("--timezone", help="repeat: IANA zone for wall-clock occurrences")
     s.add_argument("--data", type=_json_value, help="JSON delivered with every DueTimeReached: '{\"a\":1}'")
+    s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_schedule)
 
-    c = sub.add_parser("cancel", help="cancel a timer not yet claimed")
-    c.add_argument("--tenant", required=True, type=_tenant)
-    c.add_argument("--id", required=True)
+    c = sub.add_parser("cancel", help="cancel a timer not yet claimed, or many from a file")
+    c.add_argument("--tenant", type=_tenant, help="required unless --from-file names each line's")
+    one = c.add_mutually_exclusive_group()
+    one.add_argument("--id", help="the serviceCallId; required unless --from-file")
+    one.add_argument(
+        "--from-file",
+        metavar="FILE",
+        help="one serviceCallId of --tenant per line, or JSON Lines of CancelTimers, flat or envelope"
+        " (- for stdin): each checked as the service would and sent once as checked, in batches",
+    )
     c.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the outcome (default 5)")
+    c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_cancel)
 
     for name, func, text in (
@@ -216,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         pr = sub.add_parser(name, help=text)
         pr.add_argument("--tenant", required=True, type=_tenant)
         pr.add_argument("--id", help="one timer only (default: every timer of the tenant)")
+        pr.add_argument("--json", action="store_true")
         pr.set_defaults(func=func)
 
     st = sub.add_parser(
@@ -264,9 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "--after", type=_count, default=0, help="the stream sequence a previous page printed"
             )
             a.add_argument("--limit", type=_count, default=50, help="entries per page (default 50)")
-            a.add_argument("--json", action="store_true")
         else:
             a.add_argument("--yes", action="store_true", help="delete; without it, only count")
+        a.add_argument("--json", action="store_true")
         a.set_defaults(func=cmd_dlq)
     a = qs.add_parser("show", help="one entry: headers and body")
     a.add_argument("seq", type=_count)
@@ -275,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = qs.add_parser("replay", help="re-submit an entry to its subject, then remove it from the DLQ")
     a.add_argument("seq", type=_count)
     a.add_argument("--body", help="a file with the fixed command (- for stdin) instead of the stored one")
+    a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_dlq)
 
     co = sub.add_parser("console", help="the web console (TIMER_CONSOLE_*), on its own port")
@@ -302,18 +331,31 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(_join_relative_times(sys.argv[1:] if argv is None else argv))
     logs.quiet_known_noise()
+    # Every command reads its settings from the environment, and so do the processes `dev` and
+    # `bench` start: an option given is that variable, for this run.
+    given = {variable: _option(dest) for dest, variable in SERVER_OPTIONS.items() if dest in args}
+    for dest, variable in SERVER_OPTIONS.items():
+        if dest in args:
+            os.environ[variable] = getattr(args, dest)
+
+    def fail(text: str) -> None:
+        """The one line of a failure, naming the option where one stood for the variable."""
+        for variable, option in given.items():
+            text = text.replace(variable, option)
+        print(f"timer-service: {logs.redact(text)}", file=sys.stderr)
+
     try:
         code: int = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return code
     except ConfigError as exc:
-        print(f"timer-service: {logs.redact(str(exc))}", file=sys.stderr)
+        fail(str(exc))
         return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError as exc:
         if not _stdout_closed():  # a server's socket (NATS refusing TLS without a certificate)
-            print(f"timer-service: {logs.redact(_first_line(exc))}", file=sys.stderr)
+            fail(_first_line(exc))
             return 1
         # `timer-service dlq list | head`: the reader has what it wanted. Python's own advice
         # (docs, signal): point stdout at devnull so the flush at exit cannot fail again.
@@ -322,13 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     except psycopg.Error as exc:
         # No SQLSTATE: the server was never reached (or went away), so say which setting names it.
         where = "" if exc.sqlstate else "Postgres (TIMER_DATABASE_URL): "
-        print(f"timer-service: {where}{logs.redact(_first_line(exc))}", file=sys.stderr)
+        fail(f"{where}{_first_line(exc)}")
         return 1
     except (OSError, nats.errors.Error, TimerClientError) as exc:
         # A server not reachable, a file not found, a replica refusing a read: a user's
         # situation, not a bug. One line.
         where = "NATS (TIMER_NATS_URL): " if isinstance(exc, nats.errors.Error) else ""
-        print(f"timer-service: {where}{logs.redact(_first_line(exc))}", file=sys.stderr)
+        fail(f"{where}{_first_line(exc)}")
         return 1
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 
 from worker.errors import ConfigError
 from worker.ops.cli_nats import _nats_options
+from worker.ops.cli_output import emit
 from worker.settings import load_settings
 
 
@@ -50,10 +52,11 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                     print(f"no DLQ entry {args.seq}: replayed or purged; nothing sent", file=sys.stderr)
                     return 1
                 again = " (the command stream had it already: replayed before)" if done.duplicate else ""
-                print(
+                text = (
                     f"replayed DLQ entry {done.seq} to {done.subject} as command {done.command_seq}"
                     f"{again}; removed from the DLQ"
                 )
+                emit(args, dataclasses.asdict(done), text)
                 return 0
             if not any((f.tenant, f.reason, f.since, f.before, f.service_call_id)):
                 raise ConfigError(
@@ -61,9 +64,10 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                 )
             seqs = await q.purge(f, confirmed=args.yes)
             if args.yes:
-                print(f"purged {len(seqs)} DLQ entries")
+                text = f"purged {len(seqs)} DLQ entries"
             else:
-                print(f"{len(seqs)} DLQ entries match; run again with --yes to delete them")
+                text = f"{len(seqs)} DLQ entries match; run again with --yes to delete them"
+            emit(args, {"purged" if args.yes else "matching": len(seqs)}, text)
             return 0
 
     code: int = asyncio.run(act())

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 from pathlib import Path
 
 from worker import logs, tracing
 from worker.errors import ConfigError
+from worker.ops.cli_output import emit
 from worker.settings import load_settings
 
 
@@ -20,12 +22,17 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     url = settings.database_url.get_secret_value()
     if args.status:
         applied, pending = migrations.status(url)
-        print(f"applied: {', '.join(map(str, applied)) or 'none'}")
-        print(f"pending: {', '.join(f'{v} ({name})' for v, name in pending) or 'none'}")
+        text = (
+            f"applied: {', '.join(map(str, applied)) or 'none'}\n"
+            f"pending: {', '.join(f'{v} ({name})' for v, name in pending) or 'none'}"
+        )
+        listed = {"applied": applied, "pending": [{"version": v, "name": name} for v, name in pending]}
+        emit(args, listed, text)
         return 1 if pending else 0
     require_utf8(url)  # before anything is written to a database the replicas would refuse
     applied = migrations.migrate(url)
-    print(f"migrations applied: {', '.join(map(str, applied))}" if applied else "schema up to date")
+    text = f"migrations applied: {', '.join(map(str, applied))}" if applied else "schema up to date"
+    emit(args, {"applied": applied}, text)
     return 0
 
 
@@ -38,9 +45,17 @@ def cmd_consumer(args: argparse.Namespace) -> int:
 
     async def add() -> int:
         async with _jetstream(settings) as js:
-            for made in await provision(js, settings, args.tenant):
-                how = f"push to {made.deliver_subject}" if made.deliver_subject else "pull"
-                print(f"consumer {made.name} on {made.stream}: {made.filter_subject}, {how}")
+            try:
+                made = await provision(js, settings, args.tenant)
+            except ValueError as exc:  # an earlier release's push consumer: what to do, in one line
+                print(f"timer-service: {exc}", file=sys.stderr)
+                return 1
+        lines = [
+            f"consumer {c.name} on {c.stream}: {c.filter_subject},"
+            f" {f'push to {c.deliver_subject}' if c.deliver_subject else 'pull'}"
+            for c in made
+        ]
+        emit(args, {"consumers": [dataclasses.asdict(c) for c in made]}, "\n".join(lines))
         return 0
 
     return asyncio.run(add())
@@ -51,7 +66,14 @@ def cmd_migrate_streams(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     wait = 0.0 if args.no_wait else args.timeout
-    done = asyncio.run(migrate_streams(settings, to=args.to, wait=wait))
+
+    def say(line: str) -> None:
+        """Its steps as they happen; with --json on stderr, and stdout holds the outcome alone."""
+        print(line, file=sys.stderr if args.json else sys.stdout)
+
+    done = asyncio.run(migrate_streams(settings, to=args.to, wait=wait, say=say))
+    if args.json:
+        emit(args, {"drained": done}, "")
     return 0 if done else 1
 
 

@@ -1,34 +1,21 @@
-"""The `timer-service` commands on timers: schedule (one, or many --from-file), cancel, status,
-list, describe."""
+"""The `timer-service` commands on timers: schedule and cancel (one, or many --from-file, in
+cli_import.py), pause, resume, status, list, describe."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
-import re
 import sys
-import time
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from worker.client.envelopes import Envelope
 from worker.config import Settings, parse_duration
-from worker.contract import (
-    INVALID_TENANT,
-    MAX_BODY_BYTES,
-    MAX_ID_CHARS,
-    Rejection,
-    ScheduleTimer,
-    Subjects,
-    iso,
-)
+from worker.contract import Rejection, ScheduleTimer, iso
 from worker.errors import ConfigError
+from worker.ops.cli_import import applied_or_dlq, send_file
 from worker.ops.cli_nats import _backlog, _with_client
+from worker.ops.cli_output import emit
 from worker.settings import load_settings
 
 
@@ -44,7 +31,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     if args.from_file is not None:
-        return _schedule_file(settings, args.from_file)
+        return send_file(settings, args, "schedule")
     if args.tenant is None or args.id is None:
         raise ConfigError("schedule needs --tenant and --id (or --from-file)")
     repeats = args.every is not None or args.cron is not None
@@ -96,200 +83,41 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     # What is true now: JetStream stored the command. A replica applies it shortly, or rejects it
     # (quota_exceeded, a dueAt past the horizon by then): that only shows in the DLQ. The first
     # occurrence: dueAt itself, or a cron schedule's first match at or after it.
-    print(f"sent {args.tenant}/{args.id} (first occurrence {iso(checked.due_at)}): in the command stream")
     key = f"--tenant {args.tenant} --id {args.id}"
-    print(_applied_or_dlq(f"it shortly (`timer-service describe {key}`)", key))
+    sent = {
+        "tenant_id": args.tenant,
+        "service_call_id": args.id,
+        "first_occurrence": checked.due_at,
+        "dlq": f"timer-service dlq list {key}",
+    }
+    text = (
+        f"sent {args.tenant}/{args.id} (first occurrence {iso(checked.due_at)}): in the command stream\n"
+        + applied_or_dlq("schedule", f"it shortly (`timer-service describe {key}`)", key)
+    )
+    emit(args, sent, text)
     return 0
-
-
-def _applied_or_dlq(applies: str, dlq_filter: str) -> str:
-    """The line after what `schedule` sent: a replica applies it or rejects it, and where to look."""
-    return (
-        f"a replica applies {applies}, or rejects it to the DLQ (quota_exceeded, say):"
-        f" `timer-service dlq list {dlq_filter}`"
-    )
-
-
-# Lines read, checked and sent at a time by `schedule --from-file`: memory stays flat for any file.
-IMPORT_CHUNK = 10_000
-# An envelope line's `id` that can go as its Nats-Msg-Id (a NATS header value): printable ASCII.
-_MSG_ID = re.compile(rf"[!-~]{{1,{MAX_ID_CHARS}}}\Z")
-
-
-def _schedule_file(settings: Settings, path: str) -> int:
-    """`schedule --from-file`: one ScheduleTimer per line, in the flat or the envelope form
-    (docs/CONTRACT.md), its tenant from its `tenantId`. Each line is sent once, as what the
-    service's own check (parse_command, with TIMER_MAX_HORIZON and TIMER_MAX_PAYLOAD_BYTES) passed:
-    an envelope as it is, its `id` as Nats-Msg-Id (a file imported again: JetStream drops what it
-    has, reported duplicate); a flat line in an envelope with a new id and, unless it has its own,
-    the import's timestampMs. A line the service would reject is reported with its number and
-    reason, and not sent; the rest go with TimerClient.send_many. The file is read a line at a
-    time, none held past MAX_BODY_BYTES. A progress line on stderr while it runs (on a
-    terminal); a summary on stdout. Exit 1 if any line was rejected or not stored. Sent is not
-    applied: a replica may still reject a line (quota_exceeded, say) to the DLQ, which the
-    summary names."""
-    stream = sys.stdin.buffer if path == "-" else Path(path).open("rb")  # noqa: SIM115  # closed below
-    progress = Progress(Path(path).stat().st_size if path != "-" else None)
-    counts = {"accepted": 0, "duplicate": 0, "error": 0, "rejected": 0}
-    # Whatever a replica rejects of this import is in the DLQ from here on.
-    started = datetime.now(UTC)
-    stamp = time.time_ns() // 1_000_000  # the import's timestampMs, for flat lines without one
-
-    def reject(number: int, why: str) -> None:
-        counts["rejected"] += 1
-        progress.clear()
-        print(f"line {number}: {why}", file=sys.stderr)
-
-    async def send(client: Any) -> None:
-        chunk: list[tuple[int, Envelope]] = []
-        fresh = True  # every id in the chunk new (flat lines'): it may go in fast batches
-        for number, line, size in _lines(stream, MAX_BODY_BYTES):
-            progress.read(size)
-            if line is None:
-                reject(number, f"body_too_large: more than {MAX_BODY_BYTES} bytes, not read")
-                continue
-            if not line.strip():
-                continue
-            command = _line_command(line, settings, client.subjects, stamp)
-            if isinstance(command, str):
-                reject(number, command)
-                continue
-            chunk.append((number, command[0]))
-            fresh = fresh and command[1]
-            if len(chunk) >= IMPORT_CHUNK:
-                await flush(client, chunk, fresh)
-                fresh = True
-        await flush(client, chunk, fresh)
-
-    async def flush(client: Any, chunk: list[tuple[int, Envelope]], fresh: bool) -> None:
-        if not chunk:
-            return
-        sent = await client.send_many([c for _, c in chunk], fresh=fresh)
-        for (number, _), one in zip(chunk, sent, strict=True):
-            counts[one.outcome] += 1
-            if one.outcome == "error":
-                progress.clear()
-                print(f"line {number}: not stored, send it again: {one.error}", file=sys.stderr)
-        progress.sent(len(chunk))
-        chunk.clear()
-
-    try:
-        asyncio.run(_with_client(settings, send))
-    finally:
-        stream.close()
-        progress.clear()
-    # "sent": stored in the command stream (TimerClient's `accepted`), not yet applied; "duplicate":
-    # the stream had that command already; "rejected": refused here, not sent.
-    print(
-        f"sent {counts['accepted']}, duplicate {counts['duplicate']},"
-        f" rejected {counts['rejected']} (not sent), not stored {counts['error']}"
-    )
-    if counts["accepted"]:
-        print(_applied_or_dlq("each shortly", f"--since {iso(started)}"))
-    return 1 if counts["rejected"] or counts["error"] else 0
-
-
-def _lines(stream: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None, int]]:
-    """Each line of `stream`: its number, its bytes (None for one longer than `limit`, skipped
-    without ever holding more than `limit` bytes of it) and the bytes read for it."""
-    for number in itertools.count(1):
-        line = stream.readline(limit + 1)
-        if not line:
-            return
-        if len(line) <= limit or line.endswith(b"\n"):
-            yield number, line, len(line)
-            continue
-        size = len(line)
-        while not line.endswith(b"\n"):  # the rest of it, a piece at a time, up to its end
-            line = stream.readline(limit)
-            if not line:
-                break
-            size += len(line)
-        yield number, None, size
-
-
-def _line_command(
-    line: bytes, settings: Settings, subjects: Subjects, stamp: int
-) -> tuple[Envelope, bool] | str:
-    """The command one line of the file sends and whether its id is new (not the line's own),
-    checked as a replica will check it; or why not. The bytes checked are the bytes sent: a
-    flat line is checked inside its envelope."""
-    from worker.core.commands import parse_command  # not loaded for the CLI's other commands
-
-    try:
-        doc = json.loads(line)
-    except ValueError:
-        doc = None  # parse_command says what is wrong with it, in the service's words
-    doc = doc if isinstance(doc, dict) else {}
-    envelope = "payload" in doc or "type" in doc  # as the service tells the forms apart
-    fields = doc.get("payload") if envelope else doc
-    tenant = fields.get("tenantId") if isinstance(fields, dict) else None
-    body, msg_id, new = line.strip(), str(uuid.uuid4()), True
-    if envelope:
-        own = doc.get("id")
-        if isinstance(own, str) and _MSG_ID.match(own):
-            msg_id, new = own, False
-    elif isinstance(tenant, str) and isinstance(fields, dict):
-        # The envelope the Python client sends; the payload the line's own bytes, so the service
-        # checks these and nothing re-encoded (a key twice, say, is still refused).
-        own_stamp = "" if fields.get("timestampMs") is not None else f', "timestampMs": {stamp}'
-        head = f'{{"id": "{msg_id}", "type": "ScheduleTimer", "tenantId": {json.dumps(tenant)}{own_stamp}'
-        body = f'{head}, "payload": '.encode() + body + b"}"
-    checked = parse_command(
-        "schedule",
-        tenant if isinstance(tenant, str) else INVALID_TENANT,
-        body,
-        now=datetime.now(UTC),
-        max_horizon=settings.max_horizon,
-        max_payload_bytes=settings.max_payload_bytes,
-    )
-    if isinstance(checked, Rejection):
-        return f"{checked.reason}: {checked.detail}"
-    assert isinstance(tenant, str)  # the check passed: the tenantId named the subject's tenant
-    return Envelope(subjects.of(tenant, "schedule"), msg_id, body), new
-
-
-class Progress:
-    """One line on stderr, rewritten at most 10 times a second, only on a terminal: bytes read
-    of the file (when its size is known) and commands stored. Not worth a dependency."""
-
-    def __init__(self, total: int | None) -> None:
-        self.total, self.done, self.stored = total, 0, 0
-        self.live = sys.stderr.isatty()
-        self.shown_at = 0.0
-
-    def read(self, n: int) -> None:
-        self.done += n
-
-    def sent(self, n: int) -> None:
-        self.stored += n
-        now = time.monotonic()
-        if self.live and now - self.shown_at >= 0.1:
-            self.shown_at = now
-            share = f" {100 * self.done / self.total:5.1f}%" if self.total else ""
-            print(f"\r{share} {self.stored:,} sent", end="", file=sys.stderr, flush=True)
-
-    def clear(self) -> None:
-        if self.live and self.shown_at:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
-            self.shown_at = 0.0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from worker.ops.reads import cancel_outcome, connect, describe
 
     settings = load_settings()
+    if args.from_file is not None:
+        return send_file(settings, args, "cancel")
+    if args.tenant is None or args.id is None:
+        raise ConfigError("cancel needs --tenant and --id (or --from-file)")
     url = settings.database_url.get_secret_value()
     with connect(url) as conn:
         before = describe(conn, args.tenant, args.id)
     asyncio.run(_with_client(settings, lambda c: c.cancel(args.tenant, args.id)))
-    code, line = cancel_outcome(url, args.tenant, args.id, args.wait, before)
-    print(line, file=sys.stdout if code == 0 else sys.stderr)
-    return code
+    done = cancel_outcome(url, args.tenant, args.id, args.wait, before)
+    key = {"tenant_id": args.tenant, "service_call_id": args.id}
+    emit(args, {**key, "outcome": done.outcome, "detail": done.line}, done.line, failed=done.code != 0)
+    return done.code
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    """`pause` and `resume` (README, Pause and resume): the command on the tenant's own subject, as a
+    """`pause` and `resume` (docs/USING.md, Pause and resume): the command on the tenant's own subject, as a
     producer would send it; replicas apply it (a tenant's rows in chunks). Returns once JetStream
     stored it; `status --tenant` shows when it took effect."""
     settings = load_settings()
@@ -302,7 +130,8 @@ def cmd_pause(args: argparse.Namespace) -> int:
         )
     )
     what = f"{args.tenant}/{args.id}" if args.id else f"tenant {args.tenant}"
-    print(f"{action} sent for {what}; `timer-service status --tenant {args.tenant}` shows it applied")
+    text = f"{action} sent for {what}; `timer-service status --tenant {args.tenant}` shows it applied"
+    emit(args, {"sent": action, "tenant_id": args.tenant, "service_call_id": args.id}, text)
     return 0
 
 

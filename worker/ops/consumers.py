@@ -6,26 +6,29 @@ claim without end (issue 31). So tenants get no CONSUMER.CREATE at all (docs/SEC
 permissions for a tenant); the operator makes, once per tenant and stream, a durable consumer
 named after the tenant, filtered to its subject:
 
-- on the events stream, the push consumer TimerClient.due_events reads (worker/client/consumer.py,
-  push_config), delivering to a subject under the tenant's own inbox prefix (`_INBOX_acme.…`,
-  which only acme may subscribe to). due_events binds to it with CONSUMER.INFO alone.
+- on the events stream, the pull consumer TimerClient.due_events reads (worker/client/consumer.py,
+  pull_config), by any number of readers. due_events binds to it with CONSUMER.INFO alone, and
+  asks for events with CONSUMER.MSG.NEXT, delivered to the tenant's own inbox prefix
+  (`_INBOX_acme.…`, which only acme may subscribe to).
 - on the DLQ stream, a pull consumer, read with CONSUMER.MSG.NEXT.
 
 Both are made with the filter in the request subject (`$JS.API.CONSUMER.CREATE.<stream>.<name>.
 <filter>`), so the server refuses any other filter. Running it again is harmless: the same
-configuration is no change. A consumer of that name with another shape (a pull consumer on the
-events stream, made under the earlier permissions) is refused with the server's reason.
+configuration is no change. A consumer of that name with another shape is refused with why: the
+push consumer earlier releases provisioned on the events stream is to be deleted once no reader
+is on it, then this run again (docs/SECURITY.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import nats.js.errors
 from nats.js import JetStreamContext, api
 
-from worker.client.consumer import push_config
+from worker.client.consumer import pull_config
 from worker.config import Settings
-from worker.contract import Subjects, tenant_inbox
+from worker.contract import Subjects
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +42,7 @@ class Provisioned:
 def tenant_consumers(settings: Settings, tenant: str) -> list[tuple[str, api.ConsumerConfig]]:
     """(stream, configuration) of each consumer a tenant reads."""
     subjects = Subjects(settings.subject_prefix)
-    events = push_config()
-    events.deliver_subject = f"{tenant_inbox(tenant)}.{settings.event_stream}"
+    events = pull_config()
     dlq = api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT)
     out = []
     for stream, config, subject in (
@@ -57,6 +59,21 @@ async def provision(js: JetStreamContext, settings: Settings, tenant: str) -> li
     """Create (or leave as they are) the tenant's consumers; what they are."""
     made = []
     for stream, config in tenant_consumers(settings, tenant):
+        await _not_push(js, stream, tenant)
         info = await js.add_consumer(stream, config=config)
         made.append(Provisioned(stream, info.name, config.filter_subject or "", info.config.deliver_subject))
     return made
+
+
+async def _not_push(js: JetStreamContext, stream: str, name: str) -> None:
+    """Refuses, with what to do, the push consumer an earlier release provisioned: the server
+    refuses to make it a pull consumer in place, in words that do not say so."""
+    try:
+        info = await js.consumer_info(stream, name)
+    except nats.js.errors.NotFoundError:
+        return
+    if info.config.deliver_subject:
+        raise ValueError(
+            f"consumer {name} on {stream} is a push consumer (provisioned by an earlier release); "
+            f"once no reader is on it, delete it (`nats consumer rm {stream} {name}`) and run this again"
+        )

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.rows import dict_row
@@ -270,16 +270,24 @@ def row_json(r: dict[str, Any]) -> dict[str, Any]:
 _CONTRACT_NAMES = {"fired_count": "occurrencesFired", "lease_owner": "leaseOwner"}
 
 
+class CancelOutcome(NamedTuple):
+    """What a CancelTimer did: the exit code, a word for programs (`cancel --json`), one line."""
+
+    code: int
+    outcome: str  # cancelled, already_cancelled, not_found, fired, not_applied, behind_firing
+    line: str
+
+
 def cancel_outcome(
     conninfo: str, tenant_id: str, service_call_id: str, wait_s: float, before: dict[str, Any] | None
-) -> tuple[int, str]:
-    """What a CancelTimer just sent did, as the database shows it within `wait_s` seconds: (exit
-    code, one line). `before` is the timer as `describe` showed it before the cancel was sent:
-    a cancel for a timer that did not exist stores a tombstone (so that an older ScheduleTimer
-    still in flight cannot arm it), which is not a timer that was cancelled."""
+) -> CancelOutcome:
+    """What a CancelTimer just sent did, as the database shows it within `wait_s` seconds.
+    `before` is the timer as `describe` showed it before the cancel was sent: a cancel for a
+    timer that did not exist stores a tombstone (so that an older ScheduleTimer still in flight
+    cannot arm it), which is not a timer that was cancelled."""
     key = f"{tenant_id}/{service_call_id}"
     if before is not None and before["state"] == "Cancelled" and before["dueAt"] is not None:
-        return 0, f"already cancelled: {key} ({before['why']})"
+        return CancelOutcome(0, "already_cancelled", f"already cancelled: {key} ({before['why']})")
     deadline = time.monotonic() + wait_s
     with connect(conninfo) as conn:
         while True:
@@ -287,18 +295,23 @@ def cancel_outcome(
             state = view["state"] if view else None
             if view is not None and state == "Cancelled":
                 if view["dueAt"] is None:
-                    return 1, f"no such timer: {key}; nothing to cancel"
-                return 0, f"cancelled {key}"
+                    return CancelOutcome(1, "not_found", f"no such timer: {key}; nothing to cancel")
+                return CancelOutcome(0, "cancelled", f"cancelled {key}")
             if view is not None and state == "Reached":
-                return 1, f"not cancelled: {key} has fired ({view['why']})"
+                return CancelOutcome(1, "fired", f"not cancelled: {key} has fired ({view['why']})")
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)  # polling a replica's intake, which has no other signal to give
+    sent = f"cancel sent for {key};"
     if view is None:
-        return 1, f"cancel sent for {key}; no replica has applied it yet (see `timer-service status`)"
+        return CancelOutcome(
+            1, "not_applied", f"{sent} no replica has applied it yet (see `timer-service status`)"
+        )
     if view["leaseActive"]:
-        return 1, f"cancel sent for {key}; it waits: the current occurrence is firing ({view['why']})"
-    return 1, f"cancel sent for {key}; not applied yet, the timer is {state}: {view['why']}"
+        return CancelOutcome(
+            1, "behind_firing", f"{sent} it waits: the current occurrence is firing ({view['why']})"
+        )
+    return CancelOutcome(1, "not_applied", f"{sent} not applied yet, the timer is {state}: {view['why']}")
 
 
 # `timer-service status`: how the fleet stands, from the database.

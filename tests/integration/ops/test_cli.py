@@ -329,3 +329,107 @@ async def test_schedule_says_the_command_was_sent_and_where_a_rejection_of_it_go
 
         await until(in_dlq, what="the rejection in the DLQ")
     assert "two" in listed[0] and not stored("two")
+
+
+# The command line's own settings and its JSON (issue 34, the first hour).
+
+
+def test_the_server_options_stand_for_the_variables(settings: Settings) -> None:
+    """--database-url and --nats-url, before the command's name or after it, win over the
+    variables; a failure names the option that was given, its password masked."""
+    from tests.helpers import settings_env
+
+    env = settings_env(settings)
+    servers = ["--database-url", env["TIMER_DATABASE_URL"], "--nats-url", env["TIMER_NATS_URL"]]
+    for argv in ([*servers, "status"], ["status", *servers]):
+        done = run(*argv, **(env | NO_SERVERS))
+        assert done.returncode == 0, (argv, done.stderr)
+        assert "NATS did not answer" not in done.stdout, done.stdout
+    done = run("status", "--database-url", "postgresql://u:hunter2@127.0.0.1:1/x", **env)
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "Postgres (--database-url): " in done.stderr and "hunter2" not in done.stderr, done.stderr
+    done = run(
+        "--nats-url", "nats://127.0.0.1:1", "schedule", "--tenant", "a", "--id", "b", "--due-in", "5s", **env
+    )
+    assert done.returncode == 1 and "NATS (--nats-url): " in done.stderr, done.stderr
+
+
+# Commands that print no answer of their own: a server's logs, the console's pages, dev's live
+# view, the benchmarks' table (which has its own --json, tools/bench).
+NO_ANSWER = {"run", "console", "dev", "bench"}
+
+
+def test_every_command_that_answers_takes_json() -> None:
+    import argparse
+
+    from worker.ops import cli
+
+    def commands(
+        parser: argparse.ArgumentParser, path: str = ""
+    ) -> list[tuple[str, argparse.ArgumentParser]]:
+        found = []
+        for action in parser._actions:  # argparse lists its subcommands nowhere public
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    found += commands(child, f"{path} {name}".strip())
+        return found or [(path, parser)]
+
+    found = dict(commands(cli.build_parser()))
+    assert {"cancel", "dlq replay", "consumer add", "migrate-streams"} <= set(found)
+    missing = [n for n, p in found.items() if n not in NO_ANSWER and "--json" not in p.format_help()]
+    assert missing == []
+
+
+def camel_only(value: Any) -> bool:
+    if isinstance(value, dict):
+        return all("_" not in k and camel_only(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(camel_only(v) for v in value)
+    return True
+
+
+async def test_the_json_answers_are_json_in_camel_case(settings: Settings) -> None:
+    """Each command's --json, on a real fleet: one JSON document on stdout, camelCase keys."""
+    import json
+
+    from tests.helpers import settings_env, until
+    from worker.ops.reads import connect, describe
+
+    env = settings_env(settings)
+    url = settings.database_url.get_secret_value()
+
+    def stored() -> bool:
+        with connect(url) as conn:
+            return describe(conn, "acme", "j-1") is not None
+
+    async with running_replica(settings):
+        answers = {}
+        for argv in (
+            ("migrate",),
+            ("migrate", "--status"),
+            ("schedule", "--tenant", "acme", "--id", "j-1", "--due-in", "1h"),
+            ("pause", "--tenant", "acme", "--id", "j-1"),
+            ("resume", "--tenant", "acme", "--id", "j-1"),
+            ("cancel", "--tenant", "acme", "--id", "j-1"),
+            ("consumer", "add", "--tenant", "acme"),
+            ("dlq", "purge", "--tenant", "acme"),
+            ("migrate-streams",),
+        ):
+            if argv[0] == "pause":
+                await until(stored, what="j-1 stored")
+            done = await asyncio.to_thread(run, *argv, "--json", **env)
+            assert done.returncode == 0, (argv, done.stderr)
+            answers[argv] = json.loads(done.stdout)
+            assert camel_only(answers[argv]), (argv, done.stdout)
+    assert answers[("migrate",)] == {"applied": []}
+    assert answers[("migrate", "--status")]["pending"] == []
+    sent = answers[("schedule", "--tenant", "acme", "--id", "j-1", "--due-in", "1h")]
+    assert (sent["tenantId"], sent["serviceCallId"]) == ("acme", "j-1") and sent["firstOccurrence"].endswith(
+        "Z"
+    )
+    assert answers[("pause", "--tenant", "acme", "--id", "j-1")]["sent"] == "pause"
+    cancelled = answers[("cancel", "--tenant", "acme", "--id", "j-1")]
+    assert cancelled["outcome"] == "cancelled", cancelled
+    assert {c["filterSubject"] for c in answers[("consumer", "add", "--tenant", "acme")]["consumers"]}
+    assert answers[("dlq", "purge", "--tenant", "acme")] == {"matching": 0}
+    assert answers[("migrate-streams",)] == {"drained": True}  # a limits stream already: nothing to move

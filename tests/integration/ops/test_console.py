@@ -113,7 +113,7 @@ def test_the_console_refuses_to_start_without_credentials(db_url: str) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "timer-service: TIMER_CONSOLE_TOKEN: the console needs TIMER_CONSOLE_TOKEN, or TIMER_CONSOLE_USER "
-        "and TIMER_CONSOLE_PASSWORD"
+        "and TIMER_CONSOLE_PASSWORD, or TIMER_CONSOLE_USER_HEADER behind an identity proxy"
     ]
     short = run("console", TIMER_CONSOLE_TOKEN="short")
     assert short.returncode == 2 and "TIMER_CONSOLE_TOKEN" in short.stderr

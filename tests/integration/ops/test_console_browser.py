@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 from playwright.async_api import Page, async_playwright, expect
 
-from tests.helpers import iso_in, jetstream, publish_raw, row, running_replica, until
+from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
 from tests.integration.ops.test_console import TOKEN, console_settings
 from worker.adapters.postgres.stats import StatsRollup
 from worker.client import TimerClient
@@ -38,10 +38,10 @@ ARGS = [
 
 
 @contextlib.asynccontextmanager
-async def console(settings: Settings) -> AsyncIterator[str]:
+async def console(settings: Settings, **extra: object) -> AsyncIterator[str]:
     """The console on a free localhost port, in this event loop; its base URL."""
     config = uvicorn.Config(
-        create_app(console_settings(settings, console_actions=True)),
+        create_app(console_settings(settings, console_actions=True, **extra)),
         host="127.0.0.1",
         port=0,
         log_config=None,
@@ -119,6 +119,44 @@ async def test_find_a_timer_and_replay_a_fixed_command_in_a_browser(settings: Se
             await page.goto(base + "/dlq")
             await expect(page).to_have_url(base + "/login")
             await browser.close()
+
+
+async def test_a_reader_behind_an_identity_proxy_sees_no_action_and_an_operator_does_in_a_browser(
+    settings: Settings, db_url: str
+) -> None:
+    # The browser stands for oauth2-proxy's user: the proxy, on this host, adds X-Forwarded-User
+    # to each request it passes on; the console believes it from 127.0.0.1 alone.
+    assert shutil.which("chromium"), "Debian's chromium is missing: `make system-packages` installs it"
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at) "
+        "VALUES ('acme', 'invoice-1', 'Scheduled', now() + interval '1 hour')",
+    )
+    behind_proxy = {
+        "console_user_header": "X-Forwarded-User",
+        "console_trusted_proxies": "127.0.0.1",
+        "console_operators": "bob",
+    }
+    async with console(settings, **behind_proxy) as base, async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        for user, operator in (("alice", False), ("bob", True)):
+            context = await browser.new_context(
+                viewport={"width": 1200, "height": 800}, extra_http_headers={"X-Forwarded-User": user}
+            )
+            page = await context.new_page()
+            await page.goto(f"{base}/timers/acme/invoice-1")  # no login form: the proxy named her
+            await expect(page.locator("#why")).to_contain_text("waiting: due in")
+            role = "operator" if operator else "read-only"
+            await expect(page.locator("#whoami")).to_have_text(f"{user} · {role}")
+            await expect(page.get_by_role("button", name="Cancel…")).to_have_count(1 if operator else 0)
+            await expect(page.get_by_role("button", name="Pause…")).to_have_count(1 if operator else 0)
+            await expect(page.locator("#read-only")).to_have_count(0 if operator else 1)
+            await expect(page.get_by_role("button", name="Log out")).to_have_count(0)
+            await page.goto(f"{base}/tenants/acme")
+            await expect(page.get_by_role("button", name="Pause tenant…")).to_have_count(1 if operator else 0)
+            await shot(page, f"roles-{role}")
+            await context.close()
+        await browser.close()
 
 
 async def _click(page: Page, name: str) -> None:

@@ -1,4 +1,4 @@
-"""A migration that must wait for its lock does not hold up the fleet (README, Upgrades).
+"""A migration that must wait for its lock does not hold up the fleet (docs/UPGRADING.md).
 
 A long transaction that has read `timers` (a pg_dump, a report) holds a lock an `ALTER TABLE`
 needs; the ALTER waits in the lock queue, and every claim, mark and intake write that comes after

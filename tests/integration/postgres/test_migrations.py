@@ -1,4 +1,4 @@
-"""Migrations that a rolling upgrade can live with (README, Upgrades).
+"""Migrations that a rolling upgrade can live with (docs/UPGRADING.md).
 
 The old replicas keep running while the migrate Job applies a new migration, so a migration
 must neither stop them for long nor break them: every file in sql/migrations/ is parsed with

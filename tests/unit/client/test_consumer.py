@@ -88,7 +88,7 @@ class _Silent:
         closed: bool = False,
         connected: bool = True,
         error: Exception | None = None,
-        deliver: str = "d.b",
+        deliver: str | None = None,
     ) -> None:
         self._nc = self
         self.is_closed, self.is_connected, self.error, self.deliver = closed, connected, error, deliver
@@ -111,14 +111,14 @@ class _Silent:
             nats.js.errors.NotFoundError,
         ),
         (_Silent(error=nats.errors.ConnectionClosedError()), nats.errors.ConnectionClosedError),
-        (_Silent(deliver="d.another"), nats.js.errors.Error),  # made again, for another reader
+        (_Silent(deliver="d.another"), nats.js.errors.Error),  # made again, as a push consumer
     ],
 )
 async def test_after_a_silence_a_reader_ends_when_its_connection_or_its_consumer_is_gone(
     js: _Silent, raised: type[Exception]
 ) -> None:
     with pytest.raises(raised):
-        await _still_there(js, "S", "d", "d.b")  # type: ignore[arg-type]
+        await _still_there(js, "S", "d")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ async def test_after_a_silence_a_reader_ends_when_its_connection_or_its_consumer
     ],
 )
 async def test_after_a_silence_a_reader_reads_on_when_the_server_is_only_slow_or_away(js: _Silent) -> None:
-    await _still_there(js, "S", "d", "d.b")  # type: ignore[arg-type]
+    await _still_there(js, "S", "d")  # type: ignore[arg-type]
     assert js.looked == (1 if js.is_connected else 0)
 
 

@@ -1,4 +1,4 @@
-"""Intake's pauses and resumes (worker/core/intake.py, apply and _coalesce; README, Pause and
+"""Intake's pauses and resumes (worker/core/intake.py, apply and _coalesce; docs/USING.md, Pause and
 resume): other commands first, then each tenant's last pause or resume; the moot ones superseded."""
 
 from __future__ import annotations

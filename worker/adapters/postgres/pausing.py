@@ -1,4 +1,4 @@
-"""A tenant's or a timer's pause and resume (Store.pause; README, Pause and resume)."""
+"""A tenant's or a timer's pause and resume (Store.pause; docs/USING.md, Pause and resume)."""
 
 from __future__ import annotations
 

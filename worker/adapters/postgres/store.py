@@ -326,7 +326,7 @@ class Store:
                 return int(row[0]) if row else 0
 
     async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
-        """Pause or resume a tenant's timers, or one (README, Pause and resume); its outcome and, for
+        """Pause or resume a tenant's timers, or one (docs/USING.md, Pause and resume); its outcome and, for
         a resume, the soonest dueAt it made claimable again.
 
         "deferred": offer the command again later, as a command waiting for a claimed occurrence.

@@ -96,7 +96,8 @@ async def timer_action(request: Request) -> Response:
     assert c.client is not None, "the console's lifespan connects to NATS"
     if what == "cancel":
         await c.client.cancel(tenant, sid)
-        _, line = await run_in_threadpool(reads.cancel_outcome, c.conninfo, tenant, sid, CANCEL_WAIT_S, view)
+        done = await run_in_threadpool(reads.cancel_outcome, c.conninfo, tenant, sid, CANCEL_WAIT_S, view)
+        line = done.line
         audit(request, what, tenant, sid, outcome=line)
     elif what in TENANT_WHAT:
         await (c.client.resume if what == "resume" else c.client.pause)(tenant, sid)

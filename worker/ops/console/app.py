@@ -1,7 +1,8 @@
 """The web console (`timer-service console`): server-rendered pages over worker.ops (reads,
-browse, stats, history, dlq). Read-only unless TIMER_CONSOLE_ACTIONS; every route behind
-worker.ops.console.auth. The pages: views.py (overview, search, tenant, timer), dlq_views.py,
-actions.py (a timer's and a tenant's actions); what they share: base.py.
+browse, stats, history, dlq). Read-only unless TIMER_CONSOLE_ACTIONS, and then for every user
+but the operators (TIMER_CONSOLE_OPERATORS); every route behind worker.ops.console.auth. The
+pages: views.py (overview, search, tenant, timer), dlq_views.py, actions.py (a timer's and a
+tenant's actions); what they share: base.py.
 
 URLs carry ids only (tenant ids, serviceCallIds, DLQ sequences, state names, cursors of ids):
 searches are posted, so access logs hold nothing else.
@@ -59,9 +60,10 @@ async def login(request: Request) -> Response:
         return c.page(request, "login.html", 401, error="not recognised", basic=basic)
     c.throttle.succeeded(address, fields["user"])
     response = RedirectResponse("/", status_code=303, headers=headers())
+    user = c.credentials.who(fields["token"], fields["user"])
     response.set_cookie(
         COOKIE,
-        c.sessions.create(c.credentials.who(fields["token"], fields["user"])),
+        c.sessions.create(user, c.roles.operator(user)),
         httponly=True,
         samesite="strict",
         secure=served_over_tls(request),
@@ -120,7 +122,11 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/dlq/{seq:int}", dlq_views.dlq_entry),
         Route("/dlq/{seq:int}/replay", dlq_views.dlq_replay, methods=["POST"]),
     ]
-    middleware = [Middleware(RequireLogin, sessions=console.sessions, credentials=console.credentials)]
+    middleware = [
+        Middleware(
+            RequireLogin, sessions=console.sessions, credentials=console.credentials, proxy=console.proxy
+        )
+    ]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.console = console
     return app

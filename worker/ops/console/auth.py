@@ -4,7 +4,11 @@ A browser logs in once (the token, or user and password, compared in constant ti
 random session id in an HttpOnly, SameSite=Strict cookie; the session holds a CSRF token that
 each form posts back. A program may send `Authorization: Bearer <token>` instead (no browser sends
 that on its own, so it needs no CSRF token). Sessions live in this process: restarting the console
-logs everyone out, which for an operator tool is a feature.
+logs everyone out, which for an operator tool is a feature. Behind an identity proxy (oauth2-proxy)
+the proxy's header names the user instead, believed only from the proxies configured: ProxyIdentity.
+
+Each identity is an operator or may only read (Roles, TIMER_CONSOLE_OPERATORS): a reader is shown
+no action and refused one (base.action_form).
 
 Failed logins are throttled in this process (the console runs as one pod): LoginThrottle.
 """
@@ -12,6 +16,7 @@ Failed logins are throttled in this process (the console runs as one pod): Login
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import math
 import secrets
 import time
@@ -20,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from worker.config import ConsoleSettings
@@ -35,11 +40,82 @@ def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode(), expected.encode())
 
 
+# A user or group name from the proxy's headers, and the groups of one user, at most: beyond,
+# the request is refused (a proxy does not send such; a header that long is not its).
+MAX_NAME_CHARS = 256
+MAX_GROUPS = 100
+
+
 @dataclass(slots=True)
 class Session:
     csrf: str
     expires: float
     user: str  # who logged in, for the audit lines of actions: the user name, or "token"
+    operator: bool  # may act (when actions are on); else may only read
+    proxied: bool = False  # named by the identity proxy on each request: no login, no logout
+
+
+class Roles:
+    """Who is an operator: the names of TIMER_CONSOLE_OPERATORS, the members of a group of
+    TIMER_CONSOLE_OPERATOR_GROUPS; with neither set, everyone who gets in (as before roles)."""
+
+    def __init__(self, settings: ConsoleSettings) -> None:
+        self.users, self.groups = settings.operator_names, settings.operator_groups
+
+    def operator(self, user: str, groups: frozenset[str] = frozenset()) -> bool:
+        if not self.users and not self.groups:
+            return True
+        return user in self.users or not self.groups.isdisjoint(groups)
+
+
+def proxied_identity(user: str, groups: str | None) -> tuple[str, frozenset[str]]:
+    """The user and groups an identity proxy's headers name; ValueError saying which is not one."""
+    name = user.strip()
+    if not name or len(name) > MAX_NAME_CHARS or not name.isprintable():
+        raise ValueError(
+            f"the identity proxy's user header holds no user name of at most {MAX_NAME_CHARS} characters"
+        )
+    parts = [g.strip() for g in (groups or "").split(",", MAX_GROUPS) if g.strip()]
+    if len(parts) > MAX_GROUPS or any(len(g) > MAX_NAME_CHARS or not g.isprintable() for g in parts):
+        raise ValueError(
+            f"the identity proxy's groups header holds more than {MAX_GROUPS} groups, or one not a name "
+            f"of at most {MAX_NAME_CHARS} characters"
+        )
+    return name, frozenset(parts)
+
+
+class ProxyIdentity:
+    """The user an identity proxy in front authenticated (TIMER_CONSOLE_USER_HEADER), when the
+    request comes from one of TIMER_CONSOLE_TRUSTED_PROXIES: from anyone else, and when no header
+    is configured, the headers are ignored (any client can send them). Its forms carry a CSRF
+    token of its own, an HMAC of the user under a key of this process."""
+
+    def __init__(self, settings: ConsoleSettings, roles: Roles) -> None:
+        self.user_header = settings.console_user_header.lower()
+        self.groups_header = settings.console_groups_header.lower()
+        self.proxies = settings.trusted_proxies
+        self.roles = roles
+        self._key = secrets.token_bytes(32)
+
+    def trusted(self, address: str | None) -> bool:
+        try:
+            ip = ipaddress.ip_address(address or "")
+        except ValueError:
+            return False
+        return any(ip in network for network in self.proxies)
+
+    def session(self, request: Request) -> Session | None:
+        """The proxy's user as a session, or None (no proxy configured, not from one, no header);
+        ValueError when the header names no user."""
+        if not self.user_header or not self.trusted(request.client.host if request.client else None):
+            return None
+        user = request.headers.get(self.user_header)
+        if user is None:
+            return None
+        groups = request.headers.get(self.groups_header) if self.groups_header else None
+        name, member_of = proxied_identity(user, groups)
+        csrf = hmac.new(self._key, name.encode(), "sha256").hexdigest()
+        return Session(csrf, math.inf, name, self.roles.operator(name, member_of), proxied=True)
 
 
 class Sessions:
@@ -47,11 +123,11 @@ class Sessions:
         self.ttl_s = ttl_s
         self._by_id: dict[str, Session] = {}
 
-    def create(self, user: str) -> str:
+    def create(self, user: str, operator: bool) -> str:
         now = time.monotonic()
         self._by_id = {k: v for k, v in self._by_id.items() if v.expires > now}  # forget stale ones
         sid = secrets.token_urlsafe(32)
-        self._by_id[sid] = Session(secrets.token_urlsafe(32), now + self.ttl_s, user)
+        self._by_id[sid] = Session(secrets.token_urlsafe(32), now + self.ttl_s, user, operator)
         return sid
 
     def get(self, sid: str | None) -> Session | None:
@@ -91,20 +167,27 @@ class Credentials:
 
 
 class RequireLogin:
-    """ASGI middleware: no route answers without a session or a bearer token. A page asked for by
-    GET is redirected to the login form; anything else gets an empty 401."""
+    """ASGI middleware: no route answers without the identity proxy's user, a session or a bearer
+    token. A page asked for by GET is redirected to the login form; anything else gets an empty 401."""
 
-    def __init__(self, app: ASGIApp, sessions: Sessions, credentials: Credentials) -> None:
+    def __init__(
+        self, app: ASGIApp, sessions: Sessions, credentials: Credentials, proxy: ProxyIdentity
+    ) -> None:
         self.app = app
         self.sessions = sessions
         self.credentials = credentials
+        self.proxy = proxy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        session = self.sessions.get(request.cookies.get(COOKIE))
+        try:
+            session = self.proxy.session(request) or self.sessions.get(request.cookies.get(COOKIE))
+        except ValueError as exc:  # the proxy's header, malformed: one line, no session
+            await PlainTextResponse(str(exc), status_code=400)(scope, receive, send)
+            return
         if session is not None:
             scope.setdefault("state", {})["session"] = session
         elif self.credentials.bearer(request.headers.get("authorization")):

@@ -26,7 +26,7 @@ from starlette.responses import HTMLResponse
 from worker.client import TimerClient
 from worker.config import ConsoleSettings
 from worker.ops import dlq, reads
-from worker.ops.console.auth import Credentials, LoginThrottle, Sessions, csrf_ok
+from worker.ops.console.auth import Credentials, LoginThrottle, ProxyIdentity, Roles, Sessions, csrf_ok
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -104,6 +104,8 @@ class Console:
         self.conninfo = settings.database_url.get_secret_value()
         self.sessions = Sessions()
         self.credentials = Credentials(settings)
+        self.roles = Roles(settings)
+        self.proxy = ProxyIdentity(settings, self.roles)
         self.throttle = LoginThrottle()
         self.nc: NATS | None = None
         self.queue: dlq.Dlq | None = None
@@ -137,7 +139,10 @@ class Console:
         nonce = secrets.token_urlsafe(16)
         ctx = {
             "csrf": session.csrf if session else "",
-            "actions": self.s.console_actions,
+            "actions": may_act(request),
+            "actions_on": self.s.console_actions,
+            "user": session.user if session else None,
+            "logout": session is not None and not session.proxied,
             "nonce": nonce,
             "live_every_s": LIVE_EVERY_S,
             **context,
@@ -170,11 +175,22 @@ def field(form: FormData, name: str) -> str:
 
 
 async def action_form(request: Request) -> FormData:
-    """An action's form: CSRF-checked, and refused unless TIMER_CONSOLE_ACTIONS is on."""
+    """An action's form: CSRF-checked, and refused unless TIMER_CONSOLE_ACTIONS is on and the
+    user is an operator."""
     form = await checked_form(request)
     if not console_of(request).s.console_actions:
         raise HTTPException(403, "actions are off (TIMER_CONSOLE_ACTIONS)")
+    if not may_act(request):
+        raise HTTPException(403, f"{who(request)} may only read: not an operator (TIMER_CONSOLE_OPERATORS)")
     return form
+
+
+def may_act(request: Request) -> bool:
+    """Actions are on and this is an operator's request. A bearer request is the token's holder."""
+    c = console_of(request)
+    session = getattr(request.state, "session", None)
+    operator = session.operator if session is not None else c.roles.operator("token")
+    return c.s.console_actions and operator
 
 
 def who(request: Request) -> str:

@@ -261,8 +261,8 @@ password without a user: the console would refuse to start, better the install s
 {{- $name := $c.existingSecret | default (include "timer-service.consoleName" .) }}
 {{- $token := ternary $c.tokenKey (ternary "console-token" "" (ne $c.token "")) (ne $c.existingSecret "") }}
 {{- $password := ternary $c.passwordKey (ternary "console-password" "" (ne $c.password "")) (ne $c.existingSecret "") }}
-{{- if not (or $token $password) }}
-{{- fail "console.enabled needs credentials: console.existingSecret with console.tokenKey (or console.user and console.passwordKey), or for a trial console.token (or console.user and console.password)" }}
+{{- if not (or $token $password $c.identityProxy.userHeader) }}
+{{- fail "console.enabled needs credentials: console.existingSecret with console.tokenKey (or console.user and console.passwordKey), or for a trial console.token (or console.user and console.password), or console.identityProxy" }}
 {{- end }}
 {{- if and $password (not $c.user) }}
 {{- fail "console: a password needs console.user" }}
