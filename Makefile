@@ -95,4 +95,4 @@ bench-peers: $(STAMP)
 	$(BIN)/python -m tools.bench.peers $(ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-helm .venv-patroni .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-helm .venv-patroni .venv-peers .pytest_cache .mypy_cache .ruff_cache

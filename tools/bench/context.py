@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tools.bench.rig import Rig
+from tools.bench.rig import COUNT_SCHEDULED_SQL, Rig
 from worker.devkit.harness import percentile
 from worker.devkit.recorder import Firing
 
@@ -81,6 +81,18 @@ async def until_fired(rig: Rig, n: int, timeout: float, progress: Progress, rss:
             progress(f"fired {state.messages:,}/{n:,}")
             last = time.monotonic()
         await asyncio.sleep(0.25)
+
+
+async def until_marked(rig: Rig, key_prefix: str, timeout: float = 60) -> int:
+    """Wait until no timer with this key prefix is left Scheduled; the number still left."""
+    deadline = time.monotonic() + timeout
+    left = -1
+    while time.monotonic() < deadline:
+        left = int(await rig.scalar(COUNT_SCHEDULED_SQL, key_prefix + "%"))
+        if left == 0:
+            break
+        await asyncio.sleep(0.25)
+    return left
 
 
 def schedule_command(prefix: str, tenant: str, key: str, due: datetime) -> tuple[str, bytes]:

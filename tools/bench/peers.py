@@ -3,16 +3,20 @@
 The same two workloads for each, on one embedded Postgres and one embedded NATS, in one run:
 
 - drain: N jobs already overdue; the workers start after the insert; fires/s from the first to
-  the last receive.
+  the last receive. On each table shape of tools/bench/shapes.py (fresh; a burst into a big
+  table of future jobs; the due jobs scattered through it), each system's own table built its
+  own way (NATS schedules have no table: fresh only).
 - lateness: R come due per second for S seconds, the workers already running; receive time
   minus due time.
 
 A receive is what a user's code sees: for this service a JetStream consumer of DueTimeReached
-(in this process, as a user's service would be), for graphile-worker and pgqueuer their no-op
-handler, for NATS schedules a JetStream consumer of the target subject. CPU is every process's
-user + system time from /proc (Postgres with its backends, NATS, the workers, the consumer),
-taken from the first receive to the last, so start-up is not counted. The peers are installed
-(npm, a pip venv) into a throwaway directory each time: nothing lands in the project's venv.
+(in this process, as a user's service would be: the client's `due_events` for `timer-service`, a
+plain nats-py push consumer in a deliver group for `timer-service-push`), for graphile-worker and
+pgqueuer their no-op handler, for NATS schedules a JetStream consumer of the target subject. CPU
+is every process's user + system time from /proc (Postgres with its backends, NATS, the workers,
+the consumer), taken from the first receive to the last, so start-up is not counted; and the WAL
+Postgres wrote meanwhile. The peers are installed (npm, a pip venv) into a throwaway directory
+each time: nothing lands in the project's venv.
 
     .venv/bin/python -m tools.bench.peers --runs 3
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -41,10 +46,13 @@ from typing import Any, Protocol, cast
 import nats
 import psycopg
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from tools.bench import invocation
 from tools.bench.calibrate import calibrate, describe
+from tools.bench.realistic import DUE_AT_SQL
 from tools.bench.rig import Rig, machine
+from tools.bench.shapes import FULL_BIG, SHAPES, WAL_LSN_SQL, AddJobs, add_timers, build
 from worker.client.consumer import DueEvent
 from worker.contract import Subjects
 from worker.devkit.harness import percentile
@@ -56,7 +64,8 @@ from worker.devkit.recorder import Recorder
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 GRAPHILE_WORKER = "graphile-worker@0.18"
 PGQUEUER = "pgqueuer[asyncpg]"
-SYSTEMS = ("timer-service", "graphile-worker", "pgqueuer", "nats-schedules")
+SYSTEMS = ("timer-service", "timer-service-push", "graphile-worker", "pgqueuer", "nats-schedules")
+REFERENCE = "graphile-worker"  # every drain's rate is also given as a ratio to its, round by round
 PROG = "python -m tools.bench.peers"
 WORKERS = 2  # worker processes for each peer (--replicas for this service)
 
@@ -70,6 +79,7 @@ class Measured:
     receipts: list[Receipt]
     cpu_s: dict[str, float]  # component -> CPU seconds between the first and the last receive
     fires_in_window: int  # receipts between those two CPU readings
+    wal_bytes: float = float("nan")  # WAL Postgres wrote between those two readings
 
 
 def drain_rate(receipts: list[Receipt]) -> float:
@@ -94,26 +104,42 @@ def cpu_ms_per_1k(m: Measured) -> dict[str, float]:
     return {**per, "total": sum(per.values())}
 
 
+def _drain_summary(rounds: list[dict[str, Any]], reference: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """One system's drains of one shape over its rounds; `reference`: graphile-worker's, round by
+    round (its rate in the same round is the ratio's denominator: a slow minute of the machine
+    hits both)."""
+    rates = [r["fires_per_s"] for r in rounds]
+    ratios = [r["fires_per_s"] / g["fires_per_s"] for r, g in zip(rounds, reference or [], strict=False)]
+    return {
+        "fires_per_s": statistics.median(rates),
+        "min": min(rates),
+        "max": max(rates),
+        "over_reference": statistics.median(ratios) if ratios else float("nan"),
+        "over_reference_rounds": ratios,
+        "cpu_ms_per_1k": {
+            k: statistics.median(r["cpu_ms_per_1k"][k] for r in rounds) for k in rounds[0]["cpu_ms_per_1k"]
+        },
+        "wal_bytes_per_fire": statistics.median(r.get("wal_bytes_per_fire", float("nan")) for r in rounds),
+    }
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per system: medians and ranges over its runs, and this service's drain rate over its own."""
+    """Per system: per table shape its drain's medians, range and ratio to graphile-worker's, and
+    its lateness' medians."""
     out: dict[str, dict[str, Any]] = {}
     for system, rs in runs.items():
-        rates = [r["drain"]["fires_per_s"] for r in rs]
-        cpu_keys = rs[0]["drain"]["cpu_ms_per_1k"].keys()
+        drains: dict[str, Any] = {}
+        for shape in rs[0]["drain"]:
+            reference = [r["drain"].get(shape) for r in runs.get(REFERENCE, [])]
+            drains[shape] = _drain_summary(
+                [r["drain"][shape] for r in rs], reference if all(reference) else None
+            )
         out[system] = {
-            "drain_fires_per_s": statistics.median(rates),
-            "drain_min": min(rates),
-            "drain_max": max(rates),
-            "cpu_ms_per_1k": {
-                k: statistics.median(r["drain"]["cpu_ms_per_1k"][k] for r in rs) for k in cpu_keys
-            },
+            "drain": drains,
             "lateness": {
                 k: statistics.median(r["lateness"][k] for r in rs) for k in ("p50_ms", "p99_ms", "max_ms")
             },
         }
-    ours = out.get("timer-service", {}).get("drain_fires_per_s")
-    for s in out.values():
-        s["ours_over_this"] = ours / s["drain_fires_per_s"] if ours else float("nan")
     return out
 
 
@@ -121,28 +147,38 @@ def _n(x: float) -> str:
     return "n/a" if x != x else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
 
 
+def _ratio(x: float) -> str:
+    return "n/a" if x != x else f"{x:.2f}"
+
+
 def table(report: dict[str, Any]) -> str:
-    """One Markdown table: drain rate and its ratio, CPU per 1,000 fires by component, lateness."""
+    """Markdown tables: each system's drain on each shape (rate, its ratio to graphile-worker's
+    round by round, CPU per 1,000 fires by component, WAL per fire), then lateness."""
     cfg = report["config"]
     lines = [
-        f"{report['command']}  ({cfg['runs']} runs; drain {cfg['drain_n']:,} overdue; lateness "
-        f"{cfg['rate']:,}/s for {cfg['seconds']:.0f} s; {cfg['replicas']} replicas of ours, "
-        f"{WORKERS} worker processes for each peer)",
+        f"{report['command']}  ({cfg['runs']} runs; drain {cfg['drain_n']:,} overdue, big table "
+        f"{cfg['big']:,}; lateness {cfg['rate']:,}/s for {cfg['seconds']:.0f} s; {cfg['replicas']} "
+        f"replicas of ours, {WORKERS} worker processes for each peer)",
         *(describe(c) for c in report["calibration"]),
         "",
-        "| system | drain fires/s (median) | min .. max | ours ÷ this | CPU ms per 1,000 "
-        "(total: postgres / nats / workers / consumer) | lateness p50 / p99 / max ms |",
-        "|---|---|---|---|---|---|",
+        f"| system | table | drain fires/s (median) | min .. max | ÷ {REFERENCE} by round (median) "
+        "| CPU ms per 1,000 (total: postgres / nats / workers / consumer) | WAL bytes per fire |",
+        "|---|---|---|---|---|---|---|",
     ]
     for system, s in report["summary"].items():
-        c = s["cpu_ms_per_1k"]
-        parts = " / ".join(_n(c.get(k, 0.0)) for k in ("postgres", "nats", "workers", "consumer"))
+        for shape, d in s["drain"].items():
+            c = d["cpu_ms_per_1k"]
+            parts = " / ".join(_n(c.get(k, 0.0)) for k in ("postgres", "nats", "workers", "consumer"))
+            rounds = ", ".join(_ratio(x) for x in d["over_reference_rounds"])
+            lines.append(
+                f"| {system} | {shape} | {_n(d['fires_per_s'])} | {_n(d['min'])} .. {_n(d['max'])} "
+                f"| {rounds} (**{_ratio(d['over_reference'])}**) | {_n(c['total'])}: {parts} "
+                f"| {_n(d['wal_bytes_per_fire'])} |"
+            )
+    lines += ["", "| system | lateness p50 / p99 / max ms |", "|---|---|"]
+    for system, s in report["summary"].items():
         late = s["lateness"]
-        lines.append(
-            f"| {system} | {_n(s['drain_fires_per_s'])} | {_n(s['drain_min'])} .. {_n(s['drain_max'])} "
-            f"| {s['ours_over_this']:.2f} | {_n(c['total'])}: {parts} "
-            f"| {_n(late['p50_ms'])} / {_n(late['p99_ms'])} / {_n(late['max_ms'])} |"
-        )
+        lines.append(f"| {system} | {_n(late['p50_ms'])} / {_n(late['p99_ms'])} / {_n(late['max_ms'])} |")
     return "\n".join(lines)
 
 
@@ -211,7 +247,7 @@ class Shared:
 
 
 class Meter:
-    """CPU per component between the first receive and the last."""
+    """CPU per component, and the WAL written, between the first receive and the last."""
 
     def __init__(self, shared: Shared, workers: Callable[[], list[int]], consumer: bool) -> None:
         self.pids = shared.pids()
@@ -219,6 +255,13 @@ class Meter:
         self.workers = workers
         self.first: dict[str, float] | None = None
         self.first_count = 0
+        self.first_wal = 0
+        # Opened now: a connection opened at the first receive would stall this process's consumer.
+        self.db = psycopg.connect(shared.admin_url, autocommit=True)
+
+    def wal(self) -> int:
+        row = self.db.execute(WAL_LSN_SQL).fetchone()
+        return int(row[0]) if row else 0
 
     def read(self) -> dict[str, float]:
         table = proc_table()
@@ -232,14 +275,16 @@ class Meter:
     def observe(self, count: int) -> None:
         """Called while polling; takes the first reading at the first receive seen."""
         if self.first is None and count > 0:
-            self.first, self.first_count = self.read(), count
+            self.first, self.first_count, self.first_wal = self.read(), count, self.wal()
 
     def result(self, receipts: list[Receipt] | Callable[[], list[Receipt]]) -> Measured:
-        """The CPU since the first receive; `receipts` may be made after it is read."""
-        last = self.read()
+        """The CPU and WAL since the first receive; `receipts` may be made after they are read."""
+        last, wal = self.read(), self.wal()
+        self.db.close()
         first = self.first or last
         got = receipts() if callable(receipts) else receipts
-        return Measured(got, {k: last[k] - first[k] for k in last}, max(len(got) - self.first_count, 1))
+        window = max(len(got) - self.first_count, 1)
+        return Measured(got, {k: last[k] - first[k] for k in last}, window, wal - self.first_wal)
 
 
 async def _wait(
@@ -260,9 +305,14 @@ async def _wait(
 
 # -- the systems -----------------------------------------------------------------------------------
 class System(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
-    async def drain(self, n: int) -> Measured: ...
+    @property
+    def shapes(self) -> tuple[str, ...]:
+        """The table shapes it has (NATS schedules: no table)."""
+
+    async def drain(self, n: int, shape: str, big: int) -> Measured: ...
 
     async def lateness(self, rate: int, seconds: float) -> Measured: ...
 
@@ -272,16 +322,25 @@ def _lead_s(n: int) -> float:
     return 3 + n / 5000
 
 
+def _drain_timeout(n: int) -> float:
+    return 120 + n / 200  # pgqueuer's drain of scattered jobs went at 400/s (issue 37)
+
+
 @dataclass
 class Ours:
     shared: Shared
     replicas: int
-    name: str = "timer-service"
+    push: bool = False  # a plain nats-py push consumer instead of the client's due_events
+    shapes: tuple[str, ...] = SHAPES
 
-    async def drain(self, n: int) -> Measured:
+    @property
+    def name(self) -> str:
+        return "timer-service-push" if self.push else "timer-service"
+
+    async def drain(self, n: int, shape: str, big: int) -> Measured:
         async with Rig(self.shared.admin_url, self.shared.nats_url, self.shared.workdir) as rig:
-            await rig.seed(n, start_s=-3660, rate=n / 3600, key_prefix="d-")
-            return await self._measure(rig, n, None, timeout=120 + n / 500)
+            await asyncio.to_thread(build, shape, rig.db_url, add_timers(rig), n, big)
+            return await self._measure(rig, n, None, timeout=_drain_timeout(n))
 
     async def lateness(self, rate: int, seconds: float) -> Measured:
         n = int(rate * seconds)
@@ -291,18 +350,39 @@ class Ours:
             seed = rig.seed(n, start_s=_lead_s(n), rate=rate, key_prefix="l-")
             return await self._measure(rig, n, seed, timeout=seconds + 120)
 
-    async def _measure(self, rig: Rig, n: int, seed: Any, timeout: float) -> Measured:
-        # What a user's consumer gets: the client's due_events, each event decoded and acknowledged,
-        # and nothing more until the end (the bookkeeping of the EventRecorder the tests use cost
-        # a fifth of a consumer's CPU).
+    async def _receive(self, rig: Rig) -> tuple[list[tuple[dict[str, Any], float]], Callable[[], Any]]:
+        """What a user's consumer gets, each event decoded and acknowledged, and nothing more until
+        the end (the bookkeeping of the EventRecorder the tests use cost a fifth of a consumer's
+        CPU): (event, receive time) as they come, and how to stop receiving."""
+        subject, stream = Subjects(rig.names["subject_prefix"]).due("*"), rig.names["event_stream"]
+        if self.push:  # the consumer most users would write with nats-py: explicit acks, a deliver group
+            records: list[tuple[dict[str, Any], float]] = []
+
+            async def on_msg(msg: Msg) -> None:
+                records.append((json.loads(msg.data), time.time()))
+                await msg.ack()
+
+            js = rig.nc_.jetstream()
+            sub = await js.subscribe(
+                subject,
+                queue="bench-push",  # the deliver group, and the durable's name (nats-py)
+                stream=stream,
+                cb=on_msg,
+                manual_ack=True,
+            )
+            return records, sub.unsubscribe
         recorder = Recorder(
             rig.nc_,
-            Subjects(rig.names["subject_prefix"]).due("*"),
-            rig.names["event_stream"],
+            subject,
+            stream,
             lambda at, event: (cast(DueEvent, event).event, at),
             durable="bench-receiver",
         )
         await recorder.start()
+        return recorder.records, recorder.stop
+
+    async def _measure(self, rig: Rig, n: int, seed: Any, timeout: float) -> Measured:
+        records, stop = await self._receive(rig)
         if seed is None:  # drain: the replicas start after the insert
             rig.start_replicas(self.replicas)
         else:
@@ -313,15 +393,15 @@ class Ours:
 
         def count() -> int:
             nonlocal seen
-            for event, at in recorder.records[seen:]:
+            for event, at in records[seen:]:
                 first.setdefault(event["id"], (event, at))
-            seen = len(recorder.records)
+            seen = len(records)
             return len(first)
 
         try:
             await _wait(count, n, timeout, meter, self.shared.progress, self.name)
         finally:
-            await recorder.stop()
+            await stop()
         return meter.result(
             lambda: [
                 (datetime.fromisoformat(event["payload"]["dueAt"]).timestamp(), at)
@@ -391,6 +471,7 @@ class _PeerOnPostgres:
     """What graphile-worker and pgqueuer share: a fresh database, N jobs, workers that write receipts."""
 
     name: str
+    shapes: tuple[str, ...] = SHAPES
 
     def __init__(self, shared: Shared) -> None:
         self.shared = shared
@@ -398,7 +479,8 @@ class _PeerOnPostgres:
     def install(self, db_url: str) -> None:
         raise NotImplementedError
 
-    def insert(self, db_url: str, n: int, start_s: float, rate: float) -> None:
+    def add_jobs(self, db_url: str, rows: int, every: int, start_s: float, rate: float) -> None:
+        """The peer's own insert of `rows` jobs (tools/bench/shapes.py, AddJobs)."""
         raise NotImplementedError
 
     def worker_argv(self, out: Path) -> list[str]:
@@ -409,25 +491,36 @@ class _PeerOnPostgres:
         """The peer's programs' environment: the database in PEER_DATABASE_URL (PGDSN for `pgq`)."""
         return {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url}
 
-    async def drain(self, n: int) -> Measured:
-        return await self._run(n, start_s=-3660, rate=n / 3600, after_insert=True, timeout=120 + n / 500)
+    async def drain(self, n: int, shape: str, big: int) -> Measured:
+        def prepare(db_url: str) -> None:
+            add: AddJobs = functools.partial(self.add_jobs, db_url)
+            build(shape, db_url, add, n, big)
+
+        return await self._run(n, prepare, after_insert=True, timeout=_drain_timeout(n))
 
     async def lateness(self, rate: int, seconds: float) -> Measured:
         n = int(rate * seconds)
-        return await self._run(n, _lead_s(n), rate, after_insert=False, timeout=seconds + 120)
+        return await self._run(
+            n,
+            lambda db_url: self.add_jobs(db_url, n, 1, _lead_s(n), rate),
+            after_insert=False,
+            timeout=seconds + 120,
+        )
 
-    async def _run(self, n: int, start_s: float, rate: float, after_insert: bool, timeout: float) -> Measured:
+    async def _run(
+        self, n: int, insert: Callable[[str], None], after_insert: bool, timeout: float
+    ) -> Measured:
         dbname, db_url = self.shared.fresh_db()
         workdir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=self.shared.workdir))
         workers = FileWorkers(workdir, self.worker_argv, self.env(db_url))
         try:
             await asyncio.to_thread(self.install, db_url)
             if after_insert:
-                await asyncio.to_thread(self.insert, db_url, n, start_s, rate)
+                await asyncio.to_thread(insert, db_url)
             workers.start(WORKERS)
             await workers.ready()
             if not after_insert:
-                await asyncio.to_thread(self.insert, db_url, n, start_s, rate)
+                await asyncio.to_thread(insert, db_url)
             meter = Meter(self.shared, workers.pids, consumer=False)
             await _wait(workers.count, n, timeout, meter, self.shared.progress, self.name)
             return meter.result(workers.receipts)
@@ -436,13 +529,14 @@ class _PeerOnPostgres:
             await asyncio.to_thread(self.shared.drop_db, dbname)
 
 
-GRAPHILE_INSERT = """
+# graphile-worker's own bulk insert, jobs numbered lo .. hi, due as DUE_AT_SQL says.
+GRAPHILE_INSERT = f"""
 SELECT graphile_worker.add_jobs(array_agg(
   ROW('noop', json_build_object('d', extract(epoch FROM t)), NULL, t, NULL, NULL, NULL, NULL)
     ::graphile_worker.job_spec))
-FROM (SELECT now() + make_interval(secs => %(start_s)s + i / %(rate)s::float8) AS t
-      FROM generate_series(0, %(n)s - 1) AS i) AS due
+FROM (SELECT {DUE_AT_SQL} AS t FROM generate_series(%(lo)s::int, %(hi)s::int) AS i) AS due
 """
+GRAPHILE_CHUNK = 50_000  # jobs per add_jobs call: one array per statement, of a manageable size
 
 
 class GraphileWorker(_PeerOnPostgres):
@@ -460,11 +554,12 @@ class GraphileWorker(_PeerOnPostgres):
             capture_output=True,
         )
 
-    def insert(self, db_url: str, n: int, start_s: float, rate: float) -> None:
+    def add_jobs(self, db_url: str, rows: int, every: int, start_s: float, rate: float) -> None:
         with psycopg.connect(db_url, autocommit=True) as conn:
-            for i in range(0, n, 50_000):  # one array per statement: keep each a manageable size
-                k = min(50_000, n - i)
-                conn.execute(GRAPHILE_INSERT, {"n": k, "start_s": start_s + i / rate, "rate": rate})
+            for lo in range(1, rows + 1, GRAPHILE_CHUNK):
+                hi = min(lo + GRAPHILE_CHUNK - 1, rows)
+                params = {"lo": lo, "hi": hi, "every": every, "start_s": start_s, "rate": rate}
+                conn.execute(GRAPHILE_INSERT, params)
 
     def worker_argv(self, out: Path) -> list[str]:
         return ["node", str(PROGRAMS / "graphile_worker.js"), str(out)]
@@ -488,8 +583,8 @@ class PgQueuer(_PeerOnPostgres):
         pgq = [str(self.dir / "venv/bin/pgq"), "install"]
         subprocess.run(pgq, env=self.env(db_url), check=True, capture_output=True)
 
-    def insert(self, db_url: str, n: int, start_s: float, rate: float) -> None:
-        argv = [self.python, self.program, "insert", str(n), str(start_s), str(rate)]
+    def add_jobs(self, db_url: str, rows: int, every: int, start_s: float, rate: float) -> None:
+        argv = [self.python, self.program, "insert", str(rows), str(every), str(start_s), str(rate)]
         subprocess.run(argv, env=self.env(db_url), check=True, capture_output=True)
 
     def worker_argv(self, out: Path) -> list[str]:
@@ -506,8 +601,9 @@ class NatsSchedules:
 
     shared: Shared
     name: str = "nats-schedules"
+    shapes: tuple[str, ...] = ("fresh",)  # no table: the server holds the schedules in a stream
 
-    async def drain(self, n: int) -> Measured:
+    async def drain(self, n: int, shape: str, big: int) -> Measured:
         # The server is the worker and always runs: "started after the insert" means every
         # schedule comes due at one moment after the last one was stored.
         return await self._run(n, lambda i, t0: t0, timeout=120 + n / 500)
@@ -558,30 +654,42 @@ class NatsSchedules:
 
 
 # -- installing the peers into the throwaway directory -----------------------------------------------
-def install_peers(tools: Path, progress: Progress) -> dict[str, str]:
-    """npm and pip installs into `tools`; the versions installed."""
+def install_peers(tools: Path, chosen: list[str], progress: Progress) -> dict[str, str]:
+    """npm and pip installs into `tools` of the chosen peers; the versions installed."""
+    versions: dict[str, str] = {}
+    if "graphile-worker" in chosen:
+        versions |= _install_graphile(tools / "graphile", progress)
+    if "pgqueuer" in chosen:
+        versions |= _install_pgqueuer(tools / "pgqueuer", progress)
+    return versions
+
+
+def _install_graphile(graphile: Path, progress: Progress) -> dict[str, str]:
     if not shutil.which("npm"):
         raise RuntimeError("graphile-worker needs Node.js and npm on PATH")
-    graphile, pgq = tools / "graphile", tools / "pgqueuer"
     if not (graphile / "node_modules/graphile-worker").exists():  # --tools: kept from an earlier run
         graphile.mkdir(parents=True, exist_ok=True)
         progress(f"npm install {GRAPHILE_WORKER} into {graphile}")
         npm = ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", GRAPHILE_WORKER]
         subprocess.run(npm, cwd=graphile, check=True, stdout=subprocess.DEVNULL)
+    gw = json.loads((graphile / "node_modules/graphile-worker/package.json").read_text())["version"]
+    node = subprocess.run(["node", "--version"], check=True, capture_output=True, text=True).stdout.strip()
+    return {"graphile-worker": gw, "node": node}
+
+
+def _install_pgqueuer(pgq: Path, progress: Progress) -> dict[str, str]:
     if not (pgq / "venv/bin/pgq").exists():
         progress(f"pip install {PGQUEUER} into {pgq}/venv")
         subprocess.run([sys.executable, "-m", "venv", str(pgq / "venv")], check=True)
         pip = [str(pgq / "venv/bin/pip"), "install", "--quiet", "--disable-pip-version-check", PGQUEUER]
         subprocess.run(pip, check=True, stdout=subprocess.DEVNULL)
-    gw = json.loads((graphile / "node_modules/graphile-worker/package.json").read_text())["version"]
     show = subprocess.run(
         [str(pgq / "venv/bin/python"), "-c", "import pgqueuer; print(pgqueuer.__version__)"],
         check=True,
         capture_output=True,
         text=True,
     )
-    node = subprocess.run(["node", "--version"], check=True, capture_output=True, text=True).stdout.strip()
-    return {"graphile-worker": gw, "node": node, "pgqueuer": show.stdout.strip()}
+    return {"pgqueuer": show.stdout.strip()}
 
 
 @contextlib.contextmanager
@@ -598,20 +706,28 @@ def shared_servers(workdir: Path, tools: Path, progress: Progress) -> Iterator[S
 
 
 def _one(system: System, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
-    progress(f"{system.name}: drain of {args.drain:,}")
-    d = asyncio.run(system.drain(args.drain))
-    progress(f"{system.name}: lateness at {args.rate:,}/s for {args.seconds:.0f} s")
-    lat = asyncio.run(system.lateness(args.rate, args.seconds))
-    result: dict[str, dict[str, Any]] = {
-        "drain": {"fires_per_s": drain_rate(d.receipts), "cpu_ms_per_1k": cpu_ms_per_1k(d)},
-        "lateness": {**lateness_ms(lat.receipts), "cpu_ms_per_1k": cpu_ms_per_1k(lat)},
-    }
-    progress(
-        f"{system.name}: drain {result['drain']['fires_per_s']:,.0f}/s, "
-        f"{result['drain']['cpu_ms_per_1k']['total']:.0f} ms CPU per 1,000; lateness p50 "
-        f"{result['lateness']['p50_ms']:.1f} p99 {result['lateness']['p99_ms']:.1f} ms"
-    )
-    return result
+    """One round of a system: its drain on each shape it has, then its lateness (unless
+    --seconds 0)."""
+    drains: dict[str, dict[str, Any]] = {}
+    for shape in (s for s in args.shapes if s in system.shapes):
+        progress(f"{system.name}: drain of {args.drain:,} ({shape} table)")
+        d = asyncio.run(system.drain(args.drain, shape, args.big))
+        drains[shape] = {
+            "fires_per_s": drain_rate(d.receipts),
+            "cpu_ms_per_1k": cpu_ms_per_1k(d),
+            "wal_bytes_per_fire": d.wal_bytes / max(d.fires_in_window, 1),
+        }
+        progress(
+            f"{system.name}: {shape} drain {drains[shape]['fires_per_s']:,.0f}/s, "
+            f"{drains[shape]['cpu_ms_per_1k']['total']:.0f} ms CPU per 1,000, "
+            f"{drains[shape]['wal_bytes_per_fire']:,.0f} B of WAL per fire"
+        )
+    late = dict.fromkeys(("p50_ms", "p99_ms", "max_ms"), float("nan"))
+    if args.seconds > 0:
+        progress(f"{system.name}: lateness at {args.rate:,}/s for {args.seconds:.0f} s")
+        late = lateness_ms(asyncio.run(system.lateness(args.rate, args.seconds)).receipts)
+        progress(f"{system.name}: lateness p50 {late['p50_ms']:.1f} p99 {late['p99_ms']:.1f} ms")
+    return {"drain": drains, "lateness": late}
 
 
 def run_peers(args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -622,12 +738,13 @@ def run_peers(args: argparse.Namespace, command: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="timer-peers-") as tmp:
         workdir, tools = Path(tmp) / "run", args.tools or Path(tmp) / "tools"
         workdir.mkdir()
-        versions = install_peers(tools, progress)
+        versions = install_peers(tools, chosen, progress)
         calibration = [calibrate(workdir)]
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in chosen}
         with shared_servers(workdir, tools, progress) as shared:
             make: dict[str, Callable[[], System]] = {
                 "timer-service": lambda: Ours(shared, args.replicas),
+                "timer-service-push": lambda: Ours(shared, args.replicas, push=True),
                 "graphile-worker": lambda: GraphileWorker(shared),
                 "pgqueuer": lambda: PgQueuer(shared),
                 "nats-schedules": lambda: NatsSchedules(shared),
@@ -646,6 +763,8 @@ def run_peers(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "config": {
             "runs": args.runs,
             "drain_n": args.drain,
+            "big": args.big,
+            "shapes": args.shapes,
             "rate": args.rate,
             "seconds": args.seconds,
             "replicas": args.replicas,
@@ -661,7 +780,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3, help="runs of each workload per system (default 3)")
     p.add_argument("--drain", type=int, default=50_000, help="overdue jobs in the drain (default 50,000)")
     p.add_argument("--rate", type=int, default=500, help="jobs due per second in lateness (default 500)")
-    p.add_argument("--seconds", type=float, default=20, help="how long they come due (default 20)")
+    p.add_argument(
+        "--seconds", type=float, default=20, help="how long they come due (default 20; 0: no lateness)"
+    )
+    p.add_argument(
+        "--shapes",
+        nargs="+",
+        choices=SHAPES,
+        default=list(SHAPES),
+        help="the tables the drain starts from (default all; tools/bench/shapes.py)",
+    )
+    p.add_argument(
+        "--big", type=int, default=FULL_BIG, help=f"future jobs in the big table (default {FULL_BIG:,})"
+    )
     p.add_argument("--replicas", type=int, default=WORKERS, help=f"replicas of ours (default {WORKERS})")
     p.add_argument("--systems", nargs="*", choices=SYSTEMS, help="a subset (default all)")
     p.add_argument(

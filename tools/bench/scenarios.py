@@ -17,26 +17,15 @@ from datetime import UTC, datetime, timedelta
 from nats.js import api
 
 from tools.bench.burst import burst, burst_window
-from tools.bench.context import Context, Metrics, lateness_ms, schedule_command, until_fired
+from tools.bench.context import Context, Metrics, lateness_ms, schedule_command, until_fired, until_marked
 from tools.bench.intake_scale import intake_quota, intake_tenants
 from tools.bench.producer import producer
-from tools.bench.rig import COUNT_SCHEDULED_SQL, Rig
+from tools.bench.rig import Rig
+from tools.bench.shapes import drain_shapes
 from tools.bench.soak import soak
 from tools.bench.steady import steady
 from worker.adapters.jetstream.streams import consumer_config
 from worker.contract import Subjects
-
-
-async def _until_marked(rig: Rig, key_prefix: str, timeout: float = 60) -> int:
-    """Wait until no timer with this key prefix is left Scheduled; the number still left."""
-    deadline = time.monotonic() + timeout
-    left = -1
-    while time.monotonic() < deadline:
-        left = int(await rig.scalar(COUNT_SCHEDULED_SQL, key_prefix + "%"))
-        if left == 0:
-            break
-        await asyncio.sleep(0.25)
-    return left
 
 
 async def drain(ctx: Context) -> Metrics:
@@ -49,7 +38,7 @@ async def drain(ctx: Context) -> Metrics:
         started, started_at = time.monotonic(), time.time()
         rig.start_replicas(ctx.replicas)
         await until_fired(rig, n, timeout=60 + n / 1000, progress=ctx.progress, rss=rss)
-        left = await _until_marked(rig, "d-")
+        left = await until_marked(rig, "d-")
         wall = time.monotonic() - started
         cpu = rig.cpu_s()
         state = await rig.events_state()
@@ -250,7 +239,7 @@ async def _catchup(ctx: Context, backlog: int, one_tenant: bool) -> Metrics:
         rig.start_replicas(ctx.replicas)
         await until_fired(rig, backlog + fresh, timeout=120 + backlog / 1000, progress=ctx.progress, rss=rss)
         await recorder.wait_for(fresh, timeout=30)
-        await _until_marked(rig, "c-")
+        await until_marked(rig, "c-")
         order = await rig.scalar(
             "SELECT corr(extract(epoch FROM due_at), extract(epoch FROM reached_at)) "
             "FROM timers WHERE service_call_id LIKE 'c-%%'"
@@ -314,6 +303,8 @@ SCENARIOS = {
     s.name: s
     for s in (
         Scenario("drain", drain, (("fires_per_s", ">=", 15_000), ("rss_max_mb", "<=", 150))),
+        # Two big tables built a run (5,000,000 rows each at full size): minutes, so on request.
+        Scenario("drain-shapes", drain_shapes, (("burst_over_fresh", ">=", 0.9),), on_request=True),
         Scenario(
             "lateness-1k",
             lateness_1k,

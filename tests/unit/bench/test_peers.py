@@ -51,28 +51,55 @@ def test_cpu_per_thousand_fires_by_component_and_in_total() -> None:
     }
 
 
-def _run(rate: float, cpu_total: float, p99: float) -> dict[str, Any]:
+def _run(rates: dict[str, float], cpu_total: float, p99: float) -> dict[str, Any]:
+    drain = {"cpu_ms_per_1k": {"postgres": cpu_total, "total": cpu_total}, "wal_bytes_per_fire": 500.0}
     return {
-        "drain": {"fires_per_s": rate, "cpu_ms_per_1k": {"postgres": cpu_total, "total": cpu_total}},
+        "drain": {shape: {"fires_per_s": rate, **drain} for shape, rate in rates.items()},
         "lateness": {"p50_ms": 1.0, "p99_ms": p99, "max_ms": 2 * p99},
     }
 
 
-def test_summary_takes_medians_and_divides_our_rate_by_each_peers() -> None:
+def test_summary_takes_medians_and_divides_each_rate_by_graphile_workers_round_by_round() -> None:
     runs = {
-        "timer-service": [_run(10_000, 60, 5), _run(12_000, 50, 6), _run(9_000, 70, 4)],
-        "graphile-worker": [_run(20_000, 40, 1990), _run(24_000, 30, 2000), _run(22_000, 35, 1980)],
+        "timer-service": [
+            _run({"fresh": 10_000, "burst": 5_000}, 60, 5),
+            _run({"fresh": 12_000, "burst": 6_000}, 50, 6),
+            _run({"fresh": 9_000, "burst": 4_000}, 70, 4),
+        ],
+        "graphile-worker": [
+            _run({"fresh": 20_000, "burst": 20_000}, 40, 1990),
+            _run({"fresh": 24_000, "burst": 10_000}, 30, 2000),
+            _run({"fresh": 22_000, "burst": 8_000}, 35, 1980),
+        ],
+        "nats-schedules": [_run({"fresh": 40_000}, 20, 100)] * 3,  # no table: fresh only
     }
     s = summarize(runs)
-    ours, gw = s["timer-service"], s["graphile-worker"]
-    assert (ours["drain_fires_per_s"], ours["drain_min"], ours["drain_max"]) == (10_000, 9_000, 12_000)
-    assert ours["ours_over_this"] == 1.0
-    assert math.isclose(gw["ours_over_this"], 10_000 / 22_000)
-    assert gw["cpu_ms_per_1k"]["total"] == 35 and gw["lateness"]["p99_ms"] == 1990
+    ours, gw = s["timer-service"]["drain"], s["graphile-worker"]["drain"]
+    assert (ours["fresh"]["fires_per_s"], ours["fresh"]["min"], ours["fresh"]["max"]) == (
+        10_000,
+        9_000,
+        12_000,
+    )
+    # each round's rate over graphile-worker's in the same round, then their median
+    assert ours["fresh"]["over_reference_rounds"] == [0.5, 0.5, 9_000 / 22_000]
+    assert ours["fresh"]["over_reference"] == 0.5
+    assert (
+        ours["burst"]["over_reference_rounds"] == [0.25, 0.6, 0.5] and ours["burst"]["over_reference"] == 0.5
+    )
+    assert gw["fresh"]["over_reference"] == 1.0 and gw["fresh"]["cpu_ms_per_1k"]["total"] == 35
+    assert s["graphile-worker"]["lateness"]["p99_ms"] == 1990
+    assert set(s["nats-schedules"]["drain"]) == {"fresh"}
 
     report = {
         "command": "make bench-peers",
-        "config": {"runs": 3, "drain_n": 50_000, "rate": 500, "seconds": 20.0, "replicas": 2},
+        "config": {
+            "runs": 3,
+            "drain_n": 50_000,
+            "big": 1_000_000,
+            "rate": 500,
+            "seconds": 20.0,
+            "replicas": 2,
+        },
         "calibration": [
             {
                 "at": "2026-11-23T12:00:00+0000",
@@ -90,11 +117,14 @@ def test_summary_takes_medians_and_divides_our_rate_by_each_peers() -> None:
         "fsync 4 KiB p50 0.30 ms / p90 0.50 ms, load 1.00"
     )
     ours_row = (
-        "| timer-service | 10,000 | 9,000 .. 12,000 | 1.00 | 60.0: 60.0 / 0.0 / 0.0 / 0.0 "
-        "| 1.0 / 5.0 / 10.0 |"
+        "| timer-service | fresh | 10,000 | 9,000 .. 12,000 | 0.50, 0.50, 0.41 (**0.50**) "
+        "| 60.0: 60.0 / 0.0 / 0.0 / 0.0 | 500 |"
     )
     assert ours_row in lines
-    assert "| graphile-worker | 22,000 | 20,000 .. 24,000 | 0.45 |" in "\n".join(lines)
+    assert "| timer-service | burst | 5,000 | 4,000 .. 6,000 | 0.25, 0.60, 0.50 (**0.50**) |" in "\n".join(
+        lines
+    )
+    assert "| graphile-worker | 1.0 / 1,990 / 3,980 |" in lines
 
 
 def test_calibration_measures_a_cpu_loop_and_fsyncs_on_the_given_disk(tmp_path: Path) -> None:

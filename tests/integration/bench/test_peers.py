@@ -1,0 +1,36 @@
+"""`make bench-peers` (tools/bench/peers.py) works end to end at a tiny size: every system on
+every table shape, the peers installed as the harness installs them; speed lives in
+docs/BENCHMARKS.md, not here."""
+
+from __future__ import annotations
+
+import math
+
+from tests.integration.bench.test_bench import ROOT, run_json
+
+# The peers' installs (npm, a pip venv), made on first use and kept, as .venv-helm is.
+TOOLS = ROOT / ".venv-peers"
+SYSTEMS = ["timer-service", "timer-service-push", "graphile-worker", "pgqueuer"]
+
+
+def test_every_system_drains_every_table_shape_beside_graphile_worker() -> None:
+    argv = ["--systems", *SYSTEMS, "--runs", "1", "--drain", "300", "--big", "3000", "--seconds", "0"]
+    report, stderr = run_json(
+        ["-m", "tools.bench.peers", *argv, "--tools", str(TOOLS), "--json"], timeout=900
+    )
+    assert report["config"]["shapes"] == ["fresh", "burst", "scattered"] and report["config"]["big"] == 3000
+    assert set(report["versions"]) == {"graphile-worker", "node", "pgqueuer"}
+    for system in SYSTEMS:
+        drains = report["summary"][system]["drain"]
+        # every shape drained: all 300 received (else the run times out and exits non-zero),
+        # each with its rate, its ratio to graphile-worker's in the round, CPU and WAL
+        assert list(drains) == ["fresh", "burst", "scattered"], system
+        for shape, d in drains.items():
+            assert d["fires_per_s"] > 0, (system, shape)
+            # measured, whatever a drain this small leaves between its first and last receive
+            assert set(d["cpu_ms_per_1k"]) >= {"postgres", "nats", "workers", "total"}, (system, shape)
+            assert d["wal_bytes_per_fire"] >= 0, (system, shape)  # NaN when not measured
+            graphile = report["summary"]["graphile-worker"]["drain"][shape]["fires_per_s"]
+            assert math.isclose(d["over_reference"], d["fires_per_s"] / graphile), (system, shape)
+        assert all(math.isnan(v) for v in report["summary"][system]["lateness"].values())  # --seconds 0
+    assert "timer-service-push: burst drain" in stderr and "graphile-worker: scattered drain" in stderr
