@@ -26,6 +26,7 @@ from tests.helpers import (
     until,
 )
 from worker.adapters.postgres import db, pausing
+from worker.adapters.postgres.columns import schedule_columns
 from worker.adapters.postgres.pausing import TENANT_LOCKS, intake_lock_keys, pause_lock_keys
 from worker.adapters.postgres.queries import QUERIES
 from worker.adapters.postgres.store import ORDER_GRACE, Store
@@ -36,20 +37,8 @@ from worker.core.domain import Key
 
 def _upsert_params(tenant: str, sid: str, due: datetime) -> dict[str, Any]:
     """The parameters Store._apply_round gives upsert_schedules for one ScheduleTimer."""
-    return {
-        "tenant_id": [tenant],
-        "service_call_id": [sid],
-        "due_at": [due],
-        "correlation_id": [None],
-        "command_ts": [None],
-        "repeat_every": [None],
-        "repeat_times": [None],
-        "repeat_timezone": [None],
-        "repeat_cron": [None],
-        "repeat_until": [None],
-        "data": None,
-        "labels": None,
-        "carried_headers": None,
+    command = ScheduleTimer(tenant, sid, due, None, None, None)
+    return schedule_columns([command], None) | {
         "order_grace": ORDER_GRACE,
         "command_seq": None,
         "command_stored_at": None,
