@@ -24,7 +24,8 @@ test-unit: $(STAMP)
 
 # The middle tier: everything but the slow end-to-end suites (tests/chaos, tests/deploy and
 # tests/image), so the unit tests and tests/integration against real Postgres and NATS. About
-# 16 minutes on 2 cores shared with three other test runs (1,079 tests; the bench tests take 2.5 of
+# 16 minutes on 2 cores shared with three other test runs (1,079 tests), 25 minutes alone on a slower
+# machine (1,282 tests; the bench tests take 2.5 to 5 of
 # them); `make test` adds lint, type-check and those suites.
 test-integration: $(STAMP) system-packages
 	$(BIN)/pytest -q tests --ignore=tests/chaos --ignore=tests/deploy
