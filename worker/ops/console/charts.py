@@ -54,8 +54,9 @@ def chart(title: str, unit: str, lines: list[Line], chart_id: str) -> Markup:
             f'<text class="tick" x="{PAD_L - 4}" y="{PAD_T + 8}" text-anchor="end">{_fmt(top, unit)}</text>'
         )
         svg.append(f'<text class="tick" x="{PAD_L - 4}" y="{H - PAD_B}" text-anchor="end">0</text>')
-        svg.append(f'<text class="tick" x="{PAD_L}" y="{H - 4}">{t0:%H:%M}Z</text>')
-        svg.append(f'<text class="tick" x="{W}" y="{H - 4}" text-anchor="end">{t1:%H:%M}Z</text>')
+        when = "%H:%M" if span <= 86_400 else "%b %d %H:%M"  # a week's ends: which days
+        svg.append(f'<text class="tick" x="{PAD_L}" y="{H - 4}">{t0.strftime(when)}Z</text>')
+        svg.append(f'<text class="tick" x="{W}" y="{H - 4}" text-anchor="end">{t1.strftime(when)}Z</text>')
         for line in lines:
             pts = [xy(t, v) for t, v in line.points if v is not None]
             if len(pts) == 1:

@@ -26,11 +26,13 @@ def _q(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-def _overview_reads(conn: psycopg.Connection[Any]) -> dict[str, Any]:
-    minutes = fleet_stats.series(conn)
+def _overview_reads(conn: psycopg.Connection[Any], window_min: int) -> dict[str, Any]:
+    minutes = fleet_stats.series(conn, window_min)
+    # The lateness card is the last five minutes, a minute at a time, whatever the charts' range.
+    recent = minutes if fleet_stats.step_for(window_min) == 1 else fleet_stats.series(conn, 5)
     return {
         "now": reads.fleet_now(conn),
-        "late": fleet_stats.lateness(minutes, datetime.now(UTC)),  # the chart's, added up
+        "late": fleet_stats.lateness(recent, datetime.now(UTC)),  # the chart's, added up
         "minutes": minutes,
         "replicas": fleet_stats.replicas_seen(conn),
     }
@@ -38,8 +40,13 @@ def _overview_reads(conn: psycopg.Connection[Any]) -> dict[str, Any]:
 
 async def overview(request: Request) -> Response:
     c = console_of(request)
+    chosen = request.query_params.get("range") or "1h"
+    if chosen not in fleet_stats.RANGES:
+        known = ", ".join(fleet_stats.RANGES)
+        return Response(f"bad range: one of {known}", status_code=400, headers=headers())
+    window_min = fleet_stats.RANGES[chosen]
     counts, counted_s = await c.counts()
-    found = await c.db(_overview_reads)
+    found = await c.db(_overview_reads, window_min)
     backlog = None
     if c.nc is not None:
         try:
@@ -54,6 +61,9 @@ async def overview(request: Request) -> Response:
         counted_s=counted_s,
         backlog=backlog,
         charts=overview_charts(found.pop("minutes")),
+        ranges=list(fleet_stats.RANGES),
+        chosen=chosen,
+        step_min=fleet_stats.step_for(window_min),
         **found,
     )
 
