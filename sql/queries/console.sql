@@ -81,9 +81,9 @@ ORDER BY due_at DESC, tenant_id DESC, service_call_id DESC
 LIMIT %(limit)s;
 
 -- name: console_labelled_count
--- A tenant's Scheduled or Paused timers carrying every pair of a selector, counted up to a cap.
+-- A tenant's timers in some of the states Scheduled and Paused carrying a selector's pairs, up to a cap.
 SELECT count(*) FROM (
     SELECT FROM timers
-    WHERE tenant_id = %(tenant_id)s AND state IN ('Scheduled', 'Paused') AND {{carries_selector}}
+    WHERE tenant_id = %(tenant_id)s AND state = ANY(%(states)s::text[]) AND {{carries_selector}}
     LIMIT %(cap)s
 ) AS c;

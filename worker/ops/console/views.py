@@ -13,6 +13,7 @@ from starlette.responses import RedirectResponse, Response
 
 from worker.contract import TENANT_RE
 from worker.ops import browse, dlq, fleet, fleet_stats, history, reads
+from worker.ops.console import bulk
 from worker.ops.console.base import checked_form, console_of, field, headers, label_filter
 from worker.ops.console.charts import overview_charts
 
@@ -113,6 +114,7 @@ async def tenant(request: Request) -> Response:
     return c.page(
         request, "tenant.html", summary=summary, page=page, state=state, sort=sort, total=total,
         done=request.query_params.get("done"), labels=labels or {},
+        bulk=await bulk.offer(request, summary, labels, state),
     )  # fmt: skip
 
 
