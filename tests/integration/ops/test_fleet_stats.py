@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -111,8 +112,15 @@ def test_the_overview_switches_its_charts_range_and_refuses_another_in_one_line(
     six = logged_in.get("/?range=6h").text
     assert fires(six).startswith("fires/s ") and '<b aria-current="page">6h</b>' in six
     assert "a point per 4 minutes" in six  # 360 minutes in 119 steps
+    # The axis spans the range asked for, not only the data: the gap up to now shows.
+    left = re.search(r'id="chart-fires">.*?<text class="tick" x="44" y="116">(\d\d:\d\d)Z<', six, re.S)
+    assert left, six
+    wanted = {(datetime.now(UTC) - timedelta(hours=6, minutes=m)).strftime("%H:%M") for m in (-1, 0, 1)}
+    assert left.group(1) in wanted
     week = logged_in.get("/?range=7d&live=1").text  # the live region keeps the range
     assert fires(week).startswith("fires/s ") and "a point per 85 minutes" in week
+    seven_days_ago = (datetime.now(UTC) - timedelta(days=7)).strftime("%b %d")
+    assert f'x="44" y="116">{seven_days_ago} ' in week
     for bad in ("2y", "<script>alert(1)</script>", "x" * 10_000):
         refused = logged_in.get("/", params={"range": bad})
         assert (refused.status_code, refused.text) == (400, "bad range: one of 1h, 6h, 24h, 7d")

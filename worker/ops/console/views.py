@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import urllib.parse
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import nats.errors
@@ -48,6 +48,7 @@ async def overview(request: Request) -> Response:
     window_min = fleet_stats.RANGES[chosen]
     counts, counted_s = await c.counts()
     found = await c.db(_overview_reads, window_min)
+    now = datetime.now(UTC)
     backlog = None
     if c.nc is not None:
         try:
@@ -61,7 +62,7 @@ async def overview(request: Request) -> Response:
         counts=counts,
         counted_s=counted_s,
         backlog=backlog,
-        charts=overview_charts(found.pop("minutes")),
+        charts=overview_charts(found.pop("minutes"), (now - timedelta(minutes=window_min), now)),
         ranges=list(fleet_stats.RANGES),
         chosen=chosen,
         step_min=fleet_stats.step_for(window_min),
