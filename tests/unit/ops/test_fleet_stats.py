@@ -4,6 +4,7 @@ every chart within MAX_POINTS, whatever the range and the moment it is read."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,3 +35,13 @@ def test_a_range_is_drawn_in_at_most_max_points_bins(window_min: int, now: datet
 def test_the_ranges_offered_are_kept_and_a_short_one_is_a_minute_a_point() -> None:
     assert max(RANGES.values()) * 60 <= STATS_KEEP.total_seconds()
     assert step_for(RANGES["1h"]) == 1 and step_for(RANGES["7d"]) == 85
+
+
+def test_the_operations_guide_says_the_ranges_and_points_the_code_draws() -> None:
+    guide = " ".join((Path(__file__).parents[3] / "docs" / "OPERATIONS.md").read_text().split())
+    assert f"the last {', '.join(list(RANGES)[:-1])} or {list(RANGES)[-1]} at a click" in guide
+    assert f"at most {MAX_POINTS} points a chart" in guide
+    six, day, week = (step_for(RANGES[r]) for r in ("6h", "24h", "7d"))
+    assert step_for(RANGES["1h"]) == 1
+    said = f"a point a minute for an hour, per {six} minutes for six hours, per {day} for a day, per {week}"
+    assert f"{said} for a week" in guide

@@ -3,10 +3,19 @@ confirmation good for one send, bounded whatever is asked."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.ops.console.bulk import Asked, Confirmations, offers
+from worker.ops.console.bulk import (
+    CONFIRM_COUNT_CAP,
+    CONFIRMATION_TTL_S,
+    OFFER_COUNT_CAP,
+    Asked,
+    Confirmations,
+    offers,
+)
 from worker.ops.reads import STATES
 
 
@@ -73,3 +82,10 @@ def test_confirmations_kept_stay_bounded_and_each_sends_at_most_once(
             sent.append(tokens[pick % len(tokens)])
         assert len(kept) <= most
     assert len(sent) == len(set(sent))
+
+
+def test_the_operations_guide_says_the_bounds_the_code_keeps() -> None:
+    guide = " ".join((Path(__file__).parents[4] / "docs" / "OPERATIONS.md").read_text().split())
+    assert f"counted up to {OFFER_COUNT_CAP:,} on the page" in guide
+    assert f"how many timers it matches now (up to {CONFIRM_COUNT_CAP:,})" in guide
+    assert f"forgotten after {CONFIRMATION_TTL_S / 60:.0f} minutes" in guide
