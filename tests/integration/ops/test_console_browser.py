@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from playwright.async_api import Page, async_playwright, expect
+from playwright.async_api import Browser, Page, Playwright, async_playwright, expect
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
 from tests.integration.ops.test_console import TOKEN, console_settings
@@ -163,6 +163,16 @@ async def _click(page: Page, name: str) -> None:
     await page.get_by_role("button", name=name).click()
 
 
+async def _logged_in(pw: Playwright, base: str) -> tuple[Browser, Page]:
+    """A browser, and its page logged in with the token (on the overview)."""
+    browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    await page.goto(base + "/login")
+    await page.fill("input[name=token]", TOKEN)
+    await _click(page, "Log in")
+    return browser, page
+
+
 async def test_live_updates_charts_search_history_and_every_action_in_a_browser(
     settings: Settings, db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -190,11 +200,7 @@ async def test_live_updates_charts_search_history_and_every_action_in_a_browser(
         await rollup.write()  # what the replica does every 15 s
 
         async with async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = await browser.new_page(viewport={"width": 1280, "height": 900})
-            await page.goto(base + "/login")
-            await page.fill("input[name=token]", TOKEN)
-            await _click(page, "Log in")
+            browser, page = await _logged_in(pw, base)
 
             # The overview's charts and the replica, alive.
             await expect(page.locator("#chart-fires figcaption")).to_contain_text("fires/s")
@@ -307,18 +313,16 @@ async def test_a_bulk_action_on_a_label_filter_and_a_chart_range_in_a_browser(
     posted again from the page sends nothing. The overview's charts switch to a longer range."""
     caplog.set_level(logging.INFO, logger="worker.ops.console")
     # Minute stats of three hours ago, and none since: the last hour is empty, six hours are not.
+    # Three whole bins of the 6h range (4 minutes, console_stats's origin), 2 fired a second each.
     query(
         db_url,
         "INSERT INTO timer_stats (minute, worker_id, fired, rejected, overdue, lateness_le, lateness) "
-        "SELECT date_trunc('minute', now()) - i * interval '1 minute', 'replica-gone', 120, 0, 0, "
-        "       '{0.01}', '{1}' FROM generate_series(180, 190) AS i",
+        "SELECT date_bin('4 minutes', now() - interval '3 hours', '2000-01-01 00:00Z') "
+        "       - i * interval '1 minute', 'replica-gone', 120, 0, 0, '{0.01}', '{1}' "
+        "FROM generate_series(1, 12) AS i",
     )
     async with console(settings) as base, async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = await browser.new_page(viewport={"width": 1280, "height": 900})
-        await page.goto(base + "/login")
-        await page.fill("input[name=token]", TOKEN)
-        await _click(page, "Log in")
+        browser, page = await _logged_in(pw, base)
 
         # No replica yet: the minutes of three hours ago are the only ones.
         await expect(page.locator("#chart-fires figcaption")).to_contain_text("no data yet")
