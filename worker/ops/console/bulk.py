@@ -13,12 +13,12 @@ twice sends once; the send is logged (`console_action`) with who, the filter and
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -76,7 +76,7 @@ def states_of(state: str | None) -> tuple[str, ...]:
     return (state,) if state else ACTED_ON
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Asked:
     """What a confirmation was given for: only the same user sending the same action may use it."""
 
@@ -179,7 +179,7 @@ async def labelled_action(request: Request) -> Response:
     asked = Asked(who(request), what, tenant, tuple(sorted(labels.items())), state, count=0)
     if field(form, "confirm") != "yes":
         count = await c.db(browse.labelled_count, tenant, labels, CONFIRM_COUNT_CAP, states_of(state))
-        token = confirmations(request).give(_counted(asked, count))
+        token = confirmations(request).give(dataclasses.replace(asked, count=count))
         return c.page(
             request, "bulk_confirm.html", error=None, back=back, count=count, cap=CONFIRM_COUNT_CAP,
             once=token, **_shown(what, tenant, labels, state),
@@ -195,10 +195,6 @@ async def labelled_action(request: Request) -> Response:
     await getattr(c.client, what)(tenant, labels=labels)
     audit(request, f"labelled_{what}", tenant, None, labels=labels, state=state, count=confirmed.count)
     return RedirectResponse(f"{back}&done=labelled_{what}", status_code=303)
-
-
-def _counted(asked: Asked, count: int) -> Asked:
-    return Asked(asked.user, asked.what, asked.tenant, asked.labels, asked.state, count)
 
 
 def _shown(what: str, tenant: str, labels: dict[str, str], state: str | None) -> dict[str, Any]:
