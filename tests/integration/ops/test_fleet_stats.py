@@ -117,6 +117,14 @@ def test_the_overview_switches_its_charts_range_and_refuses_another_in_one_line(
     assert left, six
     wanted = {(datetime.now(UTC) - timedelta(hours=6, minutes=m)).strftime("%H:%M") for m in (-1, 0, 1)}
     assert left.group(1) in wanted
+    # A longer range is read again once a minute, not on each look; the last hour on each look.
+    query(
+        db_url,
+        "INSERT INTO timer_stats (minute, worker_id, fired, rejected, overdue, lateness_le, lateness) "
+        "VALUES (date_trunc('minute', now()) - interval '1 minute', 'replica-a', 600, 0, 0, '{1}', '{0}')",
+    )
+    assert fires(logged_in.get("/?range=6h").text) == fires(six)
+    assert fires(logged_in.get("/").text) == "fires/s 10"
     week = logged_in.get("/?range=7d&live=1").text  # the live region keeps the range
     assert fires(week).startswith("fires/s ") and "a point per 85 minutes" in week
     seven_days_ago = (datetime.now(UTC) - timedelta(days=7)).strftime("%b %d")

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from worker.adapters.postgres.stats import STATS_KEEP
+from worker.ops.console.views import CHART_TTL_S
 from worker.ops.fleet_stats import MAX_POINTS, RANGES, step_for
 
 ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # console_stats's date_bin origin
@@ -45,3 +46,4 @@ def test_the_operations_guide_says_the_ranges_and_points_the_code_draws() -> Non
     assert step_for(RANGES["1h"]) == 1
     said = f"a point a minute for an hour, per {six} minutes for six hours, per {day} for a day, per {week}"
     assert f"{said} for a week" in guide
+    assert CHART_TTL_S == 60 and "is read at most once a minute, not on each look" in guide
