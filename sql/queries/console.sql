@@ -2,11 +2,27 @@
 -- The why of each statement: docs/SQL.md.
 
 -- name: console_stats
--- Every replica's minute stats of a recent window.
-SELECT minute, worker_id, fired, rejected, overdue, lateness_le, lateness, written_at, now() AS db_now
-FROM timer_stats
-WHERE minute >= date_trunc('minute', now()) - make_interval(mins => %(window)s)
-ORDER BY minute;
+-- The replicas' minute stats of a recent window, added up per bin of minutes and histogram bounds.
+WITH minutes AS (
+    SELECT date_bin(make_interval(mins => %(step)s), minute, TIMESTAMPTZ '2000-01-01 00:00Z') AS at, *
+    FROM timer_stats
+    WHERE minute >= date_bin(make_interval(mins => %(step)s), now() - make_interval(mins => %(window)s),
+                             TIMESTAMPTZ '2000-01-01 00:00Z')
+), per_bucket AS (
+    SELECT m.at, m.lateness_le, u.i, sum(u.n)::bigint AS n
+    FROM minutes m, unnest(m.lateness) WITH ORDINALITY AS u(n, i)
+    GROUP BY m.at, m.lateness_le, u.i
+), histograms AS (
+    SELECT at, lateness_le, array_agg(n ORDER BY i) AS lateness FROM per_bucket GROUP BY at, lateness_le
+)
+SELECT b.at, b.lateness_le, b.fired, b.rejected, b.overdue, b.replicas, b.written_at,
+       coalesce(h.lateness, '{}') AS lateness, now() AS db_now
+FROM (
+    SELECT at, lateness_le, sum(fired)::bigint AS fired, sum(rejected)::bigint AS rejected,
+           max(overdue) AS overdue, count(DISTINCT worker_id) AS replicas, max(written_at) AS written_at
+    FROM minutes GROUP BY at, lateness_le
+) AS b LEFT JOIN histograms h USING (at, lateness_le)
+ORDER BY b.at, b.written_at;
 
 -- name: console_replicas
 -- The replicas that wrote stats in the last ten minutes.
@@ -65,9 +81,9 @@ ORDER BY due_at DESC, tenant_id DESC, service_call_id DESC
 LIMIT %(limit)s;
 
 -- name: console_labelled_count
--- A tenant's Scheduled or Paused timers carrying every pair of a selector, counted up to a cap.
+-- A tenant's timers in some of the states Scheduled and Paused carrying a selector's pairs, up to a cap.
 SELECT count(*) FROM (
     SELECT FROM timers
-    WHERE tenant_id = %(tenant_id)s AND state IN ('Scheduled', 'Paused') AND {{carries_selector}}
+    WHERE tenant_id = %(tenant_id)s AND state = ANY(%(states)s::text[]) AND {{carries_selector}}
     LIMIT %(cap)s
 ) AS c;

@@ -7,6 +7,7 @@ base.py         what every page shares: the Console, rendering, the checked form
 views.py        the reading pages: the overview, the search, a tenant's timers, a timer
 dlq_views.py    the DLQ pages: the listing, one entry, its replay, the bulk actions
 actions.py      the actions on a timer or a tenant (cancel, reschedule, fire now, pause, resume)
+bulk.py         the bulk actions on the timers a tenant's filter selects: offered, confirmed once, sent
 charts.py       line charts as inline SVG, drawn on the server
 templates/      the Jinja2 templates of those pages
 """

@@ -2,7 +2,7 @@
 browse, stats, history, dlq). Read-only unless TIMER_CONSOLE_ACTIONS, and then for every user
 but the operators (TIMER_CONSOLE_OPERATORS); every route behind worker.ops.console.auth. The
 pages: views.py (overview, search, tenant, timer), dlq_views.py, actions.py (a timer's and a
-tenant's actions); what they share: base.py.
+tenant's actions), bulk.py (the actions on the timers a filter selects); what they share: base.py.
 
 URLs carry ids only (tenant ids, serviceCallIds, DLQ sequences, state names, cursors of ids):
 searches are posted, so access logs hold nothing else.
@@ -31,7 +31,7 @@ from worker.client.wire import nats_connect
 from worker.config import ConsoleSettings
 from worker.errors import ConfigError
 from worker.ops import dlq, reads
-from worker.ops.console import actions, dlq_views, views
+from worker.ops.console import actions, bulk, dlq_views, views
 from worker.ops.console.auth import COOKIE, LoginThrottle, RequireLogin, served_over_tls
 from worker.ops.console.base import Console, checked_form, console_of, headers
 
@@ -117,7 +117,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/timers/{tenant}/{sid:path}", views.timer),
         Route("/act/{what}/{tenant}/{sid:path}", actions.timer_action, methods=["POST"]),
         Route("/act-tenant/{what}/{tenant}", actions.tenant_action, methods=["POST"]),
-        Route("/act-labelled/{what}/{tenant}", actions.labelled_action, methods=["POST"]),
+        Route("/act-labelled/{what}/{tenant}", bulk.labelled_action, methods=["POST"]),
         Route("/dlq", dlq_views.dlq_list),
         Route("/dlq/bulk", dlq_views.dlq_bulk, methods=["POST"]),
         Route("/dlq/{seq:int}", dlq_views.dlq_entry),
@@ -130,6 +130,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
     ]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.console = console
+    app.state.confirmations = bulk.Confirmations()
     return app
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import urllib.parse
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import nats.errors
@@ -13,6 +13,7 @@ from starlette.responses import RedirectResponse, Response
 
 from worker.contract import TENANT_RE
 from worker.ops import browse, dlq, fleet, fleet_stats, history, reads
+from worker.ops.console import bulk
 from worker.ops.console.base import checked_form, console_of, field, headers, label_filter
 from worker.ops.console.charts import overview_charts
 
@@ -20,6 +21,12 @@ from worker.ops.console.charts import overview_charts
 # says when the scan stopped there. DLQ entries naming one timer shown at most.
 TIMER_DLQ_SCAN = dlq.MAX_SCAN
 TIMER_DLQ_SHOWN = 50
+
+
+# A longer range's charts are read again at most this often, not on each look (every 5 s while the
+# page is open): their points are 4 to 85 minutes wide, and a week of three replicas' minutes took
+# 0.4 s to add up.
+CHART_TTL_S = 60.0
 
 
 def _q(value: str) -> str:
@@ -38,8 +45,16 @@ def _overview_reads(conn: psycopg.Connection[Any]) -> dict[str, Any]:
 
 async def overview(request: Request) -> Response:
     c = console_of(request)
+    chosen = request.query_params.get("range") or "1h"
+    if chosen not in fleet_stats.RANGES:
+        known = ", ".join(fleet_stats.RANGES)
+        return Response(f"bad range: one of {known}", status_code=400, headers=headers())
+    window_min = fleet_stats.RANGES[chosen]
     counts, counted_s = await c.counts()
-    found = await c.db(_overview_reads)
+    found = await c.db(_overview_reads)  # the last hour: its chart, and the lateness card's minutes
+    if window_min != fleet_stats.RANGES["1h"]:
+        found["minutes"] = await c.kept(("series", window_min), CHART_TTL_S, fleet_stats.series, window_min)
+    now = datetime.now(UTC)
     backlog = None
     if c.nc is not None:
         try:
@@ -53,7 +68,10 @@ async def overview(request: Request) -> Response:
         counts=counts,
         counted_s=counted_s,
         backlog=backlog,
-        charts=overview_charts(found.pop("minutes")),
+        charts=overview_charts(found.pop("minutes"), (now - timedelta(minutes=window_min), now)),
+        ranges=list(fleet_stats.RANGES),
+        chosen=chosen,
+        step_min=fleet_stats.step_for(window_min),
         **found,
     )
 
@@ -103,6 +121,7 @@ async def tenant(request: Request) -> Response:
     return c.page(
         request, "tenant.html", summary=summary, page=page, state=state, sort=sort, total=total,
         done=request.query_params.get("done"), labels=labels or {},
+        bulk=await bulk.offer(request, summary, labels, state),
     )  # fmt: skip
 
 
