@@ -4,8 +4,9 @@ The same two workloads for each, on one embedded Postgres and one embedded NATS,
 
 - drain: N jobs already overdue; the workers start after the insert; fires/s from the first to
   the last receive. On each table shape of tools/bench/shapes.py (fresh; a burst into a big
-  table of future jobs; the due jobs scattered through it), each system's own table built its
-  own way (NATS schedules have no table: fresh only).
+  table of future jobs; the due jobs scattered through it; a burst into the big table after
+  retention's churn), each system's own table built its own way (NATS schedules have no table:
+  fresh only).
 - lateness: R come due per second for S seconds, the workers already running; receive time
   minus due time.
 
@@ -52,7 +53,7 @@ from tools.bench import invocation
 from tools.bench.calibrate import calibrate, describe
 from tools.bench.realistic import DUE_AT_SQL
 from tools.bench.rig import Rig, machine
-from tools.bench.shapes import FULL_BIG, SHAPES, WAL_LSN_SQL, AddJobs, add_timers, build
+from tools.bench.shapes import FULL_BIG, SHAPES, TABLE, WAL_LSN_SQL, AddJobs, add_timers, build, due_pages
 from worker.client.consumer import DueEvent
 from worker.contract import Subjects
 from worker.devkit.harness import percentile
@@ -80,6 +81,7 @@ class Measured:
     cpu_s: dict[str, float]  # component -> CPU seconds between the first and the last receive
     fires_in_window: int  # receipts between those two CPU readings
     wal_bytes: float = float("nan")  # WAL Postgres wrote between those two readings
+    due_pages: float = float("nan")  # heap pages the due rows sat on before the drain (ours only)
 
 
 def drain_rate(receipts: list[Receipt]) -> float:
@@ -120,6 +122,7 @@ def _drain_summary(rounds: list[dict[str, Any]], reference: list[dict[str, Any]]
             k: statistics.median(r["cpu_ms_per_1k"][k] for r in rounds) for k in rounds[0]["cpu_ms_per_1k"]
         },
         "wal_bytes_per_fire": statistics.median(r.get("wal_bytes_per_fire", float("nan")) for r in rounds),
+        "due_pages": statistics.median(r.get("due_pages", float("nan")) for r in rounds),
     }
 
 
@@ -153,7 +156,8 @@ def _ratio(x: float) -> str:
 
 def table(report: dict[str, Any]) -> str:
     """Markdown tables: each system's drain on each shape (rate, its ratio to graphile-worker's
-    round by round, CPU per 1,000 fires by component, WAL per fire), then lateness."""
+    round by round, CPU per 1,000 fires by component, WAL per fire, the heap pages the due rows
+    sat on), then lateness."""
     cfg = report["config"]
     lines = [
         f"{report['command']}  ({cfg['runs']} runs; drain {cfg['drain_n']:,} overdue, big table "
@@ -162,8 +166,9 @@ def table(report: dict[str, Any]) -> str:
         *(describe(c) for c in report["calibration"]),
         "",
         f"| system | table | drain fires/s (median) | min .. max | ÷ {REFERENCE} by round (median) "
-        "| CPU ms per 1,000 (total: postgres / nats / workers / consumer) | WAL bytes per fire |",
-        "|---|---|---|---|---|---|---|",
+        "| CPU ms per 1,000 (total: postgres / nats / workers / consumer) | WAL bytes per fire "
+        "| heap pages of the due rows |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for system, s in report["summary"].items():
         for shape, d in s["drain"].items():
@@ -173,7 +178,7 @@ def table(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {system} | {shape} | {_n(d['fires_per_s'])} | {_n(d['min'])} .. {_n(d['max'])} "
                 f"| {rounds} (**{_ratio(d['over_reference'])}**) | {_n(c['total'])}: {parts} "
-                f"| {_n(d['wal_bytes_per_fire'])} |"
+                f"| {_n(d['wal_bytes_per_fire'])} | {_n(d['due_pages'])} |"
             )
     lines += ["", "| system | lateness p50 / p99 / max ms |", "|---|---|"]
     for system, s in report["summary"].items():
@@ -339,8 +344,11 @@ class Ours:
 
     async def drain(self, n: int, shape: str, big: int) -> Measured:
         async with Rig(self.shared.admin_url, self.shared.nats_url, self.shared.workdir) as rig:
-            await asyncio.to_thread(build, shape, rig.db_url, add_timers(rig), n, big)
-            return await self._measure(rig, n, None, timeout=_drain_timeout(n))
+            await asyncio.to_thread(build, shape, rig.db_url, add_timers(rig), TABLE, n, big)
+            pages = await asyncio.to_thread(due_pages, rig.db_url)
+            measured = await self._measure(rig, n, None, timeout=_drain_timeout(n))
+            measured.due_pages = pages
+            return measured
 
     async def lateness(self, rate: int, seconds: float) -> Measured:
         n = int(rate * seconds)
@@ -471,6 +479,7 @@ class _PeerOnPostgres:
     """What graphile-worker and pgqueuer share: a fresh database, N jobs, workers that write receipts."""
 
     name: str
+    table: str  # where its jobs are stored (tools/bench/shapes.py churns it)
     shapes: tuple[str, ...] = SHAPES
 
     def __init__(self, shared: Shared) -> None:
@@ -494,7 +503,7 @@ class _PeerOnPostgres:
     async def drain(self, n: int, shape: str, big: int) -> Measured:
         def prepare(db_url: str) -> None:
             add: AddJobs = functools.partial(self.add_jobs, db_url)
-            build(shape, db_url, add, n, big)
+            build(shape, db_url, add, self.table, n, big)
 
         return await self._run(n, prepare, after_insert=True, timeout=_drain_timeout(n))
 
@@ -541,6 +550,7 @@ GRAPHILE_CHUNK = 50_000  # jobs per add_jobs call: one array per statement, of a
 
 class GraphileWorker(_PeerOnPostgres):
     name = "graphile-worker"
+    table = "graphile_worker._private_jobs"
 
     def __init__(self, shared: Shared) -> None:
         super().__init__(shared)
@@ -572,6 +582,7 @@ class GraphileWorker(_PeerOnPostgres):
 
 class PgQueuer(_PeerOnPostgres):
     name = "pgqueuer"
+    table = "pgqueuer"  # its default name
 
     def __init__(self, shared: Shared) -> None:
         super().__init__(shared)
@@ -716,6 +727,7 @@ def _one(system: System, args: argparse.Namespace, progress: Progress) -> dict[s
             "fires_per_s": drain_rate(d.receipts),
             "cpu_ms_per_1k": cpu_ms_per_1k(d),
             "wal_bytes_per_fire": d.wal_bytes / max(d.fires_in_window, 1),
+            "due_pages": d.due_pages,
         }
         progress(
             f"{system.name}: {shape} drain {drains[shape]['fires_per_s']:,.0f}/s, "

@@ -7,7 +7,12 @@ service's drain on each.
   tenth of the table to change), as after any large burst on a production table;
 - `scattered`: the due jobs spread evenly through the big table's heap, one every
   (big + due) / due rows (one every 101 at full size: each on a page of its own), as months of
-  scheduling leave the jobs of one due minute; the table analysed.
+  scheduling leave the jobs of one due minute; the table analysed;
+- `churned`: the big table, then retention's churn: one row in CHURN_EVERY deleted, evenly
+  through the heap (as retention deletes finished jobs wherever they sit), VACUUM ANALYZE (the
+  free space map now offers those slots), then the burst: it lands in the freed slots, a few rows
+  per page on pages kept at the table's fillfactor, instead of appended packed (issue 37's
+  one-per-page burst).
 
 Each system adds its jobs its own way, into its own table (an `AddJobs`: this service's rows,
 graphile-worker's `add_jobs`, pgqueuer's `enqueue`); this module orders the steps and the
@@ -27,11 +32,24 @@ from tools.bench.context import Context, Metrics, until_fired, until_marked
 from tools.bench.realistic import DUE_PREFIX, insert_timers
 from tools.bench.rig import Rig
 
-SHAPES = ("fresh", "burst", "scattered")
+SHAPES = ("fresh", "burst", "scattered", "churned")
 FULL_BIG = 5_000_000  # jobs due 1 to 30 days ahead in the big table (issue 37)
 FULL_DUE = 50_000  # due jobs in each drain of drain-shapes (issue 37)
 OVERDUE_S = 3660  # the due jobs came due over the last hour, the first an hour and a minute ago
 WAL_LSN_SQL = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"  # bench-only: WAL written so far, bytes
+TABLE = "timers"  # this service's table, which `churned` churns
+CHURN_EVERY = 50  # `churned`: retention deleted one row in 50 (2 %) of the big table
+
+# Bench-only: delete every CHURN_EVERY-th row of a table in heap order, so the deleted rows are
+# spread over all its pages (the table's name is the system's own, never a user's input).
+CHURN_SQL = """
+DELETE FROM {table} WHERE ctid = ANY (ARRAY(
+  SELECT ctid FROM (SELECT ctid, row_number() OVER (ORDER BY ctid) AS n FROM {table}) AS heap
+  WHERE n % {every} = 0))
+"""
+# Bench-only: how many heap pages this service's due rows sit on (one per row: one page written
+# per fire).
+DUE_PAGES_SQL = "SELECT count(DISTINCT (ctid::text::point)[0]) FROM timers WHERE service_call_id LIKE %s"
 
 # rows, every, start_s, rate: add `rows` jobs numbered from 1, those whose number `every` divides
 # due from now + start_s at `rate` per second, in order, the others 1 to 30 days ahead
@@ -45,16 +63,18 @@ def _run(db_url: str, *statements: str) -> None:
             conn.execute(s)
 
 
-def build(shape: str, db_url: str, add_jobs: AddJobs, due: int, big: int) -> None:
+def build(shape: str, db_url: str, add_jobs: AddJobs, table: str, due: int, big: int) -> None:
     """Build `shape` with `due` overdue jobs (and `big` pending ones but for `fresh`) in the
-    database at `db_url` through `add_jobs`; then CHECKPOINT."""
+    database at `db_url` through `add_jobs`, which adds them to `table`; then CHECKPOINT."""
     rate = due / (OVERDUE_S - 60)
     if shape == "scattered":
         every = (big + due) // due
         add_jobs(every * due, every, -OVERDUE_S, rate)
         _run(db_url, "VACUUM ANALYZE")
-    elif shape == "burst":
+    elif shape in ("burst", "churned"):
         add_jobs(big, big + 1, 0, 1)  # none due
+        if shape == "churned":
+            _run(db_url, CHURN_SQL.format(table=table, every=CHURN_EVERY))
         _run(db_url, "VACUUM ANALYZE")
         add_jobs(due, 1, -OVERDUE_S, rate)
     elif shape == "fresh":
@@ -72,6 +92,13 @@ def wal_bytes(db_url: str) -> int:
         return int(row[0]) if row else 0
 
 
+def due_pages(db_url: str) -> int:
+    """How many heap pages this service's due rows sit on."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        row = conn.execute(DUE_PAGES_SQL, (DUE_PREFIX + "%",)).fetchone()
+        return int(row[0]) if row else 0
+
+
 def add_timers(rig: Rig) -> AddJobs:
     """This service's AddJobs: rows straight into its table, as the other scenarios seed it."""
     return lambda rows, every, start_s, rate: insert_timers(rig.db_url, rows, every, start_s, rate)
@@ -79,10 +106,12 @@ def add_timers(rig: Rig) -> AddJobs:
 
 async def drain_shape(ctx: Context, shape: str, due: int, big: int) -> Metrics:
     """One drain of `due` overdue timers from `shape`: fires/s (the event stream's first to last
-    stored event) and the WAL Postgres wrote per fire from the replicas' start to the last mark."""
+    stored event), the WAL Postgres wrote per fire from the replicas' start to the last mark, and
+    how many heap pages the due rows sat on."""
     async with ctx.rig() as rig:
         ctx.progress(f"{shape}: building {due:,} due" + ("" if shape == "fresh" else f" among {big:,}"))
-        await asyncio.to_thread(build, shape, rig.db_url, add_timers(rig), due, big)
+        await asyncio.to_thread(build, shape, rig.db_url, add_timers(rig), TABLE, due, big)
+        pages = await asyncio.to_thread(due_pages, rig.db_url)
         wal = await asyncio.to_thread(wal_bytes, rig.db_url)
         rig.start_replicas(ctx.replicas)
         await until_fired(rig, due, timeout=60 + due / 500 + big / 20_000, progress=ctx.progress, rss=[])
@@ -93,6 +122,7 @@ async def drain_shape(ctx: Context, shape: str, due: int, big: int) -> Metrics:
             f"{shape}_fires_per_s": due / state.span_s,
             f"{shape}_wal_bytes_per_fire": wal / due,
             f"{shape}_left_scheduled": left,
+            f"{shape}_due_pages": pages,
         }
 
 
@@ -105,4 +135,5 @@ async def drain_shapes(ctx: Context) -> Metrics:
         m |= await drain_shape(ctx, shape, due, big)
     m["burst_over_fresh"] = m["burst_fires_per_s"] / m["fresh_fires_per_s"]
     m["scattered_over_fresh"] = m["scattered_fires_per_s"] / m["fresh_fires_per_s"]
+    m["churned_over_fresh"] = m["churned_fires_per_s"] / m["fresh_fires_per_s"]
     return m

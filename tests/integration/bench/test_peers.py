@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from tests.integration.bench.test_bench import ROOT, run_json
+from tools.bench.shapes import CHURN_EVERY, SHAPES
 
 # The peers' installs (npm, a pip venv), made on first use and kept, as .venv-helm is.
 TOOLS = ROOT / ".venv-peers"
@@ -18,13 +19,13 @@ def test_every_system_drains_every_table_shape_beside_graphile_worker() -> None:
     report, stderr = run_json(
         ["-m", "tools.bench.peers", *argv, "--tools", str(TOOLS), "--json"], timeout=900
     )
-    assert report["config"]["shapes"] == ["fresh", "burst", "scattered"] and report["config"]["big"] == 3000
+    assert report["config"]["shapes"] == list(SHAPES) and report["config"]["big"] == 3000
     assert set(report["versions"]) == {"graphile-worker", "node", "pgqueuer"}
     for system in SYSTEMS:
         drains = report["summary"][system]["drain"]
         # every shape drained: all 300 received (else the run times out and exits non-zero),
         # each with its rate, its ratio to graphile-worker's in the round, CPU and WAL
-        assert list(drains) == ["fresh", "burst", "scattered"], system
+        assert list(drains) == ["fresh", "burst", "scattered", "churned"], system
         for shape, d in drains.items():
             assert d["fires_per_s"] > 0, (system, shape)
             # measured, whatever a drain this small leaves between its first and last receive
@@ -32,5 +33,12 @@ def test_every_system_drains_every_table_shape_beside_graphile_worker() -> None:
             assert d["wal_bytes_per_fire"] >= 0, (system, shape)  # NaN when not measured
             graphile = report["summary"]["graphile-worker"]["drain"][shape]["fires_per_s"]
             assert math.isclose(d["over_reference"], d["fires_per_s"] / graphile), (system, shape)
+        if system.startswith("timer-service"):
+            # the burst appended packed; after the churn it fills the slots retention freed, one
+            # every CHURN_EVERY rows of the big table, each on a page of its own
+            assert drains["burst"]["due_pages"] < 3000 // CHURN_EVERY <= drains["churned"]["due_pages"]
+        else:  # counted for this service's table only
+            assert all(math.isnan(d["due_pages"]) for d in drains.values()), system
         assert all(math.isnan(v) for v in report["summary"][system]["lateness"].values())  # --seconds 0
     assert "timer-service-push: burst drain" in stderr and "graphile-worker: scattered drain" in stderr
+    assert "pgqueuer: churned drain" in stderr
