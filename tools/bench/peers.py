@@ -733,6 +733,7 @@ def _one(system: System, args: argparse.Namespace, progress: Progress) -> dict[s
             f"{system.name}: {shape} drain {drains[shape]['fires_per_s']:,.0f}/s, "
             f"{drains[shape]['cpu_ms_per_1k']['total']:.0f} ms CPU per 1,000, "
             f"{drains[shape]['wal_bytes_per_fire']:,.0f} B of WAL per fire"
+            + ("" if d.due_pages != d.due_pages else f", due rows on {d.due_pages:,.0f} heap pages")
         )
     late = dict.fromkeys(("p50_ms", "p99_ms", "max_ms"), float("nan"))
     if args.seconds > 0:
@@ -748,7 +749,8 @@ def run_peers(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
     chosen = args.systems or list(SYSTEMS)
     with tempfile.TemporaryDirectory(prefix="timer-peers-") as tmp:
-        workdir, tools = Path(tmp) / "run", args.tools or Path(tmp) / "tools"
+        # --tools resolved: the peers' installs run with their own directory as the cwd
+        workdir, tools = Path(tmp) / "run", args.tools.resolve() if args.tools else Path(tmp) / "tools"
         workdir.mkdir()
         versions = install_peers(tools, chosen, progress)
         calibration = [calibrate(workdir)]

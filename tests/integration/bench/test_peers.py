@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import math
 
-from tests.integration.bench.test_bench import ROOT, run_json
+from tests.integration.bench.test_bench import run_json
 from tools.bench.shapes import CHURN_EVERY, SHAPES
 
 # The peers' installs (npm, a pip venv), made on first use and kept, as .venv-helm is.
-TOOLS = ROOT / ".venv-peers"
+TOOLS = ".venv-peers"  # under the repository root
 SYSTEMS = ["timer-service", "timer-service-push", "graphile-worker", "pgqueuer"]
 
 
 def test_every_system_drains_every_table_shape_beside_graphile_worker() -> None:
     argv = ["--systems", *SYSTEMS, "--runs", "1", "--drain", "300", "--big", "3000", "--seconds", "0"]
     report, stderr = run_json(
-        ["-m", "tools.bench.peers", *argv, "--tools", str(TOOLS), "--json"], timeout=900
+        # --tools relative to the repository root, where run_json runs it
+        ["-m", "tools.bench.peers", *argv, "--tools", TOOLS, "--json"],
+        timeout=900,
     )
     assert report["config"]["shapes"] == list(SHAPES) and report["config"]["big"] == 3000
     assert set(report["versions"]) == {"graphile-worker", "node", "pgqueuer"}
