@@ -53,7 +53,7 @@ from tools.bench import invocation
 from tools.bench.calibrate import calibrate, describe
 from tools.bench.realistic import DUE_AT_SQL
 from tools.bench.rig import Rig, machine
-from tools.bench.shapes import FULL_BIG, SHAPES, TABLE, WAL_LSN_SQL, AddJobs, add_timers, build, due_pages
+from tools.bench.shapes import FULL_BIG, SHAPES, TIMERS, WAL_LSN_SQL, AddJobs, JobTable, add_timers, build
 from worker.client.consumer import DueEvent
 from worker.contract import Subjects
 from worker.devkit.harness import percentile
@@ -81,7 +81,7 @@ class Measured:
     cpu_s: dict[str, float]  # component -> CPU seconds between the first and the last receive
     fires_in_window: int  # receipts between those two CPU readings
     wal_bytes: float = float("nan")  # WAL Postgres wrote between those two readings
-    due_pages: float = float("nan")  # heap pages the due rows sat on before the drain (ours only)
+    due_pages: float = float("nan")  # heap pages the due jobs sat on before a drain
 
 
 def drain_rate(receipts: list[Receipt]) -> float:
@@ -344,8 +344,7 @@ class Ours:
 
     async def drain(self, n: int, shape: str, big: int) -> Measured:
         async with Rig(self.shared.admin_url, self.shared.nats_url, self.shared.workdir) as rig:
-            await asyncio.to_thread(build, shape, rig.db_url, add_timers(rig), TABLE, n, big)
-            pages = await asyncio.to_thread(due_pages, rig.db_url)
+            pages = await asyncio.to_thread(build, shape, rig.db_url, add_timers(rig), TIMERS, n, big)
             measured = await self._measure(rig, n, None, timeout=_drain_timeout(n))
             measured.due_pages = pages
             return measured
@@ -479,7 +478,7 @@ class _PeerOnPostgres:
     """What graphile-worker and pgqueuer share: a fresh database, N jobs, workers that write receipts."""
 
     name: str
-    table: str  # where its jobs are stored (tools/bench/shapes.py churns it)
+    table: JobTable  # where its jobs are stored (tools/bench/shapes.py)
     shapes: tuple[str, ...] = SHAPES
 
     def __init__(self, shared: Shared) -> None:
@@ -501,11 +500,16 @@ class _PeerOnPostgres:
         return {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url}
 
     async def drain(self, n: int, shape: str, big: int) -> Measured:
-        def prepare(db_url: str) -> None:
-            add: AddJobs = functools.partial(self.add_jobs, db_url)
-            build(shape, db_url, add, self.table, n, big)
+        pages = float("nan")
 
-        return await self._run(n, prepare, after_insert=True, timeout=_drain_timeout(n))
+        def prepare(db_url: str) -> None:
+            nonlocal pages
+            add: AddJobs = functools.partial(self.add_jobs, db_url)
+            pages = build(shape, db_url, add, self.table, n, big)
+
+        measured = await self._run(n, prepare, after_insert=True, timeout=_drain_timeout(n))
+        measured.due_pages = pages
+        return measured
 
     async def lateness(self, rate: int, seconds: float) -> Measured:
         n = int(rate * seconds)
@@ -550,7 +554,7 @@ GRAPHILE_CHUNK = 50_000  # jobs per add_jobs call: one array per statement, of a
 
 class GraphileWorker(_PeerOnPostgres):
     name = "graphile-worker"
-    table = "graphile_worker._private_jobs"
+    table = JobTable("graphile_worker._private_jobs", "run_at <= now()")
 
     def __init__(self, shared: Shared) -> None:
         super().__init__(shared)
@@ -582,7 +586,7 @@ class GraphileWorker(_PeerOnPostgres):
 
 class PgQueuer(_PeerOnPostgres):
     name = "pgqueuer"
-    table = "pgqueuer"  # its default name
+    table = JobTable("pgqueuer", "execute_after <= now()")  # its default name
 
     def __init__(self, shared: Shared) -> None:
         super().__init__(shared)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import psycopg
 
@@ -37,7 +38,6 @@ FULL_BIG = 5_000_000  # jobs due 1 to 30 days ahead in the big table (issue 37)
 FULL_DUE = 50_000  # due jobs in each drain of drain-shapes (issue 37)
 OVERDUE_S = 3660  # the due jobs came due over the last hour, the first an hour and a minute ago
 WAL_LSN_SQL = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"  # bench-only: WAL written so far, bytes
-TABLE = "timers"  # this service's table, which `churned` churns
 CHURN_EVERY = 50  # `churned`: retention deleted one row in 50 (2 %) of the big table
 
 # Bench-only: delete every CHURN_EVERY-th row of a table in heap order, so the deleted rows are
@@ -47,14 +47,25 @@ DELETE FROM {table} WHERE ctid = ANY (ARRAY(
   SELECT ctid FROM (SELECT ctid, row_number() OVER (ORDER BY ctid) AS n FROM {table}) AS heap
   WHERE n % {every} = 0))
 """
-# Bench-only: how many heap pages this service's due rows sit on (one per row: one page written
-# per fire).
-DUE_PAGES_SQL = "SELECT count(DISTINCT (ctid::text::point)[0]) FROM timers WHERE service_call_id LIKE %s"
+# Bench-only: how many heap pages a system's due jobs sit on (one each: a page written per fire).
+DUE_PAGES_SQL = "SELECT count(DISTINCT (ctid::text::point)[0]) FROM {table} WHERE {due}"
 
 # rows, every, start_s, rate: add `rows` jobs numbered from 1, those whose number `every` divides
 # due from now + start_s at `rate` per second, in order, the others 1 to 30 days ahead
 # (tools/bench/realistic.py, DUE_AT_SQL).
 AddJobs = Callable[[int, int, float, float], None]
+
+
+@dataclass(frozen=True)
+class JobTable:
+    """Where a system stores its jobs: the table `churned` churns, and the WHERE clause that
+    picks its due jobs in it (the others are due a day ahead at the earliest)."""
+
+    name: str
+    due: str
+
+
+TIMERS = JobTable("timers", f"service_call_id LIKE '{DUE_PREFIX}%'")  # this service's
 
 
 def _run(db_url: str, *statements: str) -> None:
@@ -63,9 +74,12 @@ def _run(db_url: str, *statements: str) -> None:
             conn.execute(s)
 
 
-def build(shape: str, db_url: str, add_jobs: AddJobs, table: str, due: int, big: int) -> None:
+def build(shape: str, db_url: str, add_jobs: AddJobs, table: JobTable, due: int, big: int) -> int:
     """Build `shape` with `due` overdue jobs (and `big` pending ones but for `fresh`) in the
-    database at `db_url` through `add_jobs`, which adds them to `table`; then CHECKPOINT."""
+    database at `db_url` through `add_jobs`, which adds them to `table`; then CHECKPOINT. The
+    heap pages the due jobs sit on, counted before the CHECKPOINT: the count's reads set hint
+    bits, and with data checksums (Postgres 18's default) the first hint on a page after a
+    checkpoint writes its full image, which the drain would then not write."""
     rate = due / (OVERDUE_S - 60)
     if shape == "scattered":
         every = (big + due) // due
@@ -74,7 +88,7 @@ def build(shape: str, db_url: str, add_jobs: AddJobs, table: str, due: int, big:
     elif shape in ("burst", "churned"):
         add_jobs(big, big + 1, 0, 1)  # none due
         if shape == "churned":
-            _run(db_url, CHURN_SQL.format(table=table, every=CHURN_EVERY))
+            _run(db_url, CHURN_SQL.format(table=table.name, every=CHURN_EVERY))
         _run(db_url, "VACUUM ANALYZE")
         add_jobs(due, 1, -OVERDUE_S, rate)
     elif shape == "fresh":
@@ -82,20 +96,16 @@ def build(shape: str, db_url: str, add_jobs: AddJobs, table: str, due: int, big:
         _run(db_url, "VACUUM ANALYZE")
     else:
         raise ValueError(f"unknown table shape {shape!r} (known: {', '.join(SHAPES)})")
-    _run(db_url, "CHECKPOINT")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        row = conn.execute(DUE_PAGES_SQL.format(table=table.name, due=table.due)).fetchone()
+        conn.execute("CHECKPOINT")
+    return int(row[0]) if row else 0
 
 
 def wal_bytes(db_url: str) -> int:
     """WAL the server has written so far."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         row = conn.execute(WAL_LSN_SQL).fetchone()
-        return int(row[0]) if row else 0
-
-
-def due_pages(db_url: str) -> int:
-    """How many heap pages this service's due rows sit on."""
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        row = conn.execute(DUE_PAGES_SQL, (DUE_PREFIX + "%",)).fetchone()
         return int(row[0]) if row else 0
 
 
@@ -110,8 +120,7 @@ async def drain_shape(ctx: Context, shape: str, due: int, big: int) -> Metrics:
     how many heap pages the due rows sat on."""
     async with ctx.rig() as rig:
         ctx.progress(f"{shape}: building {due:,} due" + ("" if shape == "fresh" else f" among {big:,}"))
-        await asyncio.to_thread(build, shape, rig.db_url, add_timers(rig), TABLE, due, big)
-        pages = await asyncio.to_thread(due_pages, rig.db_url)
+        pages = await asyncio.to_thread(build, shape, rig.db_url, add_timers(rig), TIMERS, due, big)
         wal = await asyncio.to_thread(wal_bytes, rig.db_url)
         rig.start_replicas(ctx.replicas)
         await until_fired(rig, due, timeout=60 + due / 500 + big / 20_000, progress=ctx.progress, rss=[])
