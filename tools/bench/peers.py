@@ -167,7 +167,7 @@ def table(report: dict[str, Any]) -> str:
         "",
         f"| system | table | drain fires/s (median) | min .. max | ÷ {REFERENCE} by round (median) "
         "| CPU ms per 1,000 (total: postgres / nats / workers / consumer) | WAL bytes per fire "
-        "| heap pages of the due rows |",
+        "| heap pages of the due jobs |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for system, s in report["summary"].items():

@@ -10,9 +10,9 @@ service's drain on each.
   scheduling leave the jobs of one due minute; the table analysed;
 - `churned`: the big table, then retention's churn: one row in CHURN_EVERY deleted, evenly
   through the heap (as retention deletes finished jobs wherever they sit), VACUUM ANALYZE (the
-  free space map now offers those slots), then the burst: it lands in the freed slots, a few rows
-  per page on pages kept at the table's fillfactor, instead of appended packed (issue 37's
-  one-per-page burst).
+  free space map now offers those slots; the statistics do not know the burst), then the burst:
+  where it lands is the table's doing. This service's lands in the freed slots, one row per page
+  (its pages are full to the fillfactor, and a slot holds one row), as issue 37 saw.
 
 Each system adds its jobs its own way, into its own table (an `AddJobs`: this service's rows,
 graphile-worker's `add_jobs`, pgqueuer's `enqueue`); this module orders the steps and the
