@@ -39,9 +39,6 @@ DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024
 # W3C trace context, and the producer headers TIMER_CARRY_HEADERS allows, each value at most this.
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
-# W3C Trace Context, version 00's layout (https://www.w3.org/TR/trace-context/#traceparent-header):
-# fixed width and anchored, so `match` reads at most 56 characters of whatever a tenant sent.
-TRACEPARENT_RE = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}\Z")
 MAX_CARRIED_VALUE_CHARS = 512
 # A timer's labels (docs/CONTRACT.md, Labels): at most MAX_LABELS pairs, each key LABEL_KEY_RULE,
 # each value at most MAX_LABEL_VALUE_CHARS characters, none a control character or a surrogate.

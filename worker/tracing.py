@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from worker.contract import TRACEPARENT, TRACEPARENT_RE, firing_id
+from worker.contract import TRACEPARENT, firing_id
 from worker.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
 
     from worker.contract import Outgoing
     from worker.core.domain import Claimed
+
+# W3C Trace Context, version 00's layout (https://www.w3.org/TR/trace-context/#traceparent-header):
+# fixed width and anchored, so `match` reads at most 55 characters of whatever a tenant sent.
+TRACEPARENT_RE = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}\Z")
 
 _tracer: Tracer | None = None  # set while tracing is on
 _provider: Any = None
@@ -181,7 +186,7 @@ def links(headers: Iterable[Mapping[str, str] | None]) -> list[Link] | None:
     header, its name in any case (docs/CONTRACT.md, Trace context). Links, not a parent: a batch
     has as many parents as messages. At most the SDK's link limit, as it would keep no more; a
     header that is no valid traceparent (malformed, huge) is passed over, no link and no error,
-    after reading at most 55 characters of it (contract.TRACEPARENT_RE). None while tracing is off,
+    after reading at most 55 characters of it (TRACEPARENT_RE). None while tracing is off,
     the messages not even looked at."""
     if _tracer is None:
         return None

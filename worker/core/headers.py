@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 
-from worker.contract import MAX_CARRIED_VALUE_CHARS, TRACEPARENT, TRACEPARENT_RE, TRACESTATE
+from worker.contract import MAX_CARRIED_VALUE_CHARS, TRACEPARENT, TRACESTATE
 from worker.core.fields import _json_type, _show
+from worker.tracing import TRACEPARENT_RE
 
 
 def carried_headers(
