@@ -1,4 +1,5 @@
-"""OpenTelemetry spans for intake, claim, publish and mark (docs/OPERATIONS.md, Traces).
+"""OpenTelemetry spans for intake, claim, publish and mark (docs/OPERATIONS.md, Traces), and the
+W3C traceparent a command's headers must match to be carried or linked.
 
 Off unless OpenTelemetry's own environment asks for an exporter (`OTEL_EXPORTER_OTLP_ENDPOINT`,
 or `OTEL_TRACES_EXPORTER` other than `none`): then `setup` imports the SDK (the `otel` extra)
