@@ -34,8 +34,8 @@ WITH RECURSIVE tenants(tenant_id) AS (
             ORDER BY t.tenant_id LIMIT 1)
     FROM tenants WHERE tenants.tenant_id IS NOT NULL
 )
-SELECT t.tenant_id, t.service_call_id, t.state, t.due_at, t.lease_owner, t.lease_expires_at,
-       t.attempts, t.last_error, t.fired_count, t.repeat_every, t.correlation_id,
+SELECT t.tenant_id, t.service_call_id, t.state, t.due_at, t.nominal_due_at, t.lease_owner,
+       t.lease_expires_at, t.attempts, t.last_error, t.fired_count, t.repeat_every, t.correlation_id,
        t.state = 'Scheduled' AND t.due_at <= now() AS overdue
 FROM tenants
 JOIN timers t ON t.tenant_id = tenants.tenant_id AND t.service_call_id = %(service_call_id)s

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -251,18 +251,33 @@ def render_page(page: Page) -> str:
             note.append(f"claimed by {r['lease_owner']}")
         if r["last_error"]:
             note.append(f"error: {r['last_error'][:60]}")
-        due = fmt_time(r["due_at"]) or "-"
+        due, planned = due_and_planned(r)
+        if planned is not None:
+            note.append(f"planned {fmt_time(planned)}")
         key = f"{r['tenant_id']:<16} {r['service_call_id']:<28}"
-        lines.append(f"{key} {r['state']:<10} {due:<25} {', '.join(note)}")
+        lines.append(f"{key} {r['state']:<10} {fmt_time(due) or '-':<25} {', '.join(note)}")
     if page.next_cursor:
         lines.append(f"more: --after {page.next_cursor}")
     return "\n".join(lines)
 
 
 def row_json(r: dict[str, Any]) -> dict[str, Any]:
-    """A listed row as `list --json` prints it: the contract's names and times."""
-    out: dict[str, Any] = camel({_CONTRACT_NAMES.get(k, k): v for k, v in r.items()})
+    """A listed row as `list --json` prints it: the contract's names and times, its dueAt and
+    plannedAt as `get` shows them."""
+    due, planned = due_and_planned(r)
+    named = {_CONTRACT_NAMES.get(k, k): v for k, v in r.items() if k != "nominal_due_at"}
+    out: dict[str, Any] = camel(
+        named | {"due_at": due} | ({} if planned is None else {"planned_at": planned})
+    )
     return out
+
+
+def due_and_planned(r: Mapping[str, Any]) -> tuple[datetime, datetime | None]:
+    """A listed row's dueAt and, with a firing window, the instant it is planned to fire, as `get`
+    shows them (worker/core/timers.py): the row's due_at is the planned instant then (the claim
+    orders by it), and its nominal_due_at the dueAt."""
+    nominal = r["nominal_due_at"]
+    return (r["due_at"], None) if nominal is None else (nominal, r["due_at"])
 
 
 # Columns whose contract name is not their camelCase (timer_view's names).

@@ -444,3 +444,21 @@ def test_actions_are_refused_when_off_confirmed_first_and_audited(
         assert done.status_code == 303 and done.headers["location"] == "/timers/acme/secret-timer?done=cancel"
     (line,) = [r for r in caplog.records if getattr(r, "action", None) == "console_action"]
     assert (line.user, line.what, line.tenant, line.id) == ("token", "cancel", "acme", "secret-timer")  # type: ignore[attr-defined]
+
+
+def test_a_windowed_timer_shows_its_due_at_and_beside_it_when_it_is_planned(
+    client: TestClient, db_url: str
+) -> None:
+    """As `get` and `timer-service list` show it: dueAt the nominal instant, the planned one beside."""
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, nominal_due_at, fire_window) "
+        "VALUES ('acme', 'spread', 'Scheduled', '2030-01-01T00:07:00Z', '2030-01-01T00:00:00Z', 'PT10M')",
+    )
+    _login(client)
+    row = client.get("/tenants/acme").text.split('href="/timers/acme/spread"')[1].split("</tr>")[0]
+    assert re.findall(r"<time[^>]*>([^<]+)</time>", row) == [
+        "2030-01-01T00:00:00.000Z",
+        "2030-01-01T00:07:00.000Z",
+    ]
+    assert "planned" in row

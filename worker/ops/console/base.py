@@ -65,6 +65,15 @@ def fmt_time(value: object) -> Markup | str:
     return Markup('<time datetime="{0}">{0}</time>').format(text)
 
 
+def fmt_due(row: dict[str, Any]) -> Markup | str:
+    """A listed timer's dueAt, and beside it, with a firing window, the instant it is planned to
+    fire: as `get` and `timer-service list` show them (reads.due_and_planned)."""
+    due, planned = reads.due_and_planned(row)
+    if planned is None:
+        return fmt_time(due)
+    return Markup("{0} <small>planned {1}</small>").format(fmt_time(due), fmt_time(planned))
+
+
 def fmt_value(value: object) -> Markup | str:
     """A value on a page: never Python's None, True or False, nor a dict's repr."""
     if value is None or value == "":
@@ -95,6 +104,7 @@ _env = jinja2.Environment(
 )
 _env.filters["q"] = lambda value: urllib.parse.quote(str(value), safe="")
 _env.filters["t"] = fmt_time
+_env.filters["due"] = fmt_due
 _env.filters["v"] = fmt_value
 _env.filters["secs"] = fmt_seconds
 
