@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 from worker.adapters.postgres import bulk, db
 from worker.adapters.postgres.queries import QUERIES
 from worker.contract import iso
-from worker.core.timers import StoredTimer, stored_timer, timer_view
+from worker.core.timers import StoredTimer, due_and_planned, stored_timer, timer_view
 from worker.metrics import OVERDUE_CAP
 from worker.ops import fleet_stats
 from worker.ops.diagnosis import counts_line, diagnose
@@ -251,9 +251,8 @@ def render_page(page: Page) -> str:
             note.append(f"claimed by {r['lease_owner']}")
         if r["last_error"]:
             note.append(f"error: {r['last_error'][:60]}")
-        due, planned = due_and_planned(r)
-        if planned is not None:
-            note.append(f"planned {fmt_time(planned)}")
+        due, planned = due_and_planned(r["due_at"], r["nominal_due_at"])
+        note += [f"planned {fmt_time(planned)}"] if planned else []
         key = f"{r['tenant_id']:<16} {r['service_call_id']:<28}"
         lines.append(f"{key} {r['state']:<10} {fmt_time(due) or '-':<25} {', '.join(note)}")
     if page.next_cursor:
@@ -262,22 +261,12 @@ def render_page(page: Page) -> str:
 
 
 def row_json(r: dict[str, Any]) -> dict[str, Any]:
-    """A listed row as `list --json` prints it: the contract's names and times, its dueAt and
-    plannedAt as `get` shows them."""
-    due, planned = due_and_planned(r)
+    """A listed row as `list --json` prints it: the contract's names and times, dueAt and plannedAt
+    as `get` shows them."""
+    due, planned = due_and_planned(r["due_at"], r["nominal_due_at"])
     named = {_CONTRACT_NAMES.get(k, k): v for k, v in r.items() if k != "nominal_due_at"}
-    out: dict[str, Any] = camel(
-        named | {"due_at": due} | ({} if planned is None else {"planned_at": planned})
-    )
+    out: dict[str, Any] = camel(named | {"due_at": due} | ({"planned_at": planned} if planned else {}))
     return out
-
-
-def due_and_planned(r: Mapping[str, Any]) -> tuple[datetime, datetime | None]:
-    """A listed row's dueAt and, with a firing window, the instant it is planned to fire, as `get`
-    shows them (worker/core/timers.py): the row's due_at is the planned instant then (the claim
-    orders by it), and its nominal_due_at the dueAt."""
-    nominal = r["nominal_due_at"]
-    return (r["due_at"], None) if nominal is None else (nominal, r["due_at"])
 
 
 # Columns whose contract name is not their camelCase (timer_view's names).

@@ -26,6 +26,7 @@ from starlette.responses import HTMLResponse
 from worker.client import TimerClient
 from worker.config import ConsoleSettings
 from worker.core.fields import label_problem
+from worker.core.timers import due_and_planned
 from worker.ops import dlq, reads
 from worker.ops.console.auth import Credentials, LoginThrottle, ProxyIdentity, Roles, Sessions, csrf_ok
 
@@ -67,8 +68,8 @@ def fmt_time(value: object) -> Markup | str:
 
 def fmt_due(row: dict[str, Any]) -> Markup | str:
     """A listed timer's dueAt, and beside it, with a firing window, the instant it is planned to
-    fire: as `get` and `timer-service list` show them (reads.due_and_planned)."""
-    due, planned = reads.due_and_planned(row)
+    fire: as `get` and `timer-service list` show them (worker/core/timers.py, due_and_planned)."""
+    due, planned = due_and_planned(row["due_at"], row["nominal_due_at"])
     if planned is None:
         return fmt_time(due)
     return Markup("{0} <small>planned {1}</small>").format(fmt_time(due), fmt_time(planned))
