@@ -71,3 +71,32 @@ SELECT count(*) FROM (
     WHERE tenant_id = %(tenant_id)s AND state IN ('Scheduled', 'Paused') AND {{carries_selector}}
     LIMIT %(cap)s
 ) AS c;
+
+-- name: console_tenants_by_name
+-- A page of tenants in key order from a prefix, each with its pending bound, walking at most a cap.
+WITH RECURSIVE walk(tenant_id, n) AS (
+    (SELECT tenant_id, 1 FROM timers
+     WHERE tenant_id > %(after)s AND tenant_id >= %(prefix)s
+     ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.tenant_id FROM timers t WHERE t.tenant_id > walk.tenant_id
+            ORDER BY t.tenant_id LIMIT 1), walk.n + 1
+    FROM walk WHERE walk.tenant_id IS NOT NULL AND walk.n < %(scan)s
+)
+SELECT w.tenant_id, w.n, starts_with(w.tenant_id, %(prefix)s) AS matches,
+       (SELECT coalesce(sum(p.pending), 0) FROM tenant_pending p WHERE p.tenant_id = w.tenant_id) AS pending
+FROM walk w
+WHERE w.tenant_id IS NOT NULL AND (starts_with(w.tenant_id, %(prefix)s) OR w.n = %(scan)s)
+LIMIT %(limit)s;
+
+-- name: console_tenants_by_pending
+-- A page of the tenants with pending timers, most first, by their bounds in tenant_pending.
+SELECT tenant_id, sum(pending) AS pending
+FROM tenant_pending
+WHERE starts_with(tenant_id, %(prefix)s)
+GROUP BY tenant_id
+HAVING sum(pending) > 0
+   AND (sum(pending) < %(after_pending)s
+        OR (sum(pending) = %(after_pending)s AND tenant_id > %(after_tenant)s))
+ORDER BY pending DESC, tenant_id
+LIMIT %(limit)s;

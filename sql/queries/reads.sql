@@ -41,6 +41,17 @@ WHERE state = 'Scheduled' AND lease_expires_at > now()
 GROUP BY lease_owner
 ORDER BY lease_owner;
 
+-- name: status_tenant_count
+-- How many tenants have timers, by a loose scan of the primary key.
+WITH RECURSIVE walk(tenant_id) AS (
+    (SELECT tenant_id FROM timers ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.tenant_id FROM timers t WHERE t.tenant_id > walk.tenant_id
+            ORDER BY t.tenant_id LIMIT 1)
+    FROM walk WHERE walk.tenant_id IS NOT NULL
+)
+SELECT count(tenant_id) FROM walk;
+
 -- name: status_top_tenants
 -- Tenants with the most Scheduled timers.
 SELECT tenant_id, count(*) AS n

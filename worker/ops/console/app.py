@@ -1,8 +1,8 @@
 """The web console (`timer-service console`): server-rendered pages over worker.ops (reads,
 browse, stats, history, dlq). Read-only unless TIMER_CONSOLE_ACTIONS, and then for every user
 but the operators (TIMER_CONSOLE_OPERATORS); every route behind worker.ops.console.auth. The
-pages: views.py (overview, search, tenant, timer), dlq_views.py, actions.py (a timer's and a
-tenant's actions); what they share: base.py.
+pages: views.py (overview, search, tenant, timer), tenant_views.py (every tenant), dlq_views.py,
+actions.py (a timer's and a tenant's actions); their data as JSON: api.py; what they share: base.py.
 
 URLs carry ids only (tenant ids, serviceCallIds, DLQ sequences, state names, cursors of ids):
 searches are posted, so access logs hold nothing else.
@@ -31,7 +31,7 @@ from worker.client.wire import nats_connect
 from worker.config import ConsoleSettings
 from worker.errors import ConfigError
 from worker.ops import dlq, reads
-from worker.ops.console import actions, dlq_views, views
+from worker.ops.console import actions, api, dlq_views, tenant_views, views
 from worker.ops.console.auth import COOKIE, LoginThrottle, RequireLogin, served_over_tls
 from worker.ops.console.base import Console, checked_form, console_of, headers
 
@@ -113,6 +113,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/logout", logout, methods=["POST"]),
         Route("/", views.overview),
         Route("/search", views.search, methods=["POST"]),
+        Route("/tenants", tenant_views.tenant_list),
         Route("/tenants/{tenant}", views.tenant),
         Route("/timers/{tenant}/{sid:path}", views.timer),
         Route("/act/{what}/{tenant}/{sid:path}", actions.timer_action, methods=["POST"]),
@@ -122,6 +123,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/dlq/bulk", dlq_views.dlq_bulk, methods=["POST"]),
         Route("/dlq/{seq:int}", dlq_views.dlq_entry),
         Route("/dlq/{seq:int}/replay", dlq_views.dlq_replay, methods=["POST"]),
+        *api.ROUTES,
     ]
     middleware = [
         Middleware(
