@@ -55,11 +55,12 @@ def tenants_page(
     check_prefix(prefix)
     limit = max(1, min(limit, MAX_PAGE))
     key = _decode(after) if after else None
+    shape = [int, str] if sort == "pending" else [str]  # (bound, tenant) or (tenant,)
+    if key is not None and [type(k) for k in key] != shape:
+        raise ValueError("not a cursor of this listing")
     cur = conn.cursor(row_factory=dict_row)
     if sort == "pending":
         bound, last = key if key else [sys.maxsize, ""]
-        if not isinstance(bound, int) or not isinstance(last, str):
-            raise ValueError("not a cursor of this listing")
         params = {"prefix": prefix, "after_pending": bound, "after_tenant": last, "limit": limit + 1}
         cur.execute(QUERIES["console_tenants_by_pending"], params)
         rows = [{"tenant": r["tenant_id"], "pending": int(r["pending"])} for r in cur.fetchall()]
@@ -68,8 +69,6 @@ def tenants_page(
         cursor = _encode([rows[-1]["pending"], rows[-1]["tenant"]]) if more else None
         return TenantsPage(rows, cursor)
     (last,) = key if key else [""]
-    if not isinstance(last, str):
-        raise ValueError("not a cursor of this listing")
     params = {"prefix": prefix, "after": last, "scan": walk, "limit": limit + 1}
     cur.execute(QUERIES["console_tenants_by_name"], params)
     walked = cur.fetchall()
