@@ -88,7 +88,9 @@ def test_the_answers_are_the_clis_json(client: TestClient, settings: Settings, d
         return json.loads(done.stdout)
 
     assert client.get("/api/v1/tenants/acme", headers=BEARER).json() == cli("status", "--tenant", "acme")
-    assert client.get("/api/v1/timers/acme/sc-1", headers=BEARER).json() == cli("describe", "acme", "sc-1")
+    assert client.get("/api/v1/timers/acme/sc-1", headers=BEARER).json() == cli(
+        "describe", "--tenant", "acme", "--id", "sc-1"
+    )
     listed = client.get("/api/v1/timers?tenant=acme&limit=2", headers=BEARER).json()
     by_cli = cli("list", "--tenant", "acme", "--limit", "2")
     assert listed["timers"] == by_cli["timers"] and listed["next"] is not None and listed["prev"] is None

@@ -48,7 +48,7 @@ def dlq_filter(get: Callable[[str], str]) -> dlq.DlqFilter:
     if tenant and not TENANT_RE.match(tenant):
         raise ValueError(f"tenant: not a tenant id ({TENANT_RULE}): {tenant[:80]!r}")
     if reason and reason not in REASONS:
-        raise ValueError(f"reason: not a reason code ({', '.join(sorted(REASONS))}): {reason[:80]!r}")
+        raise ValueError(f"reason: not a reason code (docs/CONTRACT.md, e.g. bad_due_at): {reason[:80]!r}")
     if len(sid) > MAX_ID_CHARS:
         raise ValueError(f"id: a serviceCallId is at most {MAX_ID_CHARS} characters, not {len(sid)}")
     since, before = _when(get("from"), "from"), _when(get("to"), "to")
