@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 
 from worker.adapters.postgres.queries import QUERIES
 from worker.contract import TENANT_RULE
-from worker.ops.reads import _decode, _encode
+from worker.ops.reads import _decode, _encode, quoted
 
 SORTS = ("name", "pending")
 # The tenants a page sorted by name walks at most: under a collation other than C the tenants of
@@ -36,7 +36,7 @@ class TenantsPage:
 def check_prefix(prefix: str) -> str:
     """The prefix, or ValueError in one line: it has a tenant id's characters, up to its length."""
     if len(prefix) > MAX_PREFIX or not PREFIX_CHARS.issuperset(prefix):
-        raise ValueError(f"a tenant prefix is the start of a tenant id ({TENANT_RULE}), not {prefix[:80]!r}")
+        raise ValueError(f"a tenant prefix is the start of a tenant id ({TENANT_RULE}), not {quoted(prefix)}")
     return prefix
 
 
@@ -51,7 +51,7 @@ def tenants_page(
     """A page of tenants whose id starts with `prefix`, in `sort` order, after a cursor of this
     sort. ValueError for a sort, prefix or cursor this does not know."""
     if sort not in SORTS:
-        raise ValueError(f"sort: one of {', '.join(SORTS)}, not {sort[:40]!r}")
+        raise ValueError(f"sort: one of {', '.join(SORTS)}, not {quoted(sort)}")
     check_prefix(prefix)
     limit = max(1, min(limit, MAX_PAGE))
     key = _decode(after) if after else None

@@ -36,8 +36,8 @@ def _error(message: str, status_code: int = 400) -> JSONResponse:
 def _limit(request: Request) -> int:
     """The `limit` asked for, within 1..MAX_LIMIT; ValueError for one that is not a number."""
     given = request.query_params.get("limit") or str(DEFAULT_LIMIT)
-    if not given.isdigit() or len(given) > 6:
-        raise ValueError(f"limit: a whole number from 1 to {MAX_LIMIT}, not {given[:20]!r}")
+    if not (given.isascii() and given.isdigit()) or len(given) > 6:
+        raise ValueError(f"limit: a whole number from 1 to {MAX_LIMIT}, not {reads.quoted(given, 30)}")
     return max(1, min(int(given), MAX_LIMIT))
 
 

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from worker.contract import MAX_ID_CHARS, REASONS, TENANT_RE, TENANT_RULE
 from worker.ops import dlq
 from worker.ops.console.base import action_form, audit, console_of, field, headers
-from worker.ops.reads import fmt_time
+from worker.ops.reads import fmt_time, quoted
 
 BULK_SHOWN = 20
 # The DLQ filter's fields, as the listing's query and the bulk forms carry them.
@@ -36,7 +36,7 @@ def _when(value: str, name: str) -> datetime | None:
         when = None
     if when is None:
         example = "e.g. 2026-12-02T09:00Z; UTC without an offset"
-        raise ValueError(f"{name}: not a time: {value[:TIME_CHARS]!r} ({example})")
+        raise ValueError(f"{name}: not a time: {quoted(value)} ({example})")
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
@@ -46,9 +46,9 @@ def dlq_filter(get: Callable[[str], str]) -> dlq.DlqFilter:
     one line naming the first field that is not one."""
     tenant, reason, sid = get("tenant"), get("reason"), get("id")
     if tenant and not TENANT_RE.match(tenant):
-        raise ValueError(f"tenant: not a tenant id ({TENANT_RULE}): {tenant[:80]!r}")
+        raise ValueError(f"tenant: not a tenant id ({TENANT_RULE}): {quoted(tenant)}")
     if reason and reason not in REASONS:
-        raise ValueError(f"reason: not a reason code (docs/CONTRACT.md, e.g. bad_due_at): {reason[:80]!r}")
+        raise ValueError(f"reason: not a reason code (docs/CONTRACT.md, e.g. bad_due_at): {quoted(reason)}")
     if len(sid) > MAX_ID_CHARS:
         raise ValueError(f"id: a serviceCallId is at most {MAX_ID_CHARS} characters, not {len(sid)}")
     since, before = _when(get("from"), "from"), _when(get("to"), "to")
@@ -62,8 +62,8 @@ def dlq_filter(get: Callable[[str], str]) -> dlq.DlqFilter:
 def sequence(value: str) -> int:
     """A DLQ sequence given in a query (`after`); ValueError for one that is not (JetStream's are
     64-bit: a longer number would be its error, not ours)."""
-    if not value.isdigit() or len(value) > SEQ_DIGITS:
-        raise ValueError(f"after: a DLQ sequence, not {value[:20]!r}")
+    if not (value.isascii() and value.isdigit()) or len(value) > SEQ_DIGITS:
+        raise ValueError(f"after: a DLQ sequence, not {quoted(value, 30)}")
     return int(value)
 
 
