@@ -40,13 +40,6 @@ def fmt_time(value: datetime | None) -> str | None:
     return iso(value) if value is not None else None
 
 
-def quoted(value: str, chars: int = 60) -> str:
-    """A value a user gave, quoted in a line that refuses it: its repr, cut at `chars` characters
-    (escapes counted: a string of control characters is ten times as long once escaped)."""
-    text = repr(value)
-    return text if len(text) <= chars else text[: chars - 1] + "…"
-
-
 def camel(value: Any) -> Any:
     """`value` with every dict key in the contract's camelCase and every time as fmt_time: the
     JSON the CLI prints is in the contract's one style (`status --json`, `list --json`)."""

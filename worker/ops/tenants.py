@@ -14,7 +14,8 @@ from psycopg.rows import dict_row
 
 from worker.adapters.postgres.queries import QUERIES
 from worker.contract import TENANT_RULE
-from worker.ops.reads import _decode, _encode, quoted
+from worker.ops.cli_output import quoted
+from worker.ops.reads import _decode, _encode
 
 SORTS = ("name", "pending")
 # The tenants a page sorted by name walks at most: under a collation other than C the tenants of

@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from worker.contract import TENANT_RE, TENANT_RULE
 from worker.ops import browse, reads, tenants
+from worker.ops.cli_output import quoted
 from worker.ops.console.base import console_of, headers
 from worker.ops.console.dlq_views import dlq_filter, sequence
 from worker.ops.console.tenant_views import tenant_query
@@ -37,7 +38,7 @@ def _limit(request: Request) -> int:
     """The `limit` asked for, within 1..MAX_LIMIT; ValueError for one that is not a number."""
     given = request.query_params.get("limit") or str(DEFAULT_LIMIT)
     if not (given.isascii() and given.isdigit()) or len(given) > 6:
-        raise ValueError(f"limit: a whole number from 1 to {MAX_LIMIT}, not {reads.quoted(given, 30)}")
+        raise ValueError(f"limit: a whole number from 1 to {MAX_LIMIT}, not {quoted(given, 30)}")
     return max(1, min(int(given), MAX_LIMIT))
 
 

@@ -15,8 +15,9 @@ from starlette.responses import Response
 
 from worker.contract import MAX_ID_CHARS, REASONS, TENANT_RE, TENANT_RULE
 from worker.ops import dlq
+from worker.ops.cli_output import quoted
 from worker.ops.console.base import action_form, audit, console_of, field, headers
-from worker.ops.reads import fmt_time, quoted
+from worker.ops.reads import fmt_time
 
 BULK_SHOWN = 20
 # The DLQ filter's fields, as the listing's query and the bulk forms carry them.
