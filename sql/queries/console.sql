@@ -25,15 +25,19 @@ WHERE correlation_id = %(correlation_id)s AND correlation_id IS NOT NULL
 ORDER BY tenant_id, service_call_id
 LIMIT %(limit)s;
 
--- name: console_find_id
--- Timers of any tenant with a serviceCallId, by a loose scan of the primary key.
-WITH RECURSIVE tenants(tenant_id) AS (
+-- fragment: every_tenant
+-- The CTE `tenants`: every tenant with timers, one probe of the primary key each (a loose scan).
+tenants(tenant_id) AS (
     (SELECT tenant_id FROM timers ORDER BY tenant_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.tenant_id FROM timers t WHERE t.tenant_id > tenants.tenant_id
             ORDER BY t.tenant_id LIMIT 1)
     FROM tenants WHERE tenants.tenant_id IS NOT NULL
 )
+
+-- name: console_find_id
+-- Timers of any tenant with a serviceCallId, by a loose scan of the primary key.
+WITH RECURSIVE {{every_tenant}}
 SELECT t.tenant_id, t.service_call_id, t.state, t.due_at, t.lease_owner, t.lease_expires_at,
        t.attempts, t.last_error, t.fired_count, t.repeat_every, t.correlation_id,
        t.state = 'Scheduled' AND t.due_at <= now() AS overdue

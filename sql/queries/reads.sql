@@ -43,14 +43,8 @@ ORDER BY lease_owner;
 
 -- name: status_tenant_count
 -- How many tenants have timers, by a loose scan of the primary key.
-WITH RECURSIVE walk(tenant_id) AS (
-    (SELECT tenant_id FROM timers ORDER BY tenant_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.tenant_id FROM timers t WHERE t.tenant_id > walk.tenant_id
-            ORDER BY t.tenant_id LIMIT 1)
-    FROM walk WHERE walk.tenant_id IS NOT NULL
-)
-SELECT count(tenant_id) FROM walk;
+WITH RECURSIVE {{every_tenant}}
+SELECT count(tenant_id) FROM tenants;
 
 -- name: status_top_tenants
 -- Tenants with the most Scheduled timers.
