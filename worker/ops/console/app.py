@@ -4,8 +4,9 @@ but the operators (TIMER_CONSOLE_OPERATORS); every route behind worker.ops.conso
 pages: views.py (overview, search, tenant, timer), tenant_views.py (every tenant), dlq_views.py,
 actions.py (a timer's and a tenant's actions); their data as JSON: api.py; what they share: base.py.
 
-URLs carry ids only (tenant ids, serviceCallIds, DLQ sequences, state names, cursors of ids):
-searches are posted, so access logs hold nothing else.
+URLs carry ids only (tenant ids and prefixes, serviceCallIds, DLQ sequences, state names, reason
+codes, the DLQ filter's times, cursors of ids): searches are posted, so access logs hold nothing
+else.
 """
 
 from __future__ import annotations
