@@ -71,7 +71,7 @@ def embedded_nats(servers: Servers) -> EmbeddedNats | None:
 
 @pytest.fixture(scope="session")
 def template_db(pg_server_url: str) -> str:
-    """URL of `timer_template`: every migration applied; `db_url` clones it."""
+    """URL of the template database: every migration applied; `db_url` clones it."""
     return create_template(pg_server_url)
 
 
