@@ -15,20 +15,25 @@ $(STAMP): pyproject.toml
 dev: $(STAMP)
 	$(BIN)/timer-service dev
 
+# Test files run side by side in TEST_WORKERS processes (pytest-xdist, a file to a worker), each
+# with its own embedded Postgres and NATS: most of a test's time is spent waiting on servers, so
+# more workers than cores pays. The chaos suite runs after, alone: it times kills and stalls.
+TEST_WORKERS ?= 4
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+
 test: $(STAMP) lint typecheck system-packages
-	$(BIN)/pytest
+	$(BIN)/pytest $(PARALLEL) --ignore=tests/chaos
+	$(BIN)/pytest tests/chaos
 
 # No servers: the contract, parsing, recurrence, events, the clock, loops on in-memory twins.
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
 # The middle tier: everything but the slow end-to-end suites (tests/chaos, tests/deploy and
-# tests/image), so the unit tests and tests/integration against real Postgres and NATS. About
-# 16 minutes on 2 cores shared with three other test runs (1,079 tests), 25 minutes alone on a slower
-# machine (1,282 tests; the bench tests take 2.5 to 5 of
-# them); `make test` adds lint, type-check and those suites.
+# tests/image), so the unit tests and tests/integration against real Postgres and NATS; `make test`
+# adds lint, type-check and those suites. What each took: CONTRIBUTING.md.
 test-integration: $(STAMP) system-packages
-	$(BIN)/pytest -q tests --ignore=tests/chaos --ignore=tests/deploy
+	$(BIN)/pytest -q $(PARALLEL) tests --ignore=tests/chaos --ignore=tests/deploy
 
 # Three tests need programs no wheel has: the TLS tests a Postgres server built with SSL (the
 # embedded wheel's has none: Debian's binaries, no cluster created or started), the chaos suite's

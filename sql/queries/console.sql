@@ -2,11 +2,27 @@
 -- The why of each statement: docs/SQL.md.
 
 -- name: console_stats
--- Every replica's minute stats of a recent window.
-SELECT minute, worker_id, fired, rejected, overdue, lateness_le, lateness, written_at, now() AS db_now
-FROM timer_stats
-WHERE minute >= date_trunc('minute', now()) - make_interval(mins => %(window)s)
-ORDER BY minute;
+-- The replicas' minute stats of a recent window, added up per bin of minutes and histogram bounds.
+WITH minutes AS (
+    SELECT date_bin(make_interval(mins => %(step)s), minute, TIMESTAMPTZ '2000-01-01 00:00Z') AS at, *
+    FROM timer_stats
+    WHERE minute >= date_bin(make_interval(mins => %(step)s), now() - make_interval(mins => %(window)s),
+                             TIMESTAMPTZ '2000-01-01 00:00Z')
+), per_bucket AS (
+    SELECT m.at, m.lateness_le, u.i, sum(u.n)::bigint AS n
+    FROM minutes m, unnest(m.lateness) WITH ORDINALITY AS u(n, i)
+    GROUP BY m.at, m.lateness_le, u.i
+), histograms AS (
+    SELECT at, lateness_le, array_agg(n ORDER BY i) AS lateness FROM per_bucket GROUP BY at, lateness_le
+)
+SELECT b.at, b.lateness_le, b.fired, b.rejected, b.overdue, b.replicas, b.written_at,
+       coalesce(h.lateness, '{}') AS lateness, now() AS db_now
+FROM (
+    SELECT at, lateness_le, sum(fired)::bigint AS fired, sum(rejected)::bigint AS rejected,
+           max(overdue) AS overdue, count(DISTINCT worker_id) AS replicas, max(written_at) AS written_at
+    FROM minutes GROUP BY at, lateness_le
+) AS b LEFT JOIN histograms h USING (at, lateness_le)
+ORDER BY b.at, b.written_at;
 
 -- name: console_replicas
 -- The replicas that wrote stats in the last ten minutes.
@@ -25,15 +41,19 @@ WHERE correlation_id = %(correlation_id)s AND correlation_id IS NOT NULL
 ORDER BY tenant_id, service_call_id
 LIMIT %(limit)s;
 
--- name: console_find_id
--- Timers of any tenant with a serviceCallId, by a loose scan of the primary key.
-WITH RECURSIVE tenants(tenant_id) AS (
+-- fragment: every_tenant
+-- The CTE `tenants`: every tenant with timers, one probe of the primary key each (a loose scan).
+tenants(tenant_id) AS (
     (SELECT tenant_id FROM timers ORDER BY tenant_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.tenant_id FROM timers t WHERE t.tenant_id > tenants.tenant_id
             ORDER BY t.tenant_id LIMIT 1)
     FROM tenants WHERE tenants.tenant_id IS NOT NULL
 )
+
+-- name: console_find_id
+-- Timers of any tenant with a serviceCallId, by a loose scan of the primary key.
+WITH RECURSIVE {{every_tenant}}
 SELECT t.tenant_id, t.service_call_id, t.state, t.due_at, t.nominal_due_at, t.lease_owner,
        t.lease_expires_at, t.attempts, t.last_error, t.fired_count, t.repeat_every, t.correlation_id,
        t.state = 'Scheduled' AND t.due_at <= now() AS overdue
@@ -65,9 +85,38 @@ ORDER BY due_at DESC, tenant_id DESC, service_call_id DESC
 LIMIT %(limit)s;
 
 -- name: console_labelled_count
--- A tenant's Scheduled or Paused timers carrying every pair of a selector, counted up to a cap.
+-- A tenant's timers in some of the states Scheduled and Paused carrying a selector's pairs, up to a cap.
 SELECT count(*) FROM (
     SELECT FROM timers
-    WHERE tenant_id = %(tenant_id)s AND state IN ('Scheduled', 'Paused') AND {{carries_selector}}
+    WHERE tenant_id = %(tenant_id)s AND state = ANY(%(states)s::text[]) AND {{carries_selector}}
     LIMIT %(cap)s
 ) AS c;
+
+-- name: console_tenants_by_name
+-- A page of tenants in key order from a prefix, each with its pending bound, walking at most a cap.
+WITH RECURSIVE walk(tenant_id, n) AS (
+    (SELECT tenant_id, 1 FROM timers
+     WHERE tenant_id > %(after)s AND tenant_id >= %(prefix)s
+     ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.tenant_id FROM timers t WHERE t.tenant_id > walk.tenant_id
+            ORDER BY t.tenant_id LIMIT 1), walk.n + 1
+    FROM walk WHERE walk.tenant_id IS NOT NULL AND walk.n < %(scan)s
+)
+SELECT w.tenant_id, w.n, starts_with(w.tenant_id, %(prefix)s) AS matches,
+       (SELECT coalesce(sum(p.pending), 0) FROM tenant_pending p WHERE p.tenant_id = w.tenant_id) AS pending
+FROM walk w
+WHERE w.tenant_id IS NOT NULL AND (starts_with(w.tenant_id, %(prefix)s) OR w.n = %(scan)s)
+LIMIT %(limit)s;
+
+-- name: console_tenants_by_pending
+-- A page of the tenants with pending timers, most first, by their bounds in tenant_pending.
+SELECT tenant_id, sum(pending) AS pending
+FROM tenant_pending
+WHERE starts_with(tenant_id, %(prefix)s)
+GROUP BY tenant_id
+HAVING sum(pending) > 0
+   AND (sum(pending) < %(after_pending)s
+        OR (sum(pending) = %(after_pending)s AND tenant_id > %(after_tenant)s))
+ORDER BY pending DESC, tenant_id
+LIMIT %(limit)s;

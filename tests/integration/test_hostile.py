@@ -315,7 +315,8 @@ async def test_costly_schedules_do_not_hold_back_another_tenants_timers(
         for t in tenants:
             await js.publish(f"{prefix}.{t}.timer.resume", json.dumps({"tenantId": t}).encode())
         want = {("calm", sc) for sc in victims} | {(owner[sc], sc) for sc in costly}
-        await until(lambda: set(rec.keys()) >= want, timeout=120, what="every timer's first firing")
+        # The flood's counting is a fixed amount of CPU: its wall time is the machine's share.
+        await until(lambda: set(rec.keys()) >= want, timeout=300, what="every timer's first firing")
     calm = [f for f in rec.firings if f.tenant_id == "calm"]
     lateness = [f.received_at - f.due_at for f in calm]
     assert len(calm) == len(victims) and min(lateness) >= 0

@@ -88,7 +88,7 @@ async def test_pausing_a_tenant_with_due_timers_and_resuming_it_loses_none_and_f
                 reached + paused == SCALE
             )  # every timer either fired (claimed before the pause) or is paused
             assert paused > 0
-            await until(lambda: _fired(rec, "big") == reached, what="the recorder caught up")
+            await until(lambda: _fired(rec, "big") == reached, timeout=60, what="the recorder caught up")
             # Another tenant's timer, due after every paused one: the claim (oldest first) has
             # passed over the paused rows once it fired, so none of them is claimable.
             await publish_raw(

@@ -26,8 +26,10 @@ from worker.devkit.process import ServerProcess
 from worker.service import EXIT_MARGIN_S
 
 DRAIN_TIMEOUT_MS = 1000
-# What a process takes beyond the replica's own stop: the interpreter's exit, on a busy machine.
-PROCESS_EXIT_S = 1.0
+# What a process takes beyond the replica's own stop: the interpreter's exit, on a busy machine
+# (1 s was exceeded by 40 ms with four test workers on two cores). What the test tells apart is a
+# replica that exits in a few seconds from one a frozen server holds for its TCP timeouts (minutes).
+PROCESS_EXIT_S = 2.0
 
 
 @pytest.fixture(params=["nats", "postgres"])

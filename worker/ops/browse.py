@@ -101,9 +101,16 @@ def find(conn: psycopg.Connection[Any], text: str) -> list[dict[str, Any]]:
     return rows + [r for r in cur.fetchall() if (r["tenant_id"], r["service_call_id"]) not in seen]
 
 
-def labelled_count(conn: psycopg.Connection[Any], tenant: str, labels: dict[str, str], cap: int) -> int:
-    """How many of the tenant's Scheduled or Paused timers carry every pair of `labels`, up to `cap`:
-    what a bulk action on them would act on now (the console's confirmation)."""
-    params = {"tenant_id": tenant, "terms": label_terms(tenant, labels), "cap": cap}
+def labelled_count(
+    conn: psycopg.Connection[Any],
+    tenant: str,
+    labels: dict[str, str],
+    cap: int,
+    states: tuple[str, ...] = ("Scheduled", "Paused"),
+) -> int:
+    """How many of the tenant's timers in `states` (Scheduled, Paused or both) carry every pair of
+    `labels`, up to `cap`: what a bulk action on them would act on now (the console's offer and
+    confirmation)."""
+    params = {"tenant_id": tenant, "terms": label_terms(tenant, labels), "cap": cap, "states": list(states)}
     row = conn.execute(QUERIES["console_labelled_count"], params, prepare=False).fetchone()
     return int(row[0]) if row else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import signal
 import sys
 from pathlib import Path
 
@@ -84,7 +85,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     logs.setup(settings.log_level, settings.log_format)
     tracing.setup()
     try:
-        return asyncio.run(Replica(settings).run())
+        code = asyncio.run(Replica(settings).run())
+        # Drained and closed: the loop's handlers are gone, and a second SIGTERM or SIGINT (a
+        # supervisor that signals the whole group, or one that repeats itself) must not turn the
+        # clean exit into a death by that signal while the interpreter winds down.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        return code
     finally:
         tracing.disable()  # flushes the spans still batched
 

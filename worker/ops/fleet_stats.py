@@ -14,6 +14,12 @@ import psycopg
 from worker.adapters.postgres.queries import QUERIES
 from worker.adapters.postgres.stats import STATS_EVERY_S
 
+# The points a chart draws at most, whatever its range (a week is 10,080 minutes a replica): the
+# bins are made wide enough (step_for), so a page reads and draws no more than this many.
+MAX_POINTS = 120
+# The ranges the console offers, in minutes: as far back as the rows are kept (STATS_KEEP).
+RANGES = {"1h": 60, "6h": 6 * 60, "24h": 24 * 60, "7d": 7 * 24 * 60}
+
 # A replica that has not written its stats for this long is not listed as alive (it writes every
 # 15 s: three missed writes).
 ALIVE_S = 45.0
@@ -21,9 +27,11 @@ ALIVE_S = 45.0
 
 @dataclass(frozen=True, slots=True)
 class Minute:
+    """A bin of the fleet's minute stats: one minute, or (a longer range) several added up."""
+
     at: datetime
     fires_per_s: float
-    rejected: int
+    rejected: float  # a minute
     overdue: int
     p50_s: float | None
     p99_s: float | None
@@ -47,32 +55,42 @@ def quantile(bounds: list[float], counts: list[int], q: float) -> float | None:
     return bounds[-1] if bounds else None  # beyond the last bound: at least that late
 
 
+def step_for(window_min: int) -> int:
+    """The bin, in whole minutes, a window of `window_min` minutes is drawn in: the smallest that
+    keeps its bins (the first one reaching back past the window's start, the current one under
+    way) within MAX_POINTS."""
+    return max(1, -(-window_min // (MAX_POINTS - 1)))
+
+
 def series(conn: psycopg.Connection[Any], window_min: int = 60) -> list[Minute]:
-    """The last `window_min` minutes, oldest first, all replicas added up (minutes no replica
-    wrote are left out). The current minute's rate is over the part of it that has passed."""
-    by_minute: dict[datetime, list[tuple[Any, ...]]] = {}
-    for row in conn.execute(QUERIES["console_stats"], {"window": window_min}):
-        by_minute.setdefault(row[0], []).append(row)
+    """The last `window_min` minutes in bins of step_for(window_min) minutes, oldest first, all
+    replicas added up (bins no replica wrote in are left out): fires per second and rejections a
+    minute averaged over the bin, overdue its highest, the lateness its histogram's. The current
+    bin's rates are over the part of it that has passed."""
+    step = step_for(window_min)
+    by_bin: dict[datetime, list[tuple[Any, ...]]] = {}
+    for row in conn.execute(QUERIES["console_stats"], {"window": window_min, "step": step}):
+        by_bin.setdefault(row[0], []).append(row)
+    span = step * 60.0
     out = []
-    for at, rows in sorted(by_minute.items()):
-        bounds = list(rows[-1][5])
-        merged = [0] * len(bounds)
-        for r in rows:
-            if list(r[5]) == bounds:
-                merged = [a + b for a, b in zip(merged, r[6], strict=True)]
-        # A minute's first write carries what was fired since the previous one, up to
-        # STATS_EVERY_S before the minute began: the current minute's counts cover that much more.
-        elapsed = (max(r[7] for r in rows) - at).total_seconds() + STATS_EVERY_S
-        covered = 60.0 if (rows[0][8] - at).total_seconds() >= 60 else min(60.0, max(1.0, elapsed))
+    for at, rows in sorted(by_bin.items()):
+        # One row per histogram's bounds: the newest bounds' histogram is the bin's (a replica of an
+        # older release, with other bounds, counts in the rates but not in the quantiles).
+        _, bounds, *_, merged, db_now = rows[-1]
+        # A bin's first write carries what was fired since the previous one, up to STATS_EVERY_S
+        # before the bin began: the current bin's counts cover that much more.
+        elapsed = (max(r[6] for r in rows) - at).total_seconds() + STATS_EVERY_S
+        covered = span if (db_now - at).total_seconds() >= span else min(span, max(1.0, elapsed))
         out.append(
             Minute(
                 at=at,
                 fires_per_s=sum(r[2] for r in rows) / covered,
-                rejected=sum(r[3] for r in rows),
+                # Per minute: a minute's own count, a longer bin's average minute.
+                rejected=sum(r[3] for r in rows) * 60.0 / max(covered, 60.0),
                 overdue=max(r[4] for r in rows),
-                p50_s=quantile(bounds, merged, 0.5),
-                p99_s=quantile(bounds, merged, 0.99),
-                replicas=len(rows),
+                p50_s=quantile(list(bounds), list(merged), 0.5),
+                p99_s=quantile(list(bounds), list(merged), 0.99),
+                replicas=sum(r[5] for r in rows),
                 bounds=tuple(bounds),
                 counts=tuple(merged),
             )

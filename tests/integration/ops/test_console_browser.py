@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from playwright.async_api import Page, async_playwright, expect
+from playwright.async_api import Browser, Page, Playwright, async_playwright, expect
 
 from tests.helpers import iso_in, jetstream, publish_raw, query, row, running_replica, until
 from tests.integration.ops.test_console import TOKEN, console_settings
 from worker.adapters.postgres.stats import StatsRollup
 from worker.client import TimerClient
 from worker.config import Settings
+from worker.ops import dlq
 from worker.ops.console.app import create_app
 
 ARTIFACTS = Path(__file__).parents[2] / "artifacts" / "console"
@@ -163,6 +164,16 @@ async def _click(page: Page, name: str) -> None:
     await page.get_by_role("button", name=name).click()
 
 
+async def _logged_in(pw: Playwright, base: str) -> tuple[Browser, Page]:
+    """A browser, and its page logged in with the token (on the overview)."""
+    browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    await page.goto(base + "/login")
+    await page.fill("input[name=token]", TOKEN)
+    await _click(page, "Log in")
+    return browser, page
+
+
 async def test_live_updates_charts_search_history_and_every_action_in_a_browser(
     settings: Settings, db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -190,11 +201,7 @@ async def test_live_updates_charts_search_history_and_every_action_in_a_browser(
         await rollup.write()  # what the replica does every 15 s
 
         async with async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = await browser.new_page(viewport={"width": 1280, "height": 900})
-            await page.goto(base + "/login")
-            await page.fill("input[name=token]", TOKEN)
-            await _click(page, "Log in")
+            browser, page = await _logged_in(pw, base)
 
             # The overview's charts and the replica, alive.
             await expect(page.locator("#chart-fires figcaption")).to_contain_text("fires/s")
@@ -297,3 +304,139 @@ async def test_live_updates_charts_search_history_and_every_action_in_a_browser(
         ("dlq_replay_bulk", "acme", None, "token"),
         ("dlq_purge", "acme", None, "token"),
     ]
+
+
+async def test_a_bulk_action_on_a_label_filter_and_a_chart_range_in_a_browser(
+    settings: Settings, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tenant's page filtered by a label offers to cancel all its matching timers: the
+    confirmation shows the count and the filter, the cancel applies, and the same confirmation
+    posted again from the page sends nothing. The overview's charts switch to a longer range."""
+    caplog.set_level(logging.INFO, logger="worker.ops.console")
+    # Minute stats of three hours ago, and none since: the last hour is empty, six hours are not.
+    # Three whole bins of the 6h range (4 minutes, console_stats's origin), 2 fired a second each.
+    query(
+        db_url,
+        "INSERT INTO timer_stats (minute, worker_id, fired, rejected, overdue, lateness_le, lateness) "
+        "SELECT date_bin('4 minutes', now() - interval '3 hours', '2000-01-01 00:00Z') "
+        "       - i * interval '1 minute', 'replica-gone', 120, 0, 0, '{0.01}', '{1}' "
+        "FROM generate_series(1, 12) AS i",
+    )
+    async with console(settings) as base, async_playwright() as pw:
+        browser, page = await _logged_in(pw, base)
+
+        # No replica yet: the minutes of three hours ago are the only ones.
+        await expect(page.locator("#chart-fires figcaption")).to_contain_text("no data yet")
+        await page.get_by_role("link", name="6h").click()
+        await expect(page).to_have_url(base + "/?range=6h")
+        await expect(page.locator("#chart-fires figcaption")).to_contain_text("fires/s 2")
+        await expect(page.locator("#chart-note")).to_contain_text("a point per 4 minutes")
+        # The live region fetched again keeps the range.
+        await expect(page.locator("#updated")).to_contain_text("updated", timeout=20_000)
+        await expect(page.locator("#chart-fires figcaption")).to_contain_text("fires/s 2")
+        await shot(page, "11-overview-6h")
+
+        async with running_replica(settings), jetstream(settings) as js:
+            client = TimerClient(js._nc, settings.subject_prefix)
+            later = datetime.now(UTC) + timedelta(hours=1)
+            for sid, campaign in (("bf-1", "bf"), ("bf-2", "bf"), ("bf-3", "bf"), ("xmas-1", "xmas")):
+                await client.schedule("acme", sid, later, labels={"campaign": campaign})
+            await until(lambda: row(db_url, "acme", "xmas-1") is not None, what="timers stored")
+
+            await page.goto(base + "/tenants/acme")
+            await page.fill("input[name=label]", "campaign=bf")
+            await _click(page, "Show")
+            await expect(page.locator("#timers")).not_to_contain_text("xmas-1")
+            await _click(page, "Cancel all 3 matching…")
+            await expect(page.locator("h1")).to_have_text("Cancel all 3 matching timers of acme")
+            await expect(page.locator("#why")).to_contain_text("campaign=bf")
+            await shot(page, "12-confirm-bulk-cancel")
+            posted = await page.evaluate(
+                "() => new URLSearchParams(new FormData([...document.forms].pop())).toString()"
+            )
+            await _click(page, "Yes, cancel them")
+            await expect(page.get_by_role("status")).to_contain_text(
+                "CancelTimer sent for the timers labelled"
+            )
+            for sid in ("bf-1", "bf-2", "bf-3"):
+                await until(
+                    lambda sid=sid: (row(db_url, "acme", sid) or {}).get("state") == "Cancelled", what=sid
+                )
+            again = await page.evaluate(
+                """async (body) => (await fetch("/act-labelled/cancel/acme", {method: "POST", body,
+                   headers: {"Content-Type": "application/x-www-form-urlencoded"}})).status""",
+                posted,
+            )
+            assert again == 409
+            await expect(page.locator("#timers")).to_contain_text("Cancelled", timeout=20_000)
+            await shot(page, "13-bulk-cancelled")
+            await browser.close()
+    assert (row(db_url, "acme", "xmas-1") or {}).get("state") == "Scheduled"
+    sent = [r for r in caplog.records if getattr(r, "what", None) == "labelled_cancel"]
+    assert [(r.labels, r.count) for r in sent] == [({"campaign": "bf"}, 3)]  # type: ignore[attr-defined]
+
+
+async def test_every_tenant_and_the_dlq_filter_in_a_browser(settings: Settings, db_url: str) -> None:
+    """From the overview to every tenant (page after page, a prefix, by pending timers), and the DLQ
+    filtered by serviceCallId, with a bad time and a hostile prefix refused in a line on the page."""
+    assert shutil.which("chromium"), "Debian's chromium is missing: `make system-packages` installs it"
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at) "
+        "SELECT 'tenant-' || lpad(t::text, 2, '0'), 'sc-' || i, 'Scheduled', now() + interval '1 hour' "
+        "FROM generate_series(1, 60) AS t, generate_series(1, t %% 7 + 1) AS i",
+    )
+    async with running_replica(settings), console(settings) as base, jetstream(settings) as js:
+        for sid in ("twice", "once", "twice"):
+            body = {"tenantId": "acme", "serviceCallId": sid, "dueAt": "2030-01-01 09:00"}
+            await publish_raw(js, settings, "acme", "schedule", body)
+        async with dlq.open_dlq(settings) as q:
+
+            async def stored() -> bool:
+                return len((await q.page(dlq.DlqFilter())).entries) == 3
+
+            await until(stored, what="three DLQ entries")
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            dialogs: list[str] = []
+            page.on("dialog", lambda d: dialogs.append(d.message))
+            await page.goto(base + "/login")
+            await page.fill("input[name=token]", TOKEN)
+            await page.get_by_role("button", name="Log in").click()
+            await page.locator("#all-tenants").click()
+            await expect(page.locator("h1")).to_contain_text("Tenants")
+            rows = page.locator("#tenants a")
+            await expect(rows).to_have_count(50)
+            await expect(rows.first).to_have_text("tenant-01")
+            await page.get_by_role("link", name="Next page").click()
+            await expect(rows).to_have_count(10)
+            await expect(rows.last).to_have_text("tenant-60")
+            await page.get_by_label("tenant prefix").fill("tenant-1")
+            await page.get_by_label("sort").select_option("pending")
+            await page.get_by_role("button", name="Show").click()
+            # tenant-13 holds 13 % 7 + 1 = 7 timers, the most of tenant-10 ... tenant-19
+            await expect(rows).to_have_count(10)
+            await expect(rows.first).to_have_text("tenant-13")
+            await shot(page, "tenants")
+            await page.get_by_label("tenant prefix").fill('"><img src=x onerror=alert(1)>')
+            await page.get_by_role("button", name="Show").click()
+            await expect(page.get_by_role("alert")).to_contain_text(
+                "a tenant prefix is the start of a tenant id"
+            )
+            await expect(page.get_by_role("alert")).to_contain_text("<img src=x onerror=alert(1)>")
+            await expect(page.locator("main img")).to_have_count(0)
+
+            await page.goto(base + "/dlq")
+            await expect(page.locator("#entries tr")).to_have_count(4)  # the header and three entries
+            await page.get_by_label("serviceCallId", exact=True).fill("twice")
+            await page.get_by_role("button", name="Filter").click()
+            await expect(page.locator("#entries tr")).to_have_count(3)
+            await expect(page.locator("#entries")).not_to_contain_text("once")
+            await shot(page, "dlq-filtered")
+            await page.get_by_label("stored from").fill("last tuesday")
+            await page.get_by_role("button", name="Filter").click()
+            await expect(page.get_by_role("alert")).to_contain_text("from: not a time: 'last tuesday'")
+            await expect(page.get_by_label("serviceCallId", exact=True)).to_have_value("twice")  # kept to fix
+            assert dialogs == []
+            await browser.close()

@@ -31,6 +31,7 @@ ACTIONS = [
     ("/act/cancel/acme/t-1", {"confirm": "yes"}),
     ("/act/pause/acme/t-1", {"confirm": "yes"}),
     ("/act-tenant/pause/acme", {"confirm": "yes"}),
+    ("/act-labelled/cancel/acme", {"confirm": "yes", "label": "campaign=bf", "once": "any"}),
     ("/dlq/1/replay", {"confirm": "yes", "body": "{}"}),
     ("/dlq/bulk", {"op": "purge", "confirm": "yes", "upto": "9"}),
 ]
@@ -99,6 +100,7 @@ def test_a_reader_sees_no_action_and_is_refused_one(
         assert "Cancel…" not in timer.text and "Pause…" not in timer.text
         assert "You may only read (not an operator" in timer.text
         assert "Pause tenant" not in c.get("/tenants/acme", headers=alice).text
+        assert "matching…" not in c.get("/tenants/acme?label=campaign%3Dbf", headers=alice).text
         assert "Log out" not in timer.text, "the proxy names her on each request: nothing to log out of"
         csrf = csrf_of(timer.text)
         for path, form in ACTIONS:  # her own valid CSRF token: refused for her role alone

@@ -1,6 +1,6 @@
 """The console's actions (only with TIMER_CONSOLE_ACTIONS): on a timer, cancel, reschedule, fire
-now, pause and resume; on a tenant, pause and resume; on the timers of a tenant a label filter
-selects, cancel, pause and resume (a bulk action). Each is sent as a producer (or `timer-service
+now, pause and resume; on a tenant, pause and resume (the bulk actions on the timers a label
+filter selects: bulk.py). Each is sent as a producer (or `timer-service
 pause`) sends it, a CancelTimer, ScheduleTimer, PauseTimers or ResumeTimers through the command
 stream (worker/client/), so every guarantee of the service holds for it: ordering, a claimed
 occurrence left to fire, the DLQ for a command it would reject. Each is confirmed on a page of its
@@ -19,8 +19,8 @@ from starlette.responses import RedirectResponse, Response
 
 from worker.contract import TENANT_RE, Rejection, iso
 from worker.core.commands import parse_command
-from worker.ops import browse, reads
-from worker.ops.console.base import action_form, audit, console_of, field, label_filter
+from worker.ops import reads
+from worker.ops.console.base import action_form, audit, console_of, field
 
 WHAT = {
     "cancel": "Cancel",
@@ -31,10 +31,6 @@ WHAT = {
 }
 # A tenant's actions (the tenant's page): every timer of it, as `timer-service pause --tenant`.
 TENANT_WHAT = {"pause": "Pause", "resume": "Resume"}
-# The bulk actions on the timers a label filter selects (the tenant's page with a label).
-LABELLED_WHAT = {"cancel": "Cancel", "pause": "Pause", "resume": "Resume"}
-# Timers a bulk action's confirmation counts at most (the count reads them).
-LABELLED_COUNT_CAP = 100_000
 # How long a cancel waits for a replica to apply it before the timer's page is shown.
 CANCEL_WAIT_S = 2.0
 
@@ -140,29 +136,6 @@ async def tenant_action(request: Request) -> Response:
     await (c.client.resume if what == "resume" else c.client.pause)(tenant)
     audit(request, f"tenant_{what}", tenant, None)
     return RedirectResponse(f"/tenants/{_q(tenant)}?done={what}", status_code=303)
-
-
-async def labelled_action(request: Request) -> Response:
-    """Cancel, pause or resume every timer of a tenant its label filter selects: the CancelTimer,
-    PauseTimers or ResumeTimers naming `labels` that `timer-service cancel --label` sends; replicas
-    apply it in chunks, the tenant's page (with the filter) shows it applied."""
-    c = console_of(request)
-    form = await action_form(request)
-    what, tenant = request.path_params["what"], request.path_params["tenant"]
-    labels = label_filter([v for v in form.getlist("label") if isinstance(v, str) and v])
-    if what not in LABELLED_WHAT or not TENANT_RE.match(tenant) or not labels:
-        return Response("no such action", status_code=404)
-    if field(form, "confirm") != "yes":
-        count = await c.db(browse.labelled_count, tenant, labels, LABELLED_COUNT_CAP)
-        return c.page(
-            request, "confirm.html", what=what, label=LABELLED_WHAT[what], tenant=tenant, sid=None,
-            labels=labels, count=count, cap=LABELLED_COUNT_CAP, error=None, fields={},
-        )  # fmt: skip
-    assert c.client is not None, "the console's lifespan connects to NATS"
-    await getattr(c.client, what)(tenant, labels=labels)
-    audit(request, f"labelled_{what}", tenant, None, labels=labels)
-    query = "&".join(f"label={_q(f'{k}={v}')}" for k, v in labels.items())
-    return RedirectResponse(f"/tenants/{_q(tenant)}?{query}&done=labelled_{what}", status_code=303)
 
 
 def _schedule_payload(view: dict[str, Any], due: datetime, keep_window: bool) -> dict[str, Any]:

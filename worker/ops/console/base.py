@@ -123,6 +123,7 @@ class Console:
         self.queue: dlq.Dlq | None = None
         self.client: TimerClient | None = None
         self._counts: tuple[float, dict[str, Any]] | None = None
+        self._kept: dict[Any, tuple[float, Any]] = {}
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(conn, *args)` on a one-off read-only connection, off the event loop."""
@@ -139,6 +140,16 @@ class Console:
         if self._counts is None or now - self._counts[0] > COUNTS_TTL_S:
             self._counts = (now, await self.db(reads.fleet_counts))
         return self._counts[1], now - self._counts[0]
+
+    async def kept(self, key: Any, ttl_s: float, fn: Callable[..., T], *args: Any) -> T:
+        """`self.db(fn, *args)`, read again past `ttl_s` only: for reads dearer than a look is
+        worth, under a few fixed keys (the dict grows by the keys its callers use, no further)."""
+        now = time.monotonic()
+        hit = self._kept.get(key)
+        if hit is None or now - hit[0] > ttl_s:
+            hit = self._kept[key] = (now, await self.db(fn, *args))
+        result: T = hit[1]
+        return result
 
     @property
     def q(self) -> dlq.Dlq:

@@ -26,8 +26,11 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.0f}" if value >= 10 or value == int(value) else f"{value:.1f}"
 
 
-def chart(title: str, unit: str, lines: list[Line], chart_id: str) -> Markup:
-    """An SVG of `lines` over their times, with the y range's top and the latest values named."""
+def chart(
+    title: str, unit: str, lines: list[Line], chart_id: str, frame: tuple[datetime, datetime] | None = None
+) -> Markup:
+    """An SVG of `lines` over their times (and over all of `frame`, the range asked for, so a gap in
+    the data shows as one), with the y range's top and the latest values named."""
     times = [t for line in lines for t, v in line.points if v is not None]
     values = [v for line in lines for _, v in line.points if v is not None]
     latest = ", ".join(
@@ -41,7 +44,8 @@ def chart(title: str, unit: str, lines: list[Line], chart_id: str) -> Markup:
     svg = [f'<svg viewBox="0 0 {W} {H}" role="img" aria-label="{escape(title)}">']
     svg.append(f'<line class="axis" x1="{PAD_L}" y1="{H - PAD_B}" x2="{W}" y2="{H - PAD_B}"/>')
     if times:
-        t0, t1 = min(times), max(times)
+        ends = list(frame) if frame else []
+        t0, t1 = min([*times, *ends]), max([*times, *ends])
         span = max((t1 - t0).total_seconds(), 60.0)
         top = max(values) * 1.1 or 1.0
 
@@ -54,8 +58,9 @@ def chart(title: str, unit: str, lines: list[Line], chart_id: str) -> Markup:
             f'<text class="tick" x="{PAD_L - 4}" y="{PAD_T + 8}" text-anchor="end">{_fmt(top, unit)}</text>'
         )
         svg.append(f'<text class="tick" x="{PAD_L - 4}" y="{H - PAD_B}" text-anchor="end">0</text>')
-        svg.append(f'<text class="tick" x="{PAD_L}" y="{H - 4}">{t0:%H:%M}Z</text>')
-        svg.append(f'<text class="tick" x="{W}" y="{H - 4}" text-anchor="end">{t1:%H:%M}Z</text>')
+        when = "%H:%M" if span <= 86_400 else "%b %d %H:%M"  # a week's ends: which days
+        svg.append(f'<text class="tick" x="{PAD_L}" y="{H - 4}">{t0.strftime(when)}Z</text>')
+        svg.append(f'<text class="tick" x="{W}" y="{H - 4}" text-anchor="end">{t1.strftime(when)}Z</text>')
         for line in lines:
             pts = [xy(t, v) for t, v in line.points if v is not None]
             if len(pts) == 1:
@@ -67,18 +72,25 @@ def chart(title: str, unit: str, lines: list[Line], chart_id: str) -> Markup:
     return head + Markup("".join(svg))
 
 
-def overview_charts(minutes: list[Minute]) -> list[Markup]:
+def overview_charts(minutes: list[Minute], frame: tuple[datetime, datetime] | None = None) -> list[Markup]:
     def of(get: str) -> list[tuple[datetime, float | None]]:
         return [(m.at, getattr(m, get)) for m in minutes]
 
     return [
-        chart("Fires per second", "", [Line("fires/s", of("fires_per_s"), "l1")], "chart-fires"),
+        chart("Fires per second", "", [Line("fires/s", of("fires_per_s"), "l1")], "chart-fires", frame),
         chart(
             "Lateness",
             "s",
             [Line("p50", of("p50_s"), "l1"), Line("p99", of("p99_s"), "l2")],
             "chart-lateness",
+            frame,
         ),
-        chart("Overdue, unclaimed", "", [Line("overdue", of("overdue"), "l2")], "chart-overdue"),
-        chart("Rejected commands a minute", "", [Line("rejected", of("rejected"), "l2")], "chart-rejected"),
+        chart("Overdue, unclaimed", "", [Line("overdue", of("overdue"), "l2")], "chart-overdue", frame),
+        chart(
+            "Rejected commands a minute",
+            "",
+            [Line("rejected", of("rejected"), "l2")],
+            "chart-rejected",
+            frame,
+        ),
     ]
