@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -261,12 +261,10 @@ def render_page(page: Page) -> str:
 
 
 def row_json(r: dict[str, Any]) -> dict[str, Any]:
-    """A listed row as `list --json` prints it: the contract's names and times, dueAt and plannedAt
-    as `get` shows them."""
+    """A listed row as `list --json` prints it: the contract's names and times (dueAt as `get`'s)."""
     due, planned = due_and_planned(r["due_at"], r["nominal_due_at"])
     named = {_CONTRACT_NAMES.get(k, k): v for k, v in r.items() if k != "nominal_due_at"}
-    out: dict[str, Any] = camel(named | {"due_at": due} | ({"planned_at": planned} if planned else {}))
-    return out
+    return cast(dict[str, Any], camel(named | {"due_at": due} | ({"planned_at": planned} if planned else {})))
 
 
 # Columns whose contract name is not their camelCase (timer_view's names).
