@@ -4,13 +4,17 @@ server starts."""
 from __future__ import annotations
 
 import argparse
+import shlex
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.helpers import property_settings
-from tools.bench import _cost_delay, main
+from tools.bench import _cost_delay, add_arguments, main
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("given_ms", ["101", "-1", "two", "nan", "inf", ""])
@@ -41,3 +45,18 @@ def test_any_text_is_a_delay_postgres_takes_or_the_one_line_refusal(text: str) -
     except argparse.ArgumentTypeError:
         return
     assert 0 <= ms <= 100
+
+
+def test_the_documented_soak_commands_parse_as_written() -> None:
+    # docs/BENCHMARKS.md's soak lines (the A/B of the autovacuum among them), up to a redirection
+    lines = [
+        line.split("timer-service bench ", 1)[1].split(">")[0].split("#")[0]
+        for line in (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8").splitlines()
+        if "timer-service bench soak" in line and "`" not in line  # a command, not prose
+    ]
+    assert any("--vacuum-cost-delay-ms 2" in line for line in lines)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for line in lines:
+        args = parser.parse_args(shlex.split(line))
+        assert args.scenarios == ["soak"], line
