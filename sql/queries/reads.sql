@@ -41,6 +41,11 @@ WHERE state = 'Scheduled' AND lease_expires_at > now()
 GROUP BY lease_owner
 ORDER BY lease_owner;
 
+-- name: status_tenant_count
+-- How many tenants have timers, by a loose scan of the primary key.
+WITH RECURSIVE {{every_tenant}}
+SELECT count(tenant_id) FROM tenants;
+
 -- name: status_top_tenants
 -- Tenants with the most Scheduled timers.
 SELECT tenant_id, count(*) AS n

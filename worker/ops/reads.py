@@ -323,8 +323,9 @@ def overview(conninfo: str, top: int = 10) -> dict[str, Any]:
 
 
 def fleet_counts(conn: psycopg.Connection[Any], top: int = 10) -> dict[str, Any]:
-    """Timers by state and the tenants with the most Scheduled ones: counts that read the whole
-    table (or the whole due index), so the console keeps them a while (console/base.py)."""
+    """Timers by state, the tenants with the most Scheduled ones and how many tenants there are:
+    counts that read the whole table (or the whole due index, or a probe per tenant), so the
+    console keeps them a while (console/base.py)."""
     counts = {state: n for state, n in conn.execute(QUERIES["status_counts"])}
     tenants = [
         {"tenant": t, "scheduled": n} for t, n in conn.execute(QUERIES["status_top_tenants"], {"top": top})
@@ -338,6 +339,7 @@ def fleet_counts(conn: psycopg.Connection[Any], top: int = 10) -> dict[str, Any]
         "paused": counts.get("Paused", 0),
         "paused_tenants": paused,
         "top_tenants": tenants,
+        "tenant_count": int((conn.execute(QUERIES["status_tenant_count"]).fetchone() or (0,))[0]),
     }
 
 

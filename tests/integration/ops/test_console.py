@@ -117,7 +117,13 @@ def test_the_console_refuses_to_start_without_credentials(db_url: str) -> None:
     ]
     short = run("console", TIMER_CONSOLE_TOKEN="short")
     assert short.returncode == 2 and "TIMER_CONSOLE_TOKEN" in short.stderr
-    unreachable = run("console", TIMER_CONSOLE_TOKEN=TOKEN, TIMER_DATABASE_URL="postgresql://u@127.0.0.1:1/x")
+    # A port of its own: 8081 may be another test's console (test files run side by side).
+    unreachable = run(
+        "console",
+        TIMER_CONSOLE_TOKEN=TOKEN,
+        TIMER_CONSOLE_PORT="0",
+        TIMER_DATABASE_URL="postgresql://u@127.0.0.1:1/x",
+    )
     assert unreachable.returncode == 1 and len(unreachable.stderr.splitlines()) == 1, unreachable.stderr
 
 
@@ -144,20 +150,21 @@ def _csrf(page: str) -> str:
 
 
 def _reject(settings: Settings, tenant: str, ids: list[str]) -> None:
-    """ScheduleTimers with an unreadable dueAt, one per id, sent to a replica: DLQ entries."""
+    """ScheduleTimers with an unreadable dueAt, one per id, sent to a replica: DLQ entries, stored
+    when this returns (beside any the tenant has already)."""
 
     async def send() -> None:
-        async with running_replica(settings), jetstream(settings) as js:
+        async with running_replica(settings), jetstream(settings) as js, dlq.open_dlq(settings) as q:
+            had = len((await q.page(dlq.DlqFilter(tenant=tenant), limit=dlq.MAX_SCAN)).entries)
             for sid in ids:
                 body = {"tenantId": tenant, "serviceCallId": sid, "dueAt": "2030-01-01 09:00"}
                 await publish_raw(js, settings, tenant, "schedule", body)
-            async with dlq.open_dlq(settings) as q:
 
-                async def stored() -> bool:
-                    page = await q.page(dlq.DlqFilter(tenant=tenant), limit=len(ids) + 1)
-                    return len(page.entries) == len(ids)
+            async def stored() -> bool:
+                page = await q.page(dlq.DlqFilter(tenant=tenant), limit=had + len(ids) + 1)
+                return len(page.entries) == had + len(ids)
 
-                await until(stored, what="DLQ copies")
+            await until(stored, what="DLQ copies")
 
     asyncio.run(send())
 
