@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import nats
 import pytest
 
 from tools.bench.consumer import event
@@ -18,6 +21,16 @@ DUE_AT = datetime(2026, 11, 24, 12, 0, 0, 123456, UTC).timestamp()  # tools.benc
 STALL_S = 3.0  # the bench's process held up: far longer than a delivery takes on a busy machine
 
 
+async def _publish(nats_url: str, prefix: str) -> None:
+    """20 events as a replica publishes them into the run's event stream, each acknowledged."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for i in range(20):
+        _, body, _, headers = event(i)
+        await js.publish(Subjects(prefix).due(f"t{i % 10}"), body, headers=headers)
+    await nc.close()
+
+
 async def test_the_consumer_receives_while_the_bench_is_stalled_and_each_receipt_is_read_once(
     pg_server_url: str, nats_url: str, tmp_path: Path
 ) -> None:
@@ -25,14 +38,14 @@ async def test_the_consumer_receives_while_the_bench_is_stalled_and_each_receipt
     async with Rig(pg_server_url, nats_url, tmp_path) as rig, receiver:
         prefix = rig.names["subject_prefix"]
         await receiver.start(nats_url, prefix, rig.names["event_stream"], "bench-receiver")
-        js = rig.nc_.jetstream()
         sent = time.time()
-        for i in range(20):  # as a replica publishes them, into the run's event stream
-            _, body, _, headers = event(i)
-            await js.publish(Subjects(prefix).due(f"t{i % 10}"), body, headers=headers)
-        # The bench's event loop stalls (as a pass over its records or a full collection would):
-        # a consumer in this process would take every receive time after it.
-        time.sleep(STALL_S)  # noqa: ASYNC251  # the stall under test, not a wait
+        # The bench's event loop stalls (as a pass over its records or a full collection would)
+        # while the events are published, as a replica would, from elsewhere: a consumer in this
+        # process could take none of their receive times before the stall ended.
+        publishing = threading.Thread(target=asyncio.run, args=(_publish(nats_url, prefix),))
+        publishing.start()
+        publishing.join()  # the stall under test begins: the events are stored when it returns
+        time.sleep(STALL_S)  # noqa: ASYNC251  # the stall goes on after
         stalled_until = time.time()
         got: list[tuple[str, float, float]] = []
 
