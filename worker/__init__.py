@@ -15,7 +15,8 @@ config.py       Settings: every TIMER_* variable, read once and validated (cross
 errors.py       the exceptions callers tell apart, and the verdict on any failure (cross-cutting)
 logs.py         structured logs, one JSON object a line with a stable `action` (cross-cutting)
 metrics.py      the Prometheus metrics, documented in docs/OPERATIONS.md (cross-cutting)
-tracing.py      the OpenTelemetry spans of intake, claim, publish and mark (cross-cutting)
+tracing.py      the OpenTelemetry spans of intake, claim, publish and mark; the traceparent rule
+                (cross-cutting)
 ops/            the operator's tools (the `timer-service` command, the console); never imported
                 by the service
 devkit/         throwaway servers, replicas as processes, the recorder, `timer-service dev`

@@ -1,30 +1,52 @@
-"""OpenTelemetry spans for intake, claim, publish and mark (docs/USING.md, Traces).
+"""OpenTelemetry spans for intake, claim, publish and mark (docs/OPERATIONS.md, Traces), and the
+W3C traceparent a command's headers must match to be carried or linked.
 
 Off unless OpenTelemetry's own environment asks for an exporter (`OTEL_EXPORTER_OTLP_ENDPOINT`,
 or `OTEL_TRACES_EXPORTER` other than `none`): then `setup` imports the SDK (the `otel` extra)
 and every other OTEL_* variable (service name, sampler, headers, batch sizes) is the SDK's to read.
 Off, nothing here imports OpenTelemetry and every call is a shared no-op: the loops pay one
 attribute read per batch, and nothing per timer.
+
+The spans of NATS messages (intake's, publish's) follow OpenTelemetry's messaging conventions:
+named `{messaging.operation.name} {destination}`, the destination a stream's name or a subject's
+template (`<prefix>.*.timer.due`), never a tenant's subject: tenants choose their ids, and a span
+name is what a tracing backend groups and indexes by, so it stays one of a few.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from worker.contract import TRACEPARENT, firing_id
 from worker.errors import ConfigError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Link, Span, SpanContext, Tracer
 
     from worker.contract import Outgoing
     from worker.core.domain import Claimed
 
+# W3C Trace Context, version 00's layout (https://www.w3.org/TR/trace-context/#traceparent-header):
+# fixed width and anchored, so `match` reads at most 55 characters of whatever a tenant sent.
+TRACEPARENT_RE = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}\Z")
+
 _tracer: Tracer | None = None  # set while tracing is on
 _provider: Any = None
+_max_links: int | None = None  # the SDK's span link limit (OTEL_SPAN_LINK_COUNT_LIMIT), None: none
+
+# messaging.system: NATS is not among the values the conventions list, which allow another one.
+SYSTEM = "nats"
+# messaging.operation.type of each operation a span describes, by its messaging.operation.name:
+# intake processes a fetched batch of commands; firing publishes a batch of events, and creates
+# each traced occurrence's own message (its creation context, which the event carries).
+_OPERATION_TYPES = {"process": "process", "publish": "send", "create": "create"}
+Operation = Literal["process", "publish", "create"]
+Kind = Literal["consumer", "client"]
 
 
 def on() -> bool:
@@ -64,11 +86,12 @@ def setup() -> None:
 
 def enable(processor: SpanProcessor, *, set_global: bool = False) -> None:
     """Trace through this span processor (tests pass an in-memory exporter's)."""
-    global _tracer, _provider
+    global _tracer, _provider, _max_links
     from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 
     _provider = TracerProvider()  # reads OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER
+    _max_links = SpanLimits().max_links  # what the SDK would keep of a span's links, read as it does
     _provider.add_span_processor(processor)
     if set_global:
         trace.set_tracer_provider(_provider)
@@ -77,10 +100,10 @@ def enable(processor: SpanProcessor, *, set_global: bool = False) -> None:
 
 def disable() -> None:
     """Flush and turn tracing off."""
-    global _tracer, _provider
+    global _tracer, _provider, _max_links
     if _provider is not None:
         _provider.shutdown()
-    _tracer = _provider = None
+    _tracer = _provider = _max_links = None
 
 
 class _NoSpan:
@@ -103,44 +126,140 @@ def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]
     return _tracer.start_as_current_span(name, attributes=attributes)
 
 
-def publish_spans(due: Sequence[Claimed], messages: list[Outgoing]) -> list[tuple[int, Span]]:
-    """One `timer.publish` span per occurrence whose timer carried a traceparent, a child of the
-    producer's context; the event's trace context becomes this span's, so the consumer's span
-    follows it in the same trace. (index in `due`, span) of each, to end once published."""
+def messaging_span(
+    operation: Operation,
+    destination: str,
+    kind: Kind,
+    attributes: Mapping[str, Any],
+    links: Sequence[Link] | None = None,
+) -> contextlib.AbstractContextManager[Any]:
+    """A span around one batch's messaging operation, named as the messaging conventions say:
+    `destination` a stream's name or a subject's template, never one tenant's (see above)."""
+    if _tracer is None:
+        return _no_span()
+    from opentelemetry.trace import SpanKind
+
+    return _tracer.start_as_current_span(
+        f"{operation} {destination}",
+        kind=SpanKind.CONSUMER if kind == "consumer" else SpanKind.CLIENT,
+        links=links,
+        attributes=_messaging(operation) | dict(attributes),
+    )
+
+
+class Headed(Protocol):
+    """A received message, as far as its span reads it (nats-py's Msg is one)."""
+
+    @property
+    def headers(self) -> Mapping[str, str] | None: ...
+
+
+def process_span(
+    stream: str, consumer: str, msgs: Sequence[Headed]
+) -> contextlib.AbstractContextManager[Any]:
+    """Intake's span of one fetched batch of commands, `process <command stream>`, linked to each
+    command's producer's trace (`links`)."""
+    if _tracer is None:
+        return _no_span()
+    return messaging_span(
+        "process",
+        stream,
+        "consumer",
+        {
+            "messaging.destination.name": stream,
+            "messaging.consumer.group.name": consumer,
+            "messaging.batch.message_count": len(msgs),
+        },
+        links(m.headers for m in msgs),
+    )
+
+
+def _messaging(operation: Operation) -> dict[str, Any]:
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": _OPERATION_TYPES[operation],
+        "messaging.operation.name": operation,
+    }
+
+
+def links(headers: Iterable[Mapping[str, str] | None]) -> list[Link] | None:
+    """A span link to the producer's trace context each message came with: a valid `traceparent`
+    header, its name in any case (docs/CONTRACT.md, Trace context). Links, not a parent: a batch
+    has as many parents as messages. At most the SDK's link limit, as it would keep no more; a
+    header that is no valid traceparent (malformed, huge) is passed over, no link and no error,
+    after reading at most 55 characters of it (TRACEPARENT_RE). None while tracing is off,
+    the messages not even looked at."""
+    if _tracer is None:
+        return None
+    from opentelemetry.trace import Link
+
+    found: list[Link] = []
+    for each in headers:
+        if _max_links is not None and len(found) >= _max_links:
+            break
+        if each and (context := _remote(each)) is not None:
+            found.append(Link(context))
+    return found
+
+
+def _remote(headers: Mapping[str, str]) -> SpanContext | None:
+    """The remote span context of a message's first valid traceparent header, or None."""
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    for name, value in headers.items():
+        if len(name) == len(TRACEPARENT) and name.lower() == TRACEPARENT and TRACEPARENT_RE.match(value):
+            _, trace_id, span_id, flags = value.split("-")
+            return SpanContext(int(trace_id, 16), int(span_id, 16), True, TraceFlags(int(flags, 16)))
+    return None
+
+
+def create_spans(due: Sequence[Claimed], messages: list[Outgoing], template: str) -> list[tuple[int, Span]]:
+    """One `create <template>` span per occurrence whose timer carried a traceparent: a child of the
+    producer's context, linked to the batch's publish span (the current one), which links back to
+    it. The event's trace context becomes this span's (its creation context), so the consumer's
+    span follows it in the same trace. (index in `due`, span) of each, to end once published."""
     if _tracer is None:
         return []
     from opentelemetry import trace
     from opentelemetry.propagate import extract, inject
     from opentelemetry.trace import SpanKind
 
-    batch = trace.get_current_span().get_span_context()
+    publish = trace.get_current_span()
+    batch = publish.get_span_context()
     started = []
     for i, timer in enumerate(due):
-        if timer.carried is None or "traceparent" not in timer.carried:
+        if timer.carried is None or TRACEPARENT not in timer.carried:
             continue
+        nominal = timer.nominal_due_at or timer.due_at  # the event's own id, as due_event makes it
         s = _tracer.start_span(
-            "timer.publish",
+            f"create {template}",
             context=extract(timer.carried),
             kind=SpanKind.PRODUCER,
             links=[trace.Link(batch)] if batch.is_valid else None,
-            attributes={
+            attributes=_messaging("create")
+            | {
+                "messaging.destination.name": messages[i].subject,
+                "messaging.destination.template": template,
+                "messaging.message.id": firing_id(timer.tenant_id, timer.service_call_id, nominal),
                 "timer.tenant_id": timer.tenant_id,
                 "timer.service_call_id": timer.service_call_id,
                 "timer.due_at": timer.due_at.isoformat(),
                 "timer.occurrence_index": timer.occurrence_index,
-                "messaging.destination.name": messages[i].subject,
             },
         )
         inject(messages[i].headers, context=trace.set_span_in_context(s))
+        publish.add_link(s.get_span_context())
         started.append((i, s))
     return started
 
 
-def end_publish_spans(spans: list[tuple[int, Span]], results: Sequence[BaseException | None]) -> None:
+def end_create_spans(spans: list[tuple[int, Span]], results: Sequence[BaseException | None]) -> None:
+    """End each occurrence's span once its event was acknowledged, or failed: then with the error."""
     from opentelemetry.trace import StatusCode
 
     for i, s in spans:
         if (error := results[i]) is not None:
+            s.set_attribute("error.type", type(error).__name__)
             s.set_status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
         s.end()
 

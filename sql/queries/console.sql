@@ -41,17 +41,21 @@ WHERE correlation_id = %(correlation_id)s AND correlation_id IS NOT NULL
 ORDER BY tenant_id, service_call_id
 LIMIT %(limit)s;
 
--- name: console_find_id
--- Timers of any tenant with a serviceCallId, by a loose scan of the primary key.
-WITH RECURSIVE tenants(tenant_id) AS (
+-- fragment: every_tenant
+-- The CTE `tenants`: every tenant with timers, one probe of the primary key each (a loose scan).
+tenants(tenant_id) AS (
     (SELECT tenant_id FROM timers ORDER BY tenant_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.tenant_id FROM timers t WHERE t.tenant_id > tenants.tenant_id
             ORDER BY t.tenant_id LIMIT 1)
     FROM tenants WHERE tenants.tenant_id IS NOT NULL
 )
-SELECT t.tenant_id, t.service_call_id, t.state, t.due_at, t.lease_owner, t.lease_expires_at,
-       t.attempts, t.last_error, t.fired_count, t.repeat_every, t.correlation_id,
+
+-- name: console_find_id
+-- Timers of any tenant with a serviceCallId, by a loose scan of the primary key.
+WITH RECURSIVE {{every_tenant}}
+SELECT t.tenant_id, t.service_call_id, t.state, t.due_at, t.nominal_due_at, t.lease_owner,
+       t.lease_expires_at, t.attempts, t.last_error, t.fired_count, t.repeat_every, t.correlation_id,
        t.state = 'Scheduled' AND t.due_at <= now() AS overdue
 FROM tenants
 JOIN timers t ON t.tenant_id = tenants.tenant_id AND t.service_call_id = %(service_call_id)s
@@ -87,3 +91,32 @@ SELECT count(*) FROM (
     WHERE tenant_id = %(tenant_id)s AND state = ANY(%(states)s::text[]) AND {{carries_selector}}
     LIMIT %(cap)s
 ) AS c;
+
+-- name: console_tenants_by_name
+-- A page of tenants in key order from a prefix, each with its pending bound, walking at most a cap.
+WITH RECURSIVE walk(tenant_id, n) AS (
+    (SELECT tenant_id, 1 FROM timers
+     WHERE tenant_id > %(after)s AND tenant_id >= %(prefix)s
+     ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.tenant_id FROM timers t WHERE t.tenant_id > walk.tenant_id
+            ORDER BY t.tenant_id LIMIT 1), walk.n + 1
+    FROM walk WHERE walk.tenant_id IS NOT NULL AND walk.n < %(scan)s
+)
+SELECT w.tenant_id, w.n, starts_with(w.tenant_id, %(prefix)s) AS matches,
+       (SELECT coalesce(sum(p.pending), 0) FROM tenant_pending p WHERE p.tenant_id = w.tenant_id) AS pending
+FROM walk w
+WHERE w.tenant_id IS NOT NULL AND (starts_with(w.tenant_id, %(prefix)s) OR w.n = %(scan)s)
+LIMIT %(limit)s;
+
+-- name: console_tenants_by_pending
+-- A page of the tenants with pending timers, most first, by their bounds in tenant_pending.
+SELECT tenant_id, sum(pending) AS pending
+FROM tenant_pending
+WHERE starts_with(tenant_id, %(prefix)s)
+GROUP BY tenant_id
+HAVING sum(pending) > 0
+   AND (sum(pending) < %(after_pending)s
+        OR (sum(pending) = %(after_pending)s AND tenant_id > %(after_tenant)s))
+ORDER BY pending DESC, tenant_id
+LIMIT %(limit)s;

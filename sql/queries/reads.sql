@@ -3,7 +3,7 @@
 
 -- fragment: listed_timer_columns
 -- The columns a listing of timers shows (the CLI's `list`, the console's pages).
-tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
+tenant_id, service_call_id, state, due_at, nominal_due_at, lease_owner, lease_expires_at, attempts,
 last_error, fired_count, repeat_every
 
 -- name: get_timers
@@ -40,6 +40,11 @@ FROM timers
 WHERE state = 'Scheduled' AND lease_expires_at > now()
 GROUP BY lease_owner
 ORDER BY lease_owner;
+
+-- name: status_tenant_count
+-- How many tenants have timers, by a loose scan of the primary key.
+WITH RECURSIVE {{every_tenant}}
+SELECT count(tenant_id) FROM tenants;
 
 -- name: status_top_tenants
 -- Tenants with the most Scheduled timers.
@@ -78,8 +83,7 @@ LIMIT %(limit)s;
 
 -- name: inspect_paused_timers
 -- Paused timers of every tenant in key order, a page after a key.
-SELECT tenant_id, service_call_id, state, due_at, lease_owner, lease_expires_at, attempts,
-       last_error, fired_count, repeat_every, false AS overdue
+SELECT {{listed_timer_columns}}, false AS overdue
 FROM timers
 WHERE state = 'Paused' AND (tenant_id, service_call_id) > (%(after_tenant)s, %(after_id)s)
   AND (%(due_from)s::timestamptz IS NULL OR due_at >= %(due_from)s::timestamptz)

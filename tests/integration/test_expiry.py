@@ -1,7 +1,7 @@
 """Expiry end to end (docs/USING.md, Expiry), on real Postgres and NATS: with every replica stopped past
 its due time and its expireAfter, an occurrence is not fired but goes to the DLQ (reason expired,
 how late), a one-shot ends Expired, a recurring timer goes on, and one still within its expiry
-fires late as before."""
+fires late as before; `dlq replay` refuses an expired occurrence's entry."""
 
 from __future__ import annotations
 
@@ -10,7 +10,18 @@ from datetime import datetime, timedelta
 
 from prometheus_client import REGISTRY
 
-from tests.helpers import consumer_idle, iso_in, jetstream, publish_raw, query, row, running_replica, until
+from tests.helpers import (
+    consumer_idle,
+    iso_in,
+    jetstream,
+    publish_raw,
+    query,
+    row,
+    running_replica,
+    settings_env,
+    until,
+)
+from tests.integration.ops.test_cli import run
 from worker.client import TimerClient
 from worker.config import Settings
 
@@ -77,6 +88,15 @@ async def test_occurrences_past_their_expiry_after_an_outage_go_to_the_dlq_unfir
     assert hourly is not None and hourly["state"] == "Scheduled" and hourly["fired_count"] == 0
     assert hourly["due_at"] == _at(due) + timedelta(hours=1)
     assert (REGISTRY.get_sample_value("timer_expired_total") or 0.0) - before == 2
+    # No command to send again: `dlq replay` refuses in one line, and the entry stays.
+    seq = by_key["once"].metadata.sequence.stream
+    refused = run("dlq", "replay", str(seq), **settings_env(settings))
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        f"timer-service: not replayed: entry {seq} is an occurrence that expired unfired "
+        "(ExpiredOccurrence), not a command: there is nothing to replay; schedule the timer again "
+        "to have it fire"
+    )
+    assert run("dlq", "show", str(seq), **settings_env(settings)).returncode == 0
 
 
 async def test_an_expired_timer_is_final_like_a_reached_one(settings: Settings, db_url: str) -> None:

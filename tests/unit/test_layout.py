@@ -10,7 +10,8 @@ reader has to follow, so it counts.
   through the Postgres adapter); a new top-level module has to say which;
 - the contract is pure: no worker module, nothing outside the standard library;
 - the producer client (worker/client: TimerClient, its consumer, its envelopes, the NATS wire it
-  owns) imports only the contract and itself (and nats-py);
+  owns) imports only the contract and itself (and nats-py, and OpenTelemetry's API, which it
+  imports only when installed: worker/client/tracecontext.py);
 - the core (worker/core) imports no adapter, no operator tool, no devkit, not the composition,
   and neither the database driver nor nats-py: it reads a received message through its own
   protocols (worker/core/received.py), which nats-py's Msg satisfies; nor does any module it
@@ -45,6 +46,9 @@ MAX_LINES = 400
 DATABASE = {"psycopg", "psycopg_pool", "psycopg_binary", "psycopg_c"}
 # What the adapters wrap and the core never imports: the database driver and the NATS client.
 ADAPTED = DATABASE | {"nats"}
+# What the producer client may import: nats-py, and OpenTelemetry's API when a producer has it
+# installed (never required: worker/client/tracecontext.py imports it guarded).
+CLIENT_LIBRARIES = {"nats", "opentelemetry"}
 # What no module the core reaches may import either: importing a module imports what it imports.
 NEVER_REACHED = ADAPTED
 
@@ -178,7 +182,7 @@ def violations(modules: dict[str, Module], layer_of: Callable[[str], str] = laye
             out.append(f"contract {name} is not pure: imports {sorted(m.worker | m.third_party)}")
         if of[name] == "client":
             extra = {t for t in m.worker if of[t] not in {"contract", "client"}}
-            extra |= m.third_party - {"nats"}
+            extra |= m.third_party - CLIENT_LIBRARIES
             if extra:
                 out.append(f"client {name} imports more than the contract and the client: {sorted(extra)}")
         if of[name] == "core" and m.third_party & ADAPTED:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import shlex
@@ -84,6 +85,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="embedded NATS fsyncs every JetStream write (sync_interval: always)",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    p.add_argument(
+        "--vacuum-cost-delay-ms",
+        type=_cost_delay,
+        metavar="MS",
+        help="soak only: set autovacuum_vacuum_cost_delay of `timers` to MS (0 to 100) before the load"
+        " (default: as the migrations set it, 1)",
+    )
+
+
+def _cost_delay(text: str) -> float:
+    """Postgres' range for the table's autovacuum_vacuum_cost_delay, checked before any server runs."""
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = math.nan
+    if not 0 <= ms <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds from 0 to 100")
+    return ms
 
 
 def default_scenarios() -> list[str]:
@@ -100,6 +119,9 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
         print(f"unknown scenario: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})", file=sys.stderr)
         return 2
     chosen = [SCENARIOS[s] for s in args.scenarios or default_scenarios()]
+    if args.vacuum_cost_delay_ms is not None and SCENARIOS["soak"] not in chosen:
+        print("--vacuum-cost-delay-ms applies to the soak only: name `soak` with it", file=sys.stderr)
+        return 2
     with (
         tempfile.TemporaryDirectory(prefix="timer-bench-") as tmp,
         servers(Path(tmp), sync_always=args.sync_always) as (db_url, nats_url),
@@ -114,7 +136,15 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
                 def progress(msg: str, name: str = scenario.name, run: int = i + 1) -> None:
                     print(f"[{name} {run}/{args.runs}] {msg}", file=sys.stderr, flush=True)
 
-                ctx = Context(db_url, nats_url, Path(tmp), args.replicas, args.scale, progress)
+                ctx = Context(
+                    db_url,
+                    nats_url,
+                    Path(tmp),
+                    args.replicas,
+                    args.scale,
+                    progress,
+                    args.vacuum_cost_delay_ms,
+                )
                 started = time.monotonic()
                 try:
                     runs.append(asyncio.run(_run(scenario, ctx)))

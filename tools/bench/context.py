@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -14,12 +16,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import tools
 from tools.bench.rig import COUNT_SCHEDULED_SQL, Rig
 from worker.devkit.harness import percentile
 from worker.devkit.recorder import Firing
 
 Progress = Callable[[str], None]
 Metrics = dict[str, float]
+ROOT = Path(tools.__file__).resolve().parent.parent  # the checkout: a child imports tools from it
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,9 @@ class Context:
     replicas: int
     scale: float
     progress: Progress
+    # The soak's `--vacuum-cost-delay-ms`: the autovacuum_vacuum_cost_delay it sets on `timers`
+    # (None: as the migrations leave it).
+    vacuum_cost_delay_ms: float | None = None
 
     def n(self, full: int, floor: int = 1000) -> int:
         return max(floor, int(full * self.scale))
@@ -39,6 +46,20 @@ class Context:
 
     def rig(self, **settings: Any) -> Rig:
         return Rig(self.admin_url, self.nats_url, self.workdir, **settings)
+
+
+async def python_child(call: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    """`call`, Python code importing from tools/bench, in a process of its own (its stdout a
+    pipe): what must not share the bench's interpreter, whose pauses would be in its timings."""
+    root = str(ROOT)
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        call,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+    )
 
 
 def lateness_ms(events: list[Firing], prefix: str) -> Metrics:

@@ -3,8 +3,11 @@
 Producers schedule 500 timers a second, each due 10 to 130 s later, and cancel 50 a second of
 those still at least 30 s from due, for 15 minutes, beside the 5,000,000 pending timers of
 tools/bench/realistic.py, with TIMER_RETENTION=2m so retention deletes as fast as timers finish.
-Lateness is the events' as a user's consumer receives them; the checks: every timer not cancelled
-fired, no cancelled one did, and the 99th percentile of each window's lateness (target 50 ms).
+Lateness is the events' as a user's consumer receives them, in a process of its own as a user's
+is (tools/bench/receiver.py); the checks: every timer not cancelled fired, no cancelled one did,
+none came early, and the 99th percentile of each window's lateness (target 50 ms). With
+`--vacuum-cost-delay-ms N` the table's autovacuum_vacuum_cost_delay is N before the load (the
+migrations set 1), to compare a gentler autovacuum's index pass against theirs.
 
 Each window sets beside its lateness what could have slowed it, sampled once a second: the table's
 and its indexes' size, dead rows, autovacuums of `timers` (and the seconds one ran), checkpoints
@@ -29,7 +32,6 @@ import math
 import os
 import random
 import statistics
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,9 +39,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import tools
-from tools.bench.context import Context, Metrics, Progress
+from psycopg import sql
+
+from tools.bench.context import Context, Metrics, Progress, python_child
 from tools.bench.realistic import FULL_ROWS, FULL_TENANTS, build_realistic
+from tools.bench.receiver import Receiver
 from tools.bench.rig import Rig
 from tools.bench.steady import BACKEND_PID_SQL, _stat
 from worker.client import TimerClient
@@ -53,7 +57,6 @@ SAMPLE_S = 1.0
 QUIET_LOOP = 1.5  # a second whose calibration loop ran this much over the run's fast ones was not quiet
 LONG_STATEMENT_MS = 100  # a statement running this long when sampled is named beside its second
 KEY_PREFIX = "s-"
-ROOT = Path(tools.__file__).resolve().parent.parent  # the checkout: the probe imports tools from it
 
 # Bench-only SQL (none of it runs in a replica): what Postgres was doing, once a second.
 SAMPLE_SQL = r"""
@@ -78,6 +81,12 @@ FROM pg_stat_user_tables s WHERE s.relid = 'timers'::regclass
 # Checkpoints completed: pg_stat_checkpointer from PostgreSQL 17, pg_stat_bgwriter before.
 CHECKPOINTS_SQL = "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
 CHECKPOINTS_SQL_16 = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+# The A/B of a gentler autovacuum (--vacuum-cost-delay-ms), and what the table holds after it.
+SET_VACUUM_COST_DELAY_SQL = "ALTER TABLE timers SET (autovacuum_vacuum_cost_delay = {})"
+VACUUM_COST_DELAY_SQL = """
+SELECT o.option_value::float8 FROM pg_class c, pg_options_to_table(c.reloptions) o
+WHERE c.oid = 'timers'::regclass AND o.option_name = 'autovacuum_vacuum_cost_delay'
+"""
 IDLE_CHECKPOINTER = (None, "CheckpointerMain")  # its wait between checkpoints
 # SAMPLE_SQL's columns, in order: the fields of a Sample it fills.
 SAMPLED = (
@@ -119,7 +128,7 @@ class Sample:
 class Load:
     """What the producers sent and JetStream accepted: due times by key, the cancelled keys, and
     those that must fire (kept as they change: a set difference of the whole run at its end would
-    stall the consumer's process)."""
+    stall the producers and the sampler)."""
 
     due: dict[str, float] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
@@ -181,27 +190,22 @@ class Load:
 
 
 class Receipts:
-    """The first receipt of each key of this run, (due, received), taken from the recorder a few
-    hundred at a time (each second), never all at once: the consumer runs in this process, and
-    a pass over hundreds of thousands of records would hold up the receive times it measures."""
+    """The first receipt of each key of this run, (due, received), taken from the consumer's
+    process as it writes them, a few hundred at a time (each second), never all at once."""
 
-    def __init__(self, recorder: Any, load: Load) -> None:
-        self.recorder, self.load = recorder, load
+    def __init__(self, receiver: Receiver, load: Load) -> None:
+        self.receiver, self.load = receiver, load
         self.first: dict[str, tuple[float, float]] = {}
         self.of_expected = 0  # first receipts of keys that were expected when they came
-        self._seen = 0
 
     def absorb(self) -> None:
-        records = self.recorder.firings
-        for f in records[self._seen :]:
-            key = f.service_call_id
+        for key, due, received in self.receiver.take():
             if key.startswith(KEY_PREFIX) and key not in self.first:
-                self.first[key] = (f.due_at, f.received_at)
+                self.first[key] = (due, received)
                 self.of_expected += key in self.load.expected
-        self._seen = len(records)
         # Everything kept so far is kept to the end: out of the collector's sight, so that its
         # full collections, which walk every tracked object, stay as short as at the start
-        # instead of pausing this process (and its receive times) longer and longer.
+        # instead of pausing this process (its producers and its sampler) longer and longer.
         gc.freeze()
 
 
@@ -238,7 +242,7 @@ class Sampler:
     def _pg_cpu_s(self) -> float:
         """The Postgres server's CPU so far: the postmaster, the processes that ended (its cutime)
         and those running, found through its children list (not a walk of /proc: this runs
-        once a second in the consumer's process, and must stay short)."""
+        once a second beside the producers, and must stay short)."""
         tick = os.sysconf("SC_CLK_TCK")
         try:
             f = _stat(self.postmaster)
@@ -264,15 +268,7 @@ class CpuProbe:
         self._reading: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        root = str(ROOT)
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            "from tools.bench.calibrate import probe; probe()",
-            cwd=root,
-            env={**os.environ, "PYTHONPATH": root},
-            stdout=asyncio.subprocess.PIPE,
-        )
+        self.proc = await python_child("from tools.bench.calibrate import probe; probe()")
         self._reading = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -511,39 +507,58 @@ async def soak(ctx: Context) -> Metrics:
     async with ctx.rig(**settings) as rig:
         ctx.progress(f"building a table of {rows:,} pending timers")
         await asyncio.to_thread(build_realistic, rig.db_url, rows, FULL_TENANTS)
+        vacuum_cost_delay = await _vacuum_cost_delay(rig, ctx.vacuum_cost_delay_ms, ctx.progress)
         names = rig.start_replicas(ctx.replicas)
         await rig.wait_replicas_up(names)
-        recorder = rig.recorder(durable="bench-receiver")
-        await recorder.start()
-        pid = int(await rig.scalar(BACKEND_PID_SQL))
-        version = int(await rig.scalar("SHOW server_version_num"))
-        load = Load()
-        receipts = Receipts(recorder, load)
-        checkpoints = CHECKPOINTS_SQL if version >= 170000 else CHECKPOINTS_SQL_16
-        sampler = Sampler(rig, pid, checkpoints, receipts)
-        probe = CpuProbe()
-        await probe.start()
-        stop = asyncio.Event()
-        sampling = asyncio.create_task(sampler.run(stop))
-        client = await TimerClient.connect(ctx.nats_url, rig.names["subject_prefix"])
-        start = time.time()
-        try:
-            async with client:
-                ctx.progress(
-                    f"{RATE}/s scheduled and {CANCEL_RATE}/s cancelled for {duration:.0f}s,"
-                    f" due {lead[0]:.0f}-{lead[1]:.0f}s ahead, retention {retention:.0f}s"
-                )
-                producing = asyncio.create_task(load.run(client, duration, lead, margin))
-                await _report_while(producing, sampler, ctx.progress, width)
-                await producing
-            await _until_received(receipts, load.last_due + 60, ctx.progress)
-        finally:
-            stop.set()
-            await sampling
-            await probe.stop()
-            await recorder.stop()
-    receipts.absorb()
-    return _result(ctx, rows, start, width, duration, load, receipts.first, sampler, probe)
+        async with Receiver(rig.workdir / "receipts.jsonl") as receiver:
+            await receiver.start(
+                ctx.nats_url, rig.names["subject_prefix"], rig.names["event_stream"], "bench-receiver"
+            )
+            pid = int(await rig.scalar(BACKEND_PID_SQL))
+            version = int(await rig.scalar("SHOW server_version_num"))
+            load = Load()
+            receipts = Receipts(receiver, load)
+            checkpoints = CHECKPOINTS_SQL if version >= 170000 else CHECKPOINTS_SQL_16
+            sampler = Sampler(rig, pid, checkpoints, receipts)
+            probe = CpuProbe()
+            await probe.start()
+            stop = asyncio.Event()
+            sampling = asyncio.create_task(sampler.run(stop))
+            client = await TimerClient.connect(ctx.nats_url, rig.names["subject_prefix"])
+            start = time.time()
+            try:
+                async with client:
+                    ctx.progress(
+                        f"{RATE}/s scheduled and {CANCEL_RATE}/s cancelled for {duration:.0f}s,"
+                        f" due {lead[0]:.0f}-{lead[1]:.0f}s ahead, retention {retention:.0f}s"
+                    )
+                    producing = asyncio.create_task(load.run(client, duration, lead, margin))
+                    await _report_while(producing, sampler, ctx.progress, width)
+                    await producing
+                await _until_received(receipts, load.last_due + 60, ctx.progress)
+            finally:
+                stop.set()
+                await sampling
+                await probe.stop()
+                await receiver.stop()
+            receipts.absorb()  # what it wrote before it was stopped
+    result = _result(ctx, rows, start, width, duration, load, receipts.first, sampler, probe)
+    return result | {"vacuum_cost_delay_ms": vacuum_cost_delay}
+
+
+async def _vacuum_cost_delay(rig: Rig, ms: float | None, progress: Progress) -> float:
+    """Sets `timers`' autovacuum_vacuum_cost_delay to `ms` (None: leaves the migrations' own);
+    what the table holds then, read back (nan: none of its own, the server's applies)."""
+    if ms is not None:
+        await rig.db_.execute(sql.SQL(SET_VACUUM_COST_DELAY_SQL).format(sql.Literal(str(ms))))
+    held = await rig.scalar(VACUUM_COST_DELAY_SQL)
+    value = float("nan") if held is None else float(held)
+    source = "set by --vacuum-cost-delay-ms" if ms is not None else "as the migrations left it"
+    progress(
+        "autovacuum_vacuum_cost_delay of timers: "
+        + ("the server's (none of the table's own)" if held is None else f"{value:g} ms ({source})")
+    )
+    return value
 
 
 async def _report_while(task: asyncio.Task[None], sampler: Sampler, progress: Progress, width: float) -> None:
@@ -560,8 +575,13 @@ async def _report_while(task: asyncio.Task[None], sampler: Sampler, progress: Pr
 
 
 async def _until_received(receipts: Receipts, deadline_at: float, progress: Progress) -> None:
-    """Until every expected key was received (the sampler takes them in), or the deadline."""
+    """Until every expected key was received (the sampler takes them in), or the deadline;
+    RuntimeError if the consumer's process ended meanwhile (its error went to stderr)."""
     while (missing := len(receipts.load.expected) - receipts.of_expected) > 0 and time.time() < deadline_at:
+        if (status := receipts.receiver.exited) is not None:
+            raise RuntimeError(
+                f"the soak's consumer exited (status {status}) with {missing:,} timers to fire"
+            )
         progress(f"waiting for {missing:,} timers to fire")
         await asyncio.sleep(1)
 

@@ -1,5 +1,6 @@
 """The producer client: TimerClient, its consumer, its envelopes and the NATS wire it owns. It
-imports only the contract, itself and nats-py (tests/unit/test_layout.py).
+imports only the contract, itself and nats-py, and OpenTelemetry when installed (tracecontext.py;
+tests/unit/test_layout.py).
 
 producer.py     TimerClient: schedule, cancel, pause, resume, get, the bulk sends
 errors.py       what `get` raises: TimerClientError and its kinds, each also what it raised before
@@ -12,6 +13,7 @@ wire.py         the own NATS wire, every nats-py internal relied on and nowhere 
                 publish_all (a batch encoded as nats-py would, in one write)
 batches.py      the atomic and fast-ingest batch protocols (the client's and the broker's)
 closing.py      a connection closed within a bound whatever the server does
+tracecontext.py the caller's OpenTelemetry trace context as headers of each command, when installed
 """
 
 from worker.client.batches import Sent

@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
@@ -210,12 +210,18 @@ class FastBatches:
         await nc.subscribe(f"{self.prefix}>", cb=self.on_reply)
 
     async def send_part(
-        self, nc: NATS, part: list[tuple[int, Envelope]], results: list[Sent | None], timeout: float
+        self,
+        nc: NATS,
+        part: list[tuple[int, Envelope]],
+        results: list[Sent | None],
+        timeout: float,
+        headers: Mapping[str, str],
     ) -> tuple[list[tuple[int, Envelope]], bool]:
-        """Send one fast batch of the commands of `part` and fill in `results` for what its replies
-        decide: (what is left to send one by one with the same ids, never stored or not known to
-        be: unanswered; whether the stream's owner took allow_batched away)."""
-        batch = await self.send(nc, [(c.subject, c.body, {"Nats-Msg-Id": c.id}) for _, c in part])
+        """Send one fast batch of the commands of `part`, each with `headers` (the caller's trace
+        context) and its id, and fill in `results` for what its replies decide: (what is left to
+        send one by one with the same ids, never stored or not known to be: unanswered; whether
+        the stream's owner took allow_batched away)."""
+        batch = await self.send(nc, [(c.subject, c.body, {**headers, "Nats-Msg-Id": c.id}) for _, c in part])
         try:
             await asyncio.wait([batch.done], timeout=timeout)
         finally:

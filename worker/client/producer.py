@@ -37,6 +37,7 @@ from worker.client.closing import close_within
 from worker.client.consumer import MAX_ACK_PENDING, DueEvent, due_events
 from worker.client.envelopes import Envelope, Envelopes, envelope, schedule_payload, spans
 from worker.client.errors import GetRefused, GetTimeout, NoReplica
+from worker.client.tracecontext import trace_headers
 from worker.client.wire import nats_connect, written
 from worker.contract import COMMAND_TYPES, CONTROL_TYPES, TENANT_RE, Subjects
 
@@ -182,7 +183,7 @@ class TimerClient:
     ) -> None:
         command = envelope(subject, kind, payload, correlation_id)
         # The envelope id as Nats-Msg-Id, set last: a retried publish of this same command is dropped.
-        sent = {**(headers or {}), "Nats-Msg-Id": command.id}
+        sent = {**trace_headers(headers), **(headers or {}), "Nats-Msg-Id": command.id}
         await self.js.publish(subject, command.body, headers=sent)
 
     async def schedule_many(self, timers: Iterable[Mapping[str, Any]], timeout: float = 10.0) -> list[Sent]:
@@ -245,6 +246,7 @@ class TimerClient:
         sent before goes in an atomic batch, which is refused whole and then sent one by one,
         each PubAck saying duplicate or not."""
         results: list[Sent | None] = []
+        traced = trace_headers()  # the caller's trace context, the same for every command of the call
         batches, singles = asyncio.Semaphore(BATCHES_IN_FLIGHT), asyncio.Semaphore(SINGLES_IN_FLIGHT)
         fast: bool | None = None  # decided on the first part of more than one command
         tasks: list[asyncio.Task[None]] = []
@@ -253,7 +255,7 @@ class TimerClient:
             async with singles:
                 try:
                     ack = await self.js.publish(
-                        c.subject, c.body, timeout=timeout, headers={"Nats-Msg-Id": c.id}
+                        c.subject, c.body, timeout=timeout, headers={**traced, "Nats-Msg-Id": c.id}
                     )
                     results[i] = Sent(c.id, "duplicate" if ack.duplicate else "accepted")
                 except Exception as exc:  # each command's own outcome; none ends the others
@@ -263,12 +265,16 @@ class TimerClient:
             # `slot`: this part holds one of `batches`, given back once its batch is answered.
             try:
                 if slot and fast and self._fast:
-                    part, disabled = await self._fast_batches.send_part(self.nc, part, results, timeout)
+                    part, disabled = await self._fast_batches.send_part(
+                        self.nc, part, results, timeout, traced
+                    )
                     # The stream's owner took allow_batched away: atomic from now on.
                     self._fast = self._fast and not disabled
                 elif slot and self._atomic:
                     error = await send_atomic(
-                        self.nc, [(c.subject, c.body, {"Nats-Msg-Id": c.id}) for _, c in part], timeout
+                        self.nc,
+                        [(c.subject, c.body, {**traced, "Nats-Msg-Id": c.id}) for _, c in part],
+                        timeout,
                     )
                     if error is None:
                         for i, c in part:

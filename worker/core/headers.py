@@ -10,9 +10,7 @@ from collections.abc import Collection, Mapping
 
 from worker.contract import MAX_CARRIED_VALUE_CHARS, TRACEPARENT, TRACESTATE
 from worker.core.fields import _json_type, _show
-
-# W3C Trace Context, version 00's layout (https://www.w3.org/TR/trace-context/#traceparent-header).
-_TRACEPARENT_RE = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}\Z")
+from worker.tracing import TRACEPARENT_RE
 
 
 def carried_headers(
@@ -35,7 +33,7 @@ def carried_headers(
     for name, value in headers.items():
         key = name.lower()
         if key == TRACEPARENT:
-            ok = _TRACEPARENT_RE.match(value) is not None
+            ok = TRACEPARENT_RE.match(value) is not None
         elif key == TRACESTATE or key in carry:
             ok = len(value) <= MAX_CARRIED_VALUE_CHARS and value.isprintable()
         else:

@@ -93,7 +93,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             await sub.unsubscribe()
 
     async def handle(self, msgs: Sequence[ReceivedCommand]) -> None:
-        with tracing.span("timer.intake", **{"timer.count": len(msgs)}) as span:
+        with tracing.process_span(self.s.command_stream, self.s.consumer, msgs) as span:
             now = datetime.now(UTC)
             commands: list[tuple[ReceivedCommand, Parsed]] = []
             rejected: list[tuple[ReceivedCommand, Rejection]] = []

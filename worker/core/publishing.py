@@ -113,8 +113,18 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         first, again = messages[: len(messages) - retries], messages[len(messages) - retries :]
         timeout = self.s.publish_timeout_ms / 1000
         started = time.perf_counter()
-        with tracing.span("timer.publish", **{"timer.count": len(due), "timer.retries": retries}):
-            traced = tracing.publish_spans(due, messages)
+        template = subjects.due("*")  # never one tenant's subject in a span's name (worker/tracing.py)
+        with tracing.messaging_span(
+            "publish",
+            template,
+            "client",
+            {
+                "messaging.destination.template": template,
+                "messaging.batch.message_count": len(due),
+                "timer.retries": retries,
+            },
+        ):
+            traced = tracing.create_spans(due, messages, template)
             # Side by side, within one timeout (held under the lease): one after the other they
             # could outlast it, and Postgres would end the claim's idle session, rolling back
             # every claim, so that the next claim had the same shape again.
@@ -125,7 +135,7 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
             )
             results = [*published, *republished]
             if traced:
-                tracing.end_publish_spans(traced, results)
+                tracing.end_create_spans(traced, results)
         metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
         acked_at = self.clock.now()
         errors = 0

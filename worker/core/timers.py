@@ -75,7 +75,7 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
     # Scheduled, with paused true; it fires once resumed.
     paused = timer.state == "Paused"
     scheduled = timer.state == "Scheduled" or paused
-    due = timer.due_at if timer.nominal_due_at is None else timer.nominal_due_at
+    due, _ = due_and_planned(timer.due_at, timer.nominal_due_at)
     planned = {} if timer.fire_window is None else {"window": timer.fire_window, "plannedAt": t(timer.due_at)}
     return {
         "tenantId": timer.tenant_id,
@@ -98,3 +98,12 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
         "data": timer.data,
         "labels": timer.labels or {},
     }
+
+
+def due_and_planned(
+    due_at: datetime | None, nominal_due_at: datetime | None
+) -> tuple[datetime | None, datetime | None]:
+    """A stored row's dueAt and, with a firing window, the instant it is planned to fire, as `get`,
+    `list` and the console show them: the row's due_at is that instant then (the claim orders by
+    it), and nominal_due_at the dueAt."""
+    return (due_at, None) if nominal_due_at is None else (nominal_due_at, due_at)

@@ -12,6 +12,7 @@ cli_output.py   what they print: a line for people, or the same answer as camelC
 reads.py        status, list, describe, the cancel outcome: what the database says
 diagnosis.py    a timer's `why`, from its row alone; the timers-by-state line of `status`
 browse.py       the console's browsing: a tenant's timers page by page, the search
+tenants.py      every tenant, a page at a time, by name or by pending timers, searched by prefix
 fleet_stats.py  the fleet over time, from the replicas' minute stats
 dlq.py          rejected commands: list, show, replay, purge
 history.py      a timer's firings, from the events stream

@@ -19,3 +19,10 @@ def emit(args: argparse.Namespace, data: Mapping[str, Any], text: str, *, failed
         print(json.dumps(camel(dict(data)), indent=2))
     else:
         print(text, file=sys.stderr if failed else sys.stdout)
+
+
+def quoted(value: str, chars: int = 60) -> str:
+    """A value a user gave, quoted in a line that refuses it: its repr, cut at `chars` characters
+    (escapes counted: a string of control characters is ten times as long once escaped)."""
+    text = repr(value)
+    return text if len(text) <= chars else text[: chars - 1] + "…"

@@ -248,6 +248,11 @@ class Dlq:
 
     def validated_replay(self, entry: DlqEntry, body: bytes | None) -> tuple[str, bytes]:
         """(subject, body) to replay, or ReplayRefused saying why not."""
+        if entry.reason == "expired":  # the firing replica's record (docs/CONTRACT.md, The DLQ)
+            raise ReplayRefused(
+                f"entry {entry.seq} is an occurrence that expired unfired (ExpiredOccurrence), not a "
+                "command: there is nothing to replay; schedule the timer again to have it fire"
+            )
         where = self.subjects.split(entry.original_subject)
         if where is None or (kind := where[1]) not in ("schedule", "cancel"):
             raise ReplayRefused(

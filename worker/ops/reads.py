@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 from worker.adapters.postgres import bulk, db
 from worker.adapters.postgres.queries import QUERIES
 from worker.contract import iso
-from worker.core.timers import StoredTimer, stored_timer, timer_view
+from worker.core.timers import StoredTimer, due_and_planned, stored_timer, timer_view
 from worker.metrics import OVERDUE_CAP
 from worker.ops import fleet_stats
 from worker.ops.diagnosis import counts_line, diagnose
@@ -251,18 +251,20 @@ def render_page(page: Page) -> str:
             note.append(f"claimed by {r['lease_owner']}")
         if r["last_error"]:
             note.append(f"error: {r['last_error'][:60]}")
-        due = fmt_time(r["due_at"]) or "-"
+        due, planned = due_and_planned(r["due_at"], r["nominal_due_at"])
+        note += [f"planned {fmt_time(planned)}"] if planned else []
         key = f"{r['tenant_id']:<16} {r['service_call_id']:<28}"
-        lines.append(f"{key} {r['state']:<10} {due:<25} {', '.join(note)}")
+        lines.append(f"{key} {r['state']:<10} {fmt_time(due) or '-':<25} {', '.join(note)}")
     if page.next_cursor:
         lines.append(f"more: --after {page.next_cursor}")
     return "\n".join(lines)
 
 
 def row_json(r: dict[str, Any]) -> dict[str, Any]:
-    """A listed row as `list --json` prints it: the contract's names and times."""
-    out: dict[str, Any] = camel({_CONTRACT_NAMES.get(k, k): v for k, v in r.items()})
-    return out
+    """A listed row as `list --json` prints it: the contract's names and times (dueAt as `get`'s)."""
+    due, planned = due_and_planned(r["due_at"], r["nominal_due_at"])
+    named = {_CONTRACT_NAMES.get(k, k): v for k, v in r.items() if k != "nominal_due_at"}
+    return cast(dict[str, Any], camel(named | {"due_at": due} | ({"planned_at": planned} if planned else {})))
 
 
 # Columns whose contract name is not their camelCase (timer_view's names).
@@ -323,8 +325,9 @@ def overview(conninfo: str, top: int = 10) -> dict[str, Any]:
 
 
 def fleet_counts(conn: psycopg.Connection[Any], top: int = 10) -> dict[str, Any]:
-    """Timers by state and the tenants with the most Scheduled ones: counts that read the whole
-    table (or the whole due index), so the console keeps them a while (console/base.py)."""
+    """Timers by state, the tenants with the most Scheduled ones and how many tenants there are:
+    counts that read the whole table (or the whole due index, or a probe per tenant), so the
+    console keeps them a while (console/base.py)."""
     counts = {state: n for state, n in conn.execute(QUERIES["status_counts"])}
     tenants = [
         {"tenant": t, "scheduled": n} for t, n in conn.execute(QUERIES["status_top_tenants"], {"top": top})
@@ -338,6 +341,7 @@ def fleet_counts(conn: psycopg.Connection[Any], top: int = 10) -> dict[str, Any]
         "paused": counts.get("Paused", 0),
         "paused_tenants": paused,
         "top_tenants": tenants,
+        "tenant_count": int((conn.execute(QUERIES["status_tenant_count"]).fetchone() or (0,))[0]),
     }
 
 

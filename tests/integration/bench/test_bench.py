@@ -183,9 +183,24 @@ def test_drain_shapes_drains_every_table_shape(pg_server_url: str, nats_url: str
 
 def test_the_soak_bench_checks_every_timer_and_prints_its_windows(pg_server_url: str, nats_url: str) -> None:
     env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
-    argv = ["soak", "--scale", "0.002", "--runs", "1", "--replicas", "1", "--json"]
+    argv = [
+        "soak",
+        "--scale",
+        "0.002",
+        "--runs",
+        "1",
+        "--replicas",
+        "1",
+        "--vacuum-cost-delay-ms",
+        "2",
+        "--json",
+    ]
     report, stderr = run_json(["-m", "tools.bench", *argv], env)
     m = report["results"]["soak"]["median"]
+    # the gentler autovacuum to compare, on the soak's table before the load (the migrations set 1)
+    # as the table held it then, read back from pg_class, and said with the progress
+    assert m["vacuum_cost_delay_ms"] == 2.0
+    assert "autovacuum_vacuum_cost_delay of timers: 2 ms (set by --vacuum-cost-delay-ms)" in stderr
     # --scale honoured (5,000,000 rows and 900 s x 0.002, at their floors of 10,000 and 20 s in
     # windows of 5 s), the producers kept their rates, and every timer is accounted for
     assert (m["rows"], m["seconds"], m["windows"]) == (10_000, 20, 4)

@@ -117,7 +117,13 @@ def test_the_console_refuses_to_start_without_credentials(db_url: str) -> None:
     ]
     short = run("console", TIMER_CONSOLE_TOKEN="short")
     assert short.returncode == 2 and "TIMER_CONSOLE_TOKEN" in short.stderr
-    unreachable = run("console", TIMER_CONSOLE_TOKEN=TOKEN, TIMER_DATABASE_URL="postgresql://u@127.0.0.1:1/x")
+    # A port of its own: 8081 may be another test's console (test files run side by side).
+    unreachable = run(
+        "console",
+        TIMER_CONSOLE_TOKEN=TOKEN,
+        TIMER_CONSOLE_PORT="0",
+        TIMER_DATABASE_URL="postgresql://u@127.0.0.1:1/x",
+    )
     assert unreachable.returncode == 1 and len(unreachable.stderr.splitlines()) == 1, unreachable.stderr
 
 
@@ -144,20 +150,21 @@ def _csrf(page: str) -> str:
 
 
 def _reject(settings: Settings, tenant: str, ids: list[str]) -> None:
-    """ScheduleTimers with an unreadable dueAt, one per id, sent to a replica: DLQ entries."""
+    """ScheduleTimers with an unreadable dueAt, one per id, sent to a replica: DLQ entries, stored
+    when this returns (beside any the tenant has already)."""
 
     async def send() -> None:
-        async with running_replica(settings), jetstream(settings) as js:
+        async with running_replica(settings), jetstream(settings) as js, dlq.open_dlq(settings) as q:
+            had = len((await q.page(dlq.DlqFilter(tenant=tenant), limit=dlq.MAX_SCAN)).entries)
             for sid in ids:
                 body = {"tenantId": tenant, "serviceCallId": sid, "dueAt": "2030-01-01 09:00"}
                 await publish_raw(js, settings, tenant, "schedule", body)
-            async with dlq.open_dlq(settings) as q:
 
-                async def stored() -> bool:
-                    page = await q.page(dlq.DlqFilter(tenant=tenant), limit=len(ids) + 1)
-                    return len(page.entries) == len(ids)
+            async def stored() -> bool:
+                page = await q.page(dlq.DlqFilter(tenant=tenant), limit=had + len(ids) + 1)
+                return len(page.entries) == had + len(ids)
 
-                await until(stored, what="DLQ copies")
+            await until(stored, what="DLQ copies")
 
     asyncio.run(send())
 
@@ -444,3 +451,21 @@ def test_actions_are_refused_when_off_confirmed_first_and_audited(
         assert done.status_code == 303 and done.headers["location"] == "/timers/acme/secret-timer?done=cancel"
     (line,) = [r for r in caplog.records if getattr(r, "action", None) == "console_action"]
     assert (line.user, line.what, line.tenant, line.id) == ("token", "cancel", "acme", "secret-timer")  # type: ignore[attr-defined]
+
+
+def test_a_windowed_timer_shows_its_due_at_and_beside_it_when_it_is_planned(
+    client: TestClient, db_url: str
+) -> None:
+    """As `get` and `timer-service list` show it: dueAt the nominal instant, the planned one beside."""
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, nominal_due_at, fire_window) "
+        "VALUES ('acme', 'spread', 'Scheduled', '2030-01-01T00:07:00Z', '2030-01-01T00:00:00Z', 'PT10M')",
+    )
+    _login(client)
+    row = client.get("/tenants/acme").text.split('href="/timers/acme/spread"')[1].split("</tr>")[0]
+    assert re.findall(r"<time[^>]*>([^<]+)</time>", row) == [
+        "2030-01-01T00:00:00.000Z",
+        "2030-01-01T00:07:00.000Z",
+    ]
+    assert "planned" in row

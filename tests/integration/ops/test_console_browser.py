@@ -22,6 +22,7 @@ from tests.integration.ops.test_console import TOKEN, console_settings
 from worker.adapters.postgres.stats import StatsRollup
 from worker.client import TimerClient
 from worker.config import Settings
+from worker.ops import dlq
 from worker.ops.console.app import create_app
 
 ARTIFACTS = Path(__file__).parents[2] / "artifacts" / "console"
@@ -373,3 +374,69 @@ async def test_a_bulk_action_on_a_label_filter_and_a_chart_range_in_a_browser(
     assert (row(db_url, "acme", "xmas-1") or {}).get("state") == "Scheduled"
     sent = [r for r in caplog.records if getattr(r, "what", None) == "labelled_cancel"]
     assert [(r.labels, r.count) for r in sent] == [({"campaign": "bf"}, 3)]  # type: ignore[attr-defined]
+
+
+async def test_every_tenant_and_the_dlq_filter_in_a_browser(settings: Settings, db_url: str) -> None:
+    """From the overview to every tenant (page after page, a prefix, by pending timers), and the DLQ
+    filtered by serviceCallId, with a bad time and a hostile prefix refused in a line on the page."""
+    assert shutil.which("chromium"), "Debian's chromium is missing: `make system-packages` installs it"
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at) "
+        "SELECT 'tenant-' || lpad(t::text, 2, '0'), 'sc-' || i, 'Scheduled', now() + interval '1 hour' "
+        "FROM generate_series(1, 60) AS t, generate_series(1, t %% 7 + 1) AS i",
+    )
+    async with running_replica(settings), console(settings) as base, jetstream(settings) as js:
+        for sid in ("twice", "once", "twice"):
+            body = {"tenantId": "acme", "serviceCallId": sid, "dueAt": "2030-01-01 09:00"}
+            await publish_raw(js, settings, "acme", "schedule", body)
+        async with dlq.open_dlq(settings) as q:
+
+            async def stored() -> bool:
+                return len((await q.page(dlq.DlqFilter())).entries) == 3
+
+            await until(stored, what="three DLQ entries")
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            dialogs: list[str] = []
+            page.on("dialog", lambda d: dialogs.append(d.message))
+            await page.goto(base + "/login")
+            await page.fill("input[name=token]", TOKEN)
+            await page.get_by_role("button", name="Log in").click()
+            await page.locator("#all-tenants").click()
+            await expect(page.locator("h1")).to_contain_text("Tenants")
+            rows = page.locator("#tenants a")
+            await expect(rows).to_have_count(50)
+            await expect(rows.first).to_have_text("tenant-01")
+            await page.get_by_role("link", name="Next page").click()
+            await expect(rows).to_have_count(10)
+            await expect(rows.last).to_have_text("tenant-60")
+            await page.get_by_label("tenant prefix").fill("tenant-1")
+            await page.get_by_label("sort").select_option("pending")
+            await page.get_by_role("button", name="Show").click()
+            # tenant-13 holds 13 % 7 + 1 = 7 timers, the most of tenant-10 ... tenant-19
+            await expect(rows).to_have_count(10)
+            await expect(rows.first).to_have_text("tenant-13")
+            await shot(page, "tenants")
+            await page.get_by_label("tenant prefix").fill('"><img src=x onerror=alert(1)>')
+            await page.get_by_role("button", name="Show").click()
+            await expect(page.get_by_role("alert")).to_contain_text(
+                "a tenant prefix is the start of a tenant id"
+            )
+            await expect(page.get_by_role("alert")).to_contain_text("<img src=x onerror=alert(1)>")
+            await expect(page.locator("main img")).to_have_count(0)
+
+            await page.goto(base + "/dlq")
+            await expect(page.locator("#entries tr")).to_have_count(4)  # the header and three entries
+            await page.get_by_label("serviceCallId", exact=True).fill("twice")
+            await page.get_by_role("button", name="Filter").click()
+            await expect(page.locator("#entries tr")).to_have_count(3)
+            await expect(page.locator("#entries")).not_to_contain_text("once")
+            await shot(page, "dlq-filtered")
+            await page.get_by_label("stored from").fill("last tuesday")
+            await page.get_by_role("button", name="Filter").click()
+            await expect(page.get_by_role("alert")).to_contain_text("from: not a time: 'last tuesday'")
+            await expect(page.get_by_label("serviceCallId", exact=True)).to_have_value("twice")  # kept to fix
+            assert dialogs == []
+            await browser.close()

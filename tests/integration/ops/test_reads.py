@@ -269,3 +269,34 @@ def test_output_into_a_closed_pipe_ends_quietly(db_url: str) -> None:
         timeout=60,
     )
     assert done.stdout.startswith("TENANT") and done.stderr == "", done.stderr
+
+
+def test_list_shows_a_windowed_timers_due_at_and_beside_it_when_it_is_planned(db_url: str) -> None:
+    """With a firing window, the row's due_at is the planned instant (the claim orders by it):
+    `list` shows dueAt as `get` does, the nominal one, and the planned instant beside it."""
+    planned = T0 + timedelta(minutes=7)
+    query(
+        db_url,
+        "INSERT INTO timers (tenant_id, service_call_id, state, due_at, nominal_due_at, fire_window) "
+        "VALUES ('acme', 'spread', 'Scheduled', %s, %s, 'PT10M'), "
+        "('acme', 'plain', 'Scheduled', %s, NULL, NULL)",
+        planned,
+        T0,
+        T0,
+    )
+    with reads.connect(db_url) as conn:
+        page = reads.list_timers(conn, reads.TimerFilter(tenant_id="acme"))
+    lines = reads.render_page(page).splitlines()
+    assert lines[1].split() == ["acme", "plain", "Scheduled", reads.fmt_time(T0)]
+    assert lines[2].split() == [
+        "acme",
+        "spread",
+        "Scheduled",
+        reads.fmt_time(T0),
+        "planned",
+        reads.fmt_time(planned),
+    ]
+    plain, spread = (reads.row_json(r) for r in page.rows)
+    assert (spread["dueAt"], spread["plannedAt"]) == (reads.fmt_time(T0), reads.fmt_time(planned))
+    assert plain["dueAt"] == reads.fmt_time(T0) and "plannedAt" not in plain
+    assert "nominalDueAt" not in spread

@@ -1,11 +1,13 @@
 """The web console (`timer-service console`): server-rendered pages over worker.ops (reads,
 browse, stats, history, dlq). Read-only unless TIMER_CONSOLE_ACTIONS, and then for every user
 but the operators (TIMER_CONSOLE_OPERATORS); every route behind worker.ops.console.auth. The
-pages: views.py (overview, search, tenant, timer), dlq_views.py, actions.py (a timer's and a
-tenant's actions), bulk.py (the actions on the timers a filter selects); what they share: base.py.
+pages: views.py (overview, search, tenant, timer), tenant_views.py (every tenant), dlq_views.py,
+actions.py (a timer's and a tenant's actions), bulk.py (the actions on the timers a filter
+selects); their data as JSON: api.py; what they share: base.py.
 
-URLs carry ids only (tenant ids, serviceCallIds, DLQ sequences, state names, cursors of ids):
-searches are posted, so access logs hold nothing else.
+URLs carry ids only (tenant ids and prefixes, serviceCallIds, DLQ sequences, state names, reason
+codes, the DLQ filter's times, cursors of ids): searches are posted, so access logs hold nothing
+else.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from worker.client.wire import nats_connect
 from worker.config import ConsoleSettings
 from worker.errors import ConfigError
 from worker.ops import dlq, reads
-from worker.ops.console import actions, bulk, dlq_views, views
+from worker.ops.console import actions, api, bulk, dlq_views, tenant_views, views
 from worker.ops.console.auth import COOKIE, LoginThrottle, RequireLogin, served_over_tls
 from worker.ops.console.base import Console, checked_form, console_of, headers
 
@@ -113,6 +115,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/logout", logout, methods=["POST"]),
         Route("/", views.overview),
         Route("/search", views.search, methods=["POST"]),
+        Route("/tenants", tenant_views.tenant_list),
         Route("/tenants/{tenant}", views.tenant),
         Route("/timers/{tenant}/{sid:path}", views.timer),
         Route("/act/{what}/{tenant}/{sid:path}", actions.timer_action, methods=["POST"]),
@@ -122,6 +125,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/dlq/bulk", dlq_views.dlq_bulk, methods=["POST"]),
         Route("/dlq/{seq:int}", dlq_views.dlq_entry),
         Route("/dlq/{seq:int}/replay", dlq_views.dlq_replay, methods=["POST"]),
+        *api.ROUTES,
     ]
     middleware = [
         Middleware(

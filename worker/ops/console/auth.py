@@ -34,6 +34,8 @@ COOKIE = "timer_console"
 SESSION_TTL_S = 8 * 3600
 # Reachable without a session: the login form and its post. Nothing else.
 OPEN_PATHS = frozenset({"/login"})
+# The JSON API's paths: a program asking without credentials gets 401, not the login form.
+API = "/api/"
 
 
 def _same(given: str, expected: str) -> bool:
@@ -168,7 +170,8 @@ class Credentials:
 
 class RequireLogin:
     """ASGI middleware: no route answers without the identity proxy's user, a session or a bearer
-    token. A page asked for by GET is redirected to the login form; anything else gets an empty 401."""
+    token. A page asked for by GET is redirected to the login form; anything else (a post, the JSON
+    API) gets an empty 401."""
 
     def __init__(
         self, app: ASGIApp, sessions: Sessions, credentials: Credentials, proxy: ProxyIdentity
@@ -193,11 +196,8 @@ class RequireLogin:
         elif self.credentials.bearer(request.headers.get("authorization")):
             scope.setdefault("state", {})["session"] = None  # a program: no forms, no CSRF
         else:
-            response: Response = (
-                RedirectResponse("/login", status_code=303)
-                if request.method in ("GET", "HEAD")
-                else Response(status_code=401)
-            )
+            page = request.method in ("GET", "HEAD") and not scope["path"].startswith(API)
+            response = RedirectResponse("/login", status_code=303) if page else Response(status_code=401)
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)

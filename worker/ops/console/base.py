@@ -26,6 +26,7 @@ from starlette.responses import HTMLResponse
 from worker.client import TimerClient
 from worker.config import ConsoleSettings
 from worker.core.fields import label_problem
+from worker.core.timers import due_and_planned
 from worker.ops import dlq, reads
 from worker.ops.console.auth import Credentials, LoginThrottle, ProxyIdentity, Roles, Sessions, csrf_ok
 
@@ -65,6 +66,15 @@ def fmt_time(value: object) -> Markup | str:
     return Markup('<time datetime="{0}">{0}</time>').format(text)
 
 
+def fmt_due(row: dict[str, Any]) -> Markup | str:
+    """A listed timer's dueAt, and beside it, with a firing window, the instant it is planned to
+    fire: as `get` and `timer-service list` show them (worker/core/timers.py, due_and_planned)."""
+    due, planned = due_and_planned(row["due_at"], row["nominal_due_at"])
+    if planned is None:
+        return fmt_time(due)
+    return Markup("{0} <small>planned {1}</small>").format(fmt_time(due), fmt_time(planned))
+
+
 def fmt_value(value: object) -> Markup | str:
     """A value on a page: never Python's None, True or False, nor a dict's repr."""
     if value is None or value == "":
@@ -95,6 +105,7 @@ _env = jinja2.Environment(
 )
 _env.filters["q"] = lambda value: urllib.parse.quote(str(value), safe="")
 _env.filters["t"] = fmt_time
+_env.filters["due"] = fmt_due
 _env.filters["v"] = fmt_value
 _env.filters["secs"] = fmt_seconds
 

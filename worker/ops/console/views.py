@@ -8,13 +8,14 @@ from typing import Any
 
 import nats.errors
 import psycopg
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from worker.contract import TENANT_RE
 from worker.ops import browse, dlq, fleet, fleet_stats, history, reads
 from worker.ops.console import bulk
-from worker.ops.console.base import checked_form, console_of, field, headers, label_filter
+from worker.ops.console.base import Console, checked_form, console_of, field, headers, label_filter
 from worker.ops.console.charts import overview_charts
 
 # The DLQ entries of a tenant read for the ones naming a timer, on the timer's page; the page
@@ -43,18 +44,13 @@ def _overview_reads(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     }
 
 
-async def overview(request: Request) -> Response:
-    c = console_of(request)
-    chosen = request.query_params.get("range") or "1h"
-    if chosen not in fleet_stats.RANGES:
-        known = ", ".join(fleet_stats.RANGES)
-        return Response(f"bad range: one of {known}", status_code=400, headers=headers())
-    window_min = fleet_stats.RANGES[chosen]
+async def overview_data(c: Console, window_min: int = fleet_stats.RANGES["1h"]) -> dict[str, Any]:
+    """What the overview shows: the cached counts and their age, the bounded reads of each look,
+    the chart's minutes over `window_min`, the command backlog (None when NATS does not say)."""
     counts, counted_s = await c.counts()
     found = await c.db(_overview_reads)  # the last hour: its chart, and the lateness card's minutes
     if window_min != fleet_stats.RANGES["1h"]:
         found["minutes"] = await c.kept(("series", window_min), CHART_TTL_S, fleet_stats.series, window_min)
-    now = datetime.now(UTC)
     backlog = None
     if c.nc is not None:
         try:
@@ -62,12 +58,21 @@ async def overview(request: Request) -> Response:
             backlog = await fleet.command_backlog(c.nc.jetstream(timeout=2), c.s, running)
         except (nats.errors.Error, TimeoutError):
             backlog = None
+    return {"counts": counts, "counted_s": counted_s, "backlog": backlog, **found}
+
+
+async def overview(request: Request) -> Response:
+    c = console_of(request)
+    chosen = request.query_params.get("range") or "1h"
+    if chosen not in fleet_stats.RANGES:
+        known = ", ".join(fleet_stats.RANGES)
+        return Response(f"bad range: one of {known}", status_code=400, headers=headers())
+    window_min = fleet_stats.RANGES[chosen]
+    found = await overview_data(c, window_min)
+    now = datetime.now(UTC)
     return c.page(
         request,
         "overview.html",
-        counts=counts,
-        counted_s=counted_s,
-        backlog=backlog,
         charts=overview_charts(found.pop("minutes"), (now - timedelta(minutes=window_min), now)),
         ranges=list(fleet_stats.RANGES),
         chosen=chosen,
@@ -97,19 +102,28 @@ async def search(request: Request) -> Response:
     return c.page(request, "found.html", text=text, rows=rows, most=browse.FOUND_MAX)
 
 
-async def tenant(request: Request) -> Response:
-    c = console_of(request)
-    tenant = request.path_params["tenant"]
-    p = request.query_params
+def tenant_query(p: QueryParams) -> tuple[str | None, str, dict[str, str] | None]:
+    """(state, sort, labels) a tenant's listing is asked for; ValueError naming a bad one."""
     state = p.get("state") or None
     sort = p.get("sort") or "id"
     labels = label_filter([v for v in p.getlist("label") if v])
     if state not in (None, *reads.STATES) or sort not in browse.SORTS or labels == {}:
-        return Response("bad filter", status_code=400, headers=headers())
+        raise ValueError("bad filter")
     if labels and sort.endswith("due"):
         sort = "id"  # a label selects in key order (the labels index, or the key range)
     if sort.endswith("due"):
         state = "Scheduled"  # the due index holds Scheduled timers only
+    return state, sort, labels
+
+
+async def tenant(request: Request) -> Response:
+    c = console_of(request)
+    tenant = request.path_params["tenant"]
+    p = request.query_params
+    try:
+        state, sort, labels = tenant_query(p)
+    except ValueError as exc:
+        return Response(str(exc), status_code=400, headers=headers())
     summary = await c.db(reads.tenant_summary, tenant)
     try:
         page = await c.db(
