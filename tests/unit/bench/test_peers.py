@@ -51,8 +51,12 @@ def test_cpu_per_thousand_fires_by_component_and_in_total() -> None:
     }
 
 
-def _run(rates: dict[str, float], cpu_total: float, p99: float) -> dict[str, Any]:
-    drain = {"cpu_ms_per_1k": {"postgres": cpu_total, "total": cpu_total}, "wal_bytes_per_fire": 500.0}
+def _run(rates: dict[str, float], cpu_total: float, p99: float, pages: float = math.nan) -> dict[str, Any]:
+    drain = {
+        "cpu_ms_per_1k": {"postgres": cpu_total, "total": cpu_total},
+        "wal_bytes_per_fire": 500.0,
+        "due_pages": pages,
+    }
     return {
         "drain": {shape: {"fires_per_s": rate, **drain} for shape, rate in rates.items()},
         "lateness": {"p50_ms": 1.0, "p99_ms": p99, "max_ms": 2 * p99},
@@ -62,16 +66,16 @@ def _run(rates: dict[str, float], cpu_total: float, p99: float) -> dict[str, Any
 def test_summary_takes_medians_and_divides_each_rate_by_graphile_workers_round_by_round() -> None:
     runs = {
         "timer-service": [
-            _run({"fresh": 10_000, "burst": 5_000}, 60, 5),
-            _run({"fresh": 12_000, "burst": 6_000}, 50, 6),
-            _run({"fresh": 9_000, "burst": 4_000}, 70, 4),
+            _run({"fresh": 10_000, "burst": 5_000}, 60, 5, pages=280),
+            _run({"fresh": 12_000, "burst": 6_000}, 50, 6, pages=300),
+            _run({"fresh": 9_000, "burst": 4_000}, 70, 4, pages=290),
         ],
         "graphile-worker": [
             _run({"fresh": 20_000, "burst": 20_000}, 40, 1990),
             _run({"fresh": 24_000, "burst": 10_000}, 30, 2000),
             _run({"fresh": 22_000, "burst": 8_000}, 35, 1980),
         ],
-        "nats-schedules": [_run({"fresh": 40_000}, 20, 100)] * 3,  # no table: fresh only
+        "nats-schedules": [_run({"fresh": 40_000}, 20, 100)] * 3,  # no table: fresh only, no pages
     }
     s = summarize(runs)
     ours, gw = s["timer-service"]["drain"], s["graphile-worker"]["drain"]
@@ -118,13 +122,15 @@ def test_summary_takes_medians_and_divides_each_rate_by_graphile_workers_round_b
     )
     ours_row = (
         "| timer-service | fresh | 10,000 | 9,000 .. 12,000 | 0.50, 0.50, 0.41 (**0.50**) "
-        "| 60.0: 60.0 / 0.0 / 0.0 / 0.0 | 500 |"
+        "| 60.0: 60.0 / 0.0 / 0.0 / 0.0 | 500 | 290 |"  # the median of the rounds' due pages
     )
     assert ours_row in lines
     assert "| timer-service | burst | 5,000 | 4,000 .. 6,000 | 0.25, 0.60, 0.50 (**0.50**) |" in "\n".join(
         lines
     )
     assert "| graphile-worker | 1.0 / 1,990 / 3,980 |" in lines
+    nats = next(row for row in lines if row.startswith("| nats-schedules | fresh"))
+    assert nats.endswith("| 500 | n/a |")  # no table, no pages
 
 
 def test_calibration_measures_a_cpu_loop_and_fsyncs_on_the_given_disk(tmp_path: Path) -> None:
