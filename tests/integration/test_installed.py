@@ -80,6 +80,7 @@ def test_client_imports_without_the_services_dependencies() -> None:
         "worker.client.errors",
         "worker.client.producer",
         "worker.client.pulls",
+        "worker.client.tracecontext",
         "worker.client.wire",
         "worker.contract",
     ]
