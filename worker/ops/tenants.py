@@ -13,7 +13,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from worker.adapters.postgres.queries import QUERIES
-from worker.contract import TENANT_RULE
+from worker.contract import TENANT_RE, TENANT_RULE
 from worker.ops.cli_output import quoted
 from worker.ops.reads import _decode, _encode
 
@@ -23,8 +23,6 @@ SORTS = ("name", "pending")
 # past them; this bounds what one look costs, and the page goes on from where the walk stopped.
 MAX_WALK = 10_000
 MAX_PAGE = 500
-PREFIX_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-MAX_PREFIX = 64  # a tenant id's length (contract.TENANT_RULE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +33,9 @@ class TenantsPage:
 
 
 def check_prefix(prefix: str) -> str:
-    """The prefix, or ValueError in one line: it has a tenant id's characters, up to its length."""
-    if len(prefix) > MAX_PREFIX or not PREFIX_CHARS.issuperset(prefix):
+    """The prefix, or ValueError in one line: it has a tenant id's characters, up to its length
+    (the rule's every start is itself a tenant id)."""
+    if prefix and not TENANT_RE.match(prefix):
         raise ValueError(f"a tenant prefix is the start of a tenant id ({TENANT_RULE}), not {quoted(prefix)}")
     return prefix
 
