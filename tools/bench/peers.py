@@ -30,6 +30,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -162,7 +163,9 @@ def table(report: dict[str, Any]) -> str:
     lines = [
         f"{report['command']}  ({cfg['runs']} runs; drain {cfg['drain_n']:,} overdue, big table "
         f"{cfg['big']:,}; lateness {cfg['rate']:,}/s for {cfg['seconds']:.0f} s; {cfg['replicas']} "
-        f"replicas of ours, {WORKERS} worker processes for each peer)",
+        f"replicas of ours, {WORKERS} worker processes for each peer"
+        + "".join(f"; {k}={v}" for k, v in cfg.get("pg_settings", {}).items())
+        + ")",
         *(describe(c) for c in report["calibration"]),
         "",
         f"| system | table | drain fires/s (median) | min .. max | ÷ {REFERENCE} by round (median) "
@@ -707,13 +710,31 @@ def _install_pgqueuer(pgq: Path, progress: Progress) -> dict[str, str]:
     return {"pgqueuer": show.stdout.strip()}
 
 
+def server_setting(db_url: str, name: str) -> str:
+    """What the server says a setting is (`name` passed pg_setting's check)."""
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT current_setting(%s)", [name]).fetchone()
+        return str(row[0]) if row else ""
+
+
+def pg_setting(text: str) -> tuple[str, str]:
+    """--pg-setting NAME=VALUE, as argparse reads it."""
+    name, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[a-z_]+", name):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE, e.g. wal_compression=lz4")
+    return name, value
+
+
 @contextlib.contextmanager
-def shared_servers(workdir: Path, tools: Path, progress: Progress) -> Iterator[Shared]:
-    """One embedded Postgres (fsync on) and one NATS (default sync interval) for every system."""
+def shared_servers(
+    workdir: Path, tools: Path, progress: Progress, settings: Sequence[tuple[str, str]] = ()
+) -> Iterator[Shared]:
+    """One embedded Postgres (fsync on, and `settings` on its command line) and one NATS
+    (default sync interval) for every system."""
     from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
 
     with (
-        EmbeddedPostgres(workdir / "pg", fsync=True) as pg,
+        EmbeddedPostgres(workdir / "pg", fsync=True, settings=dict(settings)) as pg,
         EmbeddedNats(workdir / "nats", sync_always=False) as ns,
     ):
         assert pg.pid is not None and ns.pid is not None
@@ -759,7 +780,8 @@ def run_peers(args: argparse.Namespace, command: str) -> dict[str, Any]:
         versions = install_peers(tools, chosen, progress)
         calibration = [calibrate(workdir)]
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in chosen}
-        with shared_servers(workdir, tools, progress) as shared:
+        with shared_servers(workdir, tools, progress, args.pg_setting) as shared:
+            pg_settings = {name: server_setting(shared.admin_url, name) for name, _ in args.pg_setting}
             make: dict[str, Callable[[], System]] = {
                 "timer-service": lambda: Ours(shared, args.replicas),
                 "timer-service-push": lambda: Ours(shared, args.replicas, push=True),
@@ -786,6 +808,7 @@ def run_peers(args: argparse.Namespace, command: str) -> dict[str, Any]:
             "rate": args.rate,
             "seconds": args.seconds,
             "replicas": args.replicas,
+            "pg_settings": pg_settings,
         },
         "runs": runs,
         "summary": summarize(runs),
@@ -815,6 +838,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", nargs="*", choices=SYSTEMS, help="a subset (default all)")
     p.add_argument(
         "--tools", type=Path, help="keep the peers' installs here and reuse them (default: a throwaway dir)"
+    )
+    p.add_argument(
+        "--pg-setting",
+        type=pg_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Postgres setting for the run, e.g. wal_compression=lz4 (repeatable)",
     )
     p.add_argument("--json", action="store_true", help="print every run's figures as JSON")
     given = sys.argv[1:] if argv is None else argv

@@ -89,6 +89,7 @@ class EmbeddedPostgres(ServerProcess):
         ssl_ca: Path | None = None,
         bin_dir: Path | None = None,
         env: Mapping[str, str] | None = None,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(base_dir, port)
         if bool(ssl_cert) != bool(ssl_key):
@@ -104,6 +105,7 @@ class EmbeddedPostgres(ServerProcess):
         # Variables for the server only (initdb runs without them), e.g. LD_PRELOAD of libfaketime
         # so a test can move the database clock (tests/integration/test_cron_clock.py).
         self.env = dict(env) if env is not None else None
+        self.settings = dict(settings or {})  # server settings on top of ours, e.g. wal_compression
         self.data_dir = self.base_dir / "data"
 
     @property
@@ -160,6 +162,7 @@ class EmbeddedPostgres(ServerProcess):
             settings |= {"ssl": "on", "ssl_cert_file": "server.crt", "ssl_key_file": "server.key"}
         if self.ssl_ca:
             settings["ssl_ca_file"] = "root.crt"
+        settings |= self.settings
         argv = [str((self.bin_dir or postgres_bin()) / "postgres"), "-D", str(self.data_dir)]
         argv += ["-p", str(self.port), "-h", "127.0.0.1", "-k", ""]
         for key, value in settings.items():

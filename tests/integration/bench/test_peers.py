@@ -16,6 +16,7 @@ SYSTEMS = ["timer-service", "timer-service-push", "graphile-worker", "pgqueuer"]
 
 def test_every_system_drains_every_table_shape_beside_graphile_worker() -> None:
     argv = ["--systems", *SYSTEMS, "--runs", "1", "--drain", "300", "--big", "3000", "--seconds", "0"]
+    argv += ["--pg-setting", "wal_compression=pglz"]  # a server setting every system then runs with
     report, stderr = run_json(
         # --tools relative to the repository root, where run_json runs it
         ["-m", "tools.bench.peers", *argv, "--tools", TOOLS, "--json"],
@@ -23,6 +24,7 @@ def test_every_system_drains_every_table_shape_beside_graphile_worker() -> None:
     )
     assert report["config"]["shapes"] == list(SHAPES) and report["config"]["big"] == 3000
     assert set(report["versions"]) == {"graphile-worker", "node", "pgqueuer"}
+    assert report["config"]["pg_settings"] == {"wal_compression": "pglz"}  # as the server says it
     for system in SYSTEMS:
         drains = report["summary"][system]["drain"]
         # every shape drained: all 300 received (else the run times out and exits non-zero),

@@ -20,6 +20,8 @@ from tools.bench.peers import (
     cpu_ms_per_1k,
     drain_rate,
     lateness_ms,
+    main,
+    pg_setting,
     summarize,
     table,
     tree_cpu_s,
@@ -184,3 +186,16 @@ def test_a_report_names_the_settings_its_replicas_inherit(monkeypatch: pytest.Mo
     assert invocation(MODULE_PROG, MODULE_PROG, "bench", ["drain"]) == (
         "TIMER_EVENTS_FAST_INGEST=on python -m tools.bench drain"
     )
+
+
+def test_a_postgres_setting_is_name_equals_value_and_a_bad_one_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert pg_setting("wal_compression=lz4") == ("wal_compression", "lz4")
+    assert pg_setting("work_mem=64MB") == ("work_mem", "64MB")
+    for bad in ("wal_compression", "=lz4", "wal compression=lz4", "x;DROP=1"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--pg-setting", bad])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --pg-setting" in err and "expected NAME=VALUE" in err and "Traceback" not in err
