@@ -38,6 +38,7 @@ def run_json(argv: list[str], env: dict[str, str] | None = None, timeout: int = 
         ("tools.bench.capacity", "usage: python -m tools.bench.capacity "),  # docs/OPERATIONS.md
         ("tools.bench.micro", "usage: python -m tools.bench.micro "),  # docs/BENCHMARKS.md
         ("tools.bench.indexcost", "usage: python -m tools.bench.indexcost "),  # docs/BENCHMARKS.md
+        ("tools.bench.claimcost", "usage: python -m tools.bench.claimcost "),  # docs/BENCHMARKS.md
         ("tools.bench.producer_ab", "usage: python -m tools.bench.producer_ab "),  # docs/BENCHMARKS.md
         ("tools.bench.consumer", "usage: python -m tools.bench.consumer "),  # docs/BENCHMARKS.md
         ("tools.bench.startup", "usage: python -m tools.bench.startup "),  # docs/BENCHMARKS.md
@@ -119,6 +120,31 @@ def test_indexcost_applies_the_same_commands_with_and_without_the_index(
     # The index is the one difference, and the runs wrote into it: more than its metapage (8 KiB).
     assert report["index_kb"]["with_index"] > 8 and report["index_kb"]["without_index"] is None
     assert "[indexcost 2/2]" in stderr
+
+
+def test_claimcost_explains_claims_on_each_shape_with_and_without_an_index(
+    pg_server_url: str, nats_url: str
+) -> None:
+    env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
+    argv = ["--shapes", "scattered", "fresh", "--without", "timers_pkey", "--big", "3000", "--due", "300"]
+    report, stderr = run_json(
+        ["-m", "tools.bench.claimcost", *argv, "--claims", "2", "--limit", "100", "--json"], env
+    )
+    median = report["median"]
+    assert set(median) == {"scattered", "fresh"} and report["due_pages"]["scattered"] > 0
+    for shape, by in median.items():
+        assert set(by) == {"as migrated", "without timers_pkey"}, shape
+        for variant, cost in by.items():
+            assert cost["claimed"] == 100, (shape, variant)  # each claim took its limit
+            assert 0 <= cost["before_first_due_ms"] <= cost["index_scan_ms"] < cost["claim_ms"], (
+                shape,
+                variant,
+            )
+            assert cost["update_ms"] > 0 and cost["wal_kb"] > 0, (shape, variant)
+        # the variant lacks the index: no entry of it written per claimed row
+        entries = by["as migrated"]["wal_records"] - by["without timers_pkey"]["wal_records"]
+        assert entries >= 900, (shape, entries)
+    assert "[claimcost 1/1] scattered, without timers_pkey:" in stderr
 
 
 def test_the_consumer_bench_has_each_reader_read_every_event() -> None:

@@ -1,0 +1,169 @@
+"""What one claim costs Postgres on each table shape, node by node, and what an index's share of
+it is (issue 37).
+
+    python -m tools.bench.claimcost                                   # scattered and fresh
+    python -m tools.bench.claimcost --shapes scattered --without timers_pkey --json
+
+For each round, shape and variant (as migrated; without an index, `--without`), a fresh database
+built to the shape (tools/bench/shapes.py: `--big` pending timers, `--due` overdue ones, then a
+CHECKPOINT), then `--claims` claims of `--limit` in a row, each sql/queries/firing.sql's claim_due
+under claim_begin's settings, run with EXPLAIN (ANALYZE, BUFFERS, WAL) and committed. Per 1,000
+claimed: the claim's time, its index scan of timers_due (and, of that, what it spent before the
+first due row: the entries of rows fired by the claims before it), its UPDATE (the new row
+versions and their index entries), the buffers it touched and the WAL it wrote (full-page images
+apart). Medians over the claims of every round; variants alternate in order round by round.
+Dropping an index is bench-only: the variant without the primary key shows what its entries
+cost each fire, a bound for any change that would keep a fire from adding one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from tools.bench.calibrate import on_servers
+from tools.bench.rig import Rig
+from tools.bench.shapes import SHAPES, TIMERS, add_timers, build
+from worker.adapters.postgres.queries import QUERIES
+
+PROG = "python -m tools.bench.claimcost"
+# Bench-only: the indexes of `timers` a variant may go without, and how each is dropped.
+DROPS = {
+    "timers_pkey": "ALTER TABLE timers DROP CONSTRAINT timers_pkey",
+    "timers_done": "DROP INDEX timers_done",
+    "timers_correlation": "DROP INDEX timers_correlation",
+}
+FRESH_WINDOW_MS = 1000  # the claim's defaults (worker/config.py) but for the lease's owner
+LEASE_MS = 30_000
+
+
+def _node(plan: dict[str, Any], match: str) -> dict[str, Any]:
+    """The first node of `plan` (EXPLAIN's JSON) whose type and relation/index read as `match`."""
+    label = f"{plan.get('Node Type')} {plan.get('Index Name', plan.get('Relation Name', ''))}"
+    if label.startswith(match):
+        return plan
+    for child in plan.get("Plans", ()):
+        found = _node(child, match)
+        if found:
+            return found
+    return {}
+
+
+def claim_cost(conn: psycopg.Connection[Any], limit: int) -> dict[str, float]:
+    """One claim of up to `limit`, explained and committed: its costs per 1,000 claimed."""
+    conn.execute(QUERIES["claim_begin"])
+    params = {
+        "owner": "claimcost",
+        "ahead_ms": 0,
+        "fresh_window_ms": FRESH_WINDOW_MS,
+        "oldest_limit": limit * 9 // 10,
+        "fresh_limit": limit - limit * 9 // 10,
+        "lease_ms": LEASE_MS,
+        "downtime_ms": 60_000,
+        "catchup_max": 9,
+    }
+    row = conn.execute(
+        "EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + QUERIES["claim_due"], params
+    ).fetchone()
+    conn.execute("COMMIT")
+    assert row is not None
+    top = row[0][0]
+    plan = top["Plan"]
+    update = _node(plan, "ModifyTable timers")
+    scan = _node(plan, "Index Scan timers_due")
+    claimed = update.get("Actual Rows", 0)
+    if not claimed:
+        return {}
+    per = 1000 / claimed
+    return {
+        "claimed": claimed,
+        "claim_ms": top["Execution Time"] * per,
+        "index_scan_ms": scan.get("Actual Total Time", 0.0) * per,
+        "before_first_due_ms": scan.get("Actual Startup Time", 0.0) * per,
+        "update_ms": (update["Actual Total Time"] - update["Actual Startup Time"]) * per,
+        "buffers": (plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]) * per,
+        "wal_records": plan["WAL Records"] * per,
+        "wal_fpi": plan["WAL FPI"] * per,
+        "wal_kb": plan["WAL Bytes"] / 1024 * per,
+    }
+
+
+async def run(admin_url: str, nats_url: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    variants = ["as migrated", *(f"without {name}" for name in args.without)]
+    samples: dict[str, dict[str, list[dict[str, float]]]] = {
+        s: {v: [] for v in variants} for s in args.shapes
+    }
+    pages: dict[str, int] = {}
+    for r in range(args.rounds):
+        order = variants if r % 2 == 0 else variants[::-1]  # a slow moment falls on each in turn
+        for shape in args.shapes:
+            for variant in order:
+                async with AsyncExitStack() as stack:
+                    rig = await stack.enter_async_context(Rig(admin_url, nats_url, workdir))
+                    if variant != "as migrated":
+                        await rig.db_.execute(DROPS[variant.removeprefix("without ")])
+                    pages[shape] = await asyncio.to_thread(
+                        build, shape, rig.db_url, add_timers(rig), TIMERS, args.due, args.big
+                    )
+                    with psycopg.connect(rig.db_url) as conn:
+                        claims = [c for c in (claim_cost(conn, args.limit) for _ in range(args.claims)) if c]
+                    samples[shape][variant] += claims
+                    last = _brief(claims[-1]) if claims else "nothing claimed"
+                    print(
+                        f"[claimcost {r + 1}/{args.rounds}] {shape}, {variant}: {last}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    median = {
+        shape: {
+            v: {k: statistics.median(c[k] for c in cs) for k in cs[0]} if cs else {} for v, cs in by.items()
+        }
+        for shape, by in samples.items()
+    }
+    return {"config": vars(args), "due_pages": pages, "median": median}
+
+
+def _brief(cost: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.1f}" for k, v in cost.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--shapes", nargs="+", choices=SHAPES, default=["scattered", "fresh"])
+    p.add_argument(
+        "--without", nargs="*", choices=sorted(DROPS), default=[], help="variants without an index"
+    )
+    p.add_argument(
+        "--big", type=int, default=500_000, help="pending timers in the big table (default 500,000)"
+    )
+    p.add_argument("--due", type=int, default=10_000, help="overdue timers (default 10,000)")
+    p.add_argument("--claims", type=int, default=8, help="claims in a row per database (default 8)")
+    p.add_argument("--limit", type=int, default=1000, help="a claim's limit (default 1,000)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds; medians over them (default 3)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if min(args.big, args.due, args.claims, args.limit, args.rounds) < 1:
+        print(f"{PROG}: --big, --due, --claims, --limit and --rounds must be at least 1", file=sys.stderr)
+        return 2
+    result = on_servers(PROG, argv, lambda db, nats, work: run(db, nats, work, args), args.json)
+    if isinstance(result, int):
+        return result
+    keys = ["claimed", "claim_ms", "index_scan_ms", "before_first_due_ms", "update_ms", "buffers"]
+    keys += ["wal_records", "wal_fpi", "wal_kb"]
+    print("\n| shape | variant | " + " | ".join(keys) + " |\n|---|---|" + "---|" * len(keys))
+    for shape, by in result["median"].items():
+        for variant, cost in by.items():
+            cells = " | ".join(f"{cost.get(k, float('nan')):.1f}" for k in keys)
+            print(f"| {shape} | {variant} | {cells} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
