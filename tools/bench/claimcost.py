@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ DROPS = {
     "timers_done": "DROP INDEX timers_done",
     "timers_correlation": "DROP INDEX timers_correlation",
 }
-FRESH_WINDOW_MS = 1000  # the claim's defaults (worker/config.py) but for the lease's owner
+FRESH_WINDOW_MS = 1000  # unused: the main lane has no fresh places
 LEASE_MS = 30_000
 
 
@@ -63,8 +62,8 @@ def claim_cost(conn: psycopg.Connection[Any], limit: int) -> dict[str, float]:
         "owner": "claimcost",
         "ahead_ms": 0,
         "fresh_window_ms": FRESH_WINDOW_MS,
-        "oldest_limit": limit * 9 // 10,
-        "fresh_limit": limit - limit * 9 // 10,
+        "oldest_limit": limit,  # a replica's main lane (worker/core/firing.py): the oldest only
+        "fresh_limit": 0,
         "lease_ms": LEASE_MS,
         "downtime_ms": 60_000,
         "catchup_max": 9,
@@ -105,8 +104,7 @@ async def run(admin_url: str, nats_url: str, workdir: Path, args: argparse.Names
         order = variants if r % 2 == 0 else variants[::-1]  # a slow moment falls on each in turn
         for shape in args.shapes:
             for variant in order:
-                async with AsyncExitStack() as stack:
-                    rig = await stack.enter_async_context(Rig(admin_url, nats_url, workdir))
+                async with Rig(admin_url, nats_url, workdir) as rig:
                     if variant != "as migrated":
                         await rig.db_.execute(DROPS[variant.removeprefix("without ")])
                     pages[shape] = await asyncio.to_thread(
