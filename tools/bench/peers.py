@@ -721,7 +721,7 @@ def pg_setting(text: str) -> tuple[str, str]:
     """--pg-setting NAME=VALUE, as argparse reads it."""
     name, sep, value = text.partition("=")
     if not sep or not re.fullmatch(r"[a-z_]+", name):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE, e.g. wal_compression=lz4")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE, e.g. wal_compression=pglz")
     return name, value
 
 
@@ -845,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a Postgres setting for the run, e.g. wal_compression=lz4 (repeatable)",
+        help="a Postgres setting for the run, e.g. wal_compression=pglz (repeatable)",
     )
     p.add_argument("--json", action="store_true", help="print every run's figures as JSON")
     given = sys.argv[1:] if argv is None else argv
