@@ -30,7 +30,9 @@ import psycopg
 from tools.bench.calibrate import on_servers
 from tools.bench.rig import Rig
 from tools.bench.shapes import SHAPES, TIMERS, add_timers, build
+from worker.adapters.postgres.claim import claim_due_params
 from worker.adapters.postgres.queries import QUERIES
+from worker.core.domain import ClaimParams
 
 PROG = "python -m tools.bench.claimcost"
 # Bench-only: the indexes of `timers` a variant may go without, and how each is dropped.
@@ -41,6 +43,7 @@ DROPS = {
 }
 FRESH_WINDOW_MS = 1000  # unused: the main lane has no fresh places
 LEASE_MS = 30_000
+DOWNTIME_MS = 60_000
 
 
 def _node(plan: dict[str, Any], match: str) -> dict[str, Any]:
@@ -58,16 +61,16 @@ def _node(plan: dict[str, Any], match: str) -> dict[str, Any]:
 def claim_cost(conn: psycopg.Connection[Any], limit: int) -> dict[str, float]:
     """One claim of up to `limit`, explained and committed: its costs per 1,000 claimed."""
     conn.execute(QUERIES["claim_begin"])
-    params = {
-        "owner": "claimcost",
-        "ahead_ms": 0,
-        "fresh_window_ms": FRESH_WINDOW_MS,
-        "oldest_limit": limit,  # a replica's main lane (worker/core/firing.py): the oldest only
-        "fresh_limit": 0,
-        "lease_ms": LEASE_MS,
-        "downtime_ms": 60_000,
-        "catchup_max": 9,
-    }
+    main_lane = ClaimParams(  # a replica's main lane (worker/core/firing.py): the oldest only
+        owner="claimcost",
+        limit=limit,
+        fresh_limit=0,
+        lease_ms=LEASE_MS,
+        ahead_ms=0,
+        fresh_window_ms=FRESH_WINDOW_MS,
+        downtime_ms=DOWNTIME_MS,
+    )
+    params = claim_due_params(main_lane)
     row = conn.execute(
         "EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + QUERIES["claim_due"], params
     ).fetchone()

@@ -32,12 +32,9 @@ from worker.errors import DatabaseError, TransientError
 Db = Callable[..., AbstractContextManager[None]]  # Store._db: psycopg's errors as the store's
 
 
-async def claim(pool: AsyncConnectionPool[Any], db: Db, params: ClaimParams, writes: Writes) -> Batch:
-    """Claim up to `params.limit` occurrences (claim_due) in a transaction the batch keeps open,
-    holding their rows locked, until it is recorded (Batch.record) or closed.
-
-    A claim that took nothing ends its transaction at once and holds no connection."""
-    sql_params = {
+def claim_due_params(params: ClaimParams) -> dict[str, Any]:
+    """claim_due's parameters for one claim."""
+    return {
         "owner": params.owner,
         "ahead_ms": params.ahead_ms,
         "fresh_window_ms": params.fresh_window_ms,
@@ -47,6 +44,13 @@ async def claim(pool: AsyncConnectionPool[Any], db: Db, params: ClaimParams, wri
         "downtime_ms": params.downtime_ms,
         "catchup_max": CATCHUP_MAX - 1,  # caught_up counts the ones fired before this one
     }
+
+
+async def claim(pool: AsyncConnectionPool[Any], db: Db, params: ClaimParams, writes: Writes) -> Batch:
+    """Claim up to `params.limit` occurrences (claim_due) in a transaction the batch keeps open,
+    holding their rows locked, until it is recorded (Batch.record) or closed.
+
+    A claim that took nothing ends its transaction at once and holds no connection."""
     with db(write=True):
         conn = await pool.getconn()
         try:
@@ -56,7 +60,7 @@ async def claim(pool: AsyncConnectionPool[Any], db: Db, params: ClaimParams, wri
             # tests/integration/test_port_conformance.py).
             await conn.execute(QUERIES["claim_begin"])
             cur = conn.cursor(binary=True)  # plain tuples, read by column name (_ClaimReader)
-            await cur.execute(QUERIES["claim_due"], sql_params)
+            await cur.execute(QUERIES["claim_due"], claim_due_params(params))
             received = time.monotonic()  # the clock reading is in: the rows are read after
             rows = await cur.fetchall()
             names = [c.name for c in cur.description or ()]
