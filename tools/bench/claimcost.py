@@ -32,7 +32,8 @@ from tools.bench.rig import Rig
 from tools.bench.shapes import SHAPES, TIMERS, add_timers, build
 from worker.adapters.postgres.claim import claim_due_params
 from worker.adapters.postgres.queries import QUERIES
-from worker.core.domain import ClaimParams
+from worker.core.domain import LOOKAHEAD_MS, ClaimParams
+from worker.core.firing import FRESH_LANE_WINDOW_MS
 
 PROG = "python -m tools.bench.claimcost"
 # Bench-only: the indexes of `timers` a variant may go without, and how each is dropped.
@@ -41,7 +42,6 @@ DROPS = {
     "timers_done": "DROP INDEX timers_done",
     "timers_correlation": "DROP INDEX timers_correlation",
 }
-FRESH_WINDOW_MS = 1000  # unused: the main lane has no fresh places
 LEASE_MS = 30_000
 DOWNTIME_MS = 60_000
 
@@ -66,8 +66,8 @@ def claim_cost(conn: psycopg.Connection[Any], limit: int) -> dict[str, float]:
         limit=limit,
         fresh_limit=0,
         lease_ms=LEASE_MS,
-        ahead_ms=0,
-        fresh_window_ms=FRESH_WINDOW_MS,
+        ahead_ms=LOOKAHEAD_MS,
+        fresh_window_ms=FRESH_LANE_WINDOW_MS,
         downtime_ms=DOWNTIME_MS,
     )
     params = claim_due_params(main_lane)
