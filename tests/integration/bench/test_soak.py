@@ -17,9 +17,9 @@ async def test_the_soak_sets_the_tables_vacuum_cost_delay_only_when_asked(
 ) -> None:
     said: list[str] = []
     async with Rig(pg_server_url, nats_url, tmp_path) as rig:
-        # not asked: the migrations' own (0001_timers.sql), left as it is
-        assert await _vacuum_cost_delay(rig, None, said.append) == 1.0
-        assert "autovacuum_vacuum_cost_delay=1" in query(rig.db_url, RELOPTIONS_SQL)[0][0]
+        # not asked: the migrations' own (0018_gentler_autovacuum.sql), left as it is
+        assert await _vacuum_cost_delay(rig, None, said.append) == 5.0
+        assert "autovacuum_vacuum_cost_delay=5" in query(rig.db_url, RELOPTIONS_SQL)[0][0]
         assert await _vacuum_cost_delay(rig, 2.5, said.append) == 2.5
         options = query(rig.db_url, RELOPTIONS_SQL)[0][0]
         assert "autovacuum_vacuum_cost_delay=2.5" in options
@@ -27,7 +27,7 @@ async def test_the_soak_sets_the_tables_vacuum_cost_delay_only_when_asked(
         await rig.db_.execute("ALTER TABLE timers RESET (autovacuum_vacuum_cost_delay)")
         assert math.isnan(await _vacuum_cost_delay(rig, None, said.append))  # the server's applies
     assert said == [
-        "autovacuum_vacuum_cost_delay of timers: 1 ms (as the migrations left it)",
+        "autovacuum_vacuum_cost_delay of timers: 5 ms (as the migrations left it)",
         "autovacuum_vacuum_cost_delay of timers: 2.5 ms (set by --vacuum-cost-delay-ms)",
         "autovacuum_vacuum_cost_delay of timers: the server's (none of the table's own)",
     ]

@@ -194,3 +194,24 @@ def test_a_no_transaction_migration_builds_its_index_concurrently(db_url: str, t
         names = conn.execute("SELECT name FROM timer_schema_version WHERE version = 99").fetchone()
     assert valid == (True,)
     assert names == ("tenant_due",)
+
+
+def _timers_vacuum_cost_delay(conn: psycopg.Connection[tuple[object, ...]]) -> object:
+    return conn.execute(
+        "SELECT o.option_value FROM pg_class c, pg_options_to_table(c.reloptions) o"
+        " WHERE c.oid = 'timers'::regclass AND o.option_name = 'autovacuum_vacuum_cost_delay'"
+    ).fetchone()
+
+
+@pytest.mark.parametrize(("before", "after"), [("1", "5"), ("10", "10"), ("0", "0")])
+def test_the_gentler_autovacuum_replaces_only_the_migrations_own_delay(
+    db_url: str, before: str, after: str
+) -> None:
+    """0018 moves timers' autovacuum cost delay from 0001's 1 ms to 5; a delay an operator set
+    is theirs and stays. (Run again by forgetting it was applied: the database is migrated.)"""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert _timers_vacuum_cost_delay(conn) == ("5",)  # what a fresh install gets
+        conn.execute(f"ALTER TABLE timers SET (autovacuum_vacuum_cost_delay = {before})")
+        conn.execute("DELETE FROM timer_schema_version WHERE version = 18")
+        assert migrations.migrate(db_url) == [18]
+        assert _timers_vacuum_cost_delay(conn) == (after,)
