@@ -30,6 +30,7 @@ from worker.errors import ConfigError
 from worker.logs import redact
 
 MODULE_PROG = "python -m tools.bench"
+MAX_SOAK_RATE = 20_000  # ScheduleTimer commands a second: well past what one machine's fleet takes
 
 
 def main(argv: list[str] | None = None, prog: str = MODULE_PROG) -> int:
@@ -90,7 +91,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_cost_delay,
         metavar="MS",
         help="soak only: set autovacuum_vacuum_cost_delay of `timers` to MS (0 to 100) before the load"
-        " (default: as the migrations set it, 1)",
+        " (default: as the migrations set it, 5)",
+    )
+    p.add_argument(
+        "--soak-rate",
+        type=_soak_rate,
+        metavar="N",
+        help=f"soak only: schedule N timers a second (1 to {MAX_SOAK_RATE:,}) and cancel a tenth as"
+        " many (default 500)",
     )
 
 
@@ -103,6 +111,18 @@ def _cost_delay(text: str) -> float:
     if not 0 <= ms <= 100:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds from 0 to 100")
     return ms
+
+
+def _soak_rate(text: str) -> int:
+    try:
+        rate = int(text)
+    except ValueError:
+        rate = 0
+    if not 1 <= rate <= MAX_SOAK_RATE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of timers a second from 1 to {MAX_SOAK_RATE:,}"
+        )
+    return rate
 
 
 def default_scenarios() -> list[str]:
@@ -119,9 +139,13 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
         print(f"unknown scenario: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})", file=sys.stderr)
         return 2
     chosen = [SCENARIOS[s] for s in args.scenarios or default_scenarios()]
-    if args.vacuum_cost_delay_ms is not None and SCENARIOS["soak"] not in chosen:
-        print("--vacuum-cost-delay-ms applies to the soak only: name `soak` with it", file=sys.stderr)
-        return 2
+    for flag, given in (
+        ("--vacuum-cost-delay-ms", args.vacuum_cost_delay_ms),
+        ("--soak-rate", args.soak_rate),
+    ):
+        if given is not None and SCENARIOS["soak"] not in chosen:
+            print(f"{flag} applies to the soak only: name `soak` with it", file=sys.stderr)
+            return 2
     with (
         tempfile.TemporaryDirectory(prefix="timer-bench-") as tmp,
         servers(Path(tmp), sync_always=args.sync_always) as (db_url, nats_url),
@@ -144,6 +168,7 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
                     args.scale,
                     progress,
                     args.vacuum_cost_delay_ms,
+                    args.soak_rate,
                 )
                 started = time.monotonic()
                 try:

@@ -37,6 +37,8 @@ class Context:
     # The soak's `--vacuum-cost-delay-ms`: the autovacuum_vacuum_cost_delay it sets on `timers`
     # (None: as the migrations leave it).
     vacuum_cost_delay_ms: float | None = None
+    # The soak's `--soak-rate`: ScheduleTimer commands a second (None: its own 500).
+    soak_rate: int | None = None
 
     def n(self, full: int, floor: int = 1000) -> int:
         return max(floor, int(full * self.scale))

@@ -1,21 +1,24 @@
 """`soak` (issue 36): a long steady run on a realistic table, in windows of 30 s.
 
-Producers schedule 500 timers a second, each due 10 to 130 s later, and cancel 50 a second of
-those still at least 30 s from due, for 15 minutes, beside the 5,000,000 pending timers of
-tools/bench/realistic.py, with TIMER_RETENTION=2m so retention deletes as fast as timers finish.
+Producers schedule 500 timers a second (`--soak-rate N`: N), each due 10 to 130 s later, and
+cancel a tenth as many a second of those still at least 30 s from due, for 15 minutes, beside the
+5,000,000 pending timers of tools/bench/realistic.py, with TIMER_RETENTION=2m so retention deletes
+as fast as timers finish.
 Lateness is the events' as a user's consumer receives them, in a process of its own as a user's
 is (tools/bench/receiver.py); the checks: every timer not cancelled fired, no cancelled one did,
 none came early, and the 99th percentile of each window's lateness (target 50 ms). With
 `--vacuum-cost-delay-ms N` the table's autovacuum_vacuum_cost_delay is N before the load (the
-migrations set 1), to compare a gentler autovacuum's index pass against theirs.
+migrations set 5, 0001 set 1), to compare autovacuums of different pace.
 
 Each window sets beside its lateness what could have slowed it, sampled once a second: the table's
 and its indexes' size, dead rows, autovacuums of `timers` (and the seconds one ran), checkpoints
 (and the seconds the checkpointer was busy), WAL written and segments switched, rows deleted (the
 retention sweeps), the replicas' RSS, Postgres' CPU, and the calibration loop (tools/bench/
-calibrate.py's, a tenth of it, in its own process) with the load average: a window slowed by the
-machine shows as a slow loop. Then every second whose timers fired later than the target is set
-beside what was going on in it, against how often that went on in any second.
+calibrate.py's, a tenth of it, in its own process) with the load average, and the time the
+machine's CPUs waited on I/O or were taken by the hypervisor (steal, from /proc/stat): a window
+slowed by the machine shows as a slow loop or as steal. Then every second whose timers fired later
+than the target is set beside what was going on in it, against how often that went on in any
+second.
 
 The table goes to stderr with the progress; BENCH_SOAK_SECONDS=<file> also writes every second's
 samples and lateness there as JSON, for a closer look.
@@ -49,13 +52,14 @@ from tools.bench.steady import BACKEND_PID_SQL, _stat
 from worker.client import TimerClient
 from worker.devkit.harness import percentile
 
-RATE = 500  # ScheduleTimer commands a second
-CANCEL_RATE = 50  # CancelTimer commands a second, of timers scheduled in this run
+RATE = 500  # ScheduleTimer commands a second (--soak-rate)
+CANCELLED = 0.1  # CancelTimer commands per ScheduleTimer, each of a timer scheduled in this run
 TARGET_P99_MS = 50.0  # every window's
 TICK_S = 0.1  # the producers send what is due every tick
 SAMPLE_S = 1.0
 QUIET_LOOP = 1.5  # a second whose calibration loop ran this much over the run's fast ones was not quiet
 LONG_STATEMENT_MS = 100  # a statement running this long when sampled is named beside its second
+STOLEN_CORES = 0.1  # a second whose CPUs lost this much to the hypervisor (or waited on I/O) says so
 KEY_PREFIX = "s-"
 
 # Bench-only SQL (none of it runs in a replica): what Postgres was doing, once a second.
@@ -121,6 +125,8 @@ class Sample:
     pg_cpu_s: float
     replicas_cpu_s: float
     load_1m: float
+    iowait_s: float = float("nan")  # the machine's, all CPUs, so far (/proc/stat)
+    steal_s: float = float("nan")
     cpu_loop_ms: float = float("nan")  # the probe's run nearest before this sample
 
 
@@ -130,6 +136,7 @@ class Load:
     those that must fire (kept as they change: a set difference of the whole run at its end would
     stall the producers and the sampler)."""
 
+    rate: int = RATE
     due: dict[str, float] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
     expected: set[str] = field(default_factory=set)
@@ -140,22 +147,22 @@ class Load:
     async def run(
         self, client: TimerClient, seconds: float, lead: tuple[float, float], margin: float
     ) -> None:
-        """RATE schedules and CANCEL_RATE cancels a second for `seconds`, sent every TICK_S (a
-        slow send is caught up at the next tick, so the rates hold on average)."""
+        """`rate` schedules and a tenth as many cancels a second for `seconds`, sent every TICK_S
+        (a slow send is caught up at the next tick, so the rates hold on average)."""
         started = time.monotonic()
-        recent: deque[str] = deque(maxlen=RATE * 2)  # the last two seconds' keys
+        recent: deque[str] = deque(maxlen=self.rate * 2)  # the last two seconds' keys
         scheduled = cancels = 0
         while (elapsed := time.monotonic() - started) < seconds:
             now = time.time()
             batch: list[dict[str, Any]] = []
-            for i in range(scheduled, int(RATE * elapsed)):
+            for i in range(scheduled, int(self.rate * elapsed)):
                 key = KEY_PREFIX + hashlib.md5(str(i).encode()).hexdigest()  # 34 characters, unordered
                 due = now + random.uniform(*lead)
                 batch.append({"tenantId": f"tenant-{i % FULL_TENANTS}", "serviceCallId": key, "dueAt": due})
             scheduled += len(batch)
             await self._schedule(client, batch)
             recent.extend(b["serviceCallId"] for b in batch)
-            wanted = int(CANCEL_RATE * elapsed) - cancels
+            wanted = int(CANCELLED * self.rate * elapsed) - cancels
             # Only timers due `margin` from now or later: intake applies a cancel in milliseconds,
             # so one that fired anyway was fired after its cancel was applied, not before.
             victims = [k for k in recent if self.due.get(k, 0.0) - now >= margin and k not in self.cancelled]
@@ -226,6 +233,7 @@ class Sampler:
             checkpoints = int(await self.rig.scalar(self.checkpoints_sql))
             assert row is not None
             rss = self.rig.rss_mb()
+            iowait_s, steal_s = machine_waits_s()
             self.samples.append(
                 Sample(
                     **dict(zip(SAMPLED, row, strict=True)),
@@ -234,6 +242,8 @@ class Sampler:
                     pg_cpu_s=self._pg_cpu_s(),
                     replicas_cpu_s=self.rig.cpu_s(),
                     load_1m=os.getloadavg()[0],
+                    iowait_s=iowait_s,
+                    steal_s=steal_s,
                 )
             )
             self.receipts.absorb()
@@ -257,6 +267,18 @@ class Sampler:
                 continue  # ended meanwhile: in the postmaster's cutime
             total += int(c[11]) + int(c[12])
         return total / tick
+
+
+def machine_waits_s(stat: Path = Path("/proc/stat")) -> tuple[float, float]:
+    """(iowait, steal): the seconds all the machine's CPUs spent so far waiting on I/O and taken
+    by the hypervisor, from /proc/stat's first line, `cpu user nice system idle iowait irq softirq
+    steal ...` in clock ticks. NaN where there is no such file."""
+    try:
+        fields = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return math.nan, math.nan
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[5]) / tick, int(fields[8]) / tick
 
 
 class CpuProbe:
@@ -326,6 +348,8 @@ def seconds_table(samples: list[Sample], probe: list[tuple[float, float]]) -> li
                 "pg_cpu": (s.pg_cpu_s - before.pg_cpu_s) / (s.at - before.at),
                 "replicas_cpu": (s.replicas_cpu_s - before.replicas_cpu_s) / (s.at - before.at),
                 "load_1m": s.load_1m,
+                "iowait": (s.iowait_s - before.iowait_s) / (s.at - before.at),
+                "steal": (s.steal_s - before.steal_s) / (s.at - before.at),
                 "cpu_loop_ms": max(loop) if loop else float("nan"),
             }
         )
@@ -370,6 +394,7 @@ def windows(
                 "cpu_loop_ms_p50": statistics.median(loops) if loops else float("nan"),
                 "cpu_loop_ms_max": max(loops, default=float("nan")),
                 "load_1m": secs[-1]["load_1m"] if secs else float("nan"),
+                "steal_max": max((s["steal"] for s in secs if not math.isnan(s["steal"])), default=math.nan),
             }
         )
     return rows
@@ -397,6 +422,7 @@ WINDOW_COLUMNS = (
     ("cpu_loop_ms_p50", "loop p50 ms", "{:.0f}"),
     ("cpu_loop_ms_max", "loop max ms", "{:.0f}"),
     ("load_1m", "load", "{:.1f}"),
+    ("steal_max", "steal max cores", "{:.2f}"),
 )
 
 
@@ -432,6 +458,10 @@ def factors(s: dict[str, Any], wal_typical: float, loop_typical: float) -> list[
         out.append("WAL burst")
     if s["cpu_loop_ms"] > 1.5 * loop_typical:
         out.append("machine (loop slow)")
+    if s["steal"] >= STOLEN_CORES:
+        out.append(f"steal ({s['steal']:.2f} cores)")
+    if s["iowait"] >= STOLEN_CORES:
+        out.append(f"iowait ({s['iowait']:.2f} cores)")
     if s["autoanalyzes"]:
         out.append("autoanalyze done")
     if s["longest"] and int(s["longest"].split()[0]) >= LONG_STATEMENT_MS:
@@ -516,7 +546,7 @@ async def soak(ctx: Context) -> Metrics:
             )
             pid = int(await rig.scalar(BACKEND_PID_SQL))
             version = int(await rig.scalar("SHOW server_version_num"))
-            load = Load()
+            load = Load(ctx.soak_rate or RATE)
             receipts = Receipts(receiver, load)
             checkpoints = CHECKPOINTS_SQL if version >= 170000 else CHECKPOINTS_SQL_16
             sampler = Sampler(rig, pid, checkpoints, receipts)
@@ -529,7 +559,8 @@ async def soak(ctx: Context) -> Metrics:
             try:
                 async with client:
                     ctx.progress(
-                        f"{RATE}/s scheduled and {CANCEL_RATE}/s cancelled for {duration:.0f}s,"
+                        f"{load.rate}/s scheduled and {CANCELLED * load.rate:.0f}/s cancelled"
+                        f" for {duration:.0f}s,"
                         f" due {lead[0]:.0f}-{lead[1]:.0f}s ahead, retention {retention:.0f}s"
                     )
                     producing = asyncio.create_task(load.run(client, duration, lead, margin))
@@ -543,7 +574,7 @@ async def soak(ctx: Context) -> Metrics:
                 await receiver.stop()
             receipts.absorb()  # what it wrote before it was stopped
     result = _result(ctx, rows, start, width, duration, load, receipts.first, sampler, probe)
-    return result | {"vacuum_cost_delay_ms": vacuum_cost_delay}
+    return result | {"vacuum_cost_delay_ms": vacuum_cost_delay, "rate": load.rate}
 
 
 async def _vacuum_cost_delay(rig: Rig, ms: float | None, progress: Progress) -> float:

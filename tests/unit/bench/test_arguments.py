@@ -31,10 +31,26 @@ def test_a_vacuum_cost_delay_postgres_would_refuse_is_one_line(
     assert "Traceback" not in err
 
 
-def test_a_vacuum_cost_delay_without_the_soak_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("given_rate", ["0", "-5", "20001", "1.5", "many", ""])
+def test_a_soak_rate_out_of_range_is_one_line(given_rate: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["soak", "--soak-rate", given_rate])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"argument --soak-rate: {given_rate!r} is not a whole number of timers a second from 1 to 20,000"
+        in err
+    )
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--vacuum-cost-delay-ms", "2"), ("--soak-rate", "1000")])
+def test_a_soak_setting_without_the_soak_is_refused(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Every other scenario would run as if it were not given: said, not ignored
-    assert main(["drain", "--vacuum-cost-delay-ms", "2"]) == 2
-    assert capsys.readouterr().err == "--vacuum-cost-delay-ms applies to the soak only: name `soak` with it\n"
+    assert main(["drain", flag, value]) == 2
+    assert capsys.readouterr().err == f"{flag} applies to the soak only: name `soak` with it\n"
 
 
 @property_settings(500)
