@@ -110,7 +110,7 @@ CREATE TABLE public.timers (
     CONSTRAINT timers_check CHECK (((due_at IS NOT NULL) OR (state = 'Cancelled'::text))),
     CONSTRAINT timers_state_check CHECK ((state = ANY (ARRAY['Scheduled'::text, 'Paused'::text, 'Reached'::text, 'Cancelled'::text, 'Expired'::text])))
 )
-WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='5', fillfactor='50');
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02', fillfactor='50', autovacuum_vacuum_cost_delay='5');
 
 ALTER TABLE ONLY public.fleet_secret
     ADD CONSTRAINT fleet_secret_pkey PRIMARY KEY (only_row);
