@@ -131,7 +131,10 @@ class EmbeddedPostgres(ServerProcess):
         while True:
             self._spawn(self._argv(), user=user, death_signal=signal.SIGQUIT, env=self.env)
             if self._wait_ready(self._accepts, deadline):
+                self._started = True
                 return
+            if self._moved_from_a_taken_port():
+                continue
             if time.monotonic() > retry_until:
                 raise RuntimeError(f"postgres exited during start-up; {self._log_tail()}")
             time.sleep(POLL_S)
@@ -253,11 +256,19 @@ class EmbeddedNats(ServerProcess):
         if self.running:
             return
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(self._config())
+        deadline = time.monotonic() + START_TIMEOUT_S
         argv = [str(self.binary or _nats_server_bin()), "-c", str(self.config_path)]
-        self._spawn(argv, user=None, death_signal=signal.SIGKILL)
-        if not self._wait_ready(self._healthy, time.monotonic() + START_TIMEOUT_S):
-            raise RuntimeError(f"nats-server exited during start-up; {self._log_tail()}")
+        while True:
+            self.config_path.write_text(self._config())
+            self._spawn(argv, user=None, death_signal=signal.SIGKILL)
+            if self._wait_ready(self._healthy, deadline):
+                self._started = True
+                return
+            if not self._moved_from_a_taken_port():
+                raise RuntimeError(f"nats-server exited during start-up; {self._log_tail()}")
+
+    def _pick_ports(self) -> None:
+        self.port, self.monitor_port = free_port(), free_port()
 
     def stop(self) -> None:
         """SIGTERM (a clean shutdown), then wait."""

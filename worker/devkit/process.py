@@ -25,6 +25,7 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
 POLL_S = 0.05
 RESTART_RETRY_S = 5.0
+PORT_MOVES = 3  # new ports tried after a start found its picked one taken
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 _live: set[ServerProcess] = set()
@@ -81,6 +82,9 @@ class ServerProcess:
         self.port = port or free_port()
         self.log_path = self.base_dir / f"{self.name}.log"
         self._proc: subprocess.Popen[bytes] | None = None
+        self._ports_ours = port is None  # picked here, so they may move until the first start
+        self._started = False
+        self._moves = 0
 
     @property
     def running(self) -> bool:
@@ -185,6 +189,22 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.kill()
         self._forget()
+
+    def _moved_from_a_taken_port(self) -> bool:
+        """After a start that failed: True, on new ports, when the log says one was taken. free_port
+        only says a port was free a moment ago, and another process (a parallel test's server, an
+        outgoing connection) may bind it before the server does. Only ports picked here, and only
+        before the first start: from then on the URLs handed out must stay valid."""
+        if not self._ports_ours or self._started or self._moves >= PORT_MOVES:
+            return False
+        if "address already in use" not in self._log_tail(8).lower():  # postgres says it 4 lines up
+            return False
+        self._moves += 1
+        self._pick_ports()
+        return True
+
+    def _pick_ports(self) -> None:
+        self.port = free_port()
 
     def _forget(self) -> None:
         self._proc = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from tests.servers import delete_streams, fresh_database
 from worker.config import Settings
 from worker.devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from worker.devkit.polling import until
+from worker.devkit.process import free_port
 
 
 def scalar(url: str, query: LiteralString, *params: Any) -> Any:
@@ -54,6 +56,32 @@ async def test_nats_has_jetstream(nats_url: str) -> None:
     finally:
         await nc.close()
     assert info.limits is not None
+
+
+def _taken(port: int) -> socket.socket:
+    """A listening socket on 127.0.0.1:`port`: another process that bound it first."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+def test_a_server_whose_picked_port_was_taken_meanwhile_starts_on_another(tmp_path: Path) -> None:
+    """free_port only says a port was free a moment ago: a parallel test's server took one between
+    the pick and nats-server's bind, and the start failed. A port picked here moves; a given one
+    (or any after the first start, whose URL is out) fails, saying why."""
+    pg = EmbeddedPostgres(tmp_path / "pg")
+    ns = EmbeddedNats(tmp_path / "ns")
+    picked = (pg.port, ns.port)
+    with _taken(pg.port), _taken(ns.port), pg, ns:
+        assert (pg.port, ns.port) != picked and picked[0] != pg.port and picked[1] != ns.port
+        assert scalar(pg.url, "SELECT 1") == 1
+        assert "address already in use" in (tmp_path / "ns" / "nats.log").read_text().lower()
+    with _taken(ns.port), pytest.raises(RuntimeError, match="address already in use"):
+        ns.start()  # after its first start: the URL stays, so it does not move
+    given = EmbeddedNats(tmp_path / "given", port=free_port())
+    with _taken(given.port), pytest.raises(RuntimeError, match="address already in use"):
+        given.start()
 
 
 def test_postgres_recovers_committed_rows_after_kill(tmp_path: Path) -> None:
