@@ -131,7 +131,6 @@ class EmbeddedPostgres(ServerProcess):
         while True:
             self._spawn(self._argv(), user=user, death_signal=signal.SIGQUIT, env=self.env)
             if self._wait_ready(self._accepts, deadline):
-                self._started = True
                 return
             if self._moved_from_a_taken_port():
                 continue
@@ -262,7 +261,6 @@ class EmbeddedNats(ServerProcess):
             self.config_path.write_text(self._config())
             self._spawn(argv, user=None, death_signal=signal.SIGKILL)
             if self._wait_ready(self._healthy, deadline):
-                self._started = True
                 return
             if not self._moved_from_a_taken_port():
                 raise RuntimeError(f"nats-server exited during start-up; {self._log_tail()}")

@@ -176,6 +176,7 @@ class ServerProcess:
         if found == "exited":
             self._forget()
             return False
+        self._started = True
         return True
 
     def _signal_and_wait(self, sig: int) -> None:
