@@ -679,7 +679,8 @@ class Acks:
         seq = int(subject.split(".")[5])
         self.log.append((seq, payload))
         if self.shared is not None:
-            self.shared.append(("ack" if payload in (b"", b"+ACK") else "nak", (seq, payload)))
+            kind = "ack" if payload in (b"", b"+ACK") else "wip" if payload == b"+WPI" else "nak"
+            self.shared.append((kind, (seq, payload)))
 
     def of(self, seq: int) -> list[str]:
         return ["+ACK" if p in (b"", b"+ACK") else p.decode() for s, p in self.log if s == seq]

@@ -33,7 +33,7 @@ COMMANDS_RECEIVED = Counter("timer_commands_received_total", "Commands taken fro
 COMMANDS_APPLIED = Counter(
     "timer_commands_applied_total",
     "Valid commands by outcome: applied, ignored (no-op), deferred (occurrence claimed), busy (row held"
-    " by a batch not firing it), partial, superseded",
+    " by a batch not firing it), superseded, postponed (the bulk lane full)",
     ["kind", "outcome"],
 )
 BULK_TIMERS = Counter(
@@ -43,6 +43,10 @@ BULK_TIMERS = Counter(
 )
 for _kind in ("cancel", "pause", "resume"):  # a series at 0 from start-up: a rate from the first one
     BULK_TIMERS.labels(_kind, "applied")
+BULK_HELD = Gauge(
+    "timer_bulk_held",
+    "Commands on many timers (bulk actions, a tenant's pause or resume) the bulk lane holds",
+)
 COMMANDS_REJECTED = Counter("timer_commands_rejected_total", "Invalid commands sent to the DLQ", ["reason"])
 # An ack or nak NATS could not take (reconnecting): the command comes back after the ack wait.
 COMMAND_SETTLE_FAILED = Counter(

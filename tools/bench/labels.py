@@ -33,7 +33,7 @@ from worker.adapters.postgres.db import pool
 from worker.adapters.postgres.queries import QUERIES
 from worker.adapters.postgres.store import Store
 from worker.core import bulk
-from worker.core.bulk import BulkActions
+from worker.core.bulk import BulkActions, Progress
 from worker.core.domain import BulkAction, Position
 
 PROG = "python -m tools.bench.labels"
@@ -132,8 +132,8 @@ async def run(admin_url: str, nats_url: str, workdir: Path, rows: int, with_canc
 
 
 async def _bulk_cancel(rig: Rig, rows: int) -> dict[str, Any]:
-    """Every timer of the common pair cancelled through BulkActions.run, delivery after delivery,
-    as intake runs it; each chunk's time from its select to its applied cancels."""
+    """Every timer of the common pair cancelled through BulkActions.step, chunk after chunk, as
+    the bulk lane runs it; each chunk's time from its select to its applied cancels."""
     async with pool(rig.db_url, "bench-labels", 1, 2, idle_in_transaction_ms=60_000) as p:
         store = Store(p)
         actions = BulkActions(store)
@@ -148,10 +148,10 @@ async def _bulk_cancel(rig: Rig, rows: int) -> dict[str, Any]:
         where = Position(1, datetime.now(UTC))
         action = BulkAction("big", {"campaign": "bf"}, "cancel")
         started = time.perf_counter()
-        deliveries = 0
+        progress, steps = Progress(), 0
         while True:
-            deliveries += 1
-            done = await actions.run(action, where)
+            steps += 1
+            done = await actions.step(action, where, progress)
             if done.outcomes[0] != "partial":
                 break
         total = time.perf_counter() - started
@@ -160,7 +160,7 @@ async def _bulk_cancel(rig: Rig, rows: int) -> dict[str, Any]:
     cancelled = await rig.scalar(COUNT_SQL, "big", "Cancelled")
     return {
         "cancelled": cancelled,
-        "deliveries": deliveries,
+        "steps": steps,
         "total_s": total,
         "first_chunk_ms": chunks[0] * 1000,
         "last_chunk_ms": chunks[-2] * 1000 if len(chunks) > 1 else chunks[0] * 1000,
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if c is None:
         return 0
     print(
-        f"\nbulk cancel of {c['cancelled']:,} timers: {c['total_s']:.1f} s in {c['deliveries']} deliveries;"
+        f"\nbulk cancel of {c['cancelled']:,} timers: {c['total_s']:.1f} s in {c['steps']} chunks;"
         f" a chunk of {bulk.BULK_CHUNK}: first {c['first_chunk_ms']:.0f} ms,"
         f" median {c['median_chunk_ms']:.0f} ms, last {c['last_chunk_ms']:.0f} ms;"
         f" other tenants untouched: {result['others_untouched']}"

@@ -22,6 +22,8 @@ wakeup.py       when the firing loop should next look at the database
 clock.py        the replica's estimate of the database clock: never ahead, so never early
 intake.py       commands in: pulled, validated, committed in batches, only then acknowledged;
                 rejections to the DLQ
+lane.py         the bulk lane: commands on many timers run beside intake, a step at a time,
+                tenants in turn, held in progress, the moot ones acknowledged without work
 bulk.py         bulk actions: a cancel, pause or resume of every timer a label selector names,
                 a chunk at a time
 ordering.py     the rule that a timer's commands apply in stream order, on plain values

@@ -23,12 +23,13 @@ from worker.contract import (
     headers_size,
 )
 from worker.core import quota
-from worker.core.bulk import BulkActions
+from worker.core.bulk import BulkActions, Progress
 from worker.core.clock import Clock
 from worker.core.commands import Parsed, parse_command, parse_control
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Applied, BulkAction, Outcome, Position
 from worker.core.headers import carried_headers
+from worker.core.lane import BulkLane, Held, kind_of, later
 from worker.core.loop import Loop
 from worker.core.ports import FetchFailed, IntakeBroker, IntakeStore
 from worker.core.received import ReceivedCommand, answer, position
@@ -54,22 +55,24 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         self._carry = settings.carried_names
         self._received: Counter[tuple[str, ...]] = Counter()
         self._bulk = BulkActions(store)
+        self.lane = BulkLane(self._lane_step, self._lane_settle)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until stop: fetch a batch and handle it. A batch in hand is finished, never dropped."""
         sub = await self.broker.command_subscription()
+        lane = asyncio.create_task(self.lane.run(stop), name="bulk-lane")
         try:
             while not stop.is_set():
                 metrics.tick("intake")
+                if lane.done():
+                    lane.result()  # a fatal verdict ends intake with it
                 try:
                     msgs = await sub.fetch(self.s.intake_batch_size, timeout=FETCH_WAIT_S)
                 except TimeoutError:
                     continue
                 except FetchFailed as exc:
-                    # Reconnecting, or the consumer's stream has no leader for a moment (a NATS
-                    # node went down: 503 until the cluster elects another). Both pass; neither
-                    # ends intake. A deleted consumer or stream answers 503 too: the broker puts
-                    # that one back.
+                    # Reconnecting, or no stream leader for a moment: both pass. A deleted consumer
+                    # or stream answers 503 too: the broker puts that one back.
                     log.warning("fetch failed", extra={"action": "fetch_failed", "error": str(exc)})
                     self.broker.check_streams_soon()
                     await wait_any(1.0, stop)
@@ -88,8 +91,10 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                     )
                     await wait_any(1.0, stop)
         finally:
-            # Before the connection drains: commands delivered to this replica but never handed
-            # out go back to the consumer now (the broker NAKs them), not after the ack wait.
+            # Before the connection drains: the lane's commands, and those delivered to this
+            # replica but never handed out, go back to the consumer now, not after the ack wait.
+            self.lane.close()
+            await asyncio.gather(lane, return_exceptions=True)
             await sub.unsubscribe()
 
     async def handle(self, msgs: Sequence[ReceivedCommand]) -> None:
@@ -224,63 +229,77 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
 
     async def apply(self, batch: list[tuple[ReceivedCommand, Parsed]]) -> None:
         """Apply the batch: its ScheduleTimers, CancelTimers and one timer's pauses and resumes in
-        stream order (the first in one transaction between each of the others); then each tenant's
-        last pause or resume, one by one. A tenant's pause or resume moves rows of that tenant only,
-        and its final state is the same whichever side of the other commands it runs, so other
-        tenants' commands never wait behind it (a flood of them is one pass, and each delivery moves
-        at most pausing's share of rows). The earlier controls each one makes moot are acknowledged
-        as superseded (controls_superseded)."""
+        stream order (the first in one transaction between each of the others); commands on many
+        timers to the bulk lane (core/lane.py), each timer taking them at their place in the stream.
+        A timer's controls a later one in the batch makes moot are acknowledged as superseded."""
         placed = [(msg, command, position(msg)) for msg, command in batch]  # read once per message
-        winners, superseded = _coalesce(placed)
+        superseded = _superseded(placed)
         run: list[tuple[ReceivedCommand, Command, Position]] = []
         for i, (msg, command, where) in enumerate(placed):
-            if isinstance(command, BulkAction):
-                continue
-            if isinstance(command, PauseTimers):
-                if i in superseded or command.service_call_id is None:
+            if isinstance(command, BulkAction) or (
+                isinstance(command, PauseTimers) and command.service_call_id is None
+            ):
+                await self.lane.submit(msg, command, where)
+            elif isinstance(command, PauseTimers):
+                if i in superseded:
                     continue
                 if run:
                     await self._apply_commands(run)
                     run = []
-                await self._pause(msg, command, where)
+                await self._pause_one(msg, command, where)
             else:
                 run.append((msg, command, where))
         if run:
             await self._apply_commands(run)
-        # Then the tenants' pauses and resumes, and the bulk actions in stream order: each timer a bulk
-        # action names takes it at its place in the stream (core/bulk.py), whichever ran first.
-        for i in winners + [i for i, (_, c, _) in enumerate(placed) if isinstance(c, BulkAction)]:
-            msg, command, where = placed[i]
-            if isinstance(command, PauseTimers | BulkAction):
-                await self._pause(msg, command, where)
         for i in sorted(superseded):
             msg, command, _ = placed[i]
-            kind = "resume" if isinstance(command, PauseTimers) and command.resume else "pause"
-            metrics.COMMANDS_APPLIED.labels(kind, "superseded").inc()
+            metrics.COMMANDS_APPLIED.labels(kind_of(command), "superseded").inc()  # type: ignore[arg-type]
             await answer(msg)
 
-    async def _pause(self, msg: ReceivedCommand, command: PauseTimers | BulkAction, where: Position) -> None:
-        """A tenant's or one timer's pause or resume, or a delivery of a bulk action (it logs its own)."""
-        if isinstance(command, BulkAction):
-            kind: str = command.kind
-            step = functools.partial(self._bulk.run, command, where)
-        else:
-            kind = "resume" if command.resume else "pause"
-            step = functools.partial(self.store.pause, command, where)
+    async def _pause_one(self, msg: ReceivedCommand, command: PauseTimers, where: Position) -> None:
+        """One timer's pause or resume, retried like a batch; at `where`: never undoing a newer one."""
         try:
-            # Retried like a batch: every step of a pause or resume can run again.
-            # Its place in the stream (`where`): an older pause or resume never undoes a newer one.
-            done = await retry_transient(step, 5, first_s=0.1, max_s=2)
+            done = await retry_transient(
+                functools.partial(self.store.pause, command, where), 5, first_s=0.1, max_s=2
+            )
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
             await answer(msg, RETRY_DELAY_S)  # nothing acknowledged: it comes back
             return
+        await self._settle_control(msg, command, done)
+
+    async def _lane_step(self, held: Held) -> Applied:
+        """A chunk of a bulk action's timers or a tenant's rows; retried, every step can run again."""
+        command = held.command
+        if isinstance(command, BulkAction):
+            if not isinstance(held.progress, Progress):
+                held.progress = Progress()
+            step = functools.partial(self._bulk.step, command, held.where, held.progress)
+        else:
+            step = functools.partial(self.store.pause, command, held.where)
+        return await retry_transient(step, 5, first_s=0.1, max_s=2)
+
+    async def _lane_settle(self, held: Held, done: Applied | Exception) -> None:
+        if isinstance(done, Applied):
+            return await self._settle_control(held.msg, held.command, done)
+        if verdict(done) == "fatal":
+            raise done
+        error = f"{type(done).__name__}: {done}"
+        extra = {"action": "intake_failed", "error": error}
+        log.warning("intake batch failed", extra=extra, exc_info=verdict(done) == "alone")
+        await answer(held.msg, later(held.msg))  # nothing acknowledged: it comes back
+
+    async def _settle_control(
+        self, msg: ReceivedCommand, command: PauseTimers | BulkAction, done: Applied
+    ) -> None:
+        """Answer a pause, resume or bulk action by its outcome (a bulk action logs its own)."""
         outcome = done.outcomes[0]
         if outcome == "stuck":  # only rows stuck behind a claim left: give up, visibly, as a cancel
             log.warning("commands given up", extra={"action": "commands_stuck", "count": 1})
             await self.reject([(msg, Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id))])
             await self._hint(done.soonest_due)
             return
+        kind = kind_of(command)
         metrics.COMMANDS_APPLIED.labels(kind, outcome).inc()
         if isinstance(command, PauseTimers):
             log.info(
@@ -351,26 +370,15 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         await self.broker.hint(self.broker.subjects.wake, f"{soonest:.3f}".encode())
 
 
-def _coalesce(
-    batch: Sequence[tuple[ReceivedCommand, Parsed, Position]],
-) -> tuple[list[int], set[int]]:
-    """(the index of each tenant's last pause or resume of the whole tenant, by stream sequence: a
-    redelivered one may come after newer ones; the indexes of the controls that leaves moot: a
-    tenant's earlier ones, and a timer's pause or resume followed in the batch by another of the
-    same timer with no ScheduleTimer or CancelTimer of it between)."""
-    last: dict[str, int] = {}
+def _superseded(batch: Sequence[tuple[ReceivedCommand, Parsed, Position]]) -> set[int]:
+    """The indexes of the timers' pauses and resumes that the batch makes moot: each followed in it
+    by another of the same timer with no ScheduleTimer or CancelTimer of it between."""
     superseded: set[int] = set()
     timer_last: dict[tuple[str, str], int] = {}
-    for i, (_, command, where) in enumerate(batch):
+    for i, (_, command, _) in enumerate(batch):
         if isinstance(command, BulkAction):
-            continue  # run after the batch (Intake.apply); a timer's own controls keep their order
-        if isinstance(command, PauseTimers) and command.service_call_id is None:
-            before = last.get(command.tenant_id)
-            if before is None or batch[before][2].seq < where.seq:
-                last[command.tenant_id] = i
-            if before is not None:
-                superseded.add(before if last[command.tenant_id] == i else i)
-        elif isinstance(command, PauseTimers):
+            continue  # the lane's; a timer's own controls keep their order
+        if isinstance(command, PauseTimers):
             if command.service_call_id is not None:
                 key = (command.tenant_id, command.service_call_id)
                 if (earlier := timer_last.get(key)) is not None:
@@ -378,7 +386,7 @@ def _coalesce(
                 timer_last[key] = i
         else:
             timer_last.pop((command.tenant_id, command.service_call_id), None)
-    return sorted(last.values()), superseded
+    return superseded
 
 
 def _stuck_detail(s: Settings) -> str:

@@ -37,6 +37,8 @@ class Delivery(Protocol):
     def sequence(self) -> StreamSequence: ...
     @property
     def timestamp(self) -> datetime: ...
+    @property
+    def num_delivered(self) -> int | None: ...
 
 
 class Delivered(Protocol):
@@ -60,6 +62,9 @@ class ReceivedCommand(Delivered, Protocol):
 
     async def nak(self, delay: float | None = None) -> None:
         """Offer it again, after `delay` seconds (None: at once)."""
+
+    async def in_progress(self) -> None:
+        """Still being worked on: the consumer's ack wait starts again."""
 
 
 class Request(Protocol):

@@ -42,7 +42,10 @@ def setup(
 
 
 async def fetch_and_handle(broker: TwinBroker, intake: Intake) -> None:
+    """One batch through intake, then the bulk lane's steps until it holds nothing."""
     await intake.handle(await (await broker.command_subscription()).fetch(100, 1.0))
+    while await intake.lane.step():
+        pass
 
 
 async def test_commands_are_acknowledged_only_after_their_batch_is_committed() -> None:
