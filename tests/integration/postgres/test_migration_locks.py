@@ -4,6 +4,8 @@ A long transaction that has read `timers` (a pg_dump, a report) holds a lock an 
 needs; the ALTER waits in the lock queue, and every claim, mark and intake write that comes after
 it queues behind it. The runner therefore waits a short `lock_timeout` per attempt, rolls back
 and retries with back-off, so the queue is never held for longer than that.
+
+Replicas migrating an empty database together take turns on the migration lock without a deadlock.
 """
 
 from __future__ import annotations
@@ -11,20 +13,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.helpers import jetstream, query, recorder, running_replica, until
+from tests.helpers import database_encoded, jetstream, query, recorder, running_replica, until
 from worker.adapters.postgres import migrations
 from worker.config import Settings
 
 ROOT = Path(__file__).parents[3]
 NEXT_RELEASE = ROOT / "tests" / "fixtures" / "next_release"
 TENANT = "acme"
+MIGRATORS = 6  # replicas and `timer-service migrate` Jobs starting at once
 log = logging.getLogger(__name__)
 
 
@@ -148,3 +153,30 @@ def building_for(db_url: str, seconds: float) -> bool:
         seconds,
     )
     return bool(found[0][0])
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_migrators_starting_together_on_an_empty_database_apply_each_migration_once(
+    pg_server_url: str, caplog: pytest.LogCaptureFixture, round_: int
+) -> None:
+    """Replicas (and `timer-service migrate`) starting together on an empty database: one applies
+    every migration, the others wait for it and find nothing left; none fails, none logs a warning.
+    A migrator queued on the lock would hold a snapshot, which the holder's CREATE INDEX
+    CONCURRENTLY waits for: each would wait for the other."""
+    caplog.set_level(logging.WARNING, logger="worker")
+    with database_encoded(pg_server_url, "UTF8") as url:
+        start = threading.Barrier(MIGRATORS)
+
+        def migrator() -> list[int]:
+            start.wait(timeout=60)
+            return migrations.migrate(url)
+
+        with ThreadPoolExecutor(MIGRATORS) as pool:
+            runs = [pool.submit(migrator) for _ in range(MIGRATORS)]
+            failed = [repr(e) for run in runs if (e := run.exception(timeout=300))]
+        assert failed == []
+        applied = sorted(v for run in runs for v in run.result())
+        assert applied == [version for version, _, _ in migrations.available()]
+        assert migrations.status(url)[1] == []
+        assert query(url, "SELECT indexrelid::regclass::text FROM pg_index WHERE NOT indisvalid") == []
+    assert [r.getMessage() for r in caplog.records] == []

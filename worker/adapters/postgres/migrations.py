@@ -31,6 +31,7 @@ from tenacity import (
     RetryCallState,
     Retrying,
     retry_if_exception_type,
+    retry_if_result,
     stop_after_delay,
     wait_fixed,
     wait_random_exponential,
@@ -109,9 +110,8 @@ def migrate(
         if shipped and {version for version, _, _ in shipped} <= set(_applied(conn)):
             return []
         # A session lock: it outlives each migration's transaction, and a no-transaction one.
-        # Taken before any lock_timeout is set: a second replica migrating waits here for the
-        # first to finish, which holds up nobody else.
-        conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        # A second replica migrating waits here for the first to finish, which holds up nobody else.
+        _lock(conn)
         try:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS timer_schema_version ("
@@ -131,6 +131,19 @@ def migrate(
             return applied
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+
+
+def _lock(conn: psycopg.Connection[TupleRow]) -> None:
+    """The migration lock, tried until got rather than queued for: a session queued on it keeps
+    its statement's snapshot while it waits, and the holder's CREATE INDEX CONCURRENTLY waits for
+    every older snapshot to end, so each would wait for the other (deadlock detected)."""
+
+    def taken() -> bool:
+        return conn.execute("SELECT pg_try_advisory_lock(%s)", (_MIGRATION_LOCK,)).fetchone() == (True,)
+
+    Retrying(
+        retry=retry_if_result(lambda got: not got), wait=wait_random_exponential(multiplier=0.05, max=1)
+    )(taken)
 
 
 def _apply_retrying(
