@@ -9,7 +9,7 @@ from typing import Literal, NamedTuple
 
 # deferred: the key's occurrence is claimed, the command waits for it; stuck: it has been claimed
 # for longer than TIMER_STUCK_AFTER without being recorded, and the command is given up.
-# partial: a tenant's pause or resume did one delivery's share of its rows; offered again at once.
+# partial: a command on many timers did one step's share of them; the bulk lane steps it again.
 # busy: the timer's row is locked by a batch that holds no occurrence of it (a claim that rechecked
 # the row and left it out: sql/queries/intake.sql, lock_keys); offered again soon, not after a lease.
 BulkKind = Literal["cancel", "pause", "resume"]

@@ -16,10 +16,9 @@ from worker.core.domain import Applied, Key, Outcome, Position
 # Rows one statement of a tenant's pause or resume moves: each chunk is its own short transaction, so a
 # tenant of 100,000 timers never holds their locks (and the claims and commands behind them) at once.
 PAUSE_CHUNK = 5000
-# Rows one delivery of a tenant's pause or resume moves at most: the rest is left to its next
-# delivery ("partial", offered again at once), so the intake batch it shares with other tenants'
-# commands is never held up by a big tenant for longer than one chunk takes.
-PAUSE_ROWS_PER_DELIVERY = PAUSE_CHUNK
+# Rows one step of a tenant's pause or resume moves at most ("partial": the bulk lane steps it
+# again), so the other tenants' turns come after one chunk.
+PAUSE_ROWS_PER_STEP = PAUSE_CHUNK
 
 
 # Advisory locks one intake transaction holds at most (lock_tenants_shared): the pause fence's.
@@ -111,7 +110,7 @@ async def pause(
 
 
 async def _move_rows(conn: psycopg.AsyncConnection[Any], command: PauseTimers) -> tuple[list[Any], bool]:
-    """Move up to PAUSE_ROWS_PER_DELIVERY of the tenant's rows: (their dueAts on resume, whether
+    """Move up to PAUSE_ROWS_PER_STEP of the tenant's rows: (their dueAts on resume, whether
     more may be left)."""
     after, dues, moved = "", [], 0
     while True:
@@ -126,7 +125,7 @@ async def _move_rows(conn: psycopg.AsyncConnection[Any], command: PauseTimers) -
             dues += [r[1] for r in rows]
         if len(rows) < PAUSE_CHUNK:
             return dues, False
-        if moved >= PAUSE_ROWS_PER_DELIVERY:
+        if moved >= PAUSE_ROWS_PER_STEP:
             return dues, True
         after = max(r[0] for r in rows)  # RETURNING is in no order
 
