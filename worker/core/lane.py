@@ -83,12 +83,12 @@ class BulkLane:
         """Take a command without waiting for its work: held, acknowledged as moot, or, past the
         lane's bounds, offered again later."""
         queue = self._tenants.get(command.tenant_id, deque())
+        if (again := next((h for h in queue if h.where.seq == where.seq), None)) is not None:
+            again.msg = msg  # redelivered while held: answer the newest delivery
+            return
         key = _moot_key(command)
         same = next((h for h in queue if key and not h.moot and _moot_key(h.command) == key), None)
         if same is not None:
-            if same.where.seq == where.seq:  # redelivered while held: answer the newest delivery
-                same.msg = msg
-                return
             if same.where.seq > where.seq:  # an older one came back: the held one decides
                 await _superseded(msg, command)
                 return

@@ -146,3 +146,17 @@ async def test_a_held_command_is_signalled_in_progress_and_offered_again_at_once
 
 def test_a_held_command_is_signalled_well_inside_the_command_consumers_ack_wait() -> None:
     assert lane.PROGRESS_EVERY_S <= streams.ACK_WAIT_S / 3
+
+
+async def test_a_command_redelivered_while_held_is_held_once_and_answered_on_its_newest_delivery() -> None:
+    time, store, broker, intake = setup()
+    s = broker.subjects
+    cancel = broker.add(s.of("acme", "cancel"), {"tenantId": "acme", "labels": {"g": "1"}})
+    await intake.handle(await broker.fetch(1, 1.0))
+    again = broker.redeliver(cancel)
+    await intake.handle(await broker.fetch(1, 1.0))
+    assert len(intake.lane) == 1
+    while await intake.lane.step():
+        pass
+    assert broker.acks.of(again.metadata.sequence.stream) == ["+ACK"]
+    assert sum(1 for kind, _ in store.log if kind == "select_labelled") == 1
