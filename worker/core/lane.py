@@ -136,7 +136,6 @@ class BulkLane:
             done = exc
         finally:
             self._running = None
-        metrics.tick("bulk")
         if isinstance(done, Applied) and done.outcomes[0] == "partial" and not held.moot:
             self._tenants.move_to_end(tenant)  # the next tenant's turn
             return True
