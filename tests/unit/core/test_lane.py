@@ -57,7 +57,7 @@ async def test_a_flood_of_pauses_and_resumes_of_one_selector_runs_only_the_newes
 
 
 async def test_an_older_delivery_of_a_held_selector_is_acknowledged_without_work() -> None:
-    time, store, broker, intake = setup()
+    _time, _store, broker, intake = setup()
     s = broker.subjects
     old = broker.add(s.of("acme", "pause"), {"tenantId": "acme", "labels": {"g": "1"}})
     new = broker.add(s.of("acme", "resume"), {"tenantId": "acme", "labels": {"g": "1"}})
@@ -91,7 +91,7 @@ async def test_tenants_take_turns_a_chunk_each(monkeypatch: Any) -> None:
 
 
 async def test_past_a_tenants_share_a_command_comes_back_later_each_delivery() -> None:
-    time, store, broker, intake = setup()
+    _time, _store, broker, intake = setup()
     s = broker.subjects
     held = [
         broker.add(s.of("acme", "cancel"), {"tenantId": "acme", "labels": {"g": str(i)}})
@@ -101,11 +101,11 @@ async def test_past_a_tenants_share_a_command_comes_back_later_each_delivery() -
     other = broker.add(s.of("bob", "cancel"), {"tenantId": "bob", "labels": {"g": "1"}})
     await intake.handle(await broker.fetch(100, 1.0))
     assert len(intake.lane) == lane.HELD_PER_TENANT + 1  # bob's has its own share
-    assert broker.acks.of(over.metadata.sequence.stream) == ["-NAK {\"delay\": 1000000000}"]
+    assert broker.acks.of(over.metadata.sequence.stream) == ['-NAK {"delay": 1000000000}']
     again = over.reply.replace(".1.", ".3.", 1)  # its third delivery
     broker.queue.append(Msg(_client=broker.acks, subject=over.subject, reply=again, data=over.data))  # type: ignore[arg-type]
     await intake.handle(await broker.fetch(100, 1.0))
-    assert broker.acks.of(over.metadata.sequence.stream)[-1] == "-NAK {\"delay\": 4000000000}"
+    assert broker.acks.of(over.metadata.sequence.stream)[-1] == '-NAK {"delay": 4000000000}'
     while await intake.lane.step():
         pass
     for msg in [*held, other]:
@@ -149,7 +149,7 @@ def test_a_held_command_is_signalled_well_inside_the_command_consumers_ack_wait(
 
 
 async def test_a_command_redelivered_while_held_is_held_once_and_answered_on_its_newest_delivery() -> None:
-    time, store, broker, intake = setup()
+    _time, store, broker, intake = setup()
     s = broker.subjects
     cancel = broker.add(s.of("acme", "cancel"), {"tenantId": "acme", "labels": {"g": "1"}})
     await intake.handle(await broker.fetch(1, 1.0))
