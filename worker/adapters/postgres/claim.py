@@ -1,6 +1,7 @@
 """A claim (sql/queries/firing.sql, claim_due): its transaction, held from the claim to its record
 (Batch), its rows read by the names of their columns, and the parameters of the statements that end
-it (record_fired, retry_later) or record its firings again (record_fired_again)."""
+it (record_fired, retry_later), record its firings again (record_fired_again) or decide their
+expiry (decide_expiry)."""
 
 from __future__ import annotations
 
