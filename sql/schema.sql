@@ -45,6 +45,14 @@ CREATE TABLE public.tenant_pending (
 )
 WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_cost_delay='1');
 
+CREATE TABLE public.timer_expiry (
+    tenant_id text NOT NULL,
+    service_call_id text NOT NULL,
+    due_at timestamp with time zone NOT NULL,
+    expired boolean NOT NULL,
+    decided_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE SEQUENCE public.timer_lease_token
     START WITH 1
     INCREMENT BY 1
@@ -117,6 +125,9 @@ ALTER TABLE ONLY public.fleet_secret
 
 ALTER TABLE ONLY public.paused_tenants
     ADD CONSTRAINT paused_tenants_pkey PRIMARY KEY (tenant_id);
+
+ALTER TABLE ONLY public.timer_expiry
+    ADD CONSTRAINT timer_expiry_pkey PRIMARY KEY (tenant_id, service_call_id, due_at);
 
 ALTER TABLE ONLY public.timer_schema_version
     ADD CONSTRAINT timer_schema_version_pkey PRIMARY KEY (version);

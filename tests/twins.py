@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -119,6 +119,9 @@ class TwinStore:
         # paused_tenants: since when the tenant is paused (None: resumed), and the stream position
         # of the pause or resume that set it.
         self.paused_tenants: dict[str, tuple[float | None, Position | None]] = {}
+        # timer_expiry: each occurrence's expiry decision, by its key and dueAt; committed at once,
+        # so a batch rolled back (TwinBatch.roll_back) leaves it.
+        self.decisions: dict[tuple[str, str, datetime], bool] = {}
 
     def _dt(self) -> datetime:
         return datetime.fromtimestamp(self.now(), UTC)
@@ -547,6 +550,17 @@ class TwinStore:
             row.claimed_at = t.recurrence_ref if due_now else None
         self.log.append(("record_fired_again", list(fired)))
         return marked
+
+    async def decide_expiry(self, due: Sequence[Claimed], expired: Collection[Key]) -> set[Key]:
+        """decide_expiry: each occurrence's first decision stands; the keys of those that expire."""
+        stood: set[Key] = set()
+        for c in due:
+            key = (c.tenant_id, c.service_call_id)
+            nominal = c.due_at if c.nominal_due_at is None else c.nominal_due_at
+            if self.decisions.setdefault((*key, nominal), key in expired):
+                stood.add(key)
+        self.log.append(("decide_expiry", list(due)))
+        return stood
 
     def _retry_later(self, failed: Sequence[Failed]) -> int:
         released = 0

@@ -56,8 +56,8 @@ class Settings(BaseSettings):
 
     database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/postgres")
     # A replica holds a connection per batch in flight across its publish (PIPELINE_DEPTH
-    # batches and the fresh lane's, worker/core/firing.py), and intake, the read model and the
-    # gauges need theirs beside them: 4 at least.
+    # batches and the fresh lane's, worker/core/firing.py), and intake, the read model, the
+    # gauges and a batch's expiry decisions (one short statement) need theirs beside them: 4 at least.
     db_pool_size: int = Field(6, ge=4, le=100)
     # false: this replica never changes the schema (a separate `timer-service migrate`, with its own
     # role, does); it waits until every migration it ships is applied.

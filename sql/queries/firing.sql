@@ -84,6 +84,14 @@ FROM (SELECT min(due_at) AS next_due_at FROM timers
       WHERE state = 'Scheduled' AND due_at > now() + %(ahead_ms)s * interval '1 millisecond') n
 LEFT JOIN claimed c ON true;
 
+-- name: decide_expiry
+-- Record whether each occurrence expires, unless decided before (that decision stands); answer those that expire.
+INSERT INTO timer_expiry AS e (tenant_id, service_call_id, due_at, expired)
+SELECT * FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(due_at)b::timestamptz[],
+                     %(expired)b::bool[])
+ON CONFLICT (tenant_id, service_call_id, due_at) DO UPDATE SET expired = e.expired
+RETURNING e.tenant_id, e.service_call_id, e.expired;
+
 -- fragment: record_fired_set
 -- What recording a firing writes: the next occurrence (with a window: its planned instant in due_at,
 -- its dueAt in nominal_due_at), or Reached. f.recurrence_ref and f.attempts:

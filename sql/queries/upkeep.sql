@@ -12,6 +12,18 @@ WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM timers
                           FOR UPDATE SKIP LOCKED))
   AND t.state <> 'Scheduled' AND t.state <> 'Paused';
 
+-- name: delete_decided
+-- Retention: delete a batch of expiry decisions whose occurrence its timer no longer holds.
+DELETE FROM timer_expiry e
+WHERE e.ctid = ANY (ARRAY(SELECT d.ctid FROM timer_expiry d
+                          WHERE NOT EXISTS (
+                              SELECT 1 FROM timers t
+                              WHERE (t.tenant_id, t.service_call_id) = (d.tenant_id, d.service_call_id)
+                                AND (t.state = 'Scheduled' OR t.state = 'Paused')
+                                AND coalesce(t.nominal_due_at, t.due_at) = d.due_at)
+                          LIMIT %(limit)s
+                          FOR UPDATE SKIP LOCKED));
+
 -- name: stats_add
 -- Add a replica's counters to the current minute's row.
 INSERT INTO timer_stats AS s (minute, worker_id, fired, rejected, overdue, lateness_le, lateness)

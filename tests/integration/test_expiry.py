@@ -22,8 +22,10 @@ from tests.helpers import (
     until,
 )
 from tests.integration.ops.test_cli import run
+from worker.adapters.postgres.store import Store
 from worker.client import TimerClient
 from worker.config import Settings
+from worker.core.retention import Retention
 
 
 def _at(text: str) -> datetime:
@@ -113,3 +115,28 @@ async def test_an_expired_timer_is_final_like_a_reached_one(settings: Settings, 
         await until(lambda: consumer_idle(settings), what="the second command handled")
     r = row(db_url, "acme", "late")
     assert r is not None and r["state"] == "Expired" and r["anchor_due_at"] == _at(due)
+
+
+async def test_a_sweep_deletes_the_expiry_decisions_of_occurrences_no_timer_holds_any_more(
+    db_url: str, store: Store
+) -> None:
+    """Kept while the row still holds the occurrence pending (a re-claim may come), with a window
+    by its dueAt; gone once the row moved on, finished, or is no more."""
+    query(
+        db_url,
+        """INSERT INTO timers (tenant_id, service_call_id, state, due_at, nominal_due_at)
+           VALUES ('acme', 'held', 'Scheduled', '2030-01-01T00:00Z', NULL),
+                  ('acme', 'paused', 'Paused', '2030-01-01T00:00Z', NULL),
+                  ('acme', 'windowed', 'Scheduled', '2030-01-01T00:05Z', '2030-01-01T00:00Z'),
+                  ('acme', 'moved', 'Scheduled', '2030-01-01T01:00Z', NULL),
+                  ('acme', 'reached', 'Reached', '2030-01-01T00:00Z', NULL)""",
+    )
+    query(
+        db_url,
+        """INSERT INTO timer_expiry (tenant_id, service_call_id, due_at, expired)
+           SELECT 'acme', k, '2030-01-01T00:00Z', false
+           FROM unnest(ARRAY['held', 'paused', 'windowed', 'moved', 'reached', 'deleted']) AS k""",
+    )
+    assert await Retention(store, timedelta(days=7), batch=2).sweep() == 0  # no finished row is old
+    kept = query(db_url, "SELECT service_call_id FROM timer_expiry ORDER BY 1")
+    assert kept == [("held",), ("paused",), ("windowed",)]

@@ -650,3 +650,27 @@ async def test_a_label_selector_names_its_tenants_pending_timers_in_key_order_af
     resumed = await ports.pause_listed(dataclasses.replace(by_gold, kind="resume"), ["b", "d"], at_10)
     assert resumed.outcomes == ["applied", "applied"] and resumed.soonest_due == timers[1].due_at
     assert await state_of(ports, "b") == "Scheduled"
+
+
+async def test_an_occurrences_first_expiry_decision_stands_across_a_rolled_back_claim(
+    ports: Ports, db_url: str
+) -> None:
+    """The claim that decided is rolled back (its session gone): the next claim of that very
+    occurrence gets the first decision back, whatever it proposes; another occurrence of the
+    same timer is decided afresh."""
+    start = at(-1).replace(microsecond=0)
+    every = ScheduleTimer("acme", "tick", start, None, 1, Repeat("PT1H", None, None), expire_after="PT1S")
+    await ports.apply([dataclasses.replace(schedule("once", -1), expire_after="PT1S"), every])
+    batch = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
+    claimed = sorted(batch.result.claimed, key=lambda c: c.service_call_id)
+    assert await ports.decide_expiry(claimed, {("acme", "tick")}) == {("acme", "tick")}
+    await lose(ports, batch, db_url)
+    await batch.close()
+    again = await ports.claim(claim_params("b", 10, 0, lease_ms=10_000, ahead_ms=100))
+    reclaimed = again.result.claimed
+    assert sorted(c.service_call_id for c in reclaimed) == ["once", "tick"]
+    assert await ports.decide_expiry(reclaimed, {("acme", "once")}) == {("acme", "tick")}
+    await again.close()
+    (tick,) = [c for c in reclaimed if c.service_call_id == "tick"]
+    nxt = tick._replace(due_at=start + timedelta(hours=1), occurrence_index=1)
+    assert await ports.decide_expiry([nxt], set()) == set()

@@ -3,7 +3,10 @@ not published within it. Such an occurrence is not fired: its DLQ entry (an Expi
 reason `expired`) is published instead and, once acknowledged, recorded as the firing would be (a
 recurring timer goes on with its next occurrence; a one-shot ends Expired). Counted from the
 occurrence's planned instant: its dueAt, or with a firing window the instant planned in it, so a
-window never expires what it spreads.
+window never expires what it spreads. Decided once per occurrence, when a replica first comes to
+publish it, and committed before it publishes (FiringStore.decide_expiry): every later claim of
+that occurrence keeps the decision, so an event id is a DueTimeReached or an ExpiredOccurrence,
+never both.
 
 The other occurrences a claim may take and not fire: those a timer whose repeat.catchup is "none"
 missed (missed), skipped without a DLQ entry, recorded the same way."""
@@ -15,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from worker.contract import MAX_DETAIL_CHARS, MessageIds, Occurrence, Outgoing, Subjects, firing_id, iso
-from worker.core.domain import Claimed
+from worker.core.domain import Claimed, Key
 from worker.core.window import span_ms
 
 # At least a second (a claim's own pace), at most a week.
@@ -50,6 +53,17 @@ def expiring(due: list[Claimed], now: datetime) -> tuple[list[Claimed], list[Cla
             late = False
         (gone if late else keep).append(c)
     return keep, gone
+
+
+def honour(due: list[Claimed], gone: list[Claimed], expired: set[Key]) -> tuple[list[Claimed], list[Claimed]]:
+    """(to publish, expired) as decided: those of `due` and `gone` whose keys are in `expired`
+    expire, the others publish. An occurrence's first decision stands (FiringStore.decide_expiry):
+    one whose claim rolled back after its DueTimeReached was acknowledged is late now, but fires
+    again under the same id, deduplicated; it never expires as well."""
+    both = due + gone
+    return [c for c in both if (c.tenant_id, c.service_call_id) not in expired], [
+        c for c in both if (c.tenant_id, c.service_call_id) in expired
+    ]
 
 
 def missed(due: list[Claimed]) -> tuple[list[Claimed], list[Claimed]]:

@@ -10,12 +10,22 @@ adapter's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Protocol
 
 from worker.contract import Command, MessageIds, Outgoing, PauseTimers, Subjects
-from worker.core.domain import Applied, BulkAction, ClaimParams, ClaimResult, Failed, Fired, Key, Position
+from worker.core.domain import (
+    Applied,
+    BulkAction,
+    Claimed,
+    ClaimParams,
+    ClaimResult,
+    Failed,
+    Fired,
+    Key,
+    Position,
+)
 from worker.core.received import ReceivedCommand
 from worker.core.timers import StoredTimer
 
@@ -54,6 +64,13 @@ class FiringStore(Protocol):
         PubAck (its claim rolled back with it): each row still holding that very occurrence,
         unleased and unlocked, is recorded as record would have; one a command changed or another
         claim holds since is left alone. Returns how many were recorded."""
+        ...
+
+    async def decide_expiry(self, due: Sequence[Claimed], expired: Collection[Key]) -> set[Key]:
+        """Record, committed before any of them is published, whether each occurrence of `due`
+        (one per timer) expires (its key in `expired`) or fires; an occurrence decided before
+        (its claim rolled back after the publish) keeps that decision. The keys of those whose
+        decision is to expire."""
         ...
 
 
@@ -110,6 +127,11 @@ class FinishedTimers(Protocol):
     the quota's counts small."""
 
     async def delete_finished(self, retention: timedelta, limit: int) -> int: ...
+
+    async def delete_decided(self, limit: int) -> int:
+        """Delete up to `limit` expiry decisions (FiringStore.decide_expiry) whose occurrence its
+        timer no longer holds; how many went."""
+        ...
 
     async def compact_pending(self, limit: int) -> int:
         """Fold up to `limit` rows of the quota's per-tenant bounds into one per tenant; how many."""

@@ -18,11 +18,12 @@ from worker.contract import Outgoing, due_event, iso, wire_size
 from worker.core.clock import Clock
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Claimed, Failed, Fired, Unreadable
-from worker.core.expiry import expired_entry, expiring, late_ms, missed
+from worker.core.expiry import expired_entry, expiring, honour, late_ms, missed
 from worker.core.fireable import RETRY_BACKOFF_MS, Nexts, cannot_fire, fireable, next_budget
 from worker.core.loop import Loop
 from worker.core.ports import ClaimedBatch, EventPublisher, FiringStore
 from worker.core.wakeup import Wakeup
+from worker.errors import verdict
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +97,10 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
     ) -> None:
         # Not fired: missed ones a timer skips (catch-up "none"), and those too late (expireAfter).
         due, skipped = missed(due)
+        due, gone = await self._decided(*expiring(due, now), failed)
         # First attempts go in atomic batches; an occurrence claimed before may already be in
         # the stream, which would make its whole batch fail, so those go one by one (deduped).
-        due, gone = expiring(sorted(due, key=lambda c: c.attempts > 1), now)
+        due = sorted(due, key=lambda c: c.attempts > 1)
         reached, reached_ms = iso(now), round(now.timestamp() * 1000)
         subjects = self.broker.subjects
         ids = self.broker.ids
@@ -158,6 +160,32 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
                 "publish failed",
                 extra={"action": "publish_failed", "count": errors, "error": failed[-1][1]},
             )
+
+    async def _decided(
+        self, due: list[Claimed], gone: list[Claimed], failed: list[Failed]
+    ) -> tuple[list[Claimed], list[Claimed]]:
+        """(to publish, expired): the expiry of each occurrence with an expireAfter decided and
+        committed before any of them is published, or the decision an earlier claim of it made
+        kept (worker/core/expiry.py). Those whose decision could not be recorded are not published
+        at all: retried after a back-off, like a failed publish."""
+        if not gone and all(c.expire_after is None for c in due):  # nearly always
+            return due, gone
+        subject = [c for c in due if c.expire_after is not None] + gone
+        try:
+            expired = await self.store.decide_expiry(
+                subject, {(c.tenant_id, c.service_call_id) for c in gone}
+            )
+        except Exception as exc:  # one verdict for all (errors.verdict): only fatal ends the loop
+            if verdict(exc) == "fatal":
+                raise
+            error = f"expiry decision: {type(exc).__name__}: {exc}"
+            failed += [(c, error, RETRY_BACKOFF_MS) for c in subject]
+            metrics.PUBLISH_FAILED.inc(len(subject))
+            log.warning(
+                "publish failed", extra={"action": "publish_failed", "count": len(subject), "error": error}
+            )
+            return [c for c in due if c.expire_after is None], []
+        return honour(due, gone, expired)
 
     @staticmethod
     def _expired(

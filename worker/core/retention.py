@@ -46,6 +46,11 @@ class Retention:
             metrics.RETENTION_DELETED.inc(deleted)
             if deleted < self.batch:  # a short batch: nothing more is due (or the rest is locked)
                 break
+        # Expiry decisions (worker/core/expiry.py) outlive their occurrence until here.
+        while (stop is None or not stop.is_set()) and await self.store.delete_decided(
+            self.batch
+        ) == self.batch:
+            pass
         # The quota's bounds (migration 0014) gain a row per statement that makes timers of a
         # tenant pending, the quota on or off; intake folds the rows of the tenants it checks, and
         # this the rest, so the table stays about a row per tenant.

@@ -24,10 +24,12 @@ from worker.core.expiry import (
     expire_after_ms,
     expired_entry,
     expiring,
+    honour,
     missed,
 )
 from worker.core.firing import FiringLoop
 from worker.core.wakeup import Wakeup
+from worker.errors import TransientError
 from worker.settings import load_settings
 
 SECRET = b"a fleet secret of thirty-two b.."
@@ -185,3 +187,81 @@ async def test_after_downtime_catchup_none_skips_what_was_missed_and_one_fires_i
         assert r.state == "Scheduled" and r.due_at == due + timedelta(hours=3), key
     assert store.rows["acme", "none"].fired_count == 0
     assert (REGISTRY.get_sample_value("timer_catchup_skipped_total") or 0.0) - before == 1
+
+
+def test_the_decision_that_stands_says_which_occurrences_expire() -> None:
+    late, on_time, plain = (
+        occurrence("late", DUE, "PT1S"),
+        occurrence("on", DUE, "PT1S"),
+        occurrence("p", DUE, None),
+    )
+    # "late" was decided to fire by a claim rolled back after its PubAck; "on" expired before.
+    assert honour([on_time, plain], [late], {("acme", "on")}) == ([plain, late], [on_time])
+
+
+class Crash(Exception):
+    """The replica died here: its claim's transaction rolled back."""
+
+
+async def test_an_occurrence_published_before_a_crash_fires_again_and_never_expires(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PubAck came, the replica died before its commit, and the next claim comes once the
+    expireAfter has passed: the occurrence fires again under the same id (the stream drops it),
+    no ExpiredOccurrence of that id is sent, and each timer records one firing."""
+    time = FakeTime()
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    due = time.dt() - timedelta(milliseconds=500)
+    every = Repeat("PT1H", None, None)
+    await store.apply(
+        [
+            ScheduleTimer("acme", "once", due, None, None, None, expire_after="PT1S"),
+            ScheduleTimer("acme", "every", due, None, None, every, expire_after="PT1S"),
+        ]
+    )
+
+    def crash(point: str) -> None:
+        if point == "published":
+            for batch in list(store.open):
+                batch.roll_back()
+            raise Crash
+
+    clock = FakeClock(time)
+    monkeypatch.setattr("worker.core.publishing.crash_point", crash)
+    with pytest.raises(Crash):
+        await FiringLoop(settings, store, publisher, Wakeup(clock, LOOKAHEAD_MS / 1000), clock).tick()
+    assert [m.subject for m in publisher.stored.values()] == ["timer.acme.timer.due"] * 2
+    monkeypatch.undo()
+    time.t += 3  # the next claim, past the expiry
+    await FiringLoop(settings, store, publisher, Wakeup(clock, LOOKAHEAD_MS / 1000), clock).tick()
+    sent = [m for call in publisher.calls for m in call.messages]
+    assert {m.subject for m in sent} == {"timer.acme.timer.due"}, "an ExpiredOccurrence went out"
+    assert len(sent) == 4 and len(publisher.stored) == 2  # sent again, under the same ids
+    once, hourly = store.rows["acme", "once"], store.rows["acme", "every"]
+    assert (once.state, once.fired_count) == ("Reached", 1)
+    assert (hourly.state, hourly.fired_count, hourly.due_at) == ("Scheduled", 1, due + timedelta(hours=1))
+
+
+async def test_an_expiry_decision_that_cannot_be_recorded_publishes_nothing_of_it(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    time = FakeTime()
+    store, publisher = TwinStore(time), TwinPublisher(time)
+    due = time.dt() - timedelta(milliseconds=500)
+    await store.apply(
+        [
+            ScheduleTimer("acme", "expiring", due, None, None, None, expire_after="PT1S"),
+            ScheduleTimer("acme", "plain", due, None, None, None),
+        ]
+    )
+
+    async def gone(due: object, expired: object) -> set[tuple[str, str]]:
+        raise TransientError("postgres: connection lost")
+
+    monkeypatch.setattr(store, "decide_expiry", gone)
+    clock = FakeClock(time)
+    await FiringLoop(settings, store, publisher, Wakeup(clock, LOOKAHEAD_MS / 1000), clock).tick()
+    fired = [json.loads(m.payload)["payload"]["serviceCallId"] for m in publisher.stored.values()]
+    assert fired == ["plain"]
+    expiring_row = store.rows["acme", "expiring"]
+    assert expiring_row.state == "Scheduled" and "expiry decision" in (expiring_row.last_error or "")

@@ -1,6 +1,7 @@
 """A claim (sql/queries/firing.sql, claim_due): its transaction, held from the claim to its record
 (Batch), its rows read by the names of their columns, and the parameters of the statements that end
-it (record_fired, retry_later) or record its firings again (record_fired_again)."""
+it (record_fired, retry_later), record its firings again (record_fired_again) or decide their
+expiry (decide_expiry)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from worker.core.domain import (
     ClaimResult,
     Failed,
     Fired,
+    Key,
     Leased,
     Unreadable,
 )
@@ -219,6 +221,17 @@ def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
         "next_nominal": column([f.next_nominal for f in fired]),
         "fire_window": column([t.fire_window for t in timers]),
         "unfired": _unfired(fired),
+    }
+
+
+def decide_params(due: Sequence[Claimed], expired: Collection[Key]) -> dict[str, Any]:
+    """decide_expiry's: each occurrence by its event id's parts (its dueAt, not a window's planned
+    instant), and whether it expires."""
+    return {
+        "tenant_id": [c.tenant_id for c in due],
+        "service_call_id": [c.service_call_id for c in due],
+        "due_at": [c.due_at if c.nominal_due_at is None else c.nominal_due_at for c in due],
+        "expired": [(c.tenant_id, c.service_call_id) in expired for c in due],
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,14 +14,14 @@ from psycopg.rows import class_row, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters.postgres import bulk, claim, pausing
-from worker.adapters.postgres.claim import record_again_params
+from worker.adapters.postgres.claim import decide_params, record_again_params
 from worker.adapters.postgres.columns import schedule_columns
 from worker.adapters.postgres.pgerrors import classify
 from worker.adapters.postgres.pinger import Pinger
 from worker.adapters.postgres.queries import QUERIES
 from worker.adapters.postgres.writes import Writes
 from worker.contract import CancelTimer, Command, MessageIds, PauseTimers, ScheduleTimer
-from worker.core.domain import LOOKAHEAD_MS, Applied, BulkAction, ClaimParams, Fired, Key, Position
+from worker.core.domain import LOOKAHEAD_MS, Applied, BulkAction, Claimed, ClaimParams, Fired, Key, Position
 from worker.core.ordering import Held, Marker, StreamOrder
 from worker.core.ports import ClaimedBatch
 from worker.core.timers import StoredTimer
@@ -202,6 +202,14 @@ class Store:
         record_fired_again): one statement on another pooled connection, committed on its own."""
         return await self._execute_count("record_fired_again", record_again_params(fired))
 
+    async def decide_expiry(self, due: Sequence[Claimed], expired: Collection[Key]) -> set[Key]:
+        """Each occurrence's expiry decision, the first one made standing (sql/queries/firing.sql,
+        decide_expiry): one statement on another pooled connection, committed on its own."""
+        with self._db(write=True):
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(QUERIES["decide_expiry"], decide_params(due, expired))
+                return {(r[0], r[1]) for r in await cur.fetchall() if r[2]}
+
     async def _execute_count(self, name: str, params: dict[str, Any]) -> int:
         with self._db(write=True):
             async with self.pool.connection() as conn:
@@ -243,6 +251,10 @@ class Store:
     async def delete_finished(self, retention: timedelta, limit: int) -> int:
         """Delete up to `limit` Reached/Cancelled rows older than `retention`; how many went."""
         return await self._execute_count("delete_finished", {"retention": retention, "limit": limit})
+
+    async def delete_decided(self, limit: int) -> int:
+        """Delete up to `limit` expiry decisions whose occurrence is no longer pending; how many went."""
+        return await self._execute_count("delete_decided", {"limit": limit})
 
     async def pending_bounds(self, tenants: Sequence[str]) -> dict[str, int]:
         """For the quota: a number never below each tenant's pending timers (0 for a tenant with
