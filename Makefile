@@ -52,12 +52,14 @@ system-packages:
 	    -o Dpkg::Options::=--force-confold $$missing >/dev/null; \
 	fi
 
-# The fault-injection scenarios at ten times the size: 20,000 timers over 150 s each; and the
+# The fault-injection scenarios at ten times the size: 20,000 timers over 150 s each; the
 # property tests of the error boundary, of `data`'s bound and of the steps to fire any accepted
-# schedule with ten times the examples (400 rows, 400 commands, 600 hostile `data`, 1,500 schedules).
+# schedule with ten times the examples (400 rows, 400 commands, 600 hostile `data`, 1,500 schedules);
+# and the noisy-neighbour floods ten times as big (20,000 commands, 200,000 labelled timers).
 chaos-soak: $(STAMP) system-packages
 	TIMER_CHAOS_SCALE=10 $(BIN)/pytest tests/chaos tests/integration/test_fuzz.py \
-	  tests/integration/test_data_bound.py tests/unit/core/test_recurrence_bound.py
+	  tests/integration/test_data_bound.py tests/unit/core/test_recurrence_bound.py \
+	  tests/integration/test_noisy_neighbour.py
 
 # A release short of its pushes (RELEASING.md; .github/workflows/release.yml pushes on a tag): the
 # sdist and wheel built from a copy of the tree and checked (twine, what they hold), the chart linted

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from worker.contract import (
     COMMAND_TYPES,
@@ -33,12 +33,13 @@ from worker.contract import (
     Command,
     CommandKind,
     ControlKind,
+    Kind,
     PauseTimers,
     Rejection,
     ScheduleTimer,
     is_valid_tenant,
 )
-from worker.core.domain import BulkAction
+from worker.core.domain import BulkAction, BulkKind
 from worker.core.fields import (
     JsonObject,
     _correlation,
@@ -61,6 +62,53 @@ from worker.core.fields import (
 T = TypeVar("T")
 # A command as validated: a ScheduleTimer or CancelTimer, a pause or resume, or a bulk action.
 Parsed = Command | PauseTimers | BulkAction
+
+# Every form of what a tenant sends (docs/CONTRACT.md), `<kind>.<form>` on its kind's subject: the
+# forms forms_of tells apart, and the read model's get, which no command parses. What must hold of
+# every command is checked form by form (tests/integration/test_noisy_neighbour.py), so a new form
+# named here without a case there fails a test.
+Form = Literal[
+    "schedule.once", "schedule.cron", "schedule.every", "schedule.data", "schedule.labels",
+    "schedule.window", "schedule.expire_after",
+    "cancel.id", "cancel.labels",
+    "pause.id", "pause.labels", "pause.tenant",
+    "resume.id", "resume.labels", "resume.tenant",
+    "get",
+]  # fmt: skip
+FORMS: frozenset[Form] = frozenset(get_args(Form))
+_BULK_FORMS: dict[BulkKind, Form] = {
+    "cancel": "cancel.labels", "pause": "pause.labels", "resume": "resume.labels"
+}  # fmt: skip
+_CONTROL_FORMS: dict[tuple[bool, bool], Form] = {  # (resume, whole tenant)
+    (False, False): "pause.id", (False, True): "pause.tenant",
+    (True, False): "resume.id", (True, True): "resume.tenant",
+}  # fmt: skip
+
+
+def form_kind(form: Form) -> Kind:
+    """The kind of subject a form is sent on."""
+    kind: Kind = form.partition(".")[0]  # type: ignore[assignment]  # every Form starts with a Kind
+    return kind
+
+
+def forms_of(parsed: Parsed) -> frozenset[Form]:
+    """The forms a validated command takes: one for a cancel, pause or resume; for a ScheduleTimer its
+    timing (once, cron or every) and each option it carries."""
+    if isinstance(parsed, BulkAction):
+        return frozenset({_BULK_FORMS[parsed.kind]})
+    if isinstance(parsed, PauseTimers):
+        return frozenset({_CONTROL_FORMS[(parsed.resume, parsed.service_call_id is None)]})
+    if isinstance(parsed, CancelTimer):
+        return frozenset({"cancel.id"})
+    repeat = parsed.repeat
+    timing: Form = "schedule.once" if repeat is None else "schedule.cron" if repeat.cron else "schedule.every"
+    options: dict[Form, object] = {
+        "schedule.data": parsed.data,
+        "schedule.labels": parsed.labels,
+        "schedule.window": parsed.window,
+        "schedule.expire_after": parsed.expire_after,
+    }
+    return frozenset({timing, *(form for form, value in options.items() if value is not None)})
 
 
 def parse_command(
