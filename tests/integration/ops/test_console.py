@@ -333,6 +333,26 @@ def test_a_sources_guesses_are_checked_one_at_a_time(settings: Settings) -> None
         assert waits == [1.0]
 
 
+def test_behind_a_trusted_proxy_the_source_is_the_address_it_forwards(settings: Settings) -> None:
+    app = create_app(console_settings(settings, console_trusted_proxies="10.1.0.0/16"))
+    with (
+        TestClient(app, client=("10.1.2.3", 40000), follow_redirects=False) as proxy,
+        held_waits(app) as waits,
+    ):
+        wrong = {"token": "wrong-token-0000000"}
+        for _ in range(11):
+            proxy.post("/login", data=wrong, headers={"X-Forwarded-For": f"10.1.9.9, {STRANGER[0]}"})
+        assert waits == [1.0]
+        proxy.post("/login", data=wrong, headers={"X-Forwarded-For": f"{STRANGER[0]}, {HOLDER[0]}"})
+        assert waits == [1.0], "another client behind the proxy: a source of its own"
+        # From anyone else the header is the client's own word: its address is the source (the
+        # one already counted through the proxy, and ten more).
+        elsewhere = TestClient(app, client=HOLDER, follow_redirects=False)
+        for _ in range(10):
+            elsewhere.post("/login", data=wrong, headers={"X-Forwarded-For": STRANGER[0]})
+        assert waits == [1.0, 1.0]
+
+
 def until_sync(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
