@@ -91,8 +91,8 @@ async def timer_list(request: Request) -> JSONResponse:
         limit = _limit(request)
         args = (name, state, sort, p.get("after"), p.get("before"), limit, labels)
         page = await console_of(request).db(browse.tenant_page, *args)
-    except (ValueError, KeyError, IndexError, TypeError) as exc:  # a cursor not of this listing
-        return _error(str(exc) if isinstance(exc, ValueError) else "not a cursor of this listing")
+    except ValueError as exc:  # a filter, a limit or a cursor not of this listing
+        return _error(str(exc))
     return _json(
         {"timers": [reads.row_json(r) for r in page.rows], "next": page.next_cursor, "prev": page.prev_cursor}
     )

@@ -28,7 +28,16 @@ from worker.config import ConsoleSettings
 from worker.core.fields import label_problem
 from worker.core.timers import due_and_planned
 from worker.ops import dlq, reads
-from worker.ops.console.auth import Credentials, LoginThrottle, ProxyIdentity, Roles, Sessions, csrf_ok
+from worker.ops.console.auth import (
+    BEARER,
+    TOKEN_HOLDER,
+    Credentials,
+    GuessThrottle,
+    ProxyIdentity,
+    Roles,
+    Sessions,
+    csrf_ok,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -118,7 +127,7 @@ class Console:
         self.credentials = Credentials(settings)
         self.roles = Roles(settings)
         self.proxy = ProxyIdentity(settings, self.roles)
-        self.throttle = LoginThrottle()
+        self.throttle = GuessThrottle()
         self.nc: NATS | None = None
         self.queue: dlq.Dlq | None = None
         self.client: TimerClient | None = None
@@ -212,13 +221,13 @@ def may_act(request: Request) -> bool:
     """Actions are on and this is an operator's request. A bearer request is the token's holder."""
     c = console_of(request)
     session = getattr(request.state, "session", None)
-    operator = session.operator if session is not None else c.roles.operator("token")
+    operator = session.operator if session is not None else c.roles.operator(TOKEN_HOLDER)
     return c.s.console_actions and operator
 
 
 def who(request: Request) -> str:
     session = getattr(request.state, "session", None)
-    return session.user if session is not None else "bearer-token"
+    return session.user if session is not None else BEARER
 
 
 def audit(request: Request, what: str, tenant: str | None, id: str | None, **detail: Any) -> None:
