@@ -122,11 +122,15 @@ CASES = {
     "/": Case("GET", "/"),
     "/search": Case("POST", "/search", {"id": "sc-1"}),
     "/tenants": Case("GET", "/tenants"),
-    "/tenants/{tenant}": Case("GET", "/tenants/acme"),
-    "/timers/{tenant}/{sid:path}": Case("GET", "/timers/acme/sc-1"),
-    "/act/{what}/{tenant}/{sid:path}": Case("POST", "/act/pause/acme/sc-1", {"confirm": "yes"}, "pause"),
-    "/act-tenant/{what}/{tenant}": Case("POST", "/act-tenant/pause/acme", {"confirm": "yes"}, "tenant_pause"),
-    "/act-labelled/{what}/{tenant}": Case(
+    "/tenants/{tenant:tenant}": Case("GET", "/tenants/acme"),
+    "/timers/{tenant:tenant}/{sid:sid}": Case("GET", "/timers/acme/sc-1"),
+    "/act/{what}/{tenant:tenant}/{sid:sid}": Case(
+        "POST", "/act/pause/acme/sc-1", {"confirm": "yes"}, "pause"
+    ),
+    "/act-tenant/{what}/{tenant:tenant}": Case(
+        "POST", "/act-tenant/pause/acme", {"confirm": "yes"}, "tenant_pause"
+    ),
+    "/act-labelled/{what}/{tenant:tenant}": Case(
         "POST", "/act-labelled/cancel/acme", {"label": "team=red"}, "labelled_cancel"
     ),
     "/dlq": Case("GET", "/dlq"),
@@ -135,9 +139,9 @@ CASES = {
     "/dlq/{seq:int}/replay": Case("POST", "/dlq/{seq}/replay", {"body": FIXED}, "dlq_replay"),
     "/api/v1/overview": Case("GET", "/api/v1/overview"),
     "/api/v1/tenants": Case("GET", "/api/v1/tenants"),
-    "/api/v1/tenants/{tenant}": Case("GET", "/api/v1/tenants/acme"),
+    "/api/v1/tenants/{tenant:tenant}": Case("GET", "/api/v1/tenants/acme"),
     "/api/v1/timers": Case("GET", "/api/v1/timers?tenant=acme"),
-    "/api/v1/timers/{tenant}/{sid:path}": Case("GET", "/api/v1/timers/acme/sc-1"),
+    "/api/v1/timers/{tenant:tenant}/{sid:sid}": Case("GET", "/api/v1/timers/acme/sc-1"),
     "/api/v1/dlq": Case("GET", "/api/v1/dlq"),
     "/api/v1/dlq/{seq:int}": Case("GET", "/api/v1/dlq/1"),
 }
@@ -265,3 +269,26 @@ async def _act(console: Console, c: httpx.AsyncClient, form: Form, case: Case, d
         answer = await c.post(url, data={**data, "confirm": "yes", "once": once.group(1)})
     assert answer.status_code in (200, 303), answer.text[:300]
     assert console.audit.lines == [(form.identity, case.acts)]
+
+
+BAD_PARTS = {"tenant": ["a%00", "a.b", "x" * 65], "sid": ["x%00", "x%01y", "x" * 201]}
+
+
+@pytest.mark.parametrize("path", [p for p in CASES if "{tenant:" in p or "{sid:" in p])
+async def test_a_path_part_that_can_name_nothing_is_not_found_on_every_route(
+    console: Console, path: str
+) -> None:
+    """A NUL or a control character reaches no database: the route does not match it."""
+    case = CASES[path]
+    form = Form("token", "token", login={"token": TOKEN})
+    async with await _client(console, form) as c:
+        assert (await c.post("/login", data=form.login)).status_code == 303
+        data = {**case.data, "csrf": _csrf((await c.get("/dlq")).text)}
+        for part, bad in BAD_PARTS.items():
+            if "{" + part + ":" not in path:
+                continue
+            good = "acme" if part == "tenant" else "sc-1"
+            for value in bad:
+                url = case.url.replace(f"/{good}", f"/{value}", 1)
+                answer = await c.request(case.method, url, data=data)
+                assert answer.status_code == 404, (url, answer.status_code, answer.text[:200])

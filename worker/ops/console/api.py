@@ -132,9 +132,9 @@ async def dlq_entry(request: Request) -> JSONResponse:
 ROUTES = [
     Route("/api/v1/overview", overview),
     Route("/api/v1/tenants", tenant_list),
-    Route("/api/v1/tenants/{tenant}", tenant),
+    Route("/api/v1/tenants/{tenant:tenant}", tenant),
     Route("/api/v1/timers", timer_list),
-    Route("/api/v1/timers/{tenant}/{sid:path}", timer),
+    Route("/api/v1/timers/{tenant:tenant}/{sid:sid}", timer),
     Route("/api/v1/dlq", dlq_list),
     Route("/api/v1/dlq/{seq:int}", dlq_entry),
 ]

@@ -18,6 +18,7 @@ import jinja2
 from markupsafe import Markup
 from nats.aio.client import Client as NATS
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -25,6 +26,7 @@ from starlette.responses import HTMLResponse
 
 from worker.client import TimerClient
 from worker.config import ConsoleSettings
+from worker.contract import MAX_ID_CHARS, TENANT_RULE
 from worker.core.fields import label_problem
 from worker.core.timers import due_and_planned
 from worker.ops import dlq, reads
@@ -38,6 +40,29 @@ from worker.ops.console.auth import (
     Sessions,
     csrf_ok,
 )
+
+
+class _Part(Convertor[str]):
+    """A path part the routes take only when it can name something: any other answers 404, never
+    a database error (a NUL, say)."""
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+class _TenantPart(_Part):
+    regex = TENANT_RULE
+
+
+class _IdPart(_Part):  # the id rule (core/fields.py): no control character, at most MAX_ID_CHARS
+    regex = f"[^\\x00-\\x1f\\x7f-\\x9f]{{1,{MAX_ID_CHARS}}}"
+
+
+register_url_convertor("tenant", _TenantPart())
+register_url_convertor("sid", _IdPart())
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -112,6 +137,7 @@ _env = jinja2.Environment(
     autoescape=True,
     undefined=jinja2.StrictUndefined,
 )
+
 _env.filters["q"] = lambda value: urllib.parse.quote(str(value), safe="")
 _env.filters["t"] = fmt_time
 _env.filters["due"] = fmt_due
