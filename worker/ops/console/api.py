@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from worker.contract import TENANT_RE, TENANT_RULE
+from worker.core.fields import identifier_problem
 from worker.ops import browse, reads, tenants
 from worker.ops.cli_output import quoted
 from worker.ops.console.base import console_of, headers
@@ -101,6 +102,10 @@ async def timer_list(request: Request) -> JSONResponse:
 async def timer(request: Request) -> JSONResponse:
     """`describe --json`: every field of one timer and why it has (not) fired."""
     name, sid = request.path_params["tenant"], request.path_params["sid"]
+    if not TENANT_RE.match(name):
+        return _error(f"not a tenant id ({TENANT_RULE})")
+    if (problem := identifier_problem(sid, "serviceCallId")) is not None:
+        return _error(problem)
     view = await console_of(request).db(reads.describe, name, sid)
     if view is None:
         return _error("no such timer", 404)
@@ -132,9 +137,9 @@ async def dlq_entry(request: Request) -> JSONResponse:
 ROUTES = [
     Route("/api/v1/overview", overview),
     Route("/api/v1/tenants", tenant_list),
-    Route("/api/v1/tenants/{tenant:tenant}", tenant),
+    Route("/api/v1/tenants/{tenant}", tenant),
     Route("/api/v1/timers", timer_list),
-    Route("/api/v1/timers/{tenant:tenant}/{sid:sid}", timer),
+    Route("/api/v1/timers/{tenant}/{sid:path}", timer),
     Route("/api/v1/dlq", dlq_list),
     Route("/api/v1/dlq/{seq:int}", dlq_entry),
 ]
