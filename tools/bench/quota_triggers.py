@@ -20,8 +20,10 @@ import psycopg
 from tools.bench import scenarios
 from tools.bench.report import calibrate, describe, parser, servers
 from tools.bench.rig import BACKEND_PID_SQL, Context, Rig, StreamState, admin, tree_cpu_s
+from worker.adapters.postgres.claim import claim_due_params
 from worker.adapters.postgres.migrations import migrate
 from worker.adapters.postgres.queries import QUERIES
+from worker.core.domain import ClaimParams
 
 SEED = """
 INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at)
@@ -29,15 +31,10 @@ SELECT 't' || (i %% %(tenants)s), 'k-' || md5(i::text), 'Scheduled', d, d
 FROM generate_series(0, %(n)s - 1) AS i,
      LATERAL (SELECT now() - interval '1 hour' + i * interval '1 millisecond') AS x(d)
 """
-CLAIM = {
-    "owner": "ab",
-    "ahead_ms": 0,
-    "fresh_window_ms": 2000,
-    "oldest_limit": 900,
-    "fresh_limit": 100,
-    "lease_ms": 30_000,
-    "downtime_ms": 60_000,
-}
+# the claim a replica sends (claim_due_params: it follows the statement's parameters)
+CLAIM = claim_due_params(
+    ClaimParams("ab", 1000, 100, lease_ms=30_000, ahead_ms=0, fresh_window_ms=2000, downtime_ms=60_000)
+)
 
 
 def prepare(url: str, on: bool, old: str | None) -> None:
