@@ -301,6 +301,19 @@ class TwinStore:
         outcome: Outcome = "applied" if not left else "stuck" if len(stuck) == len(left) else "deferred"
         return Applied([outcome], min(dues, default=None))
 
+    async def pause_timers(
+        self, commands: Sequence[PauseTimers], positions: Sequence[Position] | None = None
+    ) -> Applied:
+        """Store.pause_timers (control_timers): each timer's own pause or resume, as _pause_one."""
+        self.log.append(("pause_timers", list(commands)))
+        keys = [(c.tenant_id, c.service_call_id) for c in commands if c.service_call_id is not None]
+        if len(set(keys)) < len(commands):
+            raise ValueError("pause_timers takes each timer once, by its serviceCallId")
+        where = positions if positions is not None else [None] * len(commands)
+        done = [self._pause_one(k, c.resume, p) for k, c, p in zip(keys, commands, where, strict=True)]
+        dues = [d.soonest_due for d in done if d.soonest_due is not None]
+        return Applied([d.outcomes[0] for d in done], min(dues, default=None))
+
     async def select_labelled(
         self, action: BulkAction, position: Position | None, after: str, limit: int
     ) -> list[str]:
@@ -343,7 +356,7 @@ class TwinStore:
         if self._in_flight(key):  # a claim's batch holds it: the pause or resume waits for its mark
             return Applied(["deferred" if row.state == "Scheduled" else "ignored"], None)
         last = row.control
-        # Older than its last pause or resume: changes nothing (pause_timer, resume_timer).
+        # Older than its last pause or resume: changes nothing (control_timers).
         if (
             position is not None
             and last is not None

@@ -1,4 +1,4 @@
--- Pause and resume of a tenant or one timer (adapters/postgres/pausing.py).
+-- Pause and resume of a tenant or of timers by key (adapters/postgres/pausing.py).
 -- The why of each statement: docs/SQL.md.
 
 -- name: lock_tenant
@@ -65,80 +65,46 @@ SELECT count(*) AS n, 0 AS claimed, 0 AS stuck FROM timers
 WHERE tenant_id = %(tenant_id)s AND state = 'Paused' AND paused_at IS NULL
   AND NOT EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = %(tenant_id)s AND p.paused_at IS NOT NULL);
 
--- name: pause_timer
--- Pause timers of one tenant by key (and selector), each in stream order among its pauses and resumes.
-WITH s AS MATERIALIZED (
-    SELECT service_call_id FROM timers
-    WHERE tenant_id = %(tenant_id)s AND service_call_id = ANY (%(service_call_ids)s::text[])
-      AND {{carries_selector}}
-    ORDER BY service_call_id
-    FOR KEY SHARE
+-- name: control_timers
+-- Pause or resume timers by key (and selector), any tenants', each in stream order among its pauses and resumes.
+WITH w AS MATERIALIZED (
+    SELECT * FROM unnest(%(tenant_id)b::text[], %(service_call_id)b::text[], %(resume)b::boolean[],
+                         %(control_seq)b::bigint[], %(control_stored_at)b::timestamptz[])
+        AS w(tenant_id, service_call_id, resume, control_seq, control_stored_at)
+), s AS MATERIALIZED (
+    SELECT t.tenant_id, t.service_call_id
+    FROM (SELECT DISTINCT tenant_id, service_call_id FROM w) AS key JOIN timers t USING (tenant_id, service_call_id)
+    WHERE {{carries_selector}}
+    ORDER BY t.tenant_id, t.service_call_id
+    FOR KEY SHARE OF t
 ), k AS MATERIALIZED (
-    SELECT service_call_id FROM timers
-    WHERE tenant_id = %(tenant_id)s AND service_call_id IN (SELECT service_call_id FROM s)
-    ORDER BY service_call_id
-    FOR UPDATE SKIP LOCKED
-), u AS (
-    UPDATE timers t SET
-        state = CASE WHEN t.state IN ('Scheduled', 'Paused') AND t.lease_expires_at IS NULL THEN 'Paused'
-                     ELSE t.state END,
-        paused_at = CASE WHEN t.state IN ('Scheduled', 'Paused') THEN coalesce(t.paused_at, now())
-                         ELSE t.paused_at END,
-        claimed_at = CASE WHEN t.state IN ('Scheduled', 'Paused') AND t.lease_expires_at IS NULL THEN NULL
-                          ELSE t.claimed_at END,
-        updated_at = CASE WHEN t.state IN ('Scheduled', 'Paused') AND t.lease_expires_at IS NULL THEN now()
-                          ELSE t.updated_at END,
-{{control_order_set}}
-    FROM k
-    WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = k.service_call_id  -- only rows held: never waits
-      AND (t.state IN ('Scheduled', 'Paused') OR %(control_seq)s::bigint IS NOT NULL)  -- else nothing to write
-      AND {{control_in_order}}
-    RETURNING t.service_call_id, t.state IN ('Scheduled', 'Paused') AS applied, NULL::timestamptz AS due_at
-)
-SELECT s.service_call_id, coalesce(u.applied, false) AS applied, u.due_at, k.service_call_id IS NULL AS claimed
-FROM s LEFT JOIN k USING (service_call_id) LEFT JOIN u USING (service_call_id);
-
--- name: resume_timer
--- End timers' own pauses, of one tenant by key (and selector), each in stream order among its pauses and resumes.
-WITH s AS MATERIALIZED (
-    SELECT service_call_id FROM timers
-    WHERE tenant_id = %(tenant_id)s AND service_call_id = ANY (%(service_call_ids)s::text[])
-      AND {{carries_selector}}
-    ORDER BY service_call_id
-    FOR KEY SHARE
-), k AS MATERIALIZED (
-    SELECT service_call_id, paused_at IS NOT NULL AND state IN ('Scheduled', 'Paused') AS live FROM timers
-    WHERE tenant_id = %(tenant_id)s AND service_call_id IN (SELECT service_call_id FROM s)
-    ORDER BY service_call_id
-    FOR UPDATE SKIP LOCKED
+    SELECT t.tenant_id, t.service_call_id,
+           t.state IN ('Scheduled', 'Paused') AND (NOT w.resume OR t.paused_at IS NOT NULL) AS live
+    FROM s JOIN timers t USING (tenant_id, service_call_id) JOIN w USING (tenant_id, service_call_id)
+    ORDER BY t.tenant_id, t.service_call_id
+    FOR UPDATE OF t SKIP LOCKED
 ), u AS (
     UPDATE timers t SET
         state = CASE WHEN NOT k.live OR t.lease_expires_at IS NOT NULL THEN t.state
-                     WHEN EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = t.tenant_id AND p.paused_at IS NOT NULL)
+                     WHEN NOT w.resume OR EXISTS (SELECT FROM paused_tenants p WHERE p.tenant_id = t.tenant_id AND p.paused_at IS NOT NULL)
                      THEN 'Paused' ELSE 'Scheduled' END,
-        paused_at = CASE WHEN k.live THEN NULL ELSE t.paused_at END,
+        paused_at = CASE WHEN NOT k.live THEN t.paused_at WHEN NOT w.resume THEN coalesce(t.paused_at, now()) END,
         claimed_at = CASE WHEN NOT k.live OR t.lease_expires_at IS NOT NULL THEN t.claimed_at END,
-        updated_at = CASE WHEN k.live THEN now() ELSE t.updated_at END,
-{{control_order_set}}
-    FROM k
-    WHERE t.tenant_id = %(tenant_id)s AND t.service_call_id = k.service_call_id
-      AND (k.live OR %(control_seq)s::bigint IS NOT NULL)  -- else nothing to write
-      AND {{control_in_order}}
-    RETURNING t.service_call_id, k.live AS applied, CASE WHEN k.live AND t.state = 'Scheduled' THEN t.due_at END AS due_at
+        updated_at = CASE WHEN k.live AND (w.resume OR t.lease_expires_at IS NULL) THEN now() ELSE t.updated_at END,
+        control_seq = coalesce(w.control_seq, t.control_seq),
+        control_stored_at = coalesce(w.control_stored_at, t.control_stored_at)
+    FROM k JOIN w USING (tenant_id, service_call_id)
+    WHERE t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id  -- only rows held: never waits
+      AND (k.live OR w.control_seq IS NOT NULL)  -- else nothing to write
+      AND (w.control_seq IS NULL OR t.control_seq IS NULL OR t.control_stored_at IS NULL
+           OR w.control_seq >= t.control_seq OR w.control_stored_at > t.control_stored_at)
+    RETURNING t.tenant_id, t.service_call_id, k.live AS applied,
+              CASE WHEN k.live AND w.resume AND t.state = 'Scheduled' THEN t.due_at END AS due_at
 )
-SELECT s.service_call_id, coalesce(u.applied, false) AS applied, u.due_at, k.service_call_id IS NULL AS claimed
-FROM s LEFT JOIN k USING (service_call_id) LEFT JOIN u USING (service_call_id);
+SELECT s.tenant_id, s.service_call_id, coalesce(u.applied, false) AS applied, u.due_at,
+       k.service_call_id IS NULL AS claimed
+FROM s LEFT JOIN k USING (tenant_id, service_call_id) LEFT JOIN u USING (tenant_id, service_call_id);
 
 -- fragment: carries_selector
 -- The row carries every pair of a selector (terms: timer_label_terms of it), or no selector was given.
 (%(terms)s::text[] IS NULL OR (labels IS NOT NULL AND timer_label_terms(tenant_id, labels) @> %(terms)s::text[]))
-
--- fragment: control_order_set
--- What a pause or resume leaves of its order: its stream position, when it has one.
-        control_seq = coalesce(%(control_seq)s::bigint, t.control_seq),
-        control_stored_at = coalesce(%(control_stored_at)s::timestamptz, t.control_stored_at)
-
--- fragment: control_in_order
--- A pause or resume may change the timer: not earlier in the stream than its last pause or resume.
-(%(control_seq)s::bigint IS NULL OR t.control_seq IS NULL OR t.control_stored_at IS NULL
-           OR %(control_seq)s::bigint >= t.control_seq OR %(control_stored_at)s::timestamptz > t.control_stored_at)

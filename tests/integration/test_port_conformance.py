@@ -362,14 +362,14 @@ T0 = datetime.now(UTC)
 PAUSED, RESUMED = Position(1, T0), Position(2, T0)
 
 
-async def state_of(ports: Ports, key: str) -> str:
+async def state_of(ports: Ports, key: str, tenant: str = "acme") -> str:
     """The stored state (Paused is one of them, shown as Scheduled with paused by the read model)."""
     if isinstance(ports, TwinStore):
-        return ports.rows["acme", key].state
+        return ports.rows[tenant, key].state
     assert isinstance(ports, Store)
     async with ports.pool.connection() as conn:
         cur = await conn.execute(
-            "SELECT state FROM timers WHERE tenant_id = 'acme' AND service_call_id = %s", [key]
+            "SELECT state FROM timers WHERE tenant_id = %s AND service_call_id = %s", [tenant, key]
         )
         found = await cur.fetchone()
     assert found is not None
@@ -544,6 +544,46 @@ async def test_a_timers_pauses_and_resumes_apply_in_stream_order_whatever_order_
     assert (await ports.apply([dataclasses.replace(moved)], [at_seq(19)])).outcomes == ["applied"]
     assert (await ports.pause(pause(key="rec"), at_seq(17))).outcomes == ["ignored"]
     assert await state_of(ports, "rec") == "Scheduled"
+
+
+async def test_a_run_of_timers_pauses_and_resumes_of_many_tenants_applies_each_as_alone(ports: Ports) -> None:
+    """Store.pause_timers: each command's outcome, in order, as Store.pause would give it alone:
+    pauses and resumes mixed, any tenants', one older than its timer's last, one a claim holds."""
+    start = at(-1).replace(microsecond=0)
+    later = at(60).replace(microsecond=0)
+    every = Repeat("PT1H", None, None)
+
+    def timer(tenant: str, key: str, due: datetime) -> ScheduleTimer:
+        return ScheduleTimer(tenant, key, due, None, None, every)
+
+    await ports.apply([timer("acme", "held", start)])
+    batch = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
+    assert [c.service_call_id for c in batch.result.claimed] == ["held"]
+    await ports.apply([timer(t, k, later) for t in ("acme", "beta") for k in ("p", "r", "old")])
+    earlier = [PauseTimers(t, k, False) for t in ("acme", "beta") for k in ("r", "old")]
+    assert (await ports.pause_timers(earlier, [at_seq(10 + i) for i in range(4)])).outcomes == ["applied"] * 4
+    assert await state_of(ports, "r") == "Paused"
+    run = [
+        PauseTimers("acme", "p", False),
+        PauseTimers("beta", "r", True),
+        PauseTimers("acme", "r", True),
+        PauseTimers("beta", "old", True),  # older than its pause (seq 13): changes nothing
+        PauseTimers("acme", "held", False),  # a claim's batch in flight holds it: waits
+        PauseTimers("beta", "p", False),
+        PauseTimers("acme", "nobody", True),
+    ]
+    seqs = [20, 21, 22, 5, 23, 24, 25]
+    done = await ports.pause_timers(run, [at_seq(n) for n in seqs])
+    assert done.outcomes == ["applied", "applied", "applied", "ignored", "deferred", "applied", "ignored"]
+    assert done.soonest_due == later
+    states = [await state_of(ports, k, t) for t in ("acme", "beta") for k in ("p", "r", "old")]
+    assert states == ["Paused", "Scheduled", "Paused"] * 2
+    assert await state_of(ports, "held") == "Scheduled"
+    # As one at a time: the same run again (its redelivery) changes nothing more.
+    again = await ports.pause_timers(run, [at_seq(n) for n in seqs])
+    assert again.outcomes == ["applied", "ignored", "ignored", "ignored", "deferred", "applied", "ignored"]
+    assert again.soonest_due is None
+    await batch.close()
 
 
 async def lose(ports: Ports, batch: ClaimedBatch, db_url: str) -> None:

@@ -26,7 +26,8 @@ lane.py         the bulk lane: commands on many timers run beside intake, a step
                 tenants in turn, held in progress, the moot ones acknowledged without work
 bulk.py         bulk actions: a cancel, pause or resume of every timer a label selector names,
                 a chunk at a time
-ordering.py     the rule that a timer's commands apply in stream order, on plain values
+ordering.py     the rule that a timer's commands apply in stream order, on plain values, and
+                which of its pauses and resumes a batch makes moot
 commands.py     the validation boundary: bytes in, a typed command or a Rejection out
 fields.py       the field checks of that boundary: ids, timestampMs, dueAt, repeat, `data`, labels
 headers.py      the headers a timer carries from its ScheduleTimer to its events

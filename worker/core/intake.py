@@ -31,6 +31,7 @@ from worker.core.domain import Applied, BulkAction, Outcome, Position
 from worker.core.headers import carried_headers
 from worker.core.lane import BulkLane, Held, kind_of, later
 from worker.core.loop import Loop
+from worker.core.ordering import superseded_controls
 from worker.core.ports import FetchFailed, IntakeBroker, IntakeStore
 from worker.core.received import ReceivedCommand, answer, position
 from worker.core.waiting import Slices, retry_transient, wait_any
@@ -228,45 +229,54 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         return data[: max(0, limit - header_bytes)]
 
     async def apply(self, batch: list[tuple[ReceivedCommand, Parsed]]) -> None:
-        """Apply the batch: its ScheduleTimers, CancelTimers and one timer's pauses and resumes in
-        stream order (the first in one transaction between each of the others); commands on many
-        timers to the bulk lane (core/lane.py), each timer taking them at their place in the stream.
-        A timer's controls a later one in the batch makes moot are acknowledged as superseded."""
+        """Apply the batch in stream order: each run of ScheduleTimers and CancelTimers in one
+        transaction, each run of one timer's pauses and resumes between them in one store call;
+        commands on many timers to the bulk lane (core/lane.py), each timer taking them at their
+        place in the stream. A timer's controls a later one in the batch makes moot are acknowledged
+        as superseded, so a run of controls names each timer once."""
         placed = [(msg, command, position(msg)) for msg, command in batch]  # read once per message
-        superseded = _superseded(placed)
+        superseded = superseded_controls([c for _, c, _ in placed])
         run: list[tuple[ReceivedCommand, Command, Position]] = []
+        controls: list[tuple[ReceivedCommand, PauseTimers, Position]] = []
         for i, (msg, command, where) in enumerate(placed):
             if isinstance(command, BulkAction) or (
                 isinstance(command, PauseTimers) and command.service_call_id is None
             ):
                 await self.lane.submit(msg, command, where)
             elif isinstance(command, PauseTimers):
-                if i in superseded:
-                    continue
-                if run:
+                if i not in superseded:
                     await self._apply_commands(run)
-                    run = []
-                await self._pause_one(msg, command, where)
+                    run.clear()
+                    controls.append((msg, command, where))
             else:
+                await self._apply_controls(controls)
+                controls.clear()
                 run.append((msg, command, where))
-        if run:
-            await self._apply_commands(run)
+        await self._apply_commands(run)
+        await self._apply_controls(controls)
         for i in sorted(superseded):
             msg, command, _ = placed[i]
             metrics.COMMANDS_APPLIED.labels(kind_of(command), "superseded").inc()  # type: ignore[arg-type]
             await answer(msg)
 
-    async def _pause_one(self, msg: ReceivedCommand, command: PauseTimers, where: Position) -> None:
-        """One timer's pause or resume, retried like a batch; at `where`: never undoing a newer one."""
+    async def _apply_controls(self, batch: list[tuple[ReceivedCommand, PauseTimers, Position]]) -> None:
+        """A run of timers' own pauses and resumes in one store call, retried like a batch; each at
+        its place in the stream, never undoing a newer one."""
+        if not batch:
+            return
+        commands, positions = [c for _, c, _ in batch], [p for _, _, p in batch]
         try:
             done = await retry_transient(
-                functools.partial(self.store.pause, command, where), 5, first_s=0.1, max_s=2
+                functools.partial(self.store.pause_timers, commands, positions), 5, first_s=0.1, max_s=2
             )
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
-            await answer(msg, RETRY_DELAY_S)  # nothing acknowledged: it comes back
+            for msg, _, _ in batch:  # nothing committed, nothing acknowledged: they come back
+                await answer(msg, RETRY_DELAY_S)
             return
-        await self._settle_control(msg, command, done)
+        for (msg, command, _), outcome in zip(batch, done.outcomes, strict=True):
+            await self._settle_control(msg, command, outcome)
+        await self._hint(done.soonest_due)
 
     async def _lane_step(self, held: Held) -> Applied:
         """A chunk of a bulk action's timers or a tenant's rows; retried, every step can run again."""
@@ -281,7 +291,8 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
 
     async def _lane_settle(self, held: Held, done: Applied | Exception) -> None:
         if isinstance(done, Applied):
-            return await self._settle_control(held.msg, held.command, done)
+            await self._settle_control(held.msg, held.command, done.outcomes[0])
+            return await self._hint(done.soonest_due)
         if verdict(done) == "fatal":
             raise done
         error = f"{type(done).__name__}: {done}"
@@ -290,15 +301,13 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         await answer(held.msg, later(held.msg))  # nothing acknowledged: it comes back
 
     async def _settle_control(
-        self, msg: ReceivedCommand, command: PauseTimers | BulkAction, done: Applied
+        self, msg: ReceivedCommand, command: PauseTimers | BulkAction, outcome: Outcome
     ) -> None:
         """Answer a pause, resume or bulk action by its outcome (a bulk action logs its own)."""
-        outcome = done.outcomes[0]
         if outcome == "stuck":  # only rows stuck behind a claim left: give up, visibly, as a cancel
             log.warning("commands given up", extra={"action": "commands_stuck", "count": 1})
-            await self.reject([(msg, Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id))])
-            await self._hint(done.soonest_due)
-            return
+            why = Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id)
+            return await self.reject([(msg, why)])
         kind = kind_of(command)
         metrics.COMMANDS_APPLIED.labels(kind, outcome).inc()
         if isinstance(command, PauseTimers):
@@ -312,9 +321,10 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 },
             )
         await answer(msg, self._retry_in(outcome))
-        await self._hint(done.soonest_due)
 
     async def _apply_commands(self, batch: list[tuple[ReceivedCommand, Command, Position]]) -> None:
+        if not batch:
+            return
         started = time.perf_counter()
         try:
             # Their places in the stream keep each timer's commands in stream order (Store.apply).
@@ -368,25 +378,6 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             return  # the regular poll will see it in time
         self.wakeup.hint(soonest)
         await self.broker.hint(self.broker.subjects.wake, f"{soonest:.3f}".encode())
-
-
-def _superseded(batch: Sequence[tuple[ReceivedCommand, Parsed, Position]]) -> set[int]:
-    """The indexes of the timers' pauses and resumes that the batch makes moot: each followed in it
-    by another of the same timer with no ScheduleTimer or CancelTimer of it between."""
-    superseded: set[int] = set()
-    timer_last: dict[tuple[str, str], int] = {}
-    for i, (_, command, _) in enumerate(batch):
-        if isinstance(command, BulkAction):
-            continue  # the lane's; a timer's own controls keep their order
-        if isinstance(command, PauseTimers):
-            if command.service_call_id is not None:
-                key = (command.tenant_id, command.service_call_id)
-                if (earlier := timer_last.get(key)) is not None:
-                    superseded.add(earlier)
-                timer_last[key] = i
-        else:
-            timer_last.pop((command.tenant_id, command.service_call_id), None)
-    return superseded
 
 
 def _stuck_detail(s: Settings) -> str:

@@ -16,6 +16,9 @@ of the commands waiting for their timer (its deferred_seqs).
   already waiting for the timer (`head`); every later command of that key in the batch waits too.
 - A waiting command joins the timer's marker; a command that no longer waits (ignored, given up)
   leaves it; an applied one left it in its own statement.
+- A timer's own pause or resume followed in the batch by another of the timer, with no
+  ScheduleTimer or CancelTimer of it between, is moot (superseded_controls): intake applies a run
+  of pauses and resumes together, each timer once.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from worker.core.domain import Key, Outcome
+from worker.contract import Command, PauseTimers
+from worker.core.domain import BulkAction, Key, Outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +119,23 @@ class StreamOrder:
             elif seq is not None and (h := held.get(key)) is not None and h.marked:
                 markers.append(Marker(key, seq, False))  # ignored: it waits no more
         return markers
+
+
+def superseded_controls(commands: Sequence[Command | PauseTimers | BulkAction]) -> set[int]:
+    """The indexes of the timers' pauses and resumes that the batch makes moot: each followed in it
+    by another of the same timer with no ScheduleTimer or CancelTimer of it between. What is left of
+    a run of them with no ScheduleTimer or CancelTimer between names each timer once."""
+    superseded: set[int] = set()
+    timer_last: dict[tuple[str, str], int] = {}
+    for i, command in enumerate(commands):
+        if isinstance(command, BulkAction):
+            continue  # the lane's; a timer's own controls keep their order
+        if isinstance(command, PauseTimers):
+            if command.service_call_id is not None:
+                key = (command.tenant_id, command.service_call_id)
+                if (earlier := timer_last.get(key)) is not None:
+                    superseded.add(earlier)
+                timer_last[key] = i
+        else:
+            timer_last.pop((command.tenant_id, command.service_call_id), None)
+    return superseded

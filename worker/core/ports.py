@@ -99,6 +99,14 @@ class IntakeStore(Protocol):
         and the soonest dueAt a resume made claimable again."""
         ...
 
+    async def pause_timers(
+        self, commands: Sequence[PauseTimers], positions: Sequence[Position] | None = None
+    ) -> Applied:
+        """Timers' own pauses and resumes (each naming its serviceCallId, no timer twice), any tenants',
+        together: the outcome of each, in order, as pause would give it alone, and the soonest dueAt
+        the resumes made claimable again."""
+        ...
+
     async def select_labelled(
         self, action: BulkAction, position: Position | None, after: str, limit: int
     ) -> list[str]:

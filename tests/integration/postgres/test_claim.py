@@ -1102,7 +1102,7 @@ async def test_a_timers_pause_deferred_behind_a_batch_in_flight_does_not_undo_it
     db_url: str,
 ) -> None:
     """A timer's pauses and resumes apply in stream order (docs/USING.md, Pause and resume). A Pause of a
-    recurring timer whose occurrence a batch in flight holds is deferred (pause_timer: `claimed`);
+    recurring timer whose occurrence a batch in flight holds is deferred (control_timers: `claimed`);
     the Resume after it, delivered once that batch is recorded, finds nothing paused. When the
     Pause comes back (its NAK delay), it must not pause the timer again: the last word was Resume."""
     query(

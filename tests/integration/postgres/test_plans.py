@@ -159,3 +159,30 @@ async def test_a_claims_transaction_plans_with_the_claims_settings(db_url: str) 
         await batch.record([Fired(c, None, None) for c in batch.result.claimed], [])
         async with pool.connection() as conn:  # the same session, the transaction over
             assert await (await conn.execute(settings)).fetchall() == [("on", "on")]
+
+
+def test_a_run_of_pauses_and_resumes_reads_its_timers_by_key(seeded: tuple[str, float, list[str]]) -> None:
+    """control_timers, for a burst of one-timer pauses and resumes of many tenants (intake's run):
+    each timer read through the primary key, never a scan of the table."""
+    db_url, cost, _ = seeded
+    n = 2000
+    params = {
+        "tenant_id": [f"t{i % 50}" for i in range(n)],
+        "service_call_id": [f"k{i}" for i in range(n)],
+        "resume": [i % 2 == 0 for i in range(n)],
+        "control_seq": list(range(n)),
+        "control_stored_at": [datetime.now(UTC)] * n,
+        "terms": None,
+    }
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"SET random_page_cost = {cost}")
+        ((doc,),) = conn.execute(f"EXPLAIN (FORMAT JSON) {QUERIES['control_timers']}", params).fetchall()
+    nodes, todo = [], [doc[0]["Plan"]]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        todo.extend(node.get("Plans", []))
+    found = scans(nodes)
+    assert found <= {("Index Scan", "timers_pkey"), ("Index Only Scan", "timers_pkey")}, (
+        f"control_timers reads timers by {found}"
+    )

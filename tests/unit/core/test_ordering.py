@@ -1,9 +1,15 @@
 """A timer's commands in stream order, decided on plain values (worker/core/ordering.py): the
-rounds, each command's outcome, and the markers of the commands waiting for their timer."""
+rounds, each command's outcome, the markers of the commands waiting for their timer, and the
+pauses and resumes a batch makes moot."""
 
 from __future__ import annotations
 
-from worker.core.ordering import Held, Marker, StreamOrder, rounds
+import random
+
+from worker.contract import CancelTimer, PauseTimers
+from worker.core.commands import Parsed
+from worker.core.domain import BulkAction
+from worker.core.ordering import Held, Marker, StreamOrder, rounds, superseded_controls
 
 A, B = ("t", "a"), ("t", "b")
 
@@ -67,3 +73,45 @@ def test_without_positions_no_marker_is_written() -> None:
     sent = order.to_send(only)
     assert order.decide(only, sent, set(), {A: held(claimed=True), B: held(head=1, marked=True)}) == []
     assert order.outcomes == ["deferred", "ignored"]
+
+
+def test_a_timers_control_is_moot_only_before_another_of_it_with_no_schedule_or_cancel_between() -> None:
+    batch: list[Parsed] = [
+        PauseTimers("t", "a", False),  # moot: the resume after it
+        PauseTimers("u", "a", False),  # another tenant's timer a
+        BulkAction("t", {"g": "1"}, "pause"),  # the lane's: no cut
+        PauseTimers("t", "a", True),
+        CancelTimer("t", "a", None, None),
+        PauseTimers("t", "a", False),  # a cancel between: not moot
+        PauseTimers("t", None, False),  # the tenant's: the lane's
+    ]
+    assert superseded_controls(batch) == {0}
+
+
+def test_what_is_left_of_a_run_of_controls_names_each_timer_once() -> None:
+    """Intake applies a run of one timer's pauses and resumes with no ScheduleTimer or CancelTimer
+    between as one statement, which takes each timer once (pausing.pause_timers)."""
+    rng = random.Random(7)
+    for _ in range(500):
+        batch: list[Parsed] = []
+        for _ in range(rng.randint(1, 30)):
+            tenant, key = rng.choice("tu"), rng.choice("abc")
+            batch.append(
+                rng.choice(
+                    [
+                        PauseTimers(tenant, key, rng.random() < 0.5),
+                        PauseTimers(tenant, None, False),
+                        BulkAction(tenant, {"g": "1"}, "resume"),
+                        CancelTimer(tenant, key, None, None),
+                    ]
+                )
+            )
+        moot = superseded_controls(batch)
+        run: list[tuple[str, str | None]] = []
+        for i, command in enumerate(batch):
+            if isinstance(command, CancelTimer):
+                run = []
+            elif isinstance(command, PauseTimers) and command.service_call_id is not None and i not in moot:
+                key_of = (command.tenant_id, command.service_call_id)
+                assert key_of not in run, batch
+                run.append(key_of)

@@ -6,7 +6,7 @@ db.py           the one place a database connection is opened, with every sessio
 store.py        every call a replica makes but the claim's: intake's writes, reads, the quota
 columns.py      upsert_schedules' array parameters, a column per field of a batch's schedules
 claim.py        a claim's transaction, open from the claim to its record, its rows read by name
-pausing.py      a tenant's or a timer's pause and resume
+pausing.py      a tenant's or timers' pauses and resumes
 bulk.py         a bulk action's selection: the next chunk of the timers a label selector names
 pgerrors.py     `classify`: a Postgres error worth retrying or not
 queries.py      the named SQL of sql/queries/, loaded once

@@ -1,10 +1,10 @@
-"""A tenant's or a timer's pause and resume (Store.pause; docs/USING.md, Pause and resume)."""
+"""A tenant's or timers' pauses and resumes (Store.pause, pause_timers; docs/USING.md, Pause and resume)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -78,8 +78,7 @@ async def pause(
     """Store.pause on one connection: the tenant's flag, then its rows chunk by chunk, each chunk its
     own transaction; or the one timer's row."""
     if command.service_call_id is not None:
-        key = (command.tenant_id, command.service_call_id)
-        return await pause_one(conn, key, command.resume, position)
+        return await pause_timers(conn, [command], [position])
     tenant = {"tenant_id": command.tenant_id}
     flip = {
         **tenant,
@@ -142,13 +141,17 @@ async def _left(
     return (int(found[0]), int(found[1]), int(found[2])) if found else (0, 0, 0)
 
 
-async def pause_one(
-    conn: psycopg.AsyncConnection[Any], key: Key, resume: bool, position: Position | None
+async def pause_timers(
+    conn: psycopg.AsyncConnection[Any], commands: Sequence[PauseTimers], positions: Sequence[Position | None]
 ) -> Applied:
-    """One timer's pause or resume, in stream order (`position`: one older than the timer's last
-    pause or resume is ignored, so a pause deferred behind a claim never undoes a later resume)."""
-    done = await pause_listed(conn, key[0], [key[1]], resume, position)
-    return Applied([done.outcomes[0] if done.outcomes else "ignored"], done.soonest_due)
+    """Timers' own pauses and resumes, any tenants', in one statement: the outcome of each, in order (a
+    timer with no row: ignored). Each at its place in the stream (`positions`): one older than its timer's
+    last pause or resume changes nothing, so a pause deferred behind a claim never undoes a later resume."""
+    keys = [(c.tenant_id, c.service_call_id) for c in commands if c.service_call_id is not None]
+    if len(keys) < len(commands):
+        raise ValueError("pause_timers takes one timer's pauses and resumes, not a tenant's")
+    found, soonest = await _control(conn, keys, [c.resume for c in commands], positions)
+    return Applied([found.get(key, "ignored") for key in keys], soonest)
 
 
 async def pause_listed(
@@ -161,21 +164,39 @@ async def pause_listed(
 ) -> Applied:
     """Timers' pauses or resumes by key, in one transaction: the outcome of each that exists and
     still carries `terms` (a bulk action's selector; None: any), in key order. Each in stream
-    order as pause_one's."""
+    order as pause_timers'."""
+    keys = [(tenant_id, i) for i in sorted(service_call_ids)]
+    found, soonest = await _control(conn, keys, [resume] * len(keys), [position] * len(keys), terms)
+    return Applied([found[key] for key in keys if key in found], soonest)
+
+
+async def _control(
+    conn: psycopg.AsyncConnection[Any],
+    keys: Sequence[Key],
+    resume: Sequence[bool],
+    positions: Sequence[Position | None],
+    terms: list[str] | None = None,
+) -> tuple[dict[Key, Outcome], datetime | None]:
+    """control_timers, in a transaction of its own: the outcome of each key with a row (carrying
+    `terms`), and the soonest dueAt a resume made claimable again."""
+    if len(set(keys)) < len(keys):  # the statement would change such a timer once, as one of them
+        raise ValueError("control_timers takes each timer once")
+    known = any(p is not None for p in positions)  # else NULL: unnest pads it, no array of NULLs sent
     params = {
-        "tenant_id": tenant_id,
-        "service_call_ids": sorted(service_call_ids),
+        "tenant_id": [k[0] for k in keys],
+        "service_call_id": [k[1] for k in keys],
+        "resume": list(resume),
+        "control_seq": [None if p is None else p.seq for p in positions] if known else None,
+        "control_stored_at": [None if p is None else p.stored_at for p in positions] if known else None,
         "terms": terms,
-        "control_seq": None if position is None else position.seq,
-        "control_stored_at": None if position is None else position.stored_at,
     }
     async with conn.transaction():
-        cur = await conn.execute(QUERIES["resume_timer" if resume else "pause_timer"], params)
-        rows = await cur.fetchall()
+        rows = await (await conn.execute(QUERIES["control_timers"], params)).fetchall()
     # A claimed occurrence fires: with its lease committed, a pause records paused_at (applied) and
     # the mark stores the next one Paused; held by a claim's batch in flight, the pause or resume
     # waits for it (offered again). A resume's dueAt: when it made the timer claimable again.
-    outcomes: list[Outcome] = [
-        "deferred" if claimed else "applied" if applied else "ignored" for _, applied, _, claimed in rows
-    ]
-    return Applied(outcomes, min((due for _, _, due, _ in rows if due is not None), default=None))
+    outcomes: dict[Key, Outcome] = {
+        (t, s): "deferred" if claimed else "applied" if applied else "ignored"
+        for t, s, applied, _, claimed in rows
+    }
+    return outcomes, min((due for _, _, _, due, _ in rows if due is not None), default=None)

@@ -332,6 +332,16 @@ class Store:
             async with self.pool.connection() as conn:
                 return await pausing.pause(conn, command, position, self.stuck_after)
 
+    async def pause_timers(
+        self, commands: Sequence[PauseTimers], positions: Sequence[Position] | None = None
+    ) -> Applied:
+        """Timers' own pauses and resumes, of any tenants, each timer once: one statement in one
+        transaction (pausing.pause_timers), each as Store.pause would apply it alone."""
+        where: Sequence[Position | None] = positions if positions is not None else [None] * len(commands)
+        with self._db(write=True):
+            async with self.pool.connection() as conn:
+                return await pausing.pause_timers(conn, commands, where)
+
     async def select_labelled(
         self, action: BulkAction, position: Position | None, after: str, limit: int
     ) -> list[str]:
