@@ -52,8 +52,7 @@ EARLIEST_DUE_AT = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_DUE_AT = datetime(9999, 12, 31, tzinfo=UTC)
 DUE_AT_RANGE = f"{EARLIEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}..{LATEST_DUE_AT:%Y-%m-%dT%H:%M:%SZ}"
 
-# Every reason a command is rejected for (the DLQ header `Timer-Error` and the metric label;
-# docs/CONTRACT.md, Reason codes). A Literal, so a misspelt code is a type error.
+# Why a command is rejected (DLQ header `Timer-Error`, metric label; docs/CONTRACT.md, Reason codes).
 Reason = Literal[
     "bad_subject",  # from intake, not parse_command: a subject outside <prefix>.<tenant>.timer.<kind>
     "body_too_large",
@@ -81,6 +80,7 @@ Reason = Literal[
     "bad_labels",  # `labels` (or a selector) breaks the rules of docs/CONTRACT.md, Labels
     "quota_exceeded",  # from intake, not parse_command: TIMER_TENANT_MAX_PENDING reached
     "timer_stuck",  # from intake: the timer's occurrence stayed claimed past TIMER_STUCK_AFTER
+    "bulk_backlog",  # from intake: the bulk lane holds as many of the tenant's commands as it may
     "expired",  # from the firing loop, no command: an occurrence not published within expireAfter
 ]
 REASONS: frozenset[str] = frozenset(get_args(Reason))

@@ -33,7 +33,7 @@ COMMANDS_RECEIVED = Counter("timer_commands_received_total", "Commands taken fro
 COMMANDS_APPLIED = Counter(
     "timer_commands_applied_total",
     "Valid commands by outcome: applied, ignored (no-op), deferred (occurrence claimed), busy (row held"
-    " by a batch not firing it), superseded, postponed (the bulk lane full)",
+    " by a batch not firing it), superseded",
     ["kind", "outcome"],
 )
 BULK_TIMERS = Counter(

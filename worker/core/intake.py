@@ -22,14 +22,14 @@ from worker.contract import (
     ScheduleTimer,
     headers_size,
 )
-from worker.core import quota
+from worker.core import lane, quota
 from worker.core.bulk import BulkActions, Progress
 from worker.core.clock import Clock
 from worker.core.commands import Parsed, parse_command, parse_control
 from worker.core.crashpoints import crash_point
 from worker.core.domain import Applied, BulkAction, Outcome, Position
 from worker.core.headers import carried_headers
-from worker.core.lane import BulkLane, Held, kind_of, later
+from worker.core.lane import BulkLane, Held, kind_of
 from worker.core.loop import Loop
 from worker.core.ordering import superseded_controls
 from worker.core.ports import FetchFailed, IntakeBroker, IntakeStore
@@ -56,17 +56,17 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         self._carry = settings.carried_names
         self._received: Counter[tuple[str, ...]] = Counter()
         self._bulk = BulkActions(store)
-        self.lane = BulkLane(self._lane_step, self._lane_settle)
+        self.lane = BulkLane(self._lane_step, self._lane_settle, self._retry_in)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until stop: fetch a batch and handle it. A batch in hand is finished, never dropped."""
         sub = await self.broker.command_subscription()
-        lane = asyncio.create_task(self.lane.run(stop), name="bulk-lane")
+        stepping = asyncio.create_task(self.lane.run(stop), name="bulk-lane")
         try:
             while not stop.is_set():
                 metrics.tick("intake")
-                if lane.done():
-                    lane.result()  # a fatal verdict ends intake with it
+                if stepping.done():
+                    stepping.result()  # a fatal verdict ends intake with it
                 try:
                     msgs = await sub.fetch(self.s.intake_batch_size, timeout=FETCH_WAIT_S)
                 except TimeoutError:
@@ -95,7 +95,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             # Before the connection drains: the lane's commands, and those delivered to this
             # replica but never handed out, go back to the consumer now, not after the ack wait.
             self.lane.close()
-            await asyncio.gather(lane, return_exceptions=True)
+            await asyncio.gather(stepping, return_exceptions=True)
             await sub.unsubscribe()
 
     async def handle(self, msgs: Sequence[ReceivedCommand]) -> None:
@@ -238,11 +238,13 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         superseded = superseded_controls([c for _, c, _ in placed])
         run: list[tuple[ReceivedCommand, Command, Position]] = []
         controls: list[tuple[ReceivedCommand, PauseTimers, Position]] = []
+        full: list[tuple[ReceivedCommand, Rejection]] = []
         for i, (msg, command, where) in enumerate(placed):
             if isinstance(command, BulkAction) or (
                 isinstance(command, PauseTimers) and command.service_call_id is None
             ):
-                await self.lane.submit(msg, command, where)
+                if not await self.lane.submit(msg, command, where):
+                    full.append((msg, Rejection("bulk_backlog", _backlog_detail(), command.tenant_id)))
             elif isinstance(command, PauseTimers):
                 if i not in superseded:
                     await self._apply_commands(run)
@@ -254,6 +256,8 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 run.append((msg, command, where))
         await self._apply_commands(run)
         await self._apply_controls(controls)
+        if full:
+            await self.reject(full)
         for i in sorted(superseded):
             msg, command, _ = placed[i]
             metrics.COMMANDS_APPLIED.labels(kind_of(command), "superseded").inc()  # type: ignore[arg-type]
@@ -287,18 +291,12 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             step = functools.partial(self._bulk.step, command, held.where, held.progress)
         else:
             step = functools.partial(self.store.pause, command, held.where)
-        return await retry_transient(step, 5, first_s=0.1, max_s=2)
+        done = await retry_transient(step, 5, first_s=0.1, max_s=2)
+        await self._hint(done.soonest_due)
+        return done
 
-    async def _lane_settle(self, held: Held, done: Applied | Exception) -> None:
-        if isinstance(done, Applied):
-            await self._settle_control(held.msg, held.command, done.outcomes[0])
-            return await self._hint(done.soonest_due)
-        if verdict(done) == "fatal":
-            raise done
-        error = f"{type(done).__name__}: {done}"
-        extra = {"action": "intake_failed", "error": error}
-        log.warning("intake batch failed", extra=extra, exc_info=verdict(done) == "alone")
-        await answer(held.msg, later(held.msg))  # nothing acknowledged: it comes back
+    async def _lane_settle(self, held: Held, done: Applied) -> None:
+        await self._settle_control(held.msg, held.command, done.outcomes[0])
 
     async def _settle_control(
         self, msg: ReceivedCommand, command: PauseTimers | BulkAction, outcome: Outcome
@@ -384,6 +382,13 @@ def _stuck_detail(s: Settings) -> str:
     return (
         f"the timer's occurrence has been claimed for over {s.stuck_after} without being recorded "
         "(TIMER_STUCK_AFTER); see its lastError"
+    )
+
+
+def _backlog_detail() -> str:
+    return (
+        f"this replica holds {lane.HELD_PER_TENANT} of the tenant's commands on many timers, or "
+        f"{lane.HELD_MAX} in all: send it again once those are done"
     )
 
 

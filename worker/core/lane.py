@@ -3,9 +3,10 @@ tenant's pause or resume), run beside intake so that no other command waits behi
 
 Intake hands each such command to the lane and goes on fetching. The lane runs one step (a chunk of
 timers) at a time, tenants taking turns; a command it holds is signalled in progress to JetStream,
-so no other replica is given it meanwhile, and answered once done. A newer pause or resume of the
-same tenant and selector makes an older one moot: acknowledged at once, without work. Past its
-bounds, a command is offered again later, later each time it comes back.
+so no other replica is given it meanwhile, and answered once done: a command it must try again
+later (a timer claimed, a failure) stays held until then. A newer pause or resume of the same
+tenant and selector makes an older one moot: acknowledged at once, without work. What it holds is
+bounded, per tenant and in all: past that, intake refuses the command (bulk_backlog).
 """
 
 from __future__ import annotations
@@ -19,21 +20,22 @@ from dataclasses import dataclass, field
 
 from worker import metrics
 from worker.contract import PauseTimers
-from worker.core.domain import Applied, BulkAction, Position
+from worker.core.domain import Applied, BulkAction, Outcome, Position
 from worker.core.received import ReceivedCommand, answer
 from worker.core.waiting import wait_any
+from worker.errors import verdict
 
 log = logging.getLogger(__name__)
 
 # Commands the lane holds at once, and of one tenant: each held one is unacknowledged on the
 # command consumer, whose max_ack_pending must stay free for everyone else's commands.
 HELD_MAX = 256
-HELD_PER_TENANT = 4
-# A command over those bounds comes back after this, doubled at each delivery, up to the cap.
-OVERFLOW_FIRST_S = 1.0
-OVERFLOW_MAX_S = 30.0
+HELD_PER_TENANT = 16
 # Well inside the command consumer's ack wait (adapters/jetstream/streams.py, ACK_WAIT_S).
 PROGRESS_EVERY_S = 3.0
+# A step that failed is tried again after this, doubled at each failure, up to the cap.
+FAILED_FIRST_S = 0.5
+FAILED_MAX_S = 30.0
 
 BulkWork = PauseTimers | BulkAction
 
@@ -55,21 +57,25 @@ class Held:
     msg: ReceivedCommand
     command: BulkWork
     where: Position
-    signalled: float = field(default_factory=time.monotonic)
-    progress: object = None  # the step's own (core/bulk.py keeps its cursor here)
+    progress: object = None  # the step's own (core/bulk.py keeps its cursor here); None: from the start
+    due: float = field(default_factory=time.monotonic)  # its next step, not before
+    failures: int = 0
     moot: bool = False
 
 
 # One step of a held command: Applied(["partial"]) while more is left.
 Step = Callable[[Held], Awaitable[Applied]]
-# Answers a command once done, or once a step failed (the exception).
-Settle = Callable[[Held, Applied | Exception], Awaitable[None]]
+# Answers a command once done.
+Settle = Callable[[Held, Applied], Awaitable[None]]
+# How long until a command with this outcome is tried again from the start; None: done.
+Retry = Callable[[Outcome], float | None]
 
 
 class BulkLane:
-    def __init__(self, step: Step, settle: Settle) -> None:
+    def __init__(self, step: Step, settle: Settle, retry: Retry) -> None:
         self._step = step
         self._settle = settle
+        self._retry = retry
         self._tenants: OrderedDict[str, deque[Held]] = OrderedDict()
         self._held = 0
         self._running: Held | None = None
@@ -79,19 +85,19 @@ class BulkLane:
     def __len__(self) -> int:
         return self._held
 
-    async def submit(self, msg: ReceivedCommand, command: BulkWork, where: Position) -> None:
-        """Take a command without waiting for its work: held, acknowledged as moot, or, past the
-        lane's bounds, offered again later."""
+    async def submit(self, msg: ReceivedCommand, command: BulkWork, where: Position) -> bool:
+        """Take a command without waiting for its work: held, or acknowledged as moot; False when
+        the lane has no room for it (nothing answered)."""
         queue = self._tenants.get(command.tenant_id, deque())
         if (again := next((h for h in queue if h.where.seq == where.seq), None)) is not None:
             again.msg = msg  # redelivered while held: answer the newest delivery
-            return
+            return True
         key = _moot_key(command)
         same = next((h for h in queue if key and not h.moot and _moot_key(h.command) == key), None)
         if same is not None:
             if same.where.seq > where.seq:  # an older one came back: the held one decides
                 await _superseded(msg, command)
-                return
+                return True
             same.moot = True
             if same is not self._running:  # a running one is answered once its step ends
                 queue.remove(same)
@@ -100,43 +106,56 @@ class BulkLane:
                     del self._tenants[command.tenant_id]
                 await _superseded(same.msg, same.command)
         if self._held >= HELD_MAX or len(queue) >= HELD_PER_TENANT:
-            metrics.COMMANDS_APPLIED.labels(kind_of(command), "postponed").inc()
-            await answer(msg, later(msg))
-            return
+            return False
         queue.append(Held(msg, command, where))
         self._tenants.setdefault(command.tenant_id, queue)
         self._held += 1
         self._work.set()
+        return True
 
     async def run(self, stop: asyncio.Event) -> None:
         """Step the held commands, a tenant at a time in turn, until stop or close; then offer
         every held command again at once, for another replica."""
+        signalling = asyncio.create_task(self._signal_progress(stop))
         try:
             while not (stop.is_set() or self._closed.is_set()):
+                metrics.BULK_HELD.set(self._held)
                 if not await self.step():
                     self._work.clear()
-                    await wait_any(PROGRESS_EVERY_S, stop, self._closed, self._work)
-                await self._signal_progress()
-                metrics.BULK_HELD.set(self._held)
+                    await wait_any(self._idle_s(), stop, self._closed, self._work)
         finally:
+            signalling.cancel()
             await self._release()
 
     def close(self) -> None:
         self._closed.set()
 
     async def step(self) -> bool:
-        """One step of the next tenant's first command; False when nothing is held."""
-        if not self._tenants:
+        """One step of the first command of the next tenant whose turn it is; False when none is due."""
+        now = time.monotonic()
+        tenant = next((t for t, q in self._tenants.items() if q[0].due <= now), None)
+        if tenant is None:
             return False
-        tenant, queue = next(iter(self._tenants.items()))
+        queue = self._tenants[tenant]
         held = self._running = queue[0]
         try:
-            done: Applied | Exception = await self._step(held)
-        except Exception as exc:  # errors.verdict decides in settle: transient, or not ours
-            done = exc
+            done = await self._step(held)
+        except Exception as exc:
+            if verdict(exc) == "fatal":
+                raise
+            held.failures += 1
+            held.due = time.monotonic() + min(FAILED_FIRST_S * 2 ** min(held.failures, 16), FAILED_MAX_S)
+            extra = {"action": "intake_failed", "error": f"{type(exc).__name__}: {exc}"}
+            log.warning("bulk step failed", extra=extra, exc_info=verdict(exc) == "alone")
+            self._tenants.move_to_end(tenant)
+            return True
         finally:
             self._running = None
-        if isinstance(done, Applied) and done.outcomes[0] == "partial" and not held.moot:
+        outcome = done.outcomes[0]
+        later = None if held.moot or outcome == "partial" else self._retry(outcome)
+        if not held.moot and (outcome == "partial" or later is not None):
+            if later is not None:  # a timer was claimed or busy: the next pass starts over
+                held.progress, held.due = None, time.monotonic() + later
             self._tenants.move_to_end(tenant)  # the next tenant's turn
             return True
         queue.popleft()
@@ -145,18 +164,22 @@ class BulkLane:
             del self._tenants[tenant]
         else:
             self._tenants.move_to_end(tenant)
-        if held.moot:
-            await _superseded(held.msg, held.command)
-        else:
-            await self._settle(held, done)
+        await (_superseded(held.msg, held.command) if held.moot else self._settle(held, done))
         return True
 
-    async def _signal_progress(self) -> None:
-        now = time.monotonic()
-        for queue in list(self._tenants.values()):
-            for held in list(queue):
-                if now - held.signalled >= PROGRESS_EVERY_S:
-                    held.signalled = now
+    def _idle_s(self) -> float:
+        soonest = min((q[0].due for q in self._tenants.values()), default=None)
+        return (
+            PROGRESS_EVERY_S
+            if soonest is None
+            else max(0.0, min(soonest - time.monotonic(), PROGRESS_EVERY_S))
+        )
+
+    async def _signal_progress(self, stop: asyncio.Event) -> None:
+        """Every held command, in progress, whatever a step takes meanwhile."""
+        while not await wait_any(PROGRESS_EVERY_S, stop, self._closed):
+            for queue in list(self._tenants.values()):
+                for held in list(queue):
                     await _in_progress(held.msg)
 
     async def _release(self) -> None:
@@ -165,6 +188,7 @@ class BulkLane:
                 await answer(held.msg, 0.0)
         self._tenants.clear()
         self._held = 0
+        metrics.BULK_HELD.set(0)
 
 
 def kind_of(command: BulkWork) -> str:
@@ -182,9 +206,3 @@ async def _in_progress(msg: ReceivedCommand) -> None:
         await msg.in_progress()
     except Exception as exc:  # not signalled: at worst another replica is given it too, idempotent
         log.debug("progress not signalled", extra={"action": "settle_failed", "error": type(exc).__name__})
-
-
-def later(msg: ReceivedCommand) -> float:
-    """When a command the lane could not take, or whose step failed, comes back: later at each delivery."""
-    delivered = int(msg.metadata.num_delivered or 1)
-    return float(min(OVERFLOW_FIRST_S * 2 ** min(delivered - 1, 16), OVERFLOW_MAX_S))

@@ -8,8 +8,6 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
-from nats.aio.msg import Msg
-
 from tests.unit.core.test_bulk import labelled, states
 from tests.unit.core.test_intake import command, fetch_and_handle, setup
 from worker.adapters.jetstream import streams
@@ -90,7 +88,8 @@ async def test_tenants_take_turns_a_chunk_each(monkeypatch: Any) -> None:
     assert set(states(store, "small").values()) == {"Cancelled"}
 
 
-async def test_past_a_tenants_share_a_command_comes_back_later_each_delivery() -> None:
+async def test_past_a_tenants_share_a_command_is_refused_to_the_dlq_at_once() -> None:
+    """Acknowledged, not held or offered again: no tenant's commands fill the consumer's ack pending."""
     _time, _store, broker, intake = setup()
     s = broker.subjects
     held = [
@@ -101,18 +100,42 @@ async def test_past_a_tenants_share_a_command_comes_back_later_each_delivery() -
     other = broker.add(s.of("bob", "cancel"), {"tenantId": "bob", "labels": {"g": "1"}})
     await intake.handle(await broker.fetch(100, 1.0))
     assert len(intake.lane) == lane.HELD_PER_TENANT + 1  # bob's has its own share
-    assert broker.acks.of(over.metadata.sequence.stream) == ['-NAK {"delay": 1000000000}']
-    again = over.reply.replace(".1.", ".3.", 1)  # its third delivery
-    broker.queue.append(Msg(_client=broker.acks, subject=over.subject, reply=again, data=over.data))  # type: ignore[arg-type]
-    await intake.handle(await broker.fetch(100, 1.0))
-    assert broker.acks.of(over.metadata.sequence.stream)[-1] == '-NAK {"delay": 4000000000}'
+    assert broker.acks.of(over.metadata.sequence.stream) == ["+ACK"]
+    [copy] = broker.stored.values()
+    assert copy.subject == s.of("acme", "dlq") and copy.headers["Timer-Error"] == "bulk_backlog"
     while await intake.lane.step():
         pass
     for msg in [*held, other]:
         assert broker.acks.of(msg.metadata.sequence.stream) == ["+ACK"]
 
 
-async def test_a_held_command_is_signalled_in_progress_and_offered_again_at_once_on_stop(
+async def test_a_command_that_met_a_claimed_timer_stays_held_and_starts_over_later(monkeypatch: Any) -> None:
+    time, store, broker, intake = setup()
+    due = datetime.fromtimestamp(time.t + 60, UTC)
+    s = broker.subjects
+    broker.add(s.of("acme", "schedule"), labelled("acme", "k", due, {"g": "1"}))
+    await fetch_and_handle(broker, intake)
+    outcomes = iter(["deferred", "applied"])
+    pause_listed = store.pause_listed
+
+    async def claimed_once(*args: Any) -> Any:
+        done = await pause_listed(*args)
+        return type(done)([next(outcomes)], done.soonest_due)
+
+    store.pause_listed = claimed_once  # type: ignore[method-assign]
+    pause = broker.add(s.of("acme", "pause"), {"tenantId": "acme", "labels": {"g": "1"}})
+    await intake.handle(await broker.fetch(100, 1.0))
+    assert await intake.lane.step()
+    assert not await intake.lane.step()  # not due again before a lease
+    assert len(intake.lane) == 1 and broker.acks.of(pause.metadata.sequence.stream) == []
+    monkeypatch.setattr(lane.time, "monotonic", lambda: float("inf"))
+    assert await intake.lane.step()
+    assert broker.acks.of(pause.metadata.sequence.stream) == ["+ACK"]
+    afters = [c[1] for kind, c in store.log if kind == "select_labelled"]
+    assert afters == ["", ""]  # the second pass from the start
+
+
+async def test_a_held_command_is_signalled_in_progress_during_a_step_and_offered_again_on_stop(
     monkeypatch: Any,
 ) -> None:
     monkeypatch.setattr(lane, "PROGRESS_EVERY_S", 0.0)
@@ -133,14 +156,24 @@ async def test_a_held_command_is_signalled_in_progress_and_offered_again_at_once
         return await select(*args)
 
     store.select_labelled = held_select  # type: ignore[method-assign]
+    signalled, publish = asyncio.Event(), broker.acks.publish
+
+    async def watched(subject: str, payload: bytes = b"", **kw: Any) -> None:
+        await publish(subject, payload, **kw)
+        if payload == b"+WPI":
+            signalled.set()
+
+    broker.acks.publish = watched  # type: ignore[method-assign]
     stop = asyncio.Event()
     running = asyncio.create_task(intake.lane.run(stop))
     await selecting.wait()
+    await signalled.wait()  # while the step still waits: progress does not wait for steps
     stop.set()  # mid-step: the step ends, then the lane lets go of what it holds
     gate.set()
     await running
     assert list(states(store, "acme").values()) == ["Paused", "Scheduled", "Scheduled"]
-    assert broker.acks.of(pause.metadata.sequence.stream) == ["+WPI", "-NAK"]
+    answers = broker.acks.of(pause.metadata.sequence.stream)
+    assert answers[0] == "+WPI" and answers[-1] == "-NAK" and "+ACK" not in answers
     assert len(intake.lane) == 0
 
 
