@@ -34,6 +34,7 @@ from tests.integration.neighbours import (
 )
 from tests.servers import Servers, delete_streams, fresh_database, own_names
 from worker.contract import DEFAULT_MAX_PAYLOAD_BYTES, MAX_LABEL_VALUE_CHARS, MAX_LABELS, Subjects
+from worker.core import lane
 from worker.core.commands import FORMS, Form, form_kind
 from worker.devkit.harness import ReplicaSet
 from worker.settings import load_settings
@@ -274,3 +275,40 @@ async def test_a_flood_leaves_another_tenants_timers_on_time(module: Module, for
     assert beside.store_p99 <= store_bound, report
     assert beside.fire_p99 <= fire_bound, report
     assert not health.sick, report
+
+
+BACKLOG = round(6000 * SCALE)  # bulk commands of distinct selectors: none moot, far more than a lane holds
+
+
+async def pending(rig: Rig) -> tuple[int, int]:
+    """(the command consumer's undelivered, its delivered and unacknowledged)."""
+    info = await rig.js.consumer_info(rig.settings.command_stream, rig.settings.consumer)
+    return int(info.num_pending or 0), int(info.num_ack_pending or 0)
+
+
+async def test_a_backlog_of_bulk_commands_holds_no_more_unacknowledged_than_the_lanes_do(
+    module: Module,
+) -> None:
+    """Unacknowledged commands share one bound (the consumer's max_ack_pending) for every tenant: once
+    the backlog is delivered, what is left unacknowledged is what the lanes hold and a batch each."""
+    rig = module.rig
+    sent = [
+        await rig.js.publish_async(
+            rig.subject("backlog", "cancel"),
+            json.dumps({"tenantId": "backlog", "labels": {"k": str(i)}}).encode(),
+        )
+        for i in range(BACKLOG)
+    ]
+    await asyncio.gather(*sent)
+    delivered = await until(
+        lambda: _delivered(rig), timeout=60 * SCALE, interval=0.05, what="the backlog delivered"
+    )
+    bound = REPLICAS * (lane.HELD_MAX + rig.settings.intake_batch_size)
+    assert delivered <= bound, f"{delivered} unacknowledged once {BACKLOG} were delivered (bound {bound})"
+    said = await settle(rig, "backlog")
+    assert said.startswith("handled"), said
+
+
+async def _delivered(rig: Rig) -> int | None:
+    undelivered, unacknowledged = await pending(rig)
+    return unacknowledged if undelivered == 0 else None
