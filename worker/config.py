@@ -55,12 +55,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TIMER_", frozen=True, extra="ignore")
 
     database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/postgres")
-    # A replica holds a connection per batch in flight across its publish (PIPELINE_DEPTH
-    # batches and the fresh lane's, worker/core/firing.py), and intake, the read model, the
-    # gauges and a batch's expiry decisions (one short statement) need theirs beside them: 4 at least.
+    # A connection per batch in flight across its publish, and intake's and the others' beside them.
     db_pool_size: int = Field(6, ge=4, le=100)
-    # false: this replica never changes the schema (a separate `timer-service migrate`, with its own
-    # role, does); it waits until every migration it ships is applied.
+    # false: never change the schema; wait until `timer-service migrate` has applied it.
     migrate: bool = True
 
     nats_url: str = "nats://127.0.0.1:4222"
@@ -81,20 +78,13 @@ class Settings(BaseSettings):
     consumer: str = "timer-service"
     create_streams: bool = True
     stream_replicas: int = Field(1, ge=1, le=5)
-    # JetStream drops a re-published firing with the same Nats-Msg-Id inside this window.
     events_duplicate_window: Duration = timedelta(minutes=2)
-    # How events are published on nats-server 2.14+ (batches.Publisher.publish_atomic): fast-ingest
-    # batches ("on"), atomic batches ("off"), or ("auto") fast-ingest on a replicated events
-    # stream and where a replica measured them the cheaper (worker/adapters/jetstream/probe.py): a single
-    # server under sync_interval: always fsyncs every message of a fast batch, an atomic batch once.
+    # Fast-ingest batches ("on"), atomic ones ("off"), or whichever a replica measures the cheaper.
     events_fast_ingest: str = "auto"
-    # How long an unacknowledged command may stay in the command stream (its redelivery horizon).
     command_max_age: Duration = timedelta(days=1)
-    # A command waiting behind an occurrence first claimed longer ago than this, and still not
-    # recorded, is given up: copied to the DLQ as timer_stuck (README, guarantees).
+    # A command waiting behind an occurrence claimed longer than this goes to the DLQ (timer_stuck).
     stuck_after: Duration = timedelta(hours=1)
-    # A recurring timer no replica claimed for longer than this (real downtime) fires once for the
-    # missed window; a shorter wait (a crash, an overloaded fleet) skips no occurrence.
+    # Unclaimed longer than this is downtime: a recurring timer then fires once for what it missed.
     downtime_after: Duration = timedelta(minutes=1)
 
     worker_id: str = Field(default_factory=_default_worker_id)
@@ -104,19 +94,14 @@ class Settings(BaseSettings):
     lease_ms: int = Field(3000, ge=200, le=3_600_000)
     publish_timeout_ms: int = Field(2000, ge=50, le=60000)
     max_in_flight: int = Field(2000, ge=1, le=100000)
-    # Publishes nats-py holds while reconnecting (its pending_size); 0: none, they fail at once.
+    # nats-py's pending_size while reconnecting; 0: publishes fail at once.
     publish_buffer_bytes: int = Field(2 * 1024 * 1024, ge=0)
     drain_timeout_ms: int = Field(10000, ge=0, le=600000)
     max_horizon: Duration = timedelta(days=3650)
     retention: Duration = timedelta(days=7)
     tenant_max_pending: int = Field(0, ge=0)
-    # Producer headers a ScheduleTimer carries to its DueTimeReached events, besides traceparent and
-    # tracestate: comma-separated names (docs/CONTRACT.md, Trace context).
     carry_headers: str = ""
-    # The largest `data` a ScheduleTimer may carry, in bytes as its events carry it (jsonb's text:
-    # worker.core.fields._data; payload_too_large beyond). It is stored in each timer's row and sent
-    # in each of its events; 0 refuses any. The largest event it allows must fit the server's
-    # max_payload (streams.check_sizes). At most MAX_BODY_BYTES, a command body's own bound.
+    # The largest `data`, as its events carry it; the largest event must fit max_payload.
     max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=0, le=MAX_BODY_BYTES)
 
     http_port: int = Field(8080, ge=0, le=65535)
@@ -126,16 +111,15 @@ class Settings(BaseSettings):
 
     @property
     def carried_names(self) -> frozenset[str]:
-        """TIMER_CARRY_HEADERS as lower-case names (headers match in any case)."""
+        """Lower-case: headers match in any case."""
         return frozenset(n.strip().lower() for n in self.carry_headers.split(",") if n.strip())
 
     @model_validator(mode="after")
     def _relations(self) -> Settings:
         for name in ("subject_prefix", "command_stream", "event_stream", "dlq_stream", "consumer"):
-            # Subject and stream name tokens: the tenant rule, so a trailing newline fails too.
             if not TENANT_RE.match(getattr(self, name)):
                 raise ValueError(f"{name}: must match {TENANT_RULE}")
-        # database_url's syntax is libpq's to judge: the Postgres adapter checks it (worker/settings.py).
+        # database_url is libpq's to judge: worker/settings.py.
         if self.publish_timeout_ms >= self.lease_ms:
             raise ValueError("publish_timeout_ms: must be shorter than TIMER_LEASE_MS")
         horizon = timedelta(milliseconds=self.lease_ms + 3 * self.publish_timeout_ms)
@@ -174,27 +158,18 @@ class Settings(BaseSettings):
 
 
 class ConsoleSettings(Settings):
-    """The operator console's settings besides the service's (`timer-service console`): its own
-    process and port, never the replicas', so the chart does not carry them."""
+    """The operator console's settings besides the service's; the chart does not carry them."""
 
     console_host: str = "127.0.0.1"
     console_port: int = Field(8081, ge=0, le=65535)
     console_token: SecretStr | None = None
     console_user: str | None = None
     console_password: SecretStr | None = None
-    # false: the console only reads; true: operators can also act (docs/SECURITY.md, The console).
     console_actions: bool = False
-    # Who is an operator (may act, with actions on), comma-separated: user names (`token` for the
-    # token's holder) and groups (TIMER_CONSOLE_GROUPS_HEADER's). Both empty: everyone who gets
-    # in; otherwise everyone else may only read.
+    # Who may act (`token` names the token's holder); both empty: everyone who gets in.
     console_operators: str = ""
     console_operator_groups: str = ""
-    # An identity proxy in front (oauth2-proxy): the header naming the user it authenticated
-    # (X-Forwarded-User), and the one listing the user's groups, comma-separated. Believed only
-    # from TIMER_CONSOLE_TRUSTED_PROXIES (addresses or networks, comma-separated): from anyone
-    # else the headers are ignored, or any client could name itself. From those proxies the
-    # client's address they forward (X-Forwarded-For) is the source the console throttles wrong
-    # guesses by, not the proxy's own.
+    # An identity proxy's headers, believed only from the trusted proxies: else any client names itself.
     console_user_header: str = ""
     console_groups_header: str = ""
     console_trusted_proxies: str = ""
@@ -249,14 +224,12 @@ class ConsoleSettings(Settings):
 
 
 def _names(text: str) -> frozenset[str]:
-    """A comma-separated setting's names."""
     return frozenset(n.strip() for n in text.split(",") if n.strip())
 
 
 S = TypeVar("S", bound=Settings)
 
-# TIMER_* variables that are not settings and are read all the same: the chaos suite's crash
-# points (a replica reads it: worker/core/crashpoints.py) and the test suite's knobs (tests/).
+# TIMER_* variables that are not settings: the chaos suite's crash points and the tests' knobs.
 NOT_SETTINGS = frozenset(
     {
         "TIMER_TEST_CRASH",
@@ -266,9 +239,7 @@ NOT_SETTINGS = frozenset(
         "TIMER_PAUSE_SCALE",
     }
 )
-# What Kubernetes puts in every pod for each Service of its namespace (and Docker for a link): a
-# Service named `timer-service`, as the chart names it when the release is, gives
-# TIMER_SERVICE_SERVICE_HOST, TIMER_SERVICE_PORT=tcp://..., TIMER_SERVICE_PORT_8080_TCP_ADDR.
+# Kubernetes' service links: a Service named `timer-service` gives TIMER_SERVICE_SERVICE_HOST etc.
 _SERVICE_LINK = re.compile(
     r"\w+_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)"
 )
@@ -276,8 +247,7 @@ _SERVICE_LINK_PORT = re.compile(r"(tcp|udp|sctp)://\S+")
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    """The TIMER_* variables of `environ` that name no setting: a typo there was ignored, and the
-    replica ran on the default it meant to change."""
+    """The TIMER_* variables that name no setting: a typo would otherwise run on the default."""
     known = {f"TIMER_{name.upper()}" for name in ConsoleSettings.model_fields} | NOT_SETTINGS
     return sorted(
         name
@@ -290,9 +260,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 
 
 def build(cls: type[S], overrides: dict[str, Any]) -> S:
-    """Settings of `cls` from the environment (and overrides); a bad one raises ConfigError, one
-    line, as does a TIMER_* variable that names no setting. Entry points call worker/settings.py's
-    load_settings, which also checks the database URL."""
+    """Settings of `cls` from the environment and overrides; a bad one raises ConfigError, one line."""
     if unknown := unknown_variables(os.environ):
         raise ConfigError(f"{', '.join(unknown)}: not a setting (a typo? README, Configuration, lists them)")
     try:
@@ -305,24 +273,19 @@ def build(cls: type[S], overrides: dict[str, Any]) -> S:
             loc, msg = (s.strip() for s in msg.split(":", 1))
         name = f"TIMER_{loc.upper()}" if loc else "settings"
         raise ConfigError(f"{name}: {msg}") from None
-    logs.hide(secret_values(settings))  # from here on no log line or error line shows them
+    logs.hide(secret_values(settings))
     return settings
 
 
-# A URL's user:password@ (the password may hold '@': the last '@' before the host ends it), a
-# `password=` query parameter or libpq keyword (quoted or not).
+# A URL's user:password@ (the last '@' before the host ends it), a `password=` parameter or keyword.
 _URL_USERINFO = re.compile(r"(?P<scheme>\w[\w+.-]*://)(?P<userinfo>[^/?#\s]*)@")
 _PASSWORD_PARAM = re.compile(r"(?P<key>\bpassword\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'|[^&\s]+)", re.I)
-# Shorter secrets are not hunted for in free text (masking every "ab" would ruin the logs); they
-# are still never logged on purpose: URLs are masked by their structure.
+# Shorter secrets are not hunted for in free text: masking every "ab" would ruin the logs.
 MIN_SECRET_CHARS = 4
 
 
 def mask_url(url: str, *, userinfo_is_secret: bool = False) -> str:
-    """The URL (or libpq keyword DSN) with its password replaced, for logs and `status`.
-
-    `userinfo_is_secret`: a user part without ':' is a secret too (NATS takes `nats://TOKEN@host`).
-    """
+    """The URL (or libpq DSN) with its password replaced; `userinfo_is_secret`: a token too."""
 
     def userinfo(m: re.Match[str]) -> str:
         user, colon, _ = m["userinfo"].partition(":")
@@ -335,8 +298,7 @@ def mask_url(url: str, *, userinfo_is_secret: bool = False) -> str:
 
 
 def secret_values(s: Settings) -> set[str]:
-    """Every secret these settings hold, as written and percent-decoded: what an error message
-    quoting a setting could repeat (libpq quotes a bad DSN token, password included)."""
+    """Every secret these settings hold, as written and percent-decoded, for logs to mask."""
     found: set[str] = set()
     console = (s.console_token, s.console_password) if isinstance(s, ConsoleSettings) else ()
     for secret in (s.nats_password, s.nats_token, s.nats_nkey_seed, *console):

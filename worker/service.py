@@ -37,13 +37,9 @@ log = logging.getLogger(__name__)
 
 # A loop that has not ticked for this long makes /healthz fail.
 STALL_S = 30.0
-# A write (an intake batch, a mark) in flight this long makes /readyz fail: its COMMIT waits for a
-# synchronous standby that is gone (adapters/postgres/writes.py). Far above a healthy one's milliseconds,
-# and above a cloud disk's sync stalls of a few seconds.
+# A write in flight this long makes /readyz fail: its COMMIT waits for a synchronous standby that left.
 STALLED_WRITE_S = 10.0
-# After the drain timeout, the most a stopping replica takes to exit (docs/OPERATIONS.md, Rolling
-# replicas), whatever its servers do: the cancelled loops get CANCEL_GRACE_S to end, the
-# connections the rest (at least CLOSE_S, also after a soft stop that used up the drain timeout).
+# After the drain timeout, the most a stopping replica takes to exit, whatever its servers do.
 EXIT_MARGIN_S = 2.0
 CANCEL_GRACE_S = 1.0
 CLOSE_S = EXIT_MARGIN_S - CANCEL_GRACE_S
@@ -56,11 +52,8 @@ class SchemaNotReady(Exception):
 async def side_by_side(*steps: Awaitable[Any]) -> list[Any]:
     """Run start-up steps at once; their results in order.
 
-    A ConfigError (no retry fixes it: start-up stops) cancels the other steps and is raised at
-    once. Any other failure lets the other steps run to their end, so that a ConfigError one of
-    them meets still stops start-up (a NATS that refuses at once must not hide a database not in
-    UTF8, retried forever), and is raised after them: of several, the first step's, as when the
-    steps ran one after the other. connect retries them all; each is safe to repeat."""
+    A ConfigError cancels the others at once. Any other failure lets them run to their end, so a
+    ConfigError one meets still stops start-up; then the first step's failure is raised."""
     failures: dict[int, Exception] = {}
 
     async def step(i: int, awaitable: Awaitable[Any]) -> Any:
@@ -76,9 +69,9 @@ async def side_by_side(*steps: Awaitable[Any]) -> list[Any]:
     try:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(step(i, s)) for i, s in enumerate(steps)]
-    except BaseExceptionGroup as errors:  # ConfigErrors only: step() kept every other failure
+    except BaseExceptionGroup as errors:  # ConfigErrors only
         fatal = errors.exceptions[0]
-    # Raised out here, not inside the handler: as itself, its own cause kept, no group around it.
+    # Raised outside the handler: as itself, no group around it.
     if fatal is not None:
         raise fatal
     if failures:
@@ -100,8 +93,7 @@ class Replica:
             max_size=settings.db_pool_size,
             idle_in_transaction_ms=settings.lease_ms,
         )
-        # A command waiting for its timer comes back a lease after each deferral: a few leases
-        # without it, the timer not claimed, and the later ones no longer wait for it.
+        # A command deferred for a few leases without its timer claimed no longer holds up later ones.
         grace = max(ORDER_GRACE, 3 * timedelta(milliseconds=settings.lease_ms))
         self.store = Store(self.pool, settings.stuck_after, grace)
         self.firing = FiringLoop(settings, self.store, self.broker, self.wakeup, self.clock)
@@ -109,12 +101,12 @@ class Replica:
         self.http = HttpServer(settings.http_host, settings.http_port, self.healthy, self.ready)
         self.http_port: int | None = None
         self.started = asyncio.Event()  # dependencies up, streams exist, loops starting
-        self.exit_by: float | None = None  # the event loop's time by which a stopping replica exits
-        self.writes_stalled = False  # readiness said so, and logged it once
+        self.exit_by: float | None = None  # loop time by which a stopping replica exits
+        self.writes_stalled = False
 
     async def run(self, handle_signals: bool = True) -> int:
         """Run until SIGTERM/SIGINT (or stop set); 0 after a clean drain."""
-        if handle_signals:  # handlers only set the stop event; the loops do the rest
+        if handle_signals:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
@@ -136,13 +128,10 @@ class Replica:
             await self._close()
 
     async def _close(self) -> None:
-        """Close NATS, Postgres and the HTTP server side by side, by `exit_by` (at least CLOSE_S
-        from now): a server that does not answer (a partition, a frozen process) must not hold the
-        exit. Nothing is lost by a close cut short: a command not acknowledged is delivered again, a
-        timer claimed and not marked fires again after its lease (its event deduplicated)."""
+        """Close NATS, Postgres and HTTP side by side, by `exit_by`: a server that does not answer
+        must not hold the exit, and a close cut short loses nothing (redelivery, lease expiry)."""
         budget = max(CLOSE_S, (self.exit_by or 0.0) - asyncio.get_running_loop().time())
         closes = {
-            # NATS's is bounded by itself (its socket goes in time) and says whether it drained.
             "nats": asyncio.ensure_future(self.broker.close(budget)),
             "postgres": asyncio.ensure_future(self._close_postgres(budget)),
             "http": asyncio.ensure_future(self.http.close()),
@@ -151,7 +140,7 @@ class Replica:
         cut = []
         for name, task in closes.items():
             if not task.done():
-                task.cancel()  # not waited for: the process exits, and its sockets go with it
+                task.cancel()  # not waited for: the process exits
                 cut.append(name)
             elif task.cancelled() or task.exception() is not None or task.result() is False:
                 cut.append(name)
@@ -166,11 +155,8 @@ class Replica:
         await self.pool.close(timeout=timeout)
 
     async def connect(self) -> bool:
-        """Wait for Postgres and NATS (with back-off), migrate, ensure streams. A stream whose
-        limits break a guarantee is a ConfigError: no retry, the replica does not start.
-
-        Postgres and NATS come up side by side (neither needs the other before a loop starts),
-        so start-up waits for the slower of the two rather than for both in turn."""
+        """Wait for Postgres and NATS side by side (with back-off), migrate, ensure streams; False
+        when stopped first. A ConfigError is not retried."""
         async for attempt in AsyncRetrying(
             retry=retry_if_not_exception_type(ConfigError),
             wait=wait_exponential(multiplier=0.2, max=5),
@@ -186,16 +172,14 @@ class Replica:
         return True
 
     async def _connect_postgres(self) -> None:
-        """The pool opens beside the schema check: opening sessions reads and writes nothing, and
-        no loop uses the pool before connect has returned, the schema checked."""
+        """The pool opens beside the schema check: no loop uses it before connect returns."""
         opening = asyncio.ensure_future(self.pool.open(wait=True, timeout=10))
         try:
             secret = await asyncio.to_thread(self._schema)
             await opening
         finally:
             if not opening.done():
-                # The check failed (Postgres away, say): retried after a back-off, not after the
-                # pool's 10 s; the pool goes on connecting meanwhile, and the retry waits for it.
+                # The check failed: retried after a back-off, not after the pool's timeout.
                 opening.cancel()
             elif not opening.cancelled():
                 opening.exception()  # seen: the schema check's error is the one raised
@@ -203,15 +187,12 @@ class Replica:
 
     async def _connect_nats(self) -> None:
         if not self.broker.connected:
-            # nats-py retries a first connect forever when reconnects are unlimited;
-            # bound it so a SIGTERM during an outage still gets a look-in.
+            # Bounded: nats-py retries a first connect forever, and a SIGTERM must get a look-in.
             await asyncio.wait_for(self.broker.connect(), timeout=10)
         await self.broker.ensure_streams()
 
     def _schema(self) -> bytes:
-        """Migrate; or, with TIMER_MIGRATE=false, wait (retried by connect) until someone has.
-        Then the fleet secret, which a migration makes. One session for the three: each session
-        opened costs Postgres a backend, three replicas starting at once three each."""
+        """Migrate (or wait until someone has), then read the fleet secret; one session for both."""
         with db.connect(self.s.database_url.get_secret_value()) as conn:
             db.require_utf8(conn)  # before anything is written
             if self.s.migrate:
@@ -237,16 +218,14 @@ class Replica:
             asyncio.create_task(self.firing.run(self.stop), name="firing"),
             asyncio.create_task(self._gauges(), name="gauges"),
             asyncio.create_task(Retention(self.store, self.s.retention).run(self.stop), name="retention"),
-            # The console's charts and its list of live replicas (table timer_stats).
             asyncio.create_task(StatsRollup(self.pool, self.s.worker_id).run(self.stop), name="stats"),
-            # Purges acknowledged commands (limits retention) and follows a cut-over (migrate-streams).
             asyncio.create_task(self.broker.tend_commands(self.stop), name="command-stream"),
         }
         stopper = asyncio.create_task(self.stop.wait(), name="stop")
         done, _ = await asyncio.wait(tasks | {stopper}, return_when=asyncio.FIRST_COMPLETED)
         crashed = [t for t in done if t is not stopper and t.exception() is not None]
         for t in crashed:
-            if isinstance(t.exception(), DatabaseError):  # not a bug: one line saying what to fix
+            if isinstance(t.exception(), DatabaseError):  # not a bug: one line
                 log.error(
                     str(t.exception()),
                     extra={"action": "database_refused", "loop": t.get_name(), "error": str(t.exception())},
@@ -258,14 +237,11 @@ class Replica:
         self.stop.set()
         self.exit_by = asyncio.get_running_loop().time() + self.s.drain_timeout_ms / 1000 + EXIT_MARGIN_S
         log.info("draining", extra={"action": "drain_started"})
-        # Soft stop: loops finish the batch in hand. Hard stop after the drain timeout; unmarked
-        # claims then simply expire and another replica fires them.
+        # Soft stop: loops finish the batch in hand; after the drain timeout, unmarked claims expire.
         _, late = await asyncio.wait(tasks, timeout=self.s.drain_timeout_ms / 1000)
         for t in late:
             t.cancel()
-        # Each loop owns the tasks it starts and cancels them with itself (Firing.run), and a
-        # cancelled statement is cancelled in Postgres too; still, the exit is bounded whatever
-        # a loop does with its cancellation: one that has not ended by then is left behind.
+        # The exit is bounded whatever a loop does with its cancellation.
         if late and (stuck := (await asyncio.wait(late, timeout=CANCEL_GRACE_S))[1]):
             log.error(
                 "loop ignored its cancellation",
@@ -275,8 +251,7 @@ class Replica:
         return 1 if crashed else 0
 
     def _writes_stalled(self) -> str | None:
-        """Why readiness fails when a write has been in flight past STALLED_WRITE_S, else None;
-        the start and the end of such a stall logged once each."""
+        """Why readiness fails for a write in flight past STALLED_WRITE_S, else None."""
         oldest = self.store.writes.oldest_s()
         metrics.DB_OLDEST_WRITE.set(oldest)
         stalled = oldest > STALLED_WRITE_S
@@ -294,10 +269,7 @@ class Replica:
         return f"postgres writes stalled: one has waited {oldest:.0f}s (a synchronous standby gone?)"
 
     async def _on_wake(self, msg: Any) -> None:
-        """Another replica's hint (Intake._hint), untrusted: a replica publishes the bare due time,
-        without reply or headers; a message with either came through JetStream (a consumer
-        pointed at the subject) or from someone else. Hints wake the loop at most so often
-        (Wakeup.peer_hint)."""
+        """Another replica's hint, untrusted: a bare due time, no reply or headers."""
         try:
             due = float(msg.data)
         except ValueError:
@@ -316,8 +288,7 @@ class Replica:
         """Cheap fleet gauges and pool stats, every few seconds."""
         rounds = 0
         while not self.stop.is_set():
-            # Every 15 s: two index-only statements and a ping, so an idle replica stays under
-            # one statement a second in all (its claim every TIMER_POLL_INTERVAL_MS included).
+            # Fleet gauges less often: an idle replica stays under one statement a second.
             if rounds % 3 == 0:
                 with contextlib.suppress(TransientError):  # readiness reports it
                     overdue, oldest, scheduled = await self.store.fleet_gauges(metrics.OVERDUE_CAP)
@@ -351,15 +322,15 @@ class Replica:
         if not self.broker.connected:
             return False, "nats not connected"
         if self.broker.problem:
-            self.broker.check_streams_soon()  # until it is gone: a stream created by hand, say
+            self.broker.check_streams_soon()
             return False, self.broker.problem
-        try:  # bounded by the store (pinger.PING_TIMEOUT_S), on a connection outside the pool
+        try:  # bounded, on a connection outside the pool
             await self.store.ping()
         except (TransientError, DatabaseError, TimeoutError) as exc:
             return False, f"postgres not reachable: {type(exc.__cause__ or exc).__name__}"
-        if self.store.write_failure:  # reachable, but refusing writes (read-only, disk full)
+        if self.store.write_failure:  # reachable, refusing writes
             return False, f"postgres writes failing: {self.store.write_failure}"
-        if stalled := self._writes_stalled():  # reachable, answering reads, every COMMIT waiting
+        if stalled := self._writes_stalled():
             return False, stalled
         if not self.started.is_set():
             return False, "starting"

@@ -1,16 +1,9 @@
 """OpenTelemetry spans for intake, claim, publish and mark (docs/OPERATIONS.md, Traces), and the
-W3C traceparent a command's headers must match to be carried or linked.
+W3C traceparent rule.
 
-Off unless OpenTelemetry's own environment asks for an exporter (`OTEL_EXPORTER_OTLP_ENDPOINT`,
-or `OTEL_TRACES_EXPORTER` other than `none`): then `setup` imports the SDK (the `otel` extra)
-and every other OTEL_* variable (service name, sampler, headers, batch sizes) is the SDK's to read.
-Off, nothing here imports OpenTelemetry and every call is a shared no-op: the loops pay one
-attribute read per batch, and nothing per timer.
-
-The spans of NATS messages (intake's, publish's) follow OpenTelemetry's messaging conventions:
-named `{messaging.operation.name} {destination}`, the destination a stream's name or a subject's
-template (`<prefix>.*.timer.due`), never a tenant's subject: tenants choose their ids, and a span
-name is what a tracing backend groups and indexes by, so it stays one of a few.
+Off unless OpenTelemetry's environment asks for an exporter; off, nothing imports OpenTelemetry
+and every call is a shared no-op. A span's name never holds a tenant's subject: backends group
+by name, so it stays one of a few.
 """
 
 from __future__ import annotations
@@ -31,19 +24,14 @@ if TYPE_CHECKING:
     from worker.contract import Outgoing
     from worker.core.domain import Claimed
 
-# W3C Trace Context, version 00's layout (https://www.w3.org/TR/trace-context/#traceparent-header):
-# fixed width and anchored, so `match` reads at most 55 characters of whatever a tenant sent.
+# W3C Trace Context, version 00: anchored, so `match` reads at most 55 characters of what a tenant sent.
 TRACEPARENT_RE = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}\Z")
 
 _tracer: Tracer | None = None  # set while tracing is on
 _provider: Any = None
-_max_links: int | None = None  # the SDK's span link limit (OTEL_SPAN_LINK_COUNT_LIMIT), None: none
+_max_links: int | None = None  # the SDK's span link limit
 
-# messaging.system: NATS is not among the values the conventions list, which allow another one.
 SYSTEM = "nats"
-# messaging.operation.type of each operation a span describes, by its messaging.operation.name:
-# intake processes a fetched batch of commands; firing publishes a batch of events, and creates
-# each traced occurrence's own message (its creation context, which the event carries).
 _OPERATION_TYPES = {"process": "process", "publish": "send", "create": "create"}
 Operation = Literal["process", "publish", "create"]
 Kind = Literal["consumer", "client"]
@@ -78,7 +66,7 @@ def setup() -> None:
     elif names <= {"otlp", "console", ""}:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter()  # OTEL_EXPORTER_OTLP_* (endpoint, headers, timeout) are its own
+        exporter = OTLPSpanExporter()  # reads OTEL_EXPORTER_OTLP_*
     else:
         raise ConfigError(f"OTEL_TRACES_EXPORTER: {','.join(sorted(names))}: only otlp, console or none")
     enable(BatchSpanProcessor(exporter), set_global=True)
@@ -90,8 +78,8 @@ def enable(processor: SpanProcessor, *, set_global: bool = False) -> None:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 
-    _provider = TracerProvider()  # reads OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER
-    _max_links = SpanLimits().max_links  # what the SDK would keep of a span's links, read as it does
+    _provider = TracerProvider()  # reads the other OTEL_* variables
+    _max_links = SpanLimits().max_links
     _provider.add_span_processor(processor)
     if set_global:
         trace.set_tracer_provider(_provider)
@@ -133,8 +121,7 @@ def messaging_span(
     attributes: Mapping[str, Any],
     links: Sequence[Link] | None = None,
 ) -> contextlib.AbstractContextManager[Any]:
-    """A span around one batch's messaging operation, named as the messaging conventions say:
-    `destination` a stream's name or a subject's template, never one tenant's (see above)."""
+    """A span around one batch's messaging operation; `destination` never one tenant's subject."""
     if _tracer is None:
         return _no_span()
     from opentelemetry.trace import SpanKind
@@ -157,8 +144,7 @@ class Headed(Protocol):
 def process_span(
     stream: str, consumer: str, msgs: Sequence[Headed]
 ) -> contextlib.AbstractContextManager[Any]:
-    """Intake's span of one fetched batch of commands, `process <command stream>`, linked to each
-    command's producer's trace (`links`)."""
+    """Intake's span of one fetched batch, linked to each command's producer's trace."""
     if _tracer is None:
         return _no_span()
     return messaging_span(
@@ -183,12 +169,8 @@ def _messaging(operation: Operation) -> dict[str, Any]:
 
 
 def links(headers: Iterable[Mapping[str, str] | None]) -> list[Link] | None:
-    """A span link to the producer's trace context each message came with: a valid `traceparent`
-    header, its name in any case (docs/CONTRACT.md, Trace context). Links, not a parent: a batch
-    has as many parents as messages. At most the SDK's link limit, as it would keep no more; a
-    header that is no valid traceparent (malformed, huge) is passed over, no link and no error,
-    after reading at most 55 characters of it (TRACEPARENT_RE). None while tracing is off,
-    the messages not even looked at."""
+    """A link to each message's valid traceparent, up to the SDK's limit; links, not a parent: a
+    batch has as many parents as messages. An invalid header is passed over. None while off."""
     if _tracer is None:
         return None
     from opentelemetry.trace import Link
@@ -214,10 +196,8 @@ def _remote(headers: Mapping[str, str]) -> SpanContext | None:
 
 
 def create_spans(due: Sequence[Claimed], messages: list[Outgoing], template: str) -> list[tuple[int, Span]]:
-    """One `create <template>` span per occurrence whose timer carried a traceparent: a child of the
-    producer's context, linked to the batch's publish span (the current one), which links back to
-    it. The event's trace context becomes this span's (its creation context), so the consumer's
-    span follows it in the same trace. (index in `due`, span) of each, to end once published."""
+    """A `create` span per occurrence carrying a traceparent, a child of the producer's context,
+    linked both ways to the current publish span; the event carries it. (index in `due`, span)."""
     if _tracer is None:
         return []
     from opentelemetry import trace
@@ -230,7 +210,7 @@ def create_spans(due: Sequence[Claimed], messages: list[Outgoing], template: str
     for i, timer in enumerate(due):
         if timer.carried is None or TRACEPARENT not in timer.carried:
             continue
-        nominal = timer.nominal_due_at or timer.due_at  # the event's own id, as due_event makes it
+        nominal = timer.nominal_due_at or timer.due_at  # as due_event makes the id
         s = _tracer.start_span(
             f"create {template}",
             context=extract(timer.carried),
@@ -265,7 +245,7 @@ def end_create_spans(spans: list[tuple[int, Span]], results: Sequence[BaseExcept
 
 
 def current_ids() -> tuple[str, str] | None:
-    """(trace id, span id) of the current span, in hex, for a log line; None when there is none."""
+    """(trace id, span id) of the current span, in hex, for a log line; or None."""
     if _tracer is None:
         return None
     from opentelemetry import trace
