@@ -1,4 +1,4 @@
-"""`python -m worker`: the `timer-service` command, for where the script is not on PATH."""
+"""`python -m worker`: `timer-service` where the script is not on PATH."""
 
 import sys
 

@@ -18,18 +18,13 @@ class TransientError(TimerServiceError):
 
 
 class DatabaseError(TimerServiceError):
-    """Postgres refused in a way retrying will not fix (schema missing, permission denied): the
-    replica stops with this one line, which names the problem."""
+    """Postgres refused in a way retrying will not fix: the replica stops with this one line."""
 
 
-# What a failure outside the process (a database session, a NATS call, a row, a message) means for
-# the loop that met it; `verdict` is the one place that decides it (README, "Database trouble").
+# What a failure outside the process means for the loop that met it.
 Verdict = Literal["transient", "alone", "fatal"]
 
-# What says "failing for now". An adapter whose client library raises errors of its own, and hands
-# the core objects that raise them (nats-py's messages, acknowledged by intake), adds them when it
-# is imported (worker/adapters/jetstream/errors.py): this module, and the core judging with it,
-# import no client library.
+# What says "failing for now"; adapters add their libraries' errors, so this imports none.
 _transient: tuple[type[BaseException], ...] = (TransientError, OSError, TimeoutError)
 
 
@@ -40,11 +35,8 @@ def count_as_transient(*kinds: type[BaseException]) -> None:
 
 
 def verdict(exc: BaseException) -> Verdict:
-    """transient: a dependency is failing for now (NATS reconnecting or refusing, Postgres
-    unreachable or read-only, a timeout): back off and retry, nothing acknowledged or marked.
-    alone: the data in hand is bad (a row or a message whose values break the code reading
-    them): that row or message is recorded and set aside; the loop goes on. fatal: the setting or
-    the database is wrong in a way no retry fixes: the replica stops with one line naming it."""
+    """transient: a dependency is failing for now: back off and retry. alone: the row or message
+    in hand is bad: set it aside, go on. fatal: no retry fixes it: the replica stops."""
     if isinstance(exc, (ConfigError, DatabaseError)):
         return "fatal"
     if isinstance(exc, _transient):

@@ -31,8 +31,7 @@ def redact(text: str) -> str:
 
 
 def _not_tls_eof_noise(record: logging.LogRecord) -> bool:
-    # asyncio warns on every TLS connection nats-py closes; it means nothing to an operator, and
-    # on the CLI it would be a second line after a successful command.
+    # asyncio warns on every TLS connection nats-py closes; it means nothing to an operator.
     return "eof_received() has no effect when using ssl" not in record.getMessage()
 
 
@@ -67,14 +66,12 @@ class TextFormatter(logging.Formatter):
         return redact(line.rstrip())
 
 
-# The most often a Throttled warning is written.
 THROTTLE_S = 10.0
 
 
 class Throttled:
-    """A warning that can come once per message (a `get` while Postgres is away: thousands a
-    second in a flood, ~36,000 lines at one replica's stop), written at most once every `every_s`;
-    the next line written says in `suppressed` how many were left out since the one before."""
+    """A warning that can come once per message, written at most once every `every_s`; the next
+    line says in `suppressed` how many were left out."""
 
     __slots__ = ("_every_s", "_logger", "_next", "_now", "_suppressed")
 

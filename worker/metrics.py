@@ -14,18 +14,15 @@ from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 from worker import __version__
 from worker.contract import REASONS
 
-# No `_created` series: prometheus_client gives every counter and histogram a twin holding the
-# time it was created, which doubles the series Prometheus stores for a value no query, alert or
-# dashboard here reads (rate() and increase() need none).
-disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
+# No `_created` twin series: they double what Prometheus stores, and nothing here reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-# Sub-millisecond at the low end: lateness p50 is a few ms (docs/BENCHMARKS.md), which a first
-# bucket of 5 ms could not resolve. 1 s is a boundary: the TimerLatenessObjective alert reads it.
+# Sub-millisecond at the low end, to resolve a p50 of a few ms; the lateness alert reads 1 s.
 # fmt: off
 _LATENESS_BUCKETS = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,  # on time
-    1, 2.5, 5, 10, 30, 60, 300, 3600,  # late: a crash (one lease), an outage, a backlog draining
+    1, 2.5, 5, 10, 30, 60, 300, 3600,  # late
 )
 # fmt: on
 
@@ -41,14 +38,13 @@ BULK_TIMERS = Counter(
     "Timers a bulk action (a cancel, pause or resume naming labels) acted on, by their outcome",
     ["kind", "outcome"],
 )
-for _kind in ("cancel", "pause", "resume"):  # a series at 0 from start-up: a rate from the first one
+for _kind in ("cancel", "pause", "resume"):  # at 0 from start-up, for rate()
     BULK_TIMERS.labels(_kind, "applied")
 BULK_HELD = Gauge(
     "timer_bulk_held",
     "Commands on many timers (bulk actions, a tenant's pause or resume) the bulk lane holds",
 )
 COMMANDS_REJECTED = Counter("timer_commands_rejected_total", "Invalid commands sent to the DLQ", ["reason"])
-# An ack or nak NATS could not take (reconnecting): the command comes back after the ack wait.
 COMMAND_SETTLE_FAILED = Counter(
     "timer_command_settle_failed_total",
     "Command acknowledgements NATS could not take (reconnecting); the command is redelivered",
@@ -58,7 +54,7 @@ COMMANDS_PURGED = Counter(
     "Acknowledged commands purged from a limits command stream (below the consumer's ack floor)",
 )
 for _reason in sorted(REASONS):
-    # At 0 from the start, so TimerCommandRejections' rate() has a series before the first rejection.
+    # At 0 from the start, for rate().
     COMMANDS_REJECTED.labels(_reason)
 CARRIED_HEADERS_DROPPED = Counter(
     "timer_carried_headers_dropped_total",
@@ -106,7 +102,7 @@ FIRE_ERRORS = Counter(
     ["reason"],
 )
 for _reason in ("unreadable_due_at", "due_at_out_of_range", "bad_repeat", "event_too_large"):
-    FIRE_ERRORS.labels(_reason)  # every series exists from the start, at 0, for rate() and alerts
+    FIRE_ERRORS.labels(_reason)
 POSTPONED = Counter(
     "timer_postponed_total",
     "Claimed occurrences put back for a later claim, the replica's budget spent (reason: what it was for)",
@@ -127,12 +123,10 @@ LATENESS_SECONDS = Histogram(
 )
 
 LOOP_TICK = Gauge("timer_loop_last_tick_timestamp_seconds", "Last time each loop made progress", ["loop"])
-# The overdue counts (this gauge, `status`, `list`, `describe`) stop here: a huge backlog stays
-# cheap to measure, and a count this high says all it needs to.
+# Overdue counts stop here, so a huge backlog stays cheap to measure.
 OVERDUE_CAP = 100_000
 OVERDUE = Gauge("timer_overdue", f"Unclaimed occurrences past their dueAt (counted up to {OVERDUE_CAP:,})")
-# Paused timers (docs/USING.md, Pause and resume), counted up to OVERDUE_CAP like timer_overdue, and the
-# tenants paused as a whole. Paused timers are in neither timer_overdue nor timer_scheduled_estimate.
+# Paused timers are in neither timer_overdue nor timer_scheduled_estimate.
 PAUSED = Gauge("timer_paused", f"Paused timers (counted up to {OVERDUE_CAP:,})")
 PAUSED_TENANTS = Gauge("timer_paused_tenants", "Tenants paused as a whole")
 SCHEDULED = Gauge("timer_scheduled_estimate", "Scheduled timers, the planner's estimate (fleet-wide)")
@@ -155,7 +149,7 @@ _last_tick: dict[str, float] = {}
 
 
 def tick(loop: str) -> None:
-    """A loop made progress: for the alert on the gauge, and for /healthz."""
+    """A loop made progress: for the alert and /healthz."""
     now = time.time()
     _last_tick[loop] = now
     LOOP_TICK.labels(loop).set(now)
@@ -166,18 +160,15 @@ def last_tick(loop: str) -> float | None:
 
 
 def inc_many(counter: Counter, counts: collections.Counter[tuple[str, ...]]) -> None:
-    """Add a batch's counts to a labelled counter, one labels() call per label set (one per
-    command was not free on intake's path), and start `counts` over."""
+    """Add a batch's counts, one labels() call per label set, and clear `counts`."""
     for labels, n in counts.items():
         counter.labels(*labels).inc(n)
     counts.clear()
 
 
 def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:
-    """`histogram.observe` for each amount, at the cost of one: a bucket's count and the sum are
-    added once per call, not once per amount (per fired timer, observe was 3 % of a replica's CPU
-    in a drain). Needs prometheus_client's unlabelled Histogram internals (_upper_bounds, _buckets,
-    _sum); without them, it observes one by one."""
+    """`histogram.observe` for each amount, at the cost of one, through prometheus_client's
+    internals; without them, one by one."""
     if not amounts:
         return
     bounds = getattr(histogram, "_upper_bounds", None)
@@ -189,7 +180,7 @@ def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:
         return
     counts = [0] * len(bounds)
     for amount in amounts:
-        counts[bisect.bisect_left(bounds, amount)] += 1  # the first bound >= amount, as observe picks
+        counts[bisect.bisect_left(bounds, amount)] += 1  # the first bound >= amount, as observe
     for i, n in enumerate(counts):
         if n:
             buckets[i].inc(n)

@@ -1,9 +1,5 @@
-"""The settings every entry point (the replica, the CLI, the console, the devkit) loads: config's,
-read from the environment and checked, and the database URL checked by the Postgres adapter.
-
-config.py holds the Settings the core reads, so it imports no database driver; libpq, which alone
-knows what a conninfo may hold, is asked here.
-"""
+"""The settings every entry point loads: config's, and the database URL checked by libpq, which
+config.py (read by the core) cannot import."""
 
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def load_console_settings(**overrides: Any) -> ConsoleSettings:
-    """The console's settings, checked the same way (no credentials: it does not start)."""
+    """The console's settings, checked the same way."""
     return _database_checked(build(ConsoleSettings, overrides))
 
 
