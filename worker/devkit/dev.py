@@ -1,5 +1,4 @@
-"""`timer-service dev`: the whole service on one machine, a playground: servers, replicas, the
-console, the line that points the CLI at them, a demo load and a live view."""
+"""`timer-service dev`: the whole service on one machine, with a demo load and a live view."""
 
 from __future__ import annotations
 
@@ -31,8 +30,8 @@ from worker.errors import ConfigError
 from worker.settings import load_settings
 
 TENANTS = ["acme", "globex", "initech", "umbrella", "hooli"]
-MAX_DELAY_S = 5.0  # demo timers come due 0.5 to 5 s after they are scheduled
-SETTLE_S = MAX_DELAY_S + 5  # after the load stops: time for the last timers to fire
+MAX_DELAY_S = 5.0
+SETTLE_S = MAX_DELAY_S + 5  # for the last timers to fire
 
 
 @contextlib.contextmanager
@@ -75,14 +74,12 @@ def run_dev(duration: float | None, replicas: int, rate: int) -> int:
                     result, interrupted = asyncio.run(
                         _demo(nats_url, settings.subject_prefix, settings.event_stream, duration, rate)
                     )
-                    # The replicas first, at once, as before there was a console: one that has
-                    # drained on Ctrl-C on its own must not meet the SIGTERM late, as it exits.
+                    # The replicas first: one drained on Ctrl-C must not meet a late SIGTERM.
                     codes = fleet.terminate_all()
             clean = all(c == 0 for c in codes.values())
             if not clean:
                 print(f"replica exit codes: {codes}", file=sys.stderr)
             if interrupted:
-                # Stopped by hand: what had not fired yet was still pending, not lost.
                 pending = result["scheduled"] - result["fired"]
                 print(
                     f"stopped: scheduled={result['scheduled']} fired={result['fired']} pending={pending} "
@@ -106,9 +103,8 @@ def _console_line(url: str | None, token: str) -> str:
 
 
 def export_line(db_url: str, nats_url: str) -> str:
-    """What to paste in another shell for the CLI and the client to find the servers dev started:
-    one line, the embedded servers' URLs (a server given by its TIMER_* variable is the shell's
-    already, and its URL may hold a password, which is not printed)."""
+    """The export line for the CLI in another shell: the embedded servers' URLs only (a given
+    one may hold a password)."""
     own = {"TIMER_DATABASE_URL": db_url, "TIMER_NATS_URL": nats_url}
     given = {k: v for k, v in own.items() if os.environ.get(k) == v}
     if len(given) == len(own):
@@ -117,15 +113,13 @@ def export_line(db_url: str, nats_url: str) -> str:
     return f"for the CLI, in another shell:\nexport {exports}"
 
 
-# The console's own default port, the one the README names; another when that one is taken.
 CONSOLE_PORT = 8081
 
 
 @contextlib.contextmanager
 def console(env: Mapping[str, str], workdir: Path) -> Iterator[tuple[str | None, str]]:
-    """`timer-service console` beside the replicas, answering: (its URL, its token), or (None, "")
-    without the `console` extra. On loopback with actions on (the playground is the developer's
-    own machine), a new token each run (the console refuses to start without one)."""
+    """`timer-service console` on loopback with actions on: (its URL, its token), or (None, "")
+    without the `console` extra."""
     if importlib.util.find_spec("starlette") is None:
         yield None, ""
         return
@@ -153,7 +147,7 @@ def console(env: Mapping[str, str], workdir: Path) -> Iterator[tuple[str | None,
 
 
 def _ms(value: float) -> str:
-    """A lateness, or `-` before anything fired (a percentile of nothing is NaN)."""
+    """A lateness, or `-` before anything fired."""
     return "-" if math.isnan(value) else f"{value:.1f}"
 
 
@@ -177,7 +171,6 @@ async def _demo(
             elapsed = time.monotonic() - started
             if load_for is not None and elapsed >= load_for:
                 break
-            # Schedule what is owed at `rate` per second so far, then show the live line.
             owed = int(elapsed * rate) - n
             for _ in range(max(0, owed)):
                 n += 1
@@ -189,18 +182,18 @@ async def _demo(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.25 if sys.stdout.isatty() else 1.0)
         if duration is not None and not stop.is_set():
-            # Let every scheduled timer come due and fire (SETTLE_S at most), then stop.
+            # Let every scheduled timer fire (SETTLE_S at most).
 
             async def settled() -> bool:
                 if stop.is_set() or scheduled <= set(recorder.keys()):
                     return True
                 _live(scheduled, recorder, time.monotonic() - started)
-                # The pause between looks is this wait, so that a signal ends it at once.
+                # Waiting on stop, so a signal ends the pause at once.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=0.25 if sys.stdout.isatty() else 1.0)
                 return False
 
-            with contextlib.suppress(TimeoutError):  # what has not fired by then, the summary counts
+            with contextlib.suppress(TimeoutError):  # the summary counts what has not fired
                 await until_async(settled, SETTLE_S, "every scheduled timer to fire", interval=0)
     finally:
         await client.close()

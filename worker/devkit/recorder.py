@@ -1,5 +1,4 @@
-"""A consumer outside the service that records what it publishes: for `dev`, `bench`, the tests and
-the chaos suite (one recorder for all four, so they measure the same way)."""
+"""A consumer outside the service that records what it publishes; one for all, so all measure alike."""
 
 from __future__ import annotations
 
@@ -41,9 +40,8 @@ class Firing:
     tenant_id: str
     service_call_id: str
     due_at: float  # epoch seconds
-    reached_at: float  # when the replica published it, on its database-clock estimate
-    received_at: float  # epoch seconds, this process's clock
-    # When it was planned to fire: a firing window's plannedAt (docs/CONTRACT.md), else dueAt.
+    reached_at: float  # on the replica's database-clock estimate
+    received_at: float  # this process's clock
     planned_at: float | None = None
 
     @classmethod
@@ -58,15 +56,8 @@ class Firing:
 class Recorder(Generic[T]):
     """Every message stored on `subject` in `stream`, as `keep(receive time, message)` makes it.
 
-    Through an ordered consumer: it re-creates itself after a fault (a server restart, a cut
-    connection) and neither skips nor repeats a stored message, so what it holds is what the
-    stream holds. On its own connection, which reconnects for ever, unless given one. `keep`
-    runs as each message arrives: a bench run receives hundreds of thousands, too many to hold
-    as nats-py messages.
-
-    With `durable`, through what a user's consumer would use instead (the client's due_events
-    on that durable consumer, each event acknowledged): the benchmarks measure the receive
-    time and CPU of that (it re-delivers what was not acknowledged, so a record may repeat).
+    Through an ordered consumer, which neither skips nor repeats across faults. With `durable`,
+    through the client's due_events, as a user's consumer would (a record may then repeat).
     """
 
     def __init__(
@@ -97,7 +88,7 @@ class Recorder(Generic[T]):
             js, self.subject, durable=self.durable, stream=self.stream, ack_every=256, max_ack_pending=4096
         )
 
-        async def receive() -> None:  # the consumer delivers all the stream holds, however late it starts
+        async def receive() -> None:
             async for event in events:
                 self.records.append(self.keep(time.time(), event))
                 event.ack()
@@ -108,7 +99,7 @@ class Recorder(Generic[T]):
         self.records.append(self.keep(time.time(), msg))
 
     async def stop(self) -> None:
-        """Closes the connection it opened (one it was given stays open)."""
+        """Closes the connection it opened, not one it was given."""
         if self._receiving is not None:
             self._receiving.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,9 +1,5 @@
-"""sql/schema.sql: the schema the migrations build, for a reader who wants the table, not twelve
-migrations. Generated, never edited: `make schema` (or `python -m worker.devkit.schema`) migrates
-a throwaway embedded Postgres and writes its `pg_dump --schema-only`, normalised (no comments, no
-session settings, no owners or grants), and tests/integration/postgres/test_schema.py fails when the file
-no longer matches what the migrations build.
-"""
+"""sql/schema.sql, generated (`make schema`): the migrations' schema in one file for a reader,
+from a throwaway Postgres's normalised `pg_dump --schema-only`."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ HEADER = (
     "-- timers.claimed_at holds the recurrence reference, not when the row was claimed (read as\n"
     "-- recurrence_ref; docs/SQL.md, record_fired): its name is older than its use.\n"
 )
-# pg_dump's lines that say nothing of the schema: its session settings, and from 17.6 on the
-# \restrict key it draws anew on every run.
+# Not the schema: session settings, and the \restrict key drawn anew each run.
 _NOISE = re.compile(r"^(SET |SELECT pg_catalog\.set_config|\\restrict |\\unrestrict )")
 
 
