@@ -1,11 +1,7 @@
-"""The named SQL of sql/queries/, loaded once: no SQL text is scattered through the code.
+"""The named SQL of sql/queries/, loaded once: each statement under `-- name: <name>`, one namespace.
 
-Each file holds the statements of one subsystem, each under `-- name: <name>` and a line saying
-what it does (docs/SQL.md says why). The names are one namespace, a dict for every file.
-
-A predicate or a SET list two statements share is written once, under `-- fragment: <name>`, and
-spliced where a statement says `{{<name>}}`: the text Postgres receives, and so the plan, is what
-it would be written out, with nothing to keep in step.
+A `-- fragment: <name>` is spliced where a statement says `{{<name>}}`, so Postgres receives the
+text as if written out.
 """
 
 from __future__ import annotations
@@ -52,8 +48,7 @@ def parse(texts: Iterable[str]) -> dict[str, LiteralString]:
 
 
 def _strip_description(body: str) -> str:
-    """A fragment's text without its description: it goes inside another statement, where a comment
-    line would end mid-expression."""
+    """A fragment's text without its description, which would end mid-expression where it goes."""
     lines = body.strip().splitlines()
     while lines and lines[0].startswith("--"):
         lines.pop(0)
