@@ -73,7 +73,7 @@ class Broker:
         self.nc: NATS | None = None
         self._js: JetStreamContext | None = None
         self.publisher = Publisher(settings, on_failure=self.check_streams_soon)
-        # Why the streams cannot be used (missing and not ours to create, or refused); None when fine.
+        # Why the streams cannot be used; None when fine.
         self.problem: str | None = None
         self._check: asyncio.Task[None] | None = None
         self._checked_at = float("-inf")
@@ -143,8 +143,7 @@ class Broker:
 
     async def ensure_streams(self) -> None:
         """Create the streams and the shared consumer when missing; never rewrite existing ones.
-        TransientError: a stream missing, not ours to create; ConfigError: limits break a guarantee.
-        """
+        TransientError: a stream missing, not ours to create; ConfigError: limits break a guarantee."""
         s = self.settings
         jsm = self.js  # a JetStreamContext is a JetStreamManager (public API)
         found: dict[str, api.StreamConfig] = {}
@@ -195,7 +194,7 @@ class Broker:
             await asyncio.shield(self._probe)
 
     async def _measure(self, events: api.StreamConfig) -> None:
-        """In the background: choose the batches by the probe (probe.py); atomic until then, or if it fails."""
+        """In the background, the probe's choice of batches; atomic until then, or if it fails."""
         s = self.settings
         try:
             probe = probe_stream(s, self.subjects, events)
@@ -242,8 +241,7 @@ class Broker:
         self.problem = problem
 
     def check_streams_soon(self) -> None:
-        """After a failure a missing stream would explain: in the background, recreate what is
-        missing, or say in `problem` why the streams cannot be used."""
+        """In the background, recreate what a failure says may be missing, or say in `problem` why not."""
         if not self.connected or (self._check is not None and not self._check.done()):
             return
         if time.monotonic() - self._checked_at < CHECK_INTERVAL_S:
@@ -266,8 +264,7 @@ class Broker:
         return CommandFeed(self.nc, self.settings.consumer, self.commands)
 
     async def tend_commands(self, stop: asyncio.Event) -> None:
-        """Until stop, about once a second: purge acknowledged commands, follow a cut-over and see
-        the old stream drained. An error waits for the next round."""
+        """Until stop, about once a second: purge acknowledged commands and follow a cut-over."""
         while not stop.is_set():
             try:
                 await self.tend_once()

@@ -1,7 +1,5 @@
-"""Whether fast-ingest batches cost this NATS server less than atomic ones, for
-TIMER_EVENTS_FAST_INGEST=auto: under `sync_interval: always` a fast batch fsyncs each message. No
-API says which sync a server runs, so a replica measures both kinds on a small stream of its own;
-a wrong choice costs speed only."""
+"""Whether fast-ingest batches cost this NATS server less than atomic ones (TIMER_EVENTS_FAST_INGEST=auto):
+no API says if it fsyncs each message, so a replica measures; a wrong choice costs speed only."""
 
 from __future__ import annotations
 
@@ -51,8 +49,8 @@ def probe_stream(s: Settings, subjects: Subjects, events: api.StreamConfig) -> a
 async def fast_batches_cheaper(
     js: JetStreamContext, publisher: Publisher, config: api.StreamConfig, timeout: float
 ) -> bool:
-    """Whether fast-ingest batches are quicker than atomic ones on `config`'s stream (made when
-    missing): as recorded in its metadata within MEASURE_EVERY_S, else measured and recorded."""
+    """Whether fast-ingest batches are the quicker on `config`'s stream (made when missing): as
+    recorded in its metadata within MEASURE_EVERY_S, else measured."""
     assert config.name is not None
     try:
         made = (await js.stream_info(config.name)).config

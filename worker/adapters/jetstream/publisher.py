@@ -85,12 +85,9 @@ class Publisher:
     async def publish_atomic(
         self, messages: Sequence[Outgoing], timeout: float
     ) -> list[BaseException | None]:
-        """Publish in batches: fast-ingest where ensure_streams chose them, else atomic (all or nothing).
-
-        Far cheaper than a PubAck per message but slower to answer, so fewer than ATOMIC_BATCH_MIN go
-        one by one. A batch with a Nats-Msg-Id the stream has is refused whole and sent again one by
-        one, so only first attempts belong here; a stream without allow_atomic turns batching off.
-        """
+        """Publish in batches: fast-ingest where ensure_streams chose them, else atomic (all or
+        nothing), and fewer than ATOMIC_BATCH_MIN one by one, as a batch is slower to answer. A batch
+        is refused whole for a known Nats-Msg-Id, so only first attempts belong here."""
         if self.fast and len(messages) > 1:
             return await self.publish_fast(messages, timeout)
         if not self.atomic or len(messages) < ATOMIC_BATCH_MIN:
@@ -131,10 +128,8 @@ class Publisher:
         return results
 
     async def publish_fast(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
-        """Publish in fast-ingest batches (allow_batched); for each message, None once stored (or
-        its Nats-Msg-Id already was), else why not. A duplicate is skipped, not refused, so retries
-        may come here; those after a refused one go again one by one.
-        """
+        """Publish in fast-ingest batches; for each message, None once stored (or its Nats-Msg-Id
+        already was), else why not. Those after a refused one go again one by one."""
         assert self.nc is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

@@ -1,13 +1,8 @@
-"""One JetStream pull consumer, read our own way: one inbox subscription whose callback appends each
-delivery to a buffer, and one `CONSUMER.MSG.NEXT` request per fetch (nats-py's fetch makes a task
-per message).
+"""One JetStream pull consumer, read our own way: an inbox subscription whose callback fills a
+buffer, and one `CONSUMER.MSG.NEXT` request per fetch (nats-py's fetch makes a task per message).
 
-A fetch returns at once with what is there, and waits up to `timeout` only while nothing is; a late
-delivery stays in the buffer for the next fetch. The statuses a pull gets (ADR-13):
-
-- 100 a heartbeat: ignored; 404, 408, 409 Leadership Change or Server Shutdown: the request is over.
-- 409 Exceeded MaxRequestBatch of N: PullFailed once, then every request asks for at most N.
-- any other (409 Consumer Deleted, 503 no responders, ...): PullFailed, naming it.
+404, 408 and a 409 Leadership Change or Server Shutdown end a request; 409 Exceeded MaxRequestBatch
+of N lowers the batch to N; any other status is PullFailed, naming it (ADR-13).
 """
 
 from __future__ import annotations
@@ -100,8 +95,7 @@ class Pull:
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
         """Up to `batch` messages: what is buffered at once, else what one request brings within
-        `timeout`. TimeoutError when nothing came, PullFailed when the server refused the pull,
-        a nats.errors.Error when the request could not be sent."""
+        `timeout`. TimeoutError when nothing came, PullFailed when the server refused."""
         deadline = time.monotonic() + timeout
         batch = min(batch, self._max_batch or batch)
         no_wait = True
@@ -165,8 +159,7 @@ class Pull:
         return [buffer.popleft() for _ in range(batch)]
 
     async def unsubscribe(self) -> None:
-        """Stop, and offer what was delivered but never handed out to the other replicas now,
-        not after the ack wait. Never raises for a connection already gone."""
+        """Stop, and NAK what was never handed out, for other replicas now; never raises if disconnected."""
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(nats.errors.Error):

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The command consumer's redelivery delay for an unacknowledged command (see ensure_streams).
+# The command consumer's redelivery delay for an unacknowledged command.
 ACK_WAIT_S = 10
 # Metadata of a retired command stream: the stream that took its subjects over (migrate-streams).
 SUCCESSOR = "timer-service.successor"
@@ -37,7 +37,7 @@ DRAIN_FETCH_S = 0.05
 
 
 def stream_configs(s: Settings, subjects: Subjects, fast_ingest: bool) -> list[api.StreamConfig]:
-    """The streams as this service creates them (`fast_ingest`: the server takes fast batches)."""
+    """The streams as this service creates them."""
     configs = [
         api.StreamConfig(
             name=s.command_stream,
@@ -121,9 +121,8 @@ def event_batches(
     s: Settings, events: api.StreamConfig, fast_ingest: bool, was_fast: bool, cheaper: bool | None = None
 ) -> bool:
     """Fast-ingest (True) or atomic batches for events, from TIMER_EVENTS_FAST_INGEST, the server
-    (`fast_ingest`) and the stream as it exists, which is never changed. "auto" takes fast batches
-    on a replicated stream, and on a single one once measured cheaper (`cheaper`, probe.py); a
-    change from `was_fast` is logged."""
+    and the stream as it exists: "auto" takes fast ones on a replicated stream, or once measured
+    cheaper (`cheaper`, probe.py)."""
     mode = s.events_fast_ingest
     allowed = _takes_fast(events, fast_ingest)
     fast = allowed and (mode == "on" or (mode == "auto" and (_replicated(events) or cheaper is True)))
@@ -141,8 +140,7 @@ def event_batches(
 
 
 def probe_wanted(s: Settings, events: api.StreamConfig, fast_ingest: bool) -> bool:
-    """Whether "auto" must measure the server's batches: a single-replica events stream that takes
-    fast ones, managed by this service."""
+    """Whether "auto" must measure: a single-replica events stream of ours that takes fast ones."""
     return (
         s.events_fast_ingest == "auto"
         and _takes_fast(events, fast_ingest)
@@ -193,8 +191,7 @@ async def command_stream_now(js: JetStreamContext, settings: Settings) -> str:
 
 
 class CommandStreams:
-    """The command stream intake reads (the configured one or its successor), the old one it
-    still drains after a cut-over (None when there is none), and its purge."""
+    """The command stream intake reads, the old one it drains after a cut-over, and its purge."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -207,9 +204,8 @@ class CommandStreams:
     async def resolve(
         self, js: JetStreamContext, found: dict[str, api.StreamConfig], messages: dict[str, int]
     ) -> str:
-        """The stream intake reads: the configured one, or the one migrate-streams moved its subjects
-        to (its metadata), the old one drained meanwhile. Never creates the successor, whose sequence
-        must continue the old stream's: TransientError when it is missing."""
+        """The stream intake reads: the configured one or the one migrate-streams moved its subjects
+        to, the old one drained meanwhile. TransientError when the successor is missing."""
         s = self.settings
         configured = found[s.command_stream]
         successor = (configured.metadata or {}).get(SUCCESSOR)

@@ -40,7 +40,7 @@ async def select_labelled(
 
 
 async def plan_selection(conn: psycopg.AsyncConnection[Any], params: dict[str, Any]) -> None:
-    """The plan settings for a chunk: the labels index under FEW timers after the cursor, else the key range."""
+    """A chunk's plan settings: the labels index under FEW timers after the cursor, else the key range."""
     await conn.execute(QUERIES["plan_labels_index"])
     cur = await conn.execute(QUERIES["count_labelled"], counted(params), prepare=False)
     if int((await cur.fetchone() or (0,))[0]) >= FEW:

@@ -75,11 +75,8 @@ async def claim(pool: AsyncConnectionPool[Any], db: Db, params: ClaimParams, wri
 
 
 class Batch:
-    """One claim's transaction (ports.ClaimedBatch), its connection out of the pool until it ends;
-    the lease (idle_in_transaction_session_timeout) ends one whose replica froze.
-
-    What the claim wrote as fired (`recorded`) commits so only if acknowledged; the rest is put
-    back leased in the same transaction."""
+    """One claim's transaction (ports.ClaimedBatch), its connection out of the pool until it ends.
+    What the claim wrote as fired (`recorded`) commits so only if acknowledged."""
 
     __slots__ = ("_claim", "_conn", "_db", "_pool", "_recorded", "_writes", "result")
 
@@ -178,8 +175,7 @@ def _unfired(fired: Sequence[Fired]) -> list[bool] | None:
 
 
 def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
-    """record_fired_again's: each firing's key, occurrence and definition (the guard), and what
-    to record; a column NULL in every row is sent as one NULL."""
+    """record_fired_again's: each firing's key, occurrence and definition (the guard), what to record."""
     timers = [f.timer for f in fired]
 
     def column(values: list[Any]) -> list[Any] | None:
@@ -217,8 +213,7 @@ def decide_params(due: Sequence[Claimed], expired: Collection[Key]) -> dict[str,
 
 
 def retry_params(held: Sequence[tuple[Leased, str | None, int]], owner: str | None = None) -> dict[str, Any]:
-    """retry_later's: (occurrence, error or None to keep the row's, ms to hold it) each, and the
-    lease's owner (None: any replica's after the back-off)."""
+    """retry_later's: (occurrence, error or None, ms to hold it) each, and the lease's owner."""
     return {
         "row_id": [h.row_id for h, _, _ in held],
         "lease_token": [h.lease_token for h, _, _ in held],
@@ -230,8 +225,8 @@ def retry_params(held: Sequence[tuple[Leased, str | None, int]], owner: str | No
 
 @dataclass(frozen=True, slots=True)
 class _ClaimReader:
-    """Where claim_due's columns are, found once per shape: rows come as plain tuples (cheaper than
-    a row class), and a missing column fails the claim, naming it."""
+    """Where claim_due's columns are, found once per shape: rows are plain tuples (cheaper than a
+    row class), and a missing column fails the claim."""
 
     claimed: Callable[[Sequence[Any]], tuple[Any, ...]]  # Claimed's fields, in its order
     unreadable: Callable[[Sequence[Any]], tuple[Any, ...]]  # Unreadable's

@@ -1,4 +1,4 @@
-"""upsert_schedules' array parameters, a column per field of the ScheduleTimers of a batch."""
+"""upsert_schedules' array parameters, a column per field of a batch's ScheduleTimers."""
 
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def require_utf8(conninfo: str | psycopg.Connection[Any]) -> None:
 
 @contextmanager
 def connect(conninfo: str, read_only: bool = False) -> Iterator[psycopg.Connection[Any]]:
-    """One autocommit session in UTC with the service's adapters (the CLI's, the migrations')."""
+    """One autocommit session with the session's pins (the CLI's, the migrations')."""
     with psycopg.connect(session_conninfo(conninfo), autocommit=True, context=ADAPTERS) as conn:
         if read_only:
             conn.read_only = True
@@ -134,10 +134,8 @@ RECONNECT_S = 1.0
 
 
 class Refill:
-    """The pool's reconnect_failed: a lost connection retried about every second rather than with
-    psycopg_pool's doubling delay, so a failover's new primary is reached at once.
-
-    A task of its own, one at a time: checking idle connections on a silent host may take long."""
+    """The pool's reconnect_failed: a lost connection retried about every second, not with
+    psycopg_pool's doubling delay, so a failover's new primary is reached at once."""
 
     def __init__(self) -> None:
         self._task: asyncio.Task[None] | None = None
@@ -155,10 +153,8 @@ class Refill:
 def pool(
     conninfo: str, name: str, min_size: int, max_size: int, idle_in_transaction_ms: int
 ) -> AsyncConnectionPool[Any]:
-    """The replica's pool, not yet open, each session named `name` in pg_stat_activity.
-
-    idle_in_transaction_session_timeout is the lease of a claim open across its publish: a frozen
-    replica's claim is rolled back and the rows claimed by another (the publish timeout is shorter)."""
+    """The replica's pool, not yet open. idle_in_transaction_session_timeout is the lease of a
+    claim open across its publish: a frozen replica's claim is rolled back."""
     idle = f"idle_in_transaction_session_timeout={idle_in_transaction_ms}"
     return AsyncConnectionPool(
         _with_option(session_conninfo(conninfo), idle),

@@ -1,10 +1,6 @@
-"""Versioned schema migrations from sql/migrations, safe when N replicas run them at once.
-
-Each migration runs in its own transaction with its version row; one whose first line is
-`-- migration: no-transaction` runs statement by statement (each ends a line with `;` and can run
-again). The runner bounds each lock wait to LOCK_TIMEOUT_MS and retries for `budget_s`, so the fleet
-is held up at most that long at a time; CONCURRENTLY statements, which block no write, wait unbounded.
-"""
+"""Versioned schema migrations from sql/migrations, safe when N replicas run them at once: each in
+its own transaction (or statement by statement, `-- migration: no-transaction`), each lock wait
+bounded to LOCK_TIMEOUT_MS and retried, so the fleet is never held up longer at a time."""
 
 from __future__ import annotations
 
@@ -64,8 +60,7 @@ def _has_sql(part: str) -> bool:
 
 
 def status(conninfo: str | psycopg.Connection[TupleRow]) -> tuple[list[int], list[tuple[int, str]]]:
-    """(versions applied, (version, name) of each shipped one not applied); a version this build
-    does not ship counts as applied, not an error."""
+    """(versions applied, (version, name) of each shipped one not applied)."""
     with db.session(conninfo) as conn:
         applied = _applied(conn)
     return applied, [(version, name) for version, name, _ in available() if version not in applied]

@@ -19,8 +19,8 @@ PAUSE_CHUNK = 5000
 PAUSE_ROWS_PER_STEP = PAUSE_CHUNK
 
 
-# Advisory locks one intake transaction holds at most: past this many tenants it locks their hashed
-# slots instead, so the shared lock table holds every replica's.
+# Advisory locks one intake transaction holds at most, so the shared lock table holds every
+# replica's: past this many tenants it locks their hashed slots instead.
 TENANT_LOCKS = 32
 
 
@@ -89,8 +89,7 @@ async def pause(
 
 
 async def _move_rows(conn: psycopg.AsyncConnection[Any], command: PauseTimers) -> tuple[list[Any], bool]:
-    """Move up to PAUSE_ROWS_PER_STEP of the tenant's rows: (their dueAts on resume, whether
-    more may be left)."""
+    """Move up to PAUSE_ROWS_PER_STEP rows: (their dueAts on resume, whether more may be left)."""
     after, dues, moved = "", [], 0
     while True:
         async with conn.transaction():

@@ -1,4 +1,4 @@
-"""How a Postgres error is judged: worth retrying or not (classify), for every adapter's caller."""
+"""How a Postgres error is judged: worth retrying or not (classify)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The named SQL of sql/queries/, loaded once: each statement under `-- name: <name>`, one namespace.
-
-A `-- fragment: <name>` is spliced where a statement says `{{<name>}}`, so Postgres receives the
-text as if written out.
-"""
+"""The named SQL of sql/queries/ (`-- name: <name>`), loaded once; a `-- fragment: <name>` is
+spliced where a statement says `{{<name>}}`."""
 
 from __future__ import annotations
 
@@ -43,7 +40,7 @@ def parse(texts: Iterable[str]) -> dict[str, LiteralString]:
     unused = set(fragments) - {m for body in named.values() for m in _USE.findall(body)}
     if unused:
         raise QueryFileError(f"sql/queries/: fragment {', '.join(sorted(unused))} is used nowhere")
-    # The files' text, no value from outside: LiteralString for psycopg (mypy takes any str as one).
+    # The files' own text, so LiteralString for psycopg.
     return {name: _USE.sub(splice, body) for name, body in named.items()}
 
 

@@ -1,8 +1,5 @@
-"""The replica's minute stats (table timer_stats): what the console charts.
-
-Every STATS_EVERY_S one small upsert adds what /metrics' counters gained since the last write to
-this replica's row of the minute. A failed write is only logged: stats must never stop a replica.
-"""
+"""The replica's minute stats (table timer_stats), what the console charts: what /metrics' counters
+gained, added every STATS_EVERY_S. A failed write is only logged: stats never stop a replica."""
 
 from __future__ import annotations
 

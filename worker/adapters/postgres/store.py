@@ -33,8 +33,7 @@ log = logging.getLogger(__name__)
 ORDER_GRACE = timedelta(minutes=1)
 # How far ahead of the database clock a claim takes occurrences (claim_due's ahead_ms).
 CLAIM_REACH = timedelta(milliseconds=LOOKAHEAD_MS)
-# Past this many rows of a tenant in tenant_pending, the quota read folds them into one, so that a
-# read stays a few index entries per tenant.
+# Past this many rows of a tenant in tenant_pending, the quota read folds them into one.
 FOLD_AFTER = 8
 FOLD_LIMIT = 100_000  # rows one fold takes at most (FOLD_AFTER and more per spread tenant of a batch)
 RECOUNT_LOCKS = b"timer-quota"  # the advisory lock keys of a tenant's recount (lock_quota_recount)
@@ -50,8 +49,7 @@ def _columns(rows: Sequence[Any], *names: str) -> dict[str, list[Any]]:
 
 
 class Store:
-    """The Postgres adapter. Every statement is named in sql/queries/; every error it raises
-    is a TransientError or a DatabaseError (see classify)."""
+    """The Postgres adapter: every error it raises is a TransientError or a DatabaseError (classify)."""
 
     def __init__(
         self,
@@ -85,12 +83,8 @@ class Store:
     async def apply(
         self, commands: Sequence[Command], positions: Sequence[Position] | None = None
     ) -> Applied:
-        """Apply commands in one transaction: each one's outcome, in order, and the soonest dueAt of
-        the timers it left claimable (domain.Applied).
-
-        `positions` keep each timer's commands in stream order (README, Ordering). A row locked by a
-        claim in flight is never waited on: its commands are deferred, or "busy" if no claim holds it.
-        """
+        """Apply commands in one transaction, each timer's in stream order (`positions`): each one's
+        outcome, in order, and the soonest dueAt of the timers it left claimable (domain.Applied)."""
         where: Sequence[Position | None] = positions if positions is not None else [None] * len(commands)
         placed = list(zip(commands, where, strict=True))
         keys = [(c.tenant_id, c.service_call_id) for c in commands]
@@ -178,7 +172,7 @@ class Store:
         )
 
     async def claim(self, params: ClaimParams) -> ClaimedBatch:
-        """Claim up to `params.limit` occurrences in a transaction the batch keeps open (claim.claim)."""
+        """Claim up to `params.limit` occurrences (claim.claim)."""
         return await claim.claim(self.pool, self._db, params, self.writes)
 
     async def record_again(self, fired: Sequence[Fired]) -> int:
@@ -266,7 +260,7 @@ class Store:
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
     ) -> tuple[set[Key], dict[str, int]]:
         """For the quota, exactly: the keys that exist as Scheduled, Paused or Reached, and each
-        tenant's pending count capped at `cap`, to which its bound comes down."""
+        tenant's pending count capped at `cap`."""
         with self._db(write=True):
             async with self.pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
@@ -283,8 +277,7 @@ class Store:
         return known, pending
 
     async def compact_pending(self, limit: int) -> int:
-        """Fold up to `limit` rows of tenant_pending, any tenant's, one per tenant; how many (none
-        while another fold runs)."""
+        """Fold up to `limit` rows of tenant_pending, any tenant's; how many (none while another runs)."""
         with self._db(write=True):
             async with self.pool.connection() as conn:
                 cur = await conn.execute(
@@ -294,9 +287,8 @@ class Store:
                 return int(row[0]) if row else 0
 
     async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
-        """Pause or resume a tenant's timers, or one (docs/USING.md, Pause and resume): its outcome
-        and, for a resume, the soonest dueAt made claimable. "deferred" when rows were left behind;
-        every step can run again, so a crash half-way loses nothing."""
+        """Pause or resume a tenant's timers, or one: its outcome and, for a resume, the soonest
+        dueAt made claimable. Every step can run again, so a crash half-way loses nothing."""
         with self._db(write=True):
             async with self.pool.connection() as conn:
                 return await pausing.pause(conn, command, position, self.stuck_after)
@@ -313,7 +305,7 @@ class Store:
     async def select_labelled(
         self, action: BulkAction, position: Position | None, after: str, limit: int
     ) -> list[str]:
-        """The next chunk of the timers a bulk action names, after `after` (adapters/postgres/bulk.py)."""
+        """The next chunk of the timers a bulk action names (bulk.py)."""
         with self._db():
             async with self.pool.connection() as conn:
                 return await bulk.select_labelled(conn, action, position, after, limit)

@@ -1,9 +1,5 @@
-"""The writes a replica has in flight, so readiness can tell a stalled primary from a slow one.
-
-A primary without its synchronous standby answers reads while every COMMIT waits. The service never
-cuts that wait short (a cancelled COMMIT is committed on the primary alone: docs/OPERATIONS.md,
-"High availability"); readiness reports it as the oldest write's age.
-"""
+"""The writes a replica has in flight, so readiness can tell a stalled primary (a COMMIT waiting for
+a lost synchronous standby, never cut short: docs/OPERATIONS.md) from a slow one."""
 
 from __future__ import annotations
 
