@@ -1,6 +1,5 @@
 """The NATS JetStream adapter: the connection, its readiness, the streams' upkeep, the command
-subscription. What it publishes goes through publisher.Publisher; the streams as this service
-makes and reads them are in streams.py, how it connects in options.py."""
+subscription; publishing is publisher.py's, the streams are streams.py's."""
 
 from __future__ import annotations
 
@@ -65,8 +64,7 @@ class _Handing:
 class Broker:
     """One replica's NATS connection and everything it does with JetStream."""
 
-    # Every Nats-Msg-Id it publishes with: set by the replica from the fleet secret before any
-    # loop starts (service.Replica._connect).
+    # Every Nats-Msg-Id it publishes with: set from the fleet secret before any loop starts.
     ids: MessageIds
 
     def __init__(self, settings: Settings) -> None:
@@ -75,7 +73,7 @@ class Broker:
         self.nc: NATS | None = None
         self._js: JetStreamContext | None = None
         self.publisher = Publisher(settings, on_failure=self.check_streams_soon)
-        # Why the streams cannot be used (missing and not ours to create, or refused); None when fine.
+        # Why the streams cannot be used; None when fine.
         self.problem: str | None = None
         self._check: asyncio.Task[None] | None = None
         self._checked_at = float("-inf")
@@ -84,8 +82,7 @@ class Broker:
         self._cheaper: bool | None = None
         self._probe: asyncio.Task[None] | None = None
         self._subscriptions: list[Drainable] = []  # core NATS ones (get, wake): drained on close
-        # The shared consumer takes every subject of the command stream (no filter): tend_once then
-        # watches the stream for a subject that is not a command (streams.command_filter).
+        # No filter on the shared consumer: tend_once watches the stream for a subject not a command.
         self._unfiltered = False
 
     @property
@@ -146,10 +143,7 @@ class Broker:
 
     async def ensure_streams(self) -> None:
         """Create the streams and the shared consumer when missing; never rewrite existing ones.
-
-        Raises TransientError naming a stream that is missing with TIMER_CREATE_STREAMS=false, and
-        ConfigError when an existing stream's limits break a guarantee (see streams.check_limits).
-        """
+        TransientError: a stream missing, not ours to create; ConfigError: limits break a guarantee."""
         s = self.settings
         jsm = self.js  # a JetStreamContext is a JetStreamManager (public API)
         found: dict[str, api.StreamConfig] = {}
@@ -200,9 +194,7 @@ class Broker:
             await asyncio.shield(self._probe)
 
     async def _measure(self, events: api.StreamConfig) -> None:
-        """In the background, from start-up: which batches are the cheaper on this server
-        (probe.py: measured, or as recorded lately), and choose by it. Until then, and if it
-        fails, events go in atomic batches, as before."""
+        """In the background, the probe's choice of batches; atomic until then, or if it fails."""
         s = self.settings
         try:
             probe = probe_stream(s, self.subjects, events)
@@ -216,12 +208,8 @@ class Broker:
             log.warning("batches not measured", extra={"action": "batches_not_measured", "error": error})
 
     async def _add_command_subjects(self, jsm: JetStreamContext, commands: api.StreamConfig) -> None:
-        """The pause and resume subjects came after schedule and cancel: a command stream created
-        before them binds only those two, and a pause sent to it would be refused by JetStream (no
-        stream). Its subject list is the one setting changed in place (JetStream allows it; nothing
-        stored moves);
-        every other limit stays as the operator left it. Only with TIMER_CREATE_STREAMS (otherwise
-        the operator adds them: docs/OPERATIONS.md)."""
+        """Add the pause and resume subjects to a command stream made before them: the one setting
+        changed in place, only with TIMER_CREATE_STREAMS (docs/OPERATIONS.md)."""
         have = list(commands.subjects or [])
         missing = [x for x in self.subjects.commands if x not in have]
         if not missing or not self.settings.create_streams:
@@ -233,12 +221,8 @@ class Broker:
     async def _filter_consumer(
         self, jsm: JetStreamContext, stream: api.StreamConfig, consumer: api.ConsumerConfig
     ) -> None:
-        """The shared consumer's filter, as streams.command_filter wants it for the stream's
-        subjects now, changed in place (NATS 2.10: a durable's filter may change; its pending
-        commands stay): a consumer made with the command filters (by an older release, or before
-        pause and resume) loses them, and one on a stream that has since bound another subject
-        gets them back, so that it never takes a message that is not a command. Only with
-        TIMER_CREATE_STREAMS (otherwise the operator sets it: docs/OPERATIONS.md)."""
+        """Set the shared consumer's filter in place to what streams.command_filter wants now, so it
+        never takes a message that is not a command; only with TIMER_CREATE_STREAMS."""
         have = consumer.filter_subjects or ([consumer.filter_subject] if consumer.filter_subject else [])
         want = command_filter(self.subjects, stream.subjects or []) or []
         if sorted(have) == sorted(want) or not self.settings.create_streams:
@@ -257,8 +241,7 @@ class Broker:
         self.problem = problem
 
     def check_streams_soon(self) -> None:
-        """After a failure a missing stream or consumer would explain: in the background, recreate
-        what is missing (as at start-up), or record in `problem` why the streams cannot be used."""
+        """In the background, recreate what a failure says may be missing, or say in `problem` why not."""
         if not self.connected or (self._check is not None and not self._check.done()):
             return
         if time.monotonic() - self._checked_at < CHECK_INTERVAL_S:
@@ -281,9 +264,7 @@ class Broker:
         return CommandFeed(self.nc, self.settings.consumer, self.commands)
 
     async def tend_commands(self, stop: asyncio.Event) -> None:
-        """Until stop, about once a second: purge acknowledged commands from a limits command
-        stream, follow a cut-over (migrate-streams) and notice when the old stream has drained.
-        Never ends on an error: the next round tries again."""
+        """Until stop, about once a second: purge acknowledged commands and follow a cut-over."""
         while not stop.is_set():
             try:
                 await self.tend_once()
@@ -299,8 +280,7 @@ class Broker:
         s = self.settings
         watch_cut_over = self.command_stream == s.command_stream and not self.commands.purging
         if watch_cut_over or self._unfiltered:
-            # A work queue made by an older release: watch it for a cut-over. An unfiltered consumer:
-            # watch the stream for a subject bound since, which would bring it foreign messages.
+            # A work queue: watch it for a cut-over; an unfiltered consumer: for a subject bound since.
             try:
                 config = (await self.js.stream_info(self.command_stream)).config
             except NotFoundError:  # intake's failed fetch puts it back
@@ -325,8 +305,7 @@ class Broker:
             await self.purge_acknowledged()
 
     async def purge_acknowledged(self) -> int:
-        """Purge the commands below the shared consumer's ack floor; how many went
-        (streams.CommandStreams.purge_acknowledged)."""
+        """Purge the commands below the shared consumer's ack floor; how many went."""
         assert self.nc is not None
         return await self.commands.purge_acknowledged(self.nc, self.js)
 
@@ -349,8 +328,7 @@ class Broker:
         queue: str = "",
         then: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """A core NATS subscription, drained on close; then, when `cb` hands its messages on
-        (the read model's lines of gets), `then` waits until what it was handed is done."""
+        """A core NATS subscription, drained on close; `then`, if given, awaited after the drain."""
         assert self.nc is not None
         sub = await self.nc.subscribe(subject, queue=queue, cb=cb)
         self._subscriptions.append(sub if then is None else _Handing(sub, then))
@@ -365,8 +343,8 @@ class Broker:
             await self.nc.publish(subject, payload)
 
     async def close(self, timeout: float = 5.0) -> bool:
-        """Drain the subscriptions (requests received are answered), flush and close, within
-        `timeout` whatever the server does (closing.close_within); whether all that was done."""
+        """Drain the subscriptions, flush and close within `timeout` whatever the server does;
+        whether all that was done."""
         for task in (self._check, self._probe):
             if task is not None:
                 task.cancel()

@@ -1,6 +1,5 @@
-"""nats-py's errors as the core judges them: every one of them means NATS is failing for now
-(reconnecting, refusing, slow), retried with back-off, nothing acknowledged or marked. Registered
-with errors.verdict on import, which the package's __init__ does before any of its modules runs."""
+"""nats-py's errors as transient (NATS failing for now: retried with back-off), registered on import,
+which the package's __init__ does first."""
 
 from __future__ import annotations
 

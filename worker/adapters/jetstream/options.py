@@ -1,5 +1,4 @@
-"""How a replica, and the operator's tools, reach NATS: nats.connect()'s options for the settings
-(credentials, TLS, reconnects)."""
+"""nats.connect()'s options for the settings, for a replica and the operator's tools."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Whether fast-ingest batches cost this NATS server less than atomic ones: what
-TIMER_EVENTS_FAST_INGEST=auto decides by for a single-replica events stream.
-
-A fast batch stores each message as it comes, so a server under `sync_interval: always` fsyncs
-every one of them, where an atomic batch costs one fsync; without it, fast batches are the
-cheaper (a third of an atomic batch's time, docs/BENCHMARKS.md). No server API a client may call
-says which sync a server runs, so a replica measures it: batches of each kind, alternated, sent
-to a small stream of its own on the same storage, and the quickest of each compared. Either choice is as
-durable as the server makes it; a wrong one costs speed only."""
+"""Whether fast-ingest batches cost this NATS server less than atomic ones (TIMER_EVENTS_FAST_INGEST=auto):
+no API says if it fsyncs each message, so a replica measures; a wrong choice costs speed only."""
 
 from __future__ import annotations
 
@@ -27,13 +20,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Messages per batch: a backlog's batches are larger, so fsyncs per message show plainly (under
-# `sync_interval: always` fast batches of 100 took 5 x an atomic one here, without it 0.3 x).
+# Messages per batch: enough that fsyncs per message show plainly.
 PROBE_SIZE = 100
 PROBE_ROUNDS = 5  # batches of each kind
-# A measure recorded on the probe stream (its metadata) is taken as it is for this long: replicas
-# started later, into a backlog, need not measure under its load (and fire in fast batches from
-# their first). A server's sync setting changes seldom; deleting that stream measures again.
+# A measure recorded on the probe stream holds this long, so replicas started into a backlog need
+# not measure under its load; deleting that stream measures again.
 MEASURE_EVERY_S = 24 * 3600
 MEASURED_AT = "timer-service.fast-batches-at"  # when, in epoch seconds
 
@@ -58,10 +49,8 @@ def probe_stream(s: Settings, subjects: Subjects, events: api.StreamConfig) -> a
 async def fast_batches_cheaper(
     js: JetStreamContext, publisher: Publisher, config: api.StreamConfig, timeout: float
 ) -> bool:
-    """Whether fast-ingest batches take less time than atomic ones on `config`'s stream (made
-    when missing): as recorded in its metadata within MEASURE_EVERY_S, else measured now and
-    recorded there (FAST_BATCHES, which producers read too). Raises what NATS raises, and
-    RuntimeError when a probe message is refused."""
+    """Whether fast-ingest batches are the quicker on `config`'s stream (made when missing): as
+    recorded in its metadata within MEASURE_EVERY_S, else measured."""
     assert config.name is not None
     try:
         made = (await js.stream_info(config.name)).config
@@ -94,8 +83,7 @@ async def _measure(publisher: Publisher, config: api.StreamConfig, timeout: floa
             if errors := [e for e in await send(batch, timeout) if e is not None]:
                 raise RuntimeError(f"probe stream {config.name}: {errors[0]}")
             took[fast].append(time.perf_counter() - started)
-    # The quickest of each: replicas starting together probe the same server at once, and a
-    # moment of that contention lengthens a batch of either kind; none shortens one.
+    # The quickest of each: replicas probing at once only ever lengthen a batch.
     fast_s, atomic_s = min(took[True]), min(took[False])
     log.info(
         "batches measured",

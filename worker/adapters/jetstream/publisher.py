@@ -1,7 +1,4 @@
-"""Publishing to JetStream: one by one with bounded pipelining, atomic batches, fast-ingest batches.
-
-The Broker holds one Publisher (its `publisher`); the replies come on the connection's own inboxes.
-"""
+"""Publishing to JetStream: one by one with bounded pipelining, atomic batches, fast-ingest batches."""
 
 from __future__ import annotations
 
@@ -53,9 +50,8 @@ class Publisher:
         self.atomic = True  # until the event stream says it does not allow atomic batches
         self.fast = False  # events in fast-ingest batches: decided by Broker.ensure_streams
         self._fast = FastBatches()
-        # Publishes awaiting their PubAck. Ours, not nats-py's publish_async: that one keeps a
-        # permit for good when the publish itself raises (its outbound buffer full in an outage),
-        # and after TIMER_MAX_IN_FLIGHT of those every publish waited forever.
+        # Publishes awaiting their PubAck: ours, as nats-py's publish_async keeps a permit for good
+        # when the publish raises.
         self.permits = asyncio.Semaphore(settings.max_in_flight)
         self._replies: dict[str, asyncio.Future[Msg]] = {}
         self._reply_prefix = ""
@@ -70,10 +66,7 @@ class Publisher:
 
     async def publish_many(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
         """Publish with bounded pipelining; for each message, None once JetStream acknowledged it.
-
-        Everything, waiting for a permit (TIMER_MAX_IN_FLIGHT) included, ends by the deadline;
-        whatever has not been acknowledged by then counts as failed, and every permit comes back.
-        """
+        All ends by the deadline: what is unacknowledged then fails, and every permit comes back."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         replies: list[asyncio.Future[Msg]] = []
@@ -92,18 +85,9 @@ class Publisher:
     async def publish_atomic(
         self, messages: Sequence[Outgoing], timeout: float
     ) -> list[BaseException | None]:
-        """Publish in batches: fast-ingest ones where ensure_streams chose them (publish_fast),
-        else JetStream atomic batches (one PubAck per batch of up to 1,000, all or nothing).
-
-        An order of magnitude cheaper than one PubAck per message, above all with fsync on every
-        write. A batch holding a Nats-Msg-Id the stream already has is refused whole, so only
-        first attempts should come here; a refused batch is sent again one by one, which dedupes.
-        A stream made without allow_atomic (error 10174) turns batching off for this connection.
-
-        A batch's PubAck comes after the server made it durable (many times one message's PubAck:
-        docs/BENCHMARKS.md, "Where the time went", step 5), so a few messages go one by one:
-        batches are for throughput, small sends for latency.
-        """
+        """Publish in batches: fast-ingest where ensure_streams chose them, else atomic (all or
+        nothing), and fewer than ATOMIC_BATCH_MIN one by one, as a batch is slower to answer. A batch
+        is refused whole for a known Nats-Msg-Id, so only first attempts belong here."""
         if self.fast and len(messages) > 1:
             return await self.publish_fast(messages, timeout)
         if not self.atomic or len(messages) < ATOMIC_BATCH_MIN:
@@ -133,9 +117,7 @@ class Publisher:
             elif (error := batch_ack_error(reply.data, len(chunk))) is None:
                 results += [None] * len(chunk)
             else:
-                # Only the stream's own refusal turns batching off. Any other error is this
-                # batch's (a duplicate id; a reconnect that lost part of it: incomplete, missing
-                # sequence): it goes one by one, and the next batch is atomic again.
+                # Only the stream's refusal turns batching off; any other error is this batch's.
                 if error.get("err_code") == ERR_ATOMIC_DISABLED:
                     self.atomic = False
                     log.warning(
@@ -146,16 +128,8 @@ class Publisher:
         return results
 
     async def publish_fast(self, messages: Sequence[Outgoing], timeout: float) -> list[BaseException | None]:
-        """Publish in fast-ingest batches (nats-server 2.14+, allow_batched); for each message,
-        None once JetStream stored it (or already had its Nats-Msg-Id), else why not.
-
-        The protocol is worker.client.batches.FastBatches'. A stored event carries only its own headers; a
-        duplicate is skipped instead of refusing the batch, so retries may come here too.
-        Messages 1..count are stored, the refused one fails with its error, and those after it
-        never were: they go again one by one, as does a batch refused whole. Without a PubAck by
-        the timeout, the flow acks still tell which were stored; the rest fail with TimeoutError
-        and are retried later.
-        """
+        """Publish in fast-ingest batches; for each message, None once stored (or its Nats-Msg-Id
+        already was), else why not. Those after a refused one go again one by one."""
         assert self.nc is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

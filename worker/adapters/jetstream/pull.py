@@ -1,26 +1,8 @@
-"""One JetStream pull consumer, read our own way: one long-lived inbox subscription whose callback
-appends each delivery to a buffer, and one `CONSUMER.MSG.NEXT` request per fetch.
+"""One JetStream pull consumer, read our own way: an inbox subscription whose callback fills a
+buffer, and one `CONSUMER.MSG.NEXT` request per fetch (nats-py's fetch makes a task per message).
 
-nats-py's PullSubscription.fetch() makes a task and a `wait_for` for every message it hands out
-(next_msg); intake's profile showed that as about a tenth of a replica's time (issue 21). Here a
-message costs an append, and a fetch one request and one wait.
-
-What a fetch keeps of nats-py's (and nats.go's Fetch): it returns at once with what is there (a
-partial batch), and waits up to `timeout` only while nothing is. Its request asks `no_wait` with
-`expires`: the server then waits for the first message, sends what it has up to the batch and
-ends the request (408) at once, rather than holding it open until the batch is full. A message
-of a request that a fetch already gave up on (a late delivery) stays in the buffer for the next
-fetch: none is ever dropped. The statuses a pull gets (ADR-13 of nats-architecture-and-design):
-
-- 100 an idle heartbeat (never asked for here): ignored.
-- 404 No Messages, 408 Request Timeout: the request is over; 408 "Requests Pending" comes at once
-  when other requests will take what is there, so the next request of that fetch waits its turn
-  (no `no_wait`) instead of asking again and again.
-- 409 Leadership Change, Server Shutdown: the request is gone; the next one goes to the new leader.
-- 409 Exceeded MaxRequestBatch of N (the consumer caps a pull's batch): PullFailed once, naming
-  it, and every later request asks for at most N, so intake goes on in smaller batches.
-- 409 anything else (Consumer Deleted, ...), 503 no responders (no consumer, or no leader now),
-  or any other status: PullFailed, naming it.
+404, 408 and a 409 Leadership Change or Server Shutdown end a request; 409 Exceeded MaxRequestBatch
+of N lowers the batch to N; any other status is PullFailed, naming it (ADR-13).
 """
 
 from __future__ import annotations
@@ -39,16 +21,10 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-# The request expires this much before the fetch gives up on it, so that its 408 normally
-# arrives while the fetch is still waiting (nats.go's Fetch keeps 10 ms too).
+# The request expires this much before the fetch gives up, so its 408 arrives while it waits.
 EXPIRES_MARGIN_S = 0.01
-# A request whose end never came (its 408 lost with a connection, or with a stream leader that
-# died: no status then, on a connection still up): forgotten this long after it expired, so a
-# fetch asks again. A delivery of it that comes later still goes to the buffer. Not longer: intake
-# would wait that long after a leader's death (with 10 s, the chaos nats-cluster scenario's p99
-# lateness was 9.3 s). The price, on a link whose round trip exceeds a fetch's wait plus this, is
-# a second request while the first is still served: 2 batches in flight, not 1 (measured through
-# a proxy of 1.2 s each way, batch 10: 20 delivered and not handed out).
+# A request whose end never came (lost with a connection or a leader) is forgotten this long after
+# it expired, and a fetch asks again; longer would stall intake after a leader's death.
 FORGET_AFTER_S = 1.0
 # 409s after which the consumer is still there: ask again.
 _REQUEST_GONE = frozenset({"Leadership Change", "Server Shutdown"})
@@ -84,8 +60,7 @@ class Pull:
         self._changed = asyncio.Event()
 
     async def start(self) -> None:
-        # Each request answers on a subject of its own under the inbox: a status then says
-        # which request it ends, and one of an earlier, forgotten request is ignored.
+        # A subject per request under the inbox, so a status says which request it ends.
         self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self.arrived)
 
     @property
@@ -120,8 +95,7 @@ class Pull:
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
         """Up to `batch` messages: what is buffered at once, else what one request brings within
-        `timeout`. TimeoutError when nothing came, PullFailed when the server refused the pull,
-        a nats.errors.Error when the request could not be sent."""
+        `timeout`. TimeoutError when nothing came, PullFailed when the server refused."""
         deadline = time.monotonic() + timeout
         batch = min(batch, self._max_batch or batch)
         no_wait = True
@@ -141,15 +115,12 @@ class Pull:
                 buffered and (request is None or not request.no_wait or now >= request.expires_at)
             ):
                 return self._take(batch)
-            # Not while reconnecting: nats-py would keep the request until it is connected again,
-            # and the server count its expiry from then, long after this forgot it and asked
-            # again: every request of an outage was served at once at the reconnect.
+            # Not while reconnecting: nats-py would hold the request and the server serve it late.
             if request is None and not self._nc.is_reconnecting:
                 expires = deadline - now - EXPIRES_MARGIN_S
                 if expires <= 0 and not no_wait:
                     raise TimeoutError
-                # A fetch shorter than the margin still asks once: no_wait, without an expiry
-                # (the server answers at once), and what comes later waits in the buffer.
+                # Shorter than the margin: ask once, no_wait with no expiry; later ones are buffered.
                 await self._ask(batch, max(expires, 0.0), no_wait)
                 no_wait = False  # a request that ends empty-handed, then waits its turn
                 request = self._request
@@ -188,8 +159,7 @@ class Pull:
         return [buffer.popleft() for _ in range(batch)]
 
     async def unsubscribe(self) -> None:
-        """Stop, and offer what was delivered but never handed out to the other replicas now,
-        not after the ack wait. Never raises for a connection already gone."""
+        """Stop, and NAK what was never handed out, for other replicas now; never raises if disconnected."""
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(nats.errors.Error):

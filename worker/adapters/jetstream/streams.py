@@ -1,6 +1,5 @@
-"""The JetStream streams as this service makes and reads them: their configs and the limits they
-must keep, the shared command consumer, the command stream after a cut-over (migrate-streams) and
-its purge, the choice between atomic and fast-ingest event batches."""
+"""The JetStream streams as this service makes and reads them: configs and their limits, the shared
+command consumer, the command stream after a cut-over and its purge, the kind of event batches."""
 
 from __future__ import annotations
 
@@ -29,31 +28,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The command consumer's redelivery delay for an unacknowledged command (see ensure_streams).
+# The command consumer's redelivery delay for an unacknowledged command.
 ACK_WAIT_S = 10
-# Stream metadata a retired command stream carries: the stream that took its subjects over
-# (timer-service migrate-streams). Replicas follow it, and drain the old stream meanwhile.
+# Metadata of a retired command stream: the stream that took its subjects over (migrate-streams).
 SUCCESSOR = "timer-service.successor"
 # While an old command stream drains, each fetch looks at it this long before the new one.
 DRAIN_FETCH_S = 0.05
 
 
 def stream_configs(s: Settings, subjects: Subjects, fast_ingest: bool) -> list[api.StreamConfig]:
-    """The streams as this service creates them (`fast_ingest`: the server takes fast batches)."""
+    """The streams as this service creates them."""
     configs = [
         api.StreamConfig(
             name=s.command_stream,
             subjects=subjects.commands,
-            # Limits, not a work queue: there every acknowledgement deletes its message, one
-            # durable write (a fsync under sync_interval: always) per command; here an
-            # acknowledgement only moves the consumer's ack floor, flushed a few times a
-            # second, and tend_commands purges below the floor about once a second.
+            # Limits, not a work queue: an acknowledgement only moves the ack floor, not one durable
+            # delete per command; tend_commands purges below the floor.
             retention=api.RetentionPolicy.LIMITS,
             max_age=s.command_max_age.total_seconds(),
             num_replicas=s.stream_replicas,
             duplicate_window=120,
-            # Producers may send commands in atomic batches (TimerClient.schedule_many), and in
-            # fast-ingest ones where the server takes them (below).
+            # Producers may batch commands: atomic, and fast-ingest where the server takes them.
             allow_atomic=True,
         ),
         events := _published(s, s.event_stream, subjects.due("*")),
@@ -61,8 +56,7 @@ def stream_configs(s: Settings, subjects: Subjects, fast_ingest: bool) -> list[a
     ]
     events.duplicate_window = s.events_duplicate_window.total_seconds()
     events.allow_atomic = True  # the firing loop publishes first attempts in atomic batches
-    # Fast-ingest batches only where the server knows them: a stream with allow_batched needs
-    # API level 4 (2.14), and an older server would ignore the flag anyway.
+    # Fast-ingest only where the server knows it (API level 4).
     if fast_ingest:
         configs[0].allow_batched = events.allow_batched = True
     return configs
@@ -76,8 +70,8 @@ def _published(s: Settings, name: str, subject: str) -> api.StreamConfig:
 
 
 def check_limits(s: Settings, streams: dict[str, api.StreamConfig], command: str) -> None:
-    """The guarantees that rest on the streams' own limits, which may not be what settings say
-    (a stream made by hand, or before a setting changed): refuse, naming the stream, if one fails."""
+    """Refuse, naming the stream, limits that break a guarantee: a stream made by hand, or before a
+    setting changed, may not keep what the settings say."""
     events = streams[s.event_stream]
     horizon = timedelta(milliseconds=s.lease_ms + 3 * s.publish_timeout_ms)
     window = timedelta(seconds=events.duplicate_window or 0)
@@ -96,9 +90,8 @@ def check_limits(s: Settings, streams: dict[str, api.StreamConfig], command: str
 
 
 def check_sizes(s: Settings, max_payload: int, events: api.StreamConfig) -> None:
-    """Every event a timer accepted under these settings can make must fit the server's
-    max_payload and the events stream's max_msg_size (docs/OPERATIONS.md, Sizing): else its
-    timer would never fire. Refuse, naming the setting to lower, if the largest one does not."""
+    """Refuse, naming the setting to lower, settings under which an accepted timer's event could
+    exceed max_payload or the events stream's max_msg_size: it would never fire."""
     limit, what = max_payload, f"the NATS server's max_payload ({max_payload})"
     if events.max_msg_size is not None and 0 < events.max_msg_size < limit:
         limit, what = events.max_msg_size, f"stream {events.name}'s max_msg_size ({events.max_msg_size})"
@@ -127,17 +120,9 @@ def check_sizes(s: Settings, max_payload: int, events: api.StreamConfig) -> None
 def event_batches(
     s: Settings, events: api.StreamConfig, fast_ingest: bool, was_fast: bool, cheaper: bool | None = None
 ) -> bool:
-    """Fast-ingest or atomic batches for events, from TIMER_EVENTS_FAST_INGEST, the server and
-    the stream as it exists. An events stream made before (or by hand) without allow_batched
-    is not changed: events go in atomic batches until its owner turns the flag on (docs/OPERATIONS.md).
-
-    A fast batch stores each message as it comes, so on a single server under
-    `sync_interval: always` it costs an fsync per event, where an atomic batch costs one per
-    batch; a replicated stream writes through its Raft log either way. "auto" therefore takes
-    fast batches on a replicated stream, and on a single one once they measured the cheaper
-    (`cheaper`, probe.py; None until measured). True: fast-ingest batches; `fast_ingest`: the
-    server takes them; `was_fast`: the choice so far (a change is logged).
-    """
+    """Fast-ingest (True) or atomic batches for events, from TIMER_EVENTS_FAST_INGEST, the server
+    and the stream as it exists: "auto" takes fast ones on a replicated stream, or once measured
+    cheaper (`cheaper`, probe.py)."""
     mode = s.events_fast_ingest
     allowed = _takes_fast(events, fast_ingest)
     fast = allowed and (mode == "on" or (mode == "auto" and (_replicated(events) or cheaper is True)))
@@ -155,8 +140,7 @@ def event_batches(
 
 
 def probe_wanted(s: Settings, events: api.StreamConfig, fast_ingest: bool) -> bool:
-    """Whether "auto" needs to measure the server's batches (probe.py): a single-replica events
-    stream that takes fast ones, on streams this service manages (TIMER_CREATE_STREAMS)."""
+    """Whether "auto" must measure: a single-replica events stream of ours that takes fast ones."""
     return (
         s.events_fast_ingest == "auto"
         and _takes_fast(events, fast_ingest)
@@ -175,13 +159,8 @@ def _replicated(events: api.StreamConfig) -> bool:
 
 
 def command_filter(subjects: Subjects, stream_subjects: Sequence[str]) -> list[str] | None:
-    """The shared consumer's filter on a command stream that binds `stream_subjects`: none while
-    those are command subjects only (the consumer then takes every message of the stream, which
-    are all commands), and the command subjects once the stream binds anything else.
-
-    A filter is not free: nats-server (2.15) matches each message it looks at against every
-    subject it holds in the block, so with the four command filters intake took 1,100 commands/s
-    over 5,000 tenants where it took 28,000 unfiltered (docs/BENCHMARKS.md, intake-tenants)."""
+    """The shared consumer's filter: none while the stream binds command subjects only, else the
+    command subjects. A filter costs (docs/BENCHMARKS.md, intake-tenants)."""
     commands = subjects.commands
     return None if set(stream_subjects) <= set(commands) else commands
 
@@ -192,13 +171,9 @@ def consumer_config(
     """The shared command consumer, as the service creates it on a stream binding `stream_subjects`."""
     return api.ConsumerConfig(
         durable_name=settings.consumer,
-        # Explicit acks, never AckAll: the consumer is shared, so acknowledging "everything up to
-        # this one" would acknowledge other replicas' commands still being applied.
+        # Explicit acks, never AckAll: the consumer is shared with other replicas.
         ack_policy=api.AckPolicy.EXPLICIT,
-        # Commands a replica fetched and then died with (or lost its connection before
-        # acknowledging) go to another after this: their timers are stored that much later. A
-        # batch takes at most ~8 s (5 s of retries, a DLQ publish); a redelivery of one still in
-        # hand changes nothing (commands are idempotent).
+        # A dead replica's commands go to another after this; a redelivery of one in hand is harmless.
         ack_wait=ACK_WAIT_S,
         max_ack_pending=50_000,
         max_deliver=-1,
@@ -216,8 +191,7 @@ async def command_stream_now(js: JetStreamContext, settings: Settings) -> str:
 
 
 class CommandStreams:
-    """The command stream intake reads (the configured one or its successor), the old one it
-    still drains after a cut-over (None when there is none), and its purge."""
+    """The command stream intake reads, the old one it drains after a cut-over, and its purge."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -230,11 +204,8 @@ class CommandStreams:
     async def resolve(
         self, js: JetStreamContext, found: dict[str, api.StreamConfig], messages: dict[str, int]
     ) -> str:
-        """The stream intake reads: the configured one, or the one `timer-service migrate-streams`
-        moved its subjects to (named in its metadata). The old one is drained while it holds
-        commands. Adds the successor's config to `found`; never creates it (its sequence numbers
-        must continue the old stream's, which only the migration knows to do). Raises
-        TransientError, saying why, when the successor is missing."""
+        """The stream intake reads: the configured one or the one migrate-streams moved its subjects
+        to, the old one drained meanwhile. TransientError when the successor is missing."""
         s = self.settings
         configured = found[s.command_stream]
         successor = (configured.metadata or {}).get(SUCCESSOR)
@@ -271,12 +242,8 @@ class CommandStreams:
         return self.command_stream
 
     async def purge_acknowledged(self, nc: NATS, js: JetStreamContext) -> int:
-        """Remove the commands below the shared consumer's ack floor; how many went.
-
-        The floor is the newest command before which every command is acknowledged, by whichever
-        replica; one NAKed with a delay (deferred) or in a replica's hands holds it, so nothing
-        unacknowledged is ever purged. Every replica may do this at once: each purges up to a
-        floor it read, and floors only move forward. Nothing is sent while the floor stands still.
+        """Remove the commands below the shared consumer's ack floor; how many went. Nothing
+        unacknowledged lies below it and floors only move forward, so replicas may purge at once.
         """
         try:
             info = await js.consumer_info(self.command_stream, self.settings.consumer)
@@ -309,10 +276,8 @@ class CommandStreams:
 
 
 class CommandFeed:
-    """The shared consumer's commands, from the stream the broker reads now. After a cut-over,
-    while the old stream still holds commands (in flight, or deferred), each fetch looks there
-    first, briefly: the old stream's commands come before the new one's in stream order too.
-    Each stream is read with a Pull of ours (pull.py), not nats-py's PullSubscription."""
+    """The shared consumer's commands, through a Pull of ours per stream; after a cut-over each
+    fetch looks first, briefly, at the old stream while it holds commands: they come first."""
 
     def __init__(self, nc: NATS, consumer: str, streams: CommandStreams) -> None:
         self._nc = nc

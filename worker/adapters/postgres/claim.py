@@ -1,7 +1,5 @@
-"""A claim (sql/queries/firing.sql, claim_due): its transaction, held from the claim to its record
-(Batch), its rows read by the names of their columns, and the parameters of the statements that end
-it (record_fired, retry_later), record its firings again (record_fired_again) or decide their
-expiry (decide_expiry)."""
+"""A claim (claim_due): its transaction, held from the claim to its record (Batch), its rows read by
+column name, and the parameters of the statements that end it or record it again."""
 
 from __future__ import annotations
 
@@ -49,17 +47,13 @@ def claim_due_params(params: ClaimParams) -> dict[str, Any]:
 
 
 async def claim(pool: AsyncConnectionPool[Any], db: Db, params: ClaimParams, writes: Writes) -> Batch:
-    """Claim up to `params.limit` occurrences (claim_due) in a transaction the batch keeps open,
-    holding their rows locked, until it is recorded (Batch.record) or closed.
-
-    A claim that took nothing ends its transaction at once and holds no connection."""
+    """Claim up to `params.limit` occurrences in a transaction the batch keeps open until recorded
+    or closed; a claim that took nothing holds no connection."""
     with db(write=True):
         conn = await pool.getconn()
         try:
-            # BEGIN and the claim's plan settings (claim_begin) in one message, not pipelined
-            # with the claim: a session left in a transaction after a psycopg pipeline was never
-            # ended by idle_in_transaction_session_timeout (Postgres 18, psycopg 3;
-            # tests/integration/test_port_conformance.py).
+            # BEGIN and the plan settings in one message, not pipelined: a session a pipeline left
+            # in a transaction escaped idle_in_transaction_session_timeout.
             await conn.execute(QUERIES["claim_begin"])
             cur = conn.cursor(binary=True)  # plain tuples, read by column name (_ClaimReader)
             await cur.execute(QUERIES["claim_due"], claim_due_params(params))
@@ -81,18 +75,8 @@ async def claim(pool: AsyncConnectionPool[Any], db: Db, params: ClaimParams, wri
 
 
 class Batch:
-    """One claim's transaction (ports.ClaimedBatch): its connection, out of the pool until the
-    batch ends.
-
-    Held across the publish, so a replica holds up to PIPELINE_DEPTH + 1 (the fresh lane) while
-    it fires; the pool is sized for that (Settings.db_pool_size). The session's
-    idle_in_transaction_session_timeout (the lease, adapters/postgres/db.py) ends a batch whose replica
-    froze: Postgres rolls it back, and another replica claims its rows.
-
-    The claim wrote some one-shot occurrences as already fired (`recorded`, their row ids:
-    sql/queries/firing.sql, claim_due); the batch commits that only for those acknowledged, and puts
-    each other one back, leased, in the same transaction (retry_later): until it commits, nobody
-    sees any of its rows otherwise than as the claim found them."""
+    """One claim's transaction (ports.ClaimedBatch), its connection out of the pool until it ends.
+    What the claim wrote as fired (`recorded`) commits so only if acknowledged."""
 
     __slots__ = ("_claim", "_conn", "_db", "_pool", "_recorded", "_writes", "result")
 
@@ -115,9 +99,8 @@ class Batch:
         self._writes = writes  # Store.writes: the commit below, in flight, for readiness
 
     async def record(self, fired: Sequence[Fired], failed: Sequence[Failed]) -> int:
-        """Record what was acknowledged, release what failed, and commit them with the claim: one
-        round trip. Raises (TransientError, DatabaseError) when the transaction is gone; then
-        nothing of this batch, its claim included, is committed."""
+        """Record what was acknowledged, release what failed, commit both with the claim in one
+        round trip. Raises when the transaction is gone; then nothing of the batch is committed."""
         conn = self._conn
         if conn is None:
             raise TransientError("the batch already ended")
@@ -126,8 +109,7 @@ class Batch:
         leased = [f for f in fired if f.timer.row_id not in recorded] if recorded else fired
         release: list[tuple[Leased, str | None, int]] = list(failed)
         if len(fired) - len(leased) < len(recorded):
-            # The firing loop ends each occurrence as fired or failed; one it recorded as neither
-            # would commit as fired unpublished: held for a lease instead, whatever happened.
+            # Recorded as fired but neither fired nor failed: held for a lease, never committed unpublished.
             ended = {f.timer.row_id for f in fired} | {c.row_id for c, _, _ in failed}
             release += [(h, None, self._claim.lease_ms) for h in self._recorded_among(ended)]
         records = None
@@ -145,9 +127,8 @@ class Batch:
         return len(fired) - len(leased) + (0 if records is None else records.rowcount)
 
     async def close(self) -> None:
-        """End a batch that was not recorded (a stop, an error): commit its claim, each occurrence
-        it recorded as fired put back leased (retry_later, none may commit as fired
-        unacknowledged), so they all stay claimed until the lease runs out; return the connection."""
+        """End a batch not recorded (a stop, an error): commit its claim, what it recorded as fired
+        put back leased, and return the connection."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -178,8 +159,7 @@ def record_params(fired: Sequence[Fired]) -> dict[str, Any]:
         "lease_token": [f.timer.lease_token for f in fired],
         "due_at": [f.timer.due_at for f in fired],
     }
-    # A NULL array is padded with NULLs by unnest: one-shot timers need not send two arrays
-    # of NULLs (dumping arrays is most of a record's cost on this side).
+    # unnest pads a NULL array with NULLs: one-shot timers send no arrays of NULLs.
     recurring = any(f.next_due_at is not None for f in fired)
     params["next_due_at"] = [f.next_due_at for f in fired] if recurring else None
     params["next_index"] = [f.next_index for f in fired] if recurring else None
@@ -190,14 +170,12 @@ def record_params(fired: Sequence[Fired]) -> dict[str, Any]:
 
 
 def _unfired(fired: Sequence[Fired]) -> list[bool] | None:
-    """Which of the firings were not fired (expired, skipped); NULL (no array) when none, as nearly always."""
+    """Which firings were not fired (expired, skipped); None when none."""
     return [f.unfired for f in fired] if any(f.unfired for f in fired) else None
 
 
 def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
-    """record_fired_again's: each firing's key, its occurrence and definition (the guard), and what
-    to record. A column NULL in every row is sent as one NULL (unnest pads it): most timers repeat
-    nothing."""
+    """record_fired_again's: each firing's key, occurrence and definition (the guard), what to record."""
     timers = [f.timer for f in fired]
 
     def column(values: list[Any]) -> list[Any] | None:
@@ -225,8 +203,7 @@ def record_again_params(fired: Sequence[Fired]) -> dict[str, Any]:
 
 
 def decide_params(due: Sequence[Claimed], expired: Collection[Key]) -> dict[str, Any]:
-    """decide_expiry's: each occurrence by its event id's parts (its dueAt, not a window's planned
-    instant), and whether it expires."""
+    """decide_expiry's: each occurrence by its event id's parts, and whether it expires."""
     return {
         "tenant_id": [c.tenant_id for c in due],
         "service_call_id": [c.service_call_id for c in due],
@@ -236,8 +213,7 @@ def decide_params(due: Sequence[Claimed], expired: Collection[Key]) -> dict[str,
 
 
 def retry_params(held: Sequence[tuple[Leased, str | None, int]], owner: str | None = None) -> dict[str, Any]:
-    """retry_later's: (occurrence, error or None to keep the row's, ms to hold it) each, and the
-    lease's owner (None: any replica's after the back-off)."""
+    """retry_later's: (occurrence, error or None, ms to hold it) each, and the lease's owner."""
     return {
         "row_id": [h.row_id for h, _, _ in held],
         "lease_token": [h.lease_token for h, _, _ in held],
@@ -249,10 +225,8 @@ def retry_params(held: Sequence[tuple[Leased, str | None, int]], owner: str | No
 
 @dataclass(frozen=True, slots=True)
 class _ClaimReader:
-    """Where claim_due's columns are, by name. Rows are fetched as plain tuples (a row class built
-    each row by keyword was 8 % of a replica's CPU in a drain), and read by the positions the
-    cursor's description gives, found once per shape: a column added to the statement cannot
-    shift a field silently, and one missing fails the claim, naming it."""
+    """Where claim_due's columns are, found once per shape: rows are plain tuples (cheaper than a
+    row class), and a missing column fails the claim."""
 
     claimed: Callable[[Sequence[Any]], tuple[Any, ...]]  # Claimed's fields, in its order
     unreadable: Callable[[Sequence[Any]], tuple[Any, ...]]  # Unreadable's
@@ -285,8 +259,7 @@ def _reader_for(names: tuple[str, ...]) -> _ClaimReader:
 def claim_result(
     names: Sequence[str], rows: Sequence[Sequence[Any]], received: float | None = None
 ) -> ClaimResult:
-    """claim_due's rows, read by the names of its columns (`received`: when they arrived, on
-    time.monotonic)."""
+    """claim_due's rows, read by column name (`received`: their arrival, time.monotonic)."""
     read = _reader_for(tuple(names))
     # The one row of a claim that took nothing has NULL in every timer column.
     key, due_at = read.tenant_id, read.due_at

@@ -1,4 +1,4 @@
-"""upsert_schedules' array parameters, a column per field of the ScheduleTimers of a batch."""
+"""upsert_schedules' array parameters, a column per field of a batch's ScheduleTimers."""
 
 from __future__ import annotations
 
@@ -12,16 +12,14 @@ from worker.core.window import planned_at
 
 
 def jsonb_column(values: list[Any]) -> list[Jsonb | None] | None:
-    """A jsonb[] parameter, or NULL (no array at all) when every value is None: unnest pads a NULL
-    array with NULLs, so a batch without any costs nothing to send."""
+    """A jsonb[] parameter, or NULL when every value is None (unnest pads it with NULLs)."""
     if all(v is None for v in values):
         return None
     return [None if v is None else Jsonb(v) for v in values]
 
 
 def schedule_columns(sched: Sequence[ScheduleTimer], ids: MessageIds | None) -> dict[str, Any]:
-    """Every column upsert_schedules takes from the commands themselves (their positions and the
-    order grace are the caller's). `ids` plans the firing windows (the fleet secret)."""
+    """upsert_schedules' columns from the commands themselves; `ids` plans the firing windows."""
     repeats = [c.repeat for c in sched]
     expiring = any(c.expire_after is not None for c in sched)
     return {
@@ -45,8 +43,7 @@ def schedule_columns(sched: Sequence[ScheduleTimer], ids: MessageIds | None) -> 
 
 
 def _windows(sched: Sequence[ScheduleTimer], ids: MessageIds | None) -> dict[str, Any]:
-    """The window columns: each one's `window` and the instant its first occurrence is planned to
-    fire at; NULL (no array) when none has a window, as most."""
+    """The window columns: each `window` and its first planned instant; NULL when none has one."""
     if all(c.window is None for c in sched):
         return {"fire_window": None, "planned_at": None}
     if ids is None:

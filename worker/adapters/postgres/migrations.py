@@ -1,20 +1,6 @@
-"""Versioned schema migrations from sql/migrations, safe when N replicas run them at once.
-
-Each migration runs in a transaction of its own with its version row, so a failure leaves the
-ones before it applied. A file whose first line is `-- migration: no-transaction` runs statement
-by statement outside any transaction (`CREATE INDEX CONCURRENTLY` cannot run inside one): every
-statement in it ends a line with `;` and can be run again after a failure half-way
-(tests/integration/postgres/test_migrations.py holds every file to these rules and the README's
-upgrade rules).
-
-A migration that must wait for a lock (an ALTER TABLE behind a long transaction that has read the
-table, a pg_dump) would hold every claim, mark and intake write queued behind it for as long as
-it waits. So the runner, not the file, bounds each attempt's wait to LOCK_TIMEOUT_MS, rolls back
-and tries again with back-off and jitter for up to `budget_s`: the fleet is held up by at most
-LOCK_TIMEOUT_MS at a time. A file never sets lock_timeout itself (it would replace the runner's).
-CONCURRENTLY statements are the exception: they wait for older transactions without taking a
-lock that a write waits for, and a short timeout would only cancel them on every attempt.
-"""
+"""Versioned schema migrations from sql/migrations, safe when N replicas run them at once: each in
+its own transaction (or statement by statement, `-- migration: no-transaction`), each lock wait
+bounded to LOCK_TIMEOUT_MS and retried, so the fleet is never held up longer at a time."""
 
 from __future__ import annotations
 
@@ -46,20 +32,17 @@ _MIGRATION_LOCK = 0x7115_E4
 NO_TRANSACTION = "-- migration: no-transaction"
 # The longest one attempt waits in a lock queue, so the longest a claim or a write waits behind it.
 LOCK_TIMEOUT_MS = 100
-# How long one migration keeps trying before it gives up. Within the chart's migrate Job
-# (activeDeadlineSeconds 600, backoffLimit 3); `run` retries the whole migrate after it.
+# How long one migration keeps trying before it gives up, within the chart's migrate Job.
 BUDGET_S = 120.0
 
 
 class MigrationBlocked(LockNotAvailable):
-    """A migration did not get its locks within its budget; the message is one line naming the
-    migration and the transaction most likely in the way. A LockNotAvailable (55P03), so that
-    `timer-service migrate` reports it in one line and `run` retries it, as any database error."""
+    """A migration did not get its locks within its budget: one line naming it and the likely
+    blocker. A LockNotAvailable, so `run` retries it as any database error."""
 
 
 def available(directory: Traversable | None = None) -> list[tuple[int, str, str]]:
-    """(version, name, SQL text) of every migration shipped with the package (or in
-    `directory`), in order."""
+    """(version, name, SQL text) of each shipped migration (or in `directory`), in order."""
     found = []
     for entry in (directory or resources.files("worker.sql").joinpath("migrations")).iterdir():
         if m := re.match(r"^(\d+)_(\w+)\.sql$", entry.name):
@@ -77,9 +60,7 @@ def _has_sql(part: str) -> bool:
 
 
 def status(conninfo: str | psycopg.Connection[TupleRow]) -> tuple[list[int], list[tuple[int, str]]]:
-    """(versions applied, (version, name) of each shipped migration not applied). A version the
-    database has and this build does not ship (a newer release migrated it) is applied, not an
-    error. On a session of db.connect given, or one of its own."""
+    """(versions applied, (version, name) of each shipped one not applied)."""
     with db.session(conninfo) as conn:
         applied = _applied(conn)
     return applied, [(version, name) for version, name, _ in available() if version not in applied]
@@ -98,19 +79,14 @@ def migrate(
     *,
     budget_s: float = BUDGET_S,
 ) -> list[int]:
-    """Apply the missing migrations in order under an advisory lock; return their versions.
-    Each migration waits at most LOCK_TIMEOUT_MS at a time for a lock, retried for `budget_s`,
-    then MigrationBlocked. On a session of db.connect given (left as it was: every setting reset,
-    the lock released), or one of its own."""
+    """Apply the missing migrations in order under an advisory lock; return their versions. On the
+    session given (left as it was), or one of its own."""
     shipped = available(directory)
     with db.session(conninfo) as conn:
-        # Every start of a replica after the first finds nothing to apply: it says so after one
-        # read, without queueing on the lock behind the replicas starting beside it. A version is
-        # recorded only with its migration applied, so all shipped ones there means nothing to do.
+        # All applied: said after one read, not queued on the lock behind the replicas starting too.
         if shipped and {version for version, _, _ in shipped} <= set(_applied(conn)):
             return []
-        # A session lock: it outlives each migration's transaction, and a no-transaction one.
-        # A second replica migrating waits here for the first to finish, which holds up nobody else.
+        # A session lock: it outlives each migration's transaction; a second migrator waits here.
         _lock(conn)
         try:
             conn.execute(
@@ -134,9 +110,8 @@ def migrate(
 
 
 def _lock(conn: psycopg.Connection[TupleRow]) -> None:
-    """The migration lock, tried until got rather than queued for: a session queued on it keeps
-    its statement's snapshot while it waits, and the holder's CREATE INDEX CONCURRENTLY waits for
-    every older snapshot to end, so each would wait for the other (deadlock detected)."""
+    """The migration lock, tried until got, not queued for: a queued session's snapshot would
+    deadlock with the holder's CREATE INDEX CONCURRENTLY."""
 
     def taken() -> bool:
         return conn.execute("SELECT pg_try_advisory_lock(%s)", (_MIGRATION_LOCK,)).fetchone() == (True,)
@@ -149,8 +124,7 @@ def _lock(conn: psycopg.Connection[TupleRow]) -> None:
 def _apply_retrying(
     conn: psycopg.Connection[TupleRow], version: int, name: str, text: str, budget_s: float
 ) -> None:
-    """_apply until it gets its locks: each failed attempt has rolled back (a no-transaction file
-    is written to be run again from its start), so the next one starts afresh."""
+    """_apply until it gets its locks; each failed attempt has rolled back."""
     migration = f"{version:04d}_{name}"
 
     def waiting(rs: RetryCallState) -> None:
@@ -200,15 +174,13 @@ def _apply(conn: psycopg.Connection[TupleRow], version: int, name: str, text: st
 
 
 def _concurrently(statement: str) -> bool:
-    """CREATE / DROP INDEX CONCURRENTLY (outside its comments): it takes SHARE UPDATE EXCLUSIVE,
-    which no write waits for, then waits for the transactions older than it. Let it wait."""
+    """CREATE / DROP INDEX CONCURRENTLY (outside comments): it blocks no write, so let it wait."""
     code = "\n".join(line for line in statement.splitlines() if not line.strip().startswith("--"))
     return re.search(r"\bCONCURRENTLY\b", code, re.IGNORECASE) is not None
 
 
 def _lock_holder(conn: psycopg.Connection[TupleRow]) -> str:
-    """The oldest other open transaction holding a table lock in this database: the likeliest to
-    be in the way (the attempt that waited has rolled back, so pg_blocking_pids no longer says)."""
+    """The oldest other transaction holding a table lock here: the likeliest in the way."""
     found = conn.execute(
         "SELECT a.pid, a.state, extract(epoch FROM now() - a.xact_start)::int,"
         " left(regexp_replace(a.query, '\\s+', ' ', 'g'), 200)"

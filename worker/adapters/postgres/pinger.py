@@ -1,13 +1,5 @@
-"""Readiness's own connection to Postgres, outside the pool.
-
-The pool is the wrong place to ask "is Postgres there?": its connections can all be out in claim
-batches whose COMMIT waits (for a stalling synchronous standby, say), and when the primary dies
-they are gone and the pool's reconnects fail until a writable server appears.
-Either way a ping that asks the pool for a connection waits out its timeout, however fast the
-real answer is ("connection refused", "read-only"): in the failover-sync chaos scenario every
-replica's /readyz took 2 s to say not ready (docs/RELIABILITY.md). One connection of its own,
-opened with the pool's conninfo (adapters/postgres/db.py's session pins), answers at once, reconnects when
-broken, and is bounded however the network misbehaves.
+"""Readiness's own connection to Postgres, outside the pool: the pool's connections may all be in
+batches whose COMMIT waits, or gone in a failover, and a ping waiting for one would time out.
 """
 
 from __future__ import annotations
@@ -20,8 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from worker.adapters.postgres.queries import QUERIES
 
-# Below the readiness probe's timeoutSeconds (2 s in the chart): the probe gets "not ready" from
-# the replica, with its reason, rather than a timeout of its own.
+# Below the readiness probe's timeout: the probe gets "not ready" and why, not a timeout of its own.
 PING_TIMEOUT_S = 1.5
 
 
@@ -38,8 +29,7 @@ class Pinger:
         self.timeout_s = timeout_s
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._flight: asyncio.Task[None] | None = None
-        # Pings given up on, still unwinding: psycopg cancels a statement in the server before it
-        # lets go of its connection, which takes a while on a host that does not answer.
+        # Pings given up on, still unwinding (psycopg cancels the statement in the server first).
         self._abandoned: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -69,8 +59,7 @@ class Pinger:
                 await self._select(conn)
                 return
             except psycopg.OperationalError:
-                # Ended while it sat idle (a restart, idle_session_timeout, a dropped link): that
-                # says nothing about the server now, which a new connection asks.
+                # Ended while idle: a new connection asks about the server now.
                 pass
         await self._select(await self._connect())
 

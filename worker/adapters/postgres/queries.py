@@ -1,12 +1,5 @@
-"""The named SQL of sql/queries/, loaded once: no SQL text is scattered through the code.
-
-Each file holds the statements of one subsystem, each under `-- name: <name>` and a line saying
-what it does (docs/SQL.md says why). The names are one namespace, a dict for every file.
-
-A predicate or a SET list two statements share is written once, under `-- fragment: <name>`, and
-spliced where a statement says `{{<name>}}`: the text Postgres receives, and so the plan, is what
-it would be written out, with nothing to keep in step.
-"""
+"""The named SQL of sql/queries/ (`-- name: <name>`), loaded once; a `-- fragment: <name>` is
+spliced where a statement says `{{<name>}}`."""
 
 from __future__ import annotations
 
@@ -47,13 +40,12 @@ def parse(texts: Iterable[str]) -> dict[str, LiteralString]:
     unused = set(fragments) - {m for body in named.values() for m in _USE.findall(body)}
     if unused:
         raise QueryFileError(f"sql/queries/: fragment {', '.join(sorted(unused))} is used nowhere")
-    # The files' text, no value from outside: LiteralString for psycopg (mypy takes any str as one).
+    # The files' own text, so LiteralString for psycopg.
     return {name: _USE.sub(splice, body) for name, body in named.items()}
 
 
 def _strip_description(body: str) -> str:
-    """A fragment's text without its description: it goes inside another statement, where a comment
-    line would end mid-expression."""
+    """A fragment's text without its description, which would end mid-expression where it goes."""
     lines = body.strip().splitlines()
     while lines and lines[0].startswith("--"):
         lines.pop(0)

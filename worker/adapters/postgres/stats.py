@@ -1,13 +1,5 @@
-"""The replica's minute stats (table timer_stats, sql/migrations/0008): what the console charts.
-
-At start, every STATS_EVERY_S and at stop this adds the replica's counters since its previous
-write (occurrences fired, commands rejected, its lateness histogram's firings per bucket) and the
-overdue gauge to the current minute's row of this replica: one small upsert, so an idle replica
-still stays far under a statement a second. The counters are the ones /metrics serves
-(worker/metrics.py): the rollup counts nothing itself, it reads what the loops count already.
-Rows older than STATS_KEEP are deleted now and then. A failed write is logged and tried again
-next time (its counts go with it): the stats are for eyes, and must never stop a replica.
-"""
+"""The replica's minute stats (table timer_stats), what the console charts: what /metrics' counters
+gained, added every STATS_EVERY_S. A failed write is only logged: stats never stop a replica."""
 
 from __future__ import annotations
 
@@ -81,8 +73,7 @@ class StatsRollup:
         self.writes += 1
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Writes at once (a replica is listed as running from its start: `status` counts the
-        replicas taking commands by these rows, worker/ops/fleet.py), every every_s, and at stop."""
+        """Writes at once (`status` counts running replicas by these rows), every every_s, and at stop."""
         while True:
             try:
                 await self.write()

@@ -29,14 +29,11 @@ from worker.errors import TransientError
 
 log = logging.getLogger(__name__)
 
-# How long a command waiting for its timer may hold up the later ones once the timer is no longer
-# claimed (Store.order_grace); at least the lease plus the command consumer's ack wait.
+# How long a command waiting for an unclaimed timer may hold up later ones: a lease and an ack wait.
 ORDER_GRACE = timedelta(minutes=1)
 # How far ahead of the database clock a claim takes occurrences (claim_due's ahead_ms).
 CLAIM_REACH = timedelta(milliseconds=LOOKAHEAD_MS)
-# The quota's bound of a tenant is the sum of its rows in tenant_pending (migration 0014), one more
-# per statement that made timers of it pending: past this many, the quota read folds them into one,
-# so that a read costs a few index entries per tenant whatever the tenant's traffic.
+# Past this many rows of a tenant in tenant_pending, the quota read folds them into one.
 FOLD_AFTER = 8
 FOLD_LIMIT = 100_000  # rows one fold takes at most (FOLD_AFTER and more per spread tenant of a batch)
 RECOUNT_LOCKS = b"timer-quota"  # the advisory lock keys of a tenant's recount (lock_quota_recount)
@@ -52,8 +49,7 @@ def _columns(rows: Sequence[Any], *names: str) -> dict[str, list[Any]]:
 
 
 class Store:
-    """The Postgres adapter. Every statement is named in sql/queries/; every error it raises
-    is a TransientError or a DatabaseError (see classify)."""
+    """The Postgres adapter: every error it raises is a TransientError or a DatabaseError (classify)."""
 
     def __init__(
         self,
@@ -63,18 +59,13 @@ class Store:
     ) -> None:
         self.pool = pool
         self.stuck_after = stuck_after
-        # A command waiting for its timer comes back within a lease (its NAK delay), or an ack
-        # wait when its replica died: a marker unchanged for this long, the timer not claimed,
-        # is stale and holds nothing up (sql/queries/intake.sql, upsert_schedules).
         self.order_grace = order_grace
         self._folding: asyncio.Task[None] | None = None  # pending_bounds' fold in flight, if any
-        # The error of the last write, until one succeeds: `SELECT 1` still answers on a read-only
-        # database, so readiness asks this too.
+        # The last write's error until one succeeds: a read-only database still answers `SELECT 1`.
         self.write_failure: str | None = None
         self.writes = Writes()  # readiness: a write stuck (a synchronous standby gone) says so
         self._pinger = Pinger.beside(pool)
-        # The fleet's keyed ids, set once the fleet secret is read (Service.connect): they plan
-        # a firing window's first instant (worker/core/window.py), as the firing loop the next.
+        # The fleet's keyed ids, once the fleet secret is read (Service.connect).
         self.ids: MessageIds | None = None
 
     @contextlib.contextmanager
@@ -92,20 +83,8 @@ class Store:
     async def apply(
         self, commands: Sequence[Command], positions: Sequence[Position] | None = None
     ) -> Applied:
-        """Apply a batch of commands in one transaction; the outcome of each, in order, and the
-        soonest dueAt of the timers it locked and left claimable (domain.Applied).
-
-        `positions`, the commands' places in the stream, keep each timer's commands in stream
-        order: one earlier than the last applied to the timer is ignored (sql/queries/intake.sql,
-        upsert_schedules), and a command deferred behind a claimed occurrence is recorded on the
-        row (deferred_seqs), every later one for that timer waiting behind it until it has
-        applied (README, Ordering).
-
-        It never waits on a timer's row locked by a claim's batch in flight (sql/queries/intake.sql,
-        lock_keys): that key's commands are deferred, with no marker (writing one would wait);
-        "busy" instead when the row could not be in a claim (a batch that left it out still holds
-        it): nothing to wait a lease for, they are offered again soon.
-        """
+        """Apply commands in one transaction, each timer's in stream order (`positions`): each one's
+        outcome, in order, and the soonest dueAt of the timers it left claimable (domain.Applied)."""
         where: Sequence[Position | None] = positions if positions is not None else [None] * len(commands)
         placed = list(zip(commands, where, strict=True))
         keys = [(c.tenant_id, c.service_call_id) for c in commands]
@@ -160,8 +139,7 @@ class Store:
         return changed
 
     async def _lock_keys(self, conn: psycopg.AsyncConnection[Any], keys: set[Key]) -> dict[Key, bool]:
-        """Lock the rows of `keys` that exist; those another transaction holds, each with whether
-        a claim may hold it for an occurrence it fires (lock_keys, `claimable`)."""
+        """Lock the existing rows of `keys`; those another holds, each with whether a claim may."""
         params = {"tenant_id": [k[0] for k in keys], "service_call_id": [k[1] for k in keys]}
         cur = await conn.execute(QUERIES["lock_keys"], params | {"reach": CLAIM_REACH})
         return {(t, s): claimable for t, s, claimable in await cur.fetchall()}
@@ -194,17 +172,15 @@ class Store:
         )
 
     async def claim(self, params: ClaimParams) -> ClaimedBatch:
-        """Claim up to `params.limit` occurrences in a transaction the batch keeps open (claim.claim)."""
+        """Claim up to `params.limit` occurrences (claim.claim)."""
         return await claim.claim(self.pool, self._db, params, self.writes)
 
     async def record_again(self, fired: Sequence[Fired]) -> int:
-        """Record acknowledged firings whose batch's transaction was lost (sql/queries/firing.sql,
-        record_fired_again): one statement on another pooled connection, committed on its own."""
+        """Record acknowledged firings whose batch's transaction was lost, committed on their own."""
         return await self._execute_count("record_fired_again", record_again_params(fired))
 
     async def decide_expiry(self, due: Sequence[Claimed], expired: Collection[Key]) -> set[Key]:
-        """Each occurrence's expiry decision, the first one made standing (sql/queries/firing.sql,
-        decide_expiry): one statement on another pooled connection, committed on its own."""
+        """Each occurrence's expiry decision, the first one made standing, committed on its own."""
         with self._db(write=True):
             async with self.pool.connection() as conn:
                 cur = await conn.execute(QUERIES["decide_expiry"], decide_params(due, expired))
@@ -257,10 +233,8 @@ class Store:
         return await self._execute_count("delete_decided", {"limit": limit})
 
     async def pending_bounds(self, tenants: Sequence[str]) -> dict[str, int]:
-        """For the quota: a number never below each tenant's pending timers (0 for a tenant with
-        none), a few rows of tenant_pending per tenant (sql/queries/quota.sql, quota_bounds). A tenant
-        whose bound has spread over more than FOLD_AFTER rows has them folded into one beside the
-        batch, not before it: a fold of the tenants of one batch took longer than the read."""
+        """For the quota: a bound never below each tenant's pending timers (0 for none). A tenant
+        spread over more than FOLD_AFTER rows is folded beside the batch, not before it."""
         with self._db():
             async with self.pool.connection() as conn:
                 cur = await conn.execute(QUERIES["quota_bounds"], {"tenant_id": list(tenants)})
@@ -271,8 +245,7 @@ class Store:
         return dict.fromkeys(tenants, 0) | {tenant: int(bound) for tenant, bound, _ in counted}
 
     async def _fold(self, tenants: list[str]) -> None:
-        """Fold these tenants' rows of tenant_pending. A failure costs nothing but a larger read:
-        the next read of a spread tenant folds it again."""
+        """Fold these tenants' rows of tenant_pending; a failure only makes the next read larger."""
         try:
             with self._db(write=True):
                 async with self.pool.connection() as conn:
@@ -286,9 +259,8 @@ class Store:
     async def quota_view(
         self, keys: Sequence[Key], tenants: Sequence[str], cap: int
     ) -> tuple[set[Key], dict[str, int]]:
-        """For the quota, exactly: which keys already exist as Scheduled, Paused or Reached (a
-        ScheduleTimer for them adds no pending timer), and each tenant's pending count, capped at
-        `cap` (a walk of its rows: quota_recount). Each tenant's bound comes down to its count."""
+        """For the quota, exactly: the keys that exist as Scheduled, Paused or Reached, and each
+        tenant's pending count capped at `cap`."""
         with self._db(write=True):
             async with self.pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
@@ -305,9 +277,7 @@ class Store:
         return known, pending
 
     async def compact_pending(self, limit: int) -> int:
-        """Fold up to `limit` rows of tenant_pending, any tenant's, into one per tenant; how many
-        rows were folded (retention does this for tenants the quota never reads): none while
-        another fold runs."""
+        """Fold up to `limit` rows of tenant_pending, any tenant's; how many (none while another runs)."""
         with self._db(write=True):
             async with self.pool.connection() as conn:
                 cur = await conn.execute(
@@ -317,17 +287,8 @@ class Store:
                 return int(row[0]) if row else 0
 
     async def pause(self, command: PauseTimers, position: Position | None = None) -> Applied:
-        """Pause or resume a tenant's timers, or one (docs/USING.md, Pause and resume); its outcome and, for
-        a resume, the soonest dueAt it made claimable again.
-
-        "deferred": offer the command again later, as a command waiting for a claimed occurrence.
-        A tenant's pause or resume is committed first (paused_tenants: new and rescheduled timers
-        follow it from then on), unless a command later in the stream (`position`) set the tenant
-        already, and its rows are moved chunk by chunk, each chunk committed. Rows
-        left behind (claimed occurrences, which fire first; rows locked as a chunk passed) and a
-        first delivery defer it: its next delivery moves what a ScheduleTimer committed side by side
-        with the first left in the old state. Every step can run again, so a crash half-way loses
-        nothing: the command was not acknowledged, and comes back."""
+        """Pause or resume a tenant's timers, or one: its outcome and, for a resume, the soonest
+        dueAt made claimable. Every step can run again, so a crash half-way loses nothing."""
         with self._db(write=True):
             async with self.pool.connection() as conn:
                 return await pausing.pause(conn, command, position, self.stuck_after)
@@ -335,8 +296,7 @@ class Store:
     async def pause_timers(
         self, commands: Sequence[PauseTimers], positions: Sequence[Position] | None = None
     ) -> Applied:
-        """Timers' own pauses and resumes, of any tenants, each timer once: one statement in one
-        transaction (pausing.pause_timers), each as Store.pause would apply it alone."""
+        """Timers' own pauses and resumes, each timer once, in one statement (pausing.pause_timers)."""
         where: Sequence[Position | None] = positions if positions is not None else [None] * len(commands)
         with self._db(write=True):
             async with self.pool.connection() as conn:
@@ -345,7 +305,7 @@ class Store:
     async def select_labelled(
         self, action: BulkAction, position: Position | None, after: str, limit: int
     ) -> list[str]:
-        """The next chunk of the timers a bulk action names, after `after` (adapters/postgres/bulk.py)."""
+        """The next chunk of the timers a bulk action names (bulk.py)."""
         with self._db():
             async with self.pool.connection() as conn:
                 return await bulk.select_labelled(conn, action, position, after, limit)
@@ -353,8 +313,7 @@ class Store:
     async def pause_listed(
         self, action: BulkAction, service_call_ids: Sequence[str], position: Position | None
     ) -> Applied:
-        """A bulk pause's or resume's chunk: each timer still carrying the selector, paused or
-        resumed as its own pause or resume would be (pausing.pause_listed), in one transaction."""
+        """A bulk pause's or resume's chunk: each timer still carrying the selector, in one transaction."""
         terms = bulk.label_terms(action.tenant_id, action.selector)
         with self._db(write=True):
             async with self.pool.connection() as conn:
@@ -363,8 +322,7 @@ class Store:
                 )
 
     async def ping(self) -> None:
-        """Answer whether Postgres does, within pinger.PING_TIMEOUT_S (PingTimeout), on a connection
-        of its own: never waiting for the pool, whose connections may all be in batches."""
+        """Whether Postgres answers within pinger.PING_TIMEOUT_S, on its own connection, not the pool's."""
         with self._db():
             await self._pinger.ping()
 
@@ -373,9 +331,7 @@ class Store:
 
 
 async def _lock_tenants_shared(conn: psycopg.AsyncConnection[Any], commands: Sequence[Command]) -> None:
-    """Hold the ScheduleTimers' tenants against a pause or resume until this transaction ends
-    (sql/queries/intake.sql, lock_tenants_shared): a step of its own, before the statements that read the
-    tenants' flags. CancelTimers read no flag."""
+    """Hold the ScheduleTimers' tenants against a pause or resume until this transaction ends."""
     tenants = [c.tenant_id for c in commands if isinstance(c, ScheduleTimer)]
     if tenants:
         await conn.execute(QUERIES["lock_tenants_shared"], {"keys": pausing.intake_lock_keys(tenants)})
@@ -383,7 +339,6 @@ async def _lock_tenants_shared(conn: psycopg.AsyncConnection[Any], commands: Seq
 
 @contextlib.asynccontextmanager
 async def _writing(writes: Writes) -> AsyncIterator[None]:
-    """Writes.writing for an `async with` line; entered before `conn.transaction()`, it is left
-    after the transaction's COMMIT has answered."""
+    """Writes.writing as an async context, left after the transaction's COMMIT has answered."""
     with writes.writing():
         yield
