@@ -1,6 +1,5 @@
-"""Crash points for the fault-injection suite (tests/chaos): a replica exits at once, as SIGKILL would,
-between two steps that must survive a crash. Off unless TIMER_TEST_CRASH names points with a
-probability, e.g. `claimed:0.01,published:0.02`."""
+"""Crash points for tests/chaos: a replica exits at once, as SIGKILL would. Off unless TIMER_TEST_CRASH
+names points, e.g. `claimed:0.01`."""
 
 from __future__ import annotations
 

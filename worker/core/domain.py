@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, NamedTuple
 
-# deferred: the occurrence is claimed, the command waits; stuck: claimed past TIMER_STUCK_AFTER, given
-# up; partial: a bulk command did one step's share; busy: the row is locked by a batch without its
-# occurrence.
+# deferred: waits for its claimed occurrence; stuck: given up past TIMER_STUCK_AFTER; partial: a bulk
+# step; busy: row locked by a batch.
 BulkKind = Literal["cancel", "pause", "resume"]
 Outcome = Literal["applied", "ignored", "deferred", "stuck", "partial", "busy"]
 Key = tuple[str, str]

@@ -1,6 +1,5 @@
-"""The most a DueTimeReached weighs against the server's max_payload (largest_event), made by the
-event's own template from the widest occurrence an accepted ScheduleTimer can store, so the start-up
-stream check holds every event a timer will make."""
+"""The most a DueTimeReached weighs, made by the event's own template, so the start-up stream check
+holds every event a timer will make."""
 
 from __future__ import annotations
 
@@ -38,9 +37,7 @@ class OccurrenceValues(NamedTuple):
 
 
 def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
-    """The most a DueTimeReached of an accepted timer counts against max_payload, with
-    TIMER_MAX_PAYLOAD_BYTES `max_data_bytes` and TIMER_CARRY_HEADERS `carry`: every field at its
-    widest and costliest to escape."""
+    """The most a DueTimeReached of an accepted timer weighs: every field at its widest and costliest."""
     widest_id = "\U0010ffff" * MAX_ID_CHARS
     widest_value = "\U0010ffff" * MAX_CARRIED_VALUE_CHARS
     carried = {TRACEPARENT: f"00-{'1' * 32}-{'1' * 16}-01", TRACESTATE: widest_value}

@@ -24,9 +24,8 @@ log = logging.getLogger(__name__)
 RETRY_BACKOFF_MS = 1000
 # A row that cannot become an event backs off, doubling up to this: visible, never spinning the loop.
 ROW_RETRY_MAX_MS = 300_000
-# Costly next-occurrence arithmetic (beyond NEXT_FREE_S a row) takes at most these shares of the loop's
-# time, per tenant and in all; a row over budget is put back, unfired and with no error, for
-# POSTPONE_MS.
+# Shares of the loop's time for costly next-occurrence arithmetic, per tenant and in all; a row over
+# budget is put back for POSTPONE_MS.
 NEXT_SHARE = 0.1
 NEXT_BURST_S = 0.1
 NEXT_TOTAL_SHARE = 0.25

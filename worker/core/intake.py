@@ -223,9 +223,8 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         return data[: max(0, limit - header_bytes)]
 
     async def apply(self, batch: list[tuple[ReceivedCommand, Parsed]]) -> None:
-        """Apply the batch in stream order: runs of ScheduleTimers and CancelTimers in one transaction,
-        runs of a timer's pauses and resumes in one store call, many-timer commands to the bulk lane.
-        Controls a later one makes moot are acknowledged as superseded."""
+        """Apply the batch in stream order: runs of schedules and cancels in one transaction, runs of
+        pauses and resumes in one call, many-timer commands to the bulk lane."""
         placed = [(msg, command, position(msg)) for msg, command in batch]
         superseded = superseded_controls([c for _, c, _ in placed])
         run: list[tuple[ReceivedCommand, Command, Position]] = []

@@ -1,12 +1,10 @@
-"""A timer's commands apply in stream order (README, Ordering): the decision, on plain values. The
-intake store runs the statements; what to make of their answers is decided here, round after round.
+"""A timer's commands apply in stream order (README, Ordering): the decision, on plain values, round
+after round, over the answers of the intake store's statements.
 
-- A batch is split into rounds in which each key appears once, in stream order: one INSERT ... ON
-  CONFLICT cannot touch a row twice.
-- A key a claim's batch holds waits: "deferred" when the claim may fire it, else "busy"; no marker,
-  as writing one would wait on the lock.
+- Rounds hold each key once, in stream order: one INSERT ... ON CONFLICT cannot touch a row twice.
+- A key a claim's batch holds waits: "deferred" if the claim may fire it, else "busy".
 - A command left alone waits while its occurrence is claimed ("stuck" past TIMER_STUCK_AFTER) or
-  behind an older waiting command of its timer; later commands of that key wait too."""
+  behind an older waiting command; later commands of that key wait too."""
 
 from __future__ import annotations
 

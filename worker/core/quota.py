@@ -1,9 +1,7 @@
 """Per-tenant limit on pending timers (TIMER_TENANT_MAX_PENDING; 0 = off, and then never called).
 
-A ScheduleTimer that would make a new pending timer for a tenant at its limit goes to the DLQ
-(quota_exceeded); a reschedule adds nothing. Read without locks before the batch's transaction, so
-concurrent replicas may overshoot by what they admit at once: bounded, and intake never blocks. A
-cheap per-tenant upper bound is read first; only tenants it leaves short of room are counted exactly."""
+Read without locks, so concurrent replicas may overshoot by what they admit at once: bounded, and
+intake never blocks. A cheap upper bound is read first; only tenants near the limit are counted."""
 
 from __future__ import annotations
 

@@ -28,8 +28,7 @@ LINE_BYTES = 1 << 20
 BATCH = 32
 UNAVAILABLE = {"error": "unavailable", "detail": "the timer store is not reachable"}
 
-# Where a `get` may be answered: a requester's inbox. Whitelisted, because the service answers with its
-# own permissions: an arbitrary reply subject would let one tenant write into another's streams.
+# Where a `get` may be answered: the service replies with its own permissions, so only to inboxes.
 _INBOX = "_INBOX"
 _SERVICE_IMPORT_REPLY = "_R_"
 

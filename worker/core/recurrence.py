@@ -1,17 +1,12 @@
 """Recurring timers: a period or a cron expression, and when occurrence k of a timer is due.
 
-Occurrence k is `anchor + k * every`, from the anchor, never stepped from the previous one, so a
-clamped day does not stick (Jan 31 + P1M: Feb 28, Mar 31, Apr 30). With a timezone the arithmetic is
-wall-clock in that zone and local times are placed with fold=0 (PEP 495): a skipped time fires
-shifted forward by the gap, a repeated one fires once, at its first instant.
+Occurrence k is computed from the anchor, never stepped from the previous one, so a clamped day does
+not stick (Jan 31 + P1M: Feb 28, Mar 31). With a timezone the arithmetic is wall-clock, placed with
+fold=0: a skipped time fires shifted by the gap, a repeated one once.
 
-After downtime a timer fires once for the missed window; the skipped occurrences still consume their
-indexes, so `times` counts occurrences of the schedule, not firings. A crash is not downtime: each
-occurrence keeps the first claim's reference and all fire, late, in order.
-
-Cron schedules follow the same rules over the instants of matching local minutes. They have no closed
-form from an index, so skipped occurrences are counted one by one, only for `times`, and at most
-CRON_MAX_COUNTED per missed window. `until` ends either kind of schedule."""
+After downtime a timer fires once for the missed window; skipped occurrences still take indexes, so
+`times` counts the schedule's occurrences. Cron has no closed form, so skipped occurrences are
+counted one by one, only for `times`, at most CRON_MAX_COUNTED per window."""
 
 from __future__ import annotations
 
