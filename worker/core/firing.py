@@ -26,7 +26,7 @@ CLAIM_RETRY_FIRST_S = 0.05
 # While a backlog drains, a second lane claims the newest occurrences, so they do not wait behind it.
 FRESH_LANE_BATCH = 50
 FRESH_LANE_S = 0.1
-FRESH_LANE_WINDOW_MS = 2000
+FRESH_LANE_WINDOW_MS = 2000  # "newest": due in the last two seconds, not the backlog's tail
 # One batch publishing while the next is claimed; each holds a pooled connection across its publish.
 PIPELINE_DEPTH = 2
 # The next claim's spacing while occurrences keep coming due: each reaches LOOKAHEAD_MS ahead, so
@@ -35,6 +35,7 @@ CLAIM_SPACING_S = LOOKAHEAD_MS / 2 / 1000
 
 
 async def _until_at_most(tasks: set[asyncio.Task[None]], keep: int) -> None:
+    """Wait until at most `keep` tasks run; an error of one that ended is raised here."""
     while len(tasks) > keep:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         tasks -= done
