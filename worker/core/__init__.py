@@ -1,41 +1,30 @@
-"""The service's core: the loops, the ports they take and the domain types those speak. It imports
-no adapter, no operator tool, neither the database driver nor nats-py, nor does any module it
-reaches (tests/unit/test_layout.py).
+"""The service's core: the loops, the ports they take and the domain types those speak. It imports no
+adapter, nor the database driver or nats-py (tests/unit/test_layout.py).
 
-domain.py       the types the ports speak: Key, ClaimParams (and the constants beside it),
-                Claimed, Unreadable, ClaimResult, Fired, Failed, Leased, Outcome
-ports.py        what the loops take from the outside world, as small Protocols
-received.py     a delivered command or `get` request as the core reads it (Protocols nats-py's
-                message satisfies), when the stream stored it, and how a command is answered
-loop.py         what each loop is built from: settings, store, broker, wake-up, clock
-firing.py       FiringLoop: claim due occurrences, two lanes, PIPELINE_DEPTH batches in flight
-publishing.py   BatchFiring: one claimed batch published as each occurrence comes due, then
-                recorded in the claim's transaction (or, that lost, in one of its own)
-fireable.py     which of a batch's rows can fire and each one's next occurrence, under the
-                tenants' time budgets; the back-off of a row that cannot
-budget.py       a budget of event-loop time for work whose amount a tenant chooses
-recurrence.py   recurring timers: a period or a cron expression, when occurrence k is due
-window.py       a firing window: its length, and the instant in it each occurrence fires at
-expiry.py       occurrences not fired: too late (expireAfter; their DLQ entry), or missed
-                and skipped (repeat.catchup none)
+domain.py       the types the ports speak
+ports.py        what the loops take from the outside world, as Protocols
+received.py     a delivered command or `get` as the core reads it
+loop.py         what each loop is built from
+firing.py       FiringLoop: claim due occurrences, two lanes, batches in flight
+publishing.py   BatchFiring: a claimed batch published as each comes due, then recorded
+fireable.py     which of a batch's rows can fire, and their next occurrences
+budget.py       event-loop time for work whose amount a tenant chooses
+recurrence.py   recurring timers: when occurrence k is due
+window.py       a firing window: the instant each occurrence fires at
+expiry.py       occurrences not fired: expired, or missed and skipped
 wakeup.py       when the firing loop should next look at the database
-clock.py        the replica's estimate of the database clock: never ahead, so never early
-intake.py       commands in: pulled, validated, committed in batches, only then acknowledged;
-                rejections to the DLQ
-lane.py         the bulk lane: commands on many timers run beside intake, a step at a time,
-                tenants in turn, held in progress, the moot ones acknowledged without work
-bulk.py         bulk actions: a cancel, pause or resume of every timer a label selector names,
-                a chunk at a time
-ordering.py     the rule that a timer's commands apply in stream order, on plain values, and
-                which of its pauses and resumes a batch makes moot
-commands.py     the validation boundary: bytes in, a typed command or a Rejection out
-fields.py       the field checks of that boundary: ids, timestampMs, dueAt, repeat, `data`, labels
-headers.py      the headers a timer carries from its ScheduleTimer to its events
-eventsize.py    the most a DueTimeReached weighs: the bound the start-up stream check holds
+clock.py        the replica's estimate of the database clock
+intake.py       commands in: validated, committed in batches, then acknowledged
+lane.py         the bulk lane: commands on many timers, tenants in turn
+bulk.py         bulk actions by label selector, a chunk at a time
+ordering.py     a timer's commands apply in stream order
+commands.py     the validation boundary: bytes in, a command or a Rejection out
+fields.py       the field checks of that boundary
+headers.py      the headers a timer carries to its events
+eventsize.py    the most a DueTimeReached weighs
 quota.py        the per-tenant limit on pending timers
 readmodel.py    the `get` request/reply, tenant-scoped
-timers.py       StoredTimer, a timer as the read port returns it, and its contract view
-retention.py    the cleanup of finished timers (Reached, Expired, Cancelled) past TIMER_RETENTION
-waiting.py      how a loop waits: the one stop-aware wait, and between a write's attempts
-crashpoints.py  the chaos suite's crash points (off unless TIMER_TEST_CRASH)
-"""
+timers.py       StoredTimer and its contract view
+retention.py    the cleanup of finished timers
+waiting.py      how a loop waits
+crashpoints.py  the chaos suite's crash points"""

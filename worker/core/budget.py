@@ -1,20 +1,7 @@
-"""A budget of event-loop time for work whose amount a tenant chooses.
-
-Computing a recurring timer's next occurrence is microseconds for most schedules, but a tenant can
-choose ones that cost more: a cron schedule that matches once in decades (~2 ms a step), or one
-with `times` whose skipped occurrences are counted after an outage (up to ~0.15 s; worker/core/
-recurrence.py). That work runs on the event loop beside everybody's firing and intake, and a bound
-per row was not enough: a thousand such rows in one claim stalled every replica in turn for tens
-of seconds. The budget bounds their sum per second: work starts only while the budget is not
-overdrawn, what it took beyond a free allowance is charged afterwards, and what cannot start now
-waits for a later claim.
-
-One budget per tenant (TenantBudgets): with one for the replica, a tenant that kept it overdrawn
-had every recurring row met put back, another tenant's hourly timers (never charged) included,
-claim after claim until its own flood had drained. And one for all of them, which only the rows
-that may cost the most (cron schedules: `every` ones cost at most ~0.1 ms) wait for: forty
-tenants spending their own budgets in one claim held a replica two seconds.
-"""
+"""A budget of event-loop time for work whose amount a tenant chooses (a rare cron schedule, skipped
+occurrences counted for `times`). Work starts only while the budget is not overdrawn and is charged
+afterwards. One budget per tenant, so one tenant's flood puts off only its own rows, and one for all,
+which only the costliest rows (cron) wait for."""
 
 from __future__ import annotations
 
@@ -23,8 +10,8 @@ from collections.abc import Callable
 
 
 class TimeBudget:
-    """`share` of every second (0.1: a tenth), at most `burst` seconds saved up. One piece of work
-    may overdraw it: the debt is paid back, at `share`, before the next piece starts."""
+    """`share` of every second, at most `burst` seconds saved up. One piece of work may overdraw it; the
+    debt is paid back before the next starts."""
 
     __slots__ = ("_at", "_burst", "_level", "_now", "_share")
 
@@ -43,12 +30,10 @@ class TimeBudget:
         self._at = now
 
     def ready(self) -> bool:
-        """Whether work may start now: the budget is not overdrawn."""
         self._refill()
         return self._level > 0
 
     def charge(self, seconds: float) -> None:
-        """Charge work that took `seconds` (nothing for none or less)."""
         self._refill()
         self._level -= max(0.0, seconds)
 
@@ -59,11 +44,8 @@ class TimeBudget:
 
 
 class TenantBudgets:
-    """A TimeBudget of `share` and `burst` per tenant, and one of `total_share` and `total_burst`
-    for all: what one tenant's work overdraws puts off that tenant's work only; what all of them
-    overdraw puts off the rows that may be costly (`costly`). A tenant is given a budget when first
-    charged and forgets it once it is full again, so only tenants charged within the last
-    `burst / share` seconds are held."""
+    """A TimeBudget per tenant, and one for all that only `costly` work waits for. A tenant's budget is
+    forgotten once full again."""
 
     __slots__ = ("_budgets", "_burst", "_now", "_share", "_total")
 
@@ -81,13 +63,10 @@ class TenantBudgets:
         self._budgets: dict[str, TimeBudget] = {}
 
     def ready(self, tenant: str, costly: bool) -> bool:
-        """Whether `tenant`'s work may start now: its budget is not overdrawn, nor, for work that
-        may be costly, the total."""
         budget = self._budgets.get(tenant)
         return (budget is None or budget.ready()) and (not costly or self._total.ready())
 
     def charge(self, tenant: str, seconds: float) -> None:
-        """Charge `tenant` for work that took `seconds` (nothing for none or less)."""
         if seconds <= 0:
             return
         budget = self._budgets.get(tenant)

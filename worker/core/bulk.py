@@ -1,11 +1,5 @@
-"""Bulk actions: a cancel, pause or resume on every timer of a tenant that carries all the pairs of a
-label selector (docs/CONTRACT.md, Labels), a chunk at a time, each timer as its own command would.
-
-A cancel's chunk goes through IntakeStore.apply as that many CancelTimers at the action's place in the
-stream, a pause's or resume's through pause_listed as that many of one timer's own: each timer keeps
-the rules of its own commands (stream order, a claimed occurrence fires first, deferred, stuck), so
-the action needs no rule of its own but which timers it names (select_labelled).
-"""
+"""Bulk actions: a cancel, pause or resume of every timer of a tenant carrying a label selector's pairs,
+a chunk at a time, each timer as its own command would, so the action needs no rules of its own."""
 
 from __future__ import annotations
 
@@ -21,11 +15,9 @@ from worker.core.ports import IntakeStore
 
 log = logging.getLogger(__name__)
 
-# Timers one chunk reads and acts on, one transaction: the cursor moves past each chunk (keys after
-# the last one acted on), so every chunk costs its own rows, never those of the chunks before it.
+# Timers per chunk, one transaction; a cursor moves past each chunk, so none rereads earlier rows.
 BULK_CHUNK = 1000
-# The worst outcome of a timer wins the action's: each one deferred or busy comes back in the
-# next pass of the action; stuck ones are given up visibly, as a CancelTimer's.
+# The worst outcome of a timer wins the action's.
 _WORST: tuple[Outcome, ...] = ("deferred", "busy", "stuck")
 
 
@@ -39,15 +31,14 @@ class Progress:
 
 
 class BulkActions:
-    """Runs bulk actions a chunk at a time (core/lane.py holds each one's Progress between chunks)."""
+    """Runs bulk actions a chunk at a time (lane.py holds each one's Progress)."""
 
     def __init__(self, store: IntakeStore) -> None:
         self.store = store
 
     async def step(self, action: BulkAction, where: Position, progress: Progress) -> Applied:
-        """The next chunk of `action`: "partial" while more may be left; then the action's outcome
-        and the soonest dueAt a resume made claimable again. Once done, the timers it acted on, by
-        their outcome, are counted (timer_bulk_timers_total) and logged (bulk_applied)."""
+        """The next chunk of `action`: "partial" while more may be left; then the action's outcome and
+        the soonest dueAt a resume made claimable."""
         ids = await self.store.select_labelled(action, where, progress.after, BULK_CHUNK)
         if ids:
             applied = await self._act(action, ids, where)

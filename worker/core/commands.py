@@ -1,18 +1,7 @@
-"""The validation boundary (docs/CONTRACT.md, Reason codes and Limits): command bytes in, a typed
-command or a Rejection out.
-
-`parse_command` is total: for any bytes it returns a command or a Rejection and never raises.
-The checks raise `_Reject` (private to the boundary, caught only in `parse_command` and
-`parse_control`); everything else that can fail on input (decoding, JSON, dates, durations,
-zones) is caught by its specific exception where it is called. Here: size, UTF-8, strict JSON,
-the flat or the envelope form, the tenant; the fields themselves (ids, dueAt, repeat, data, labels) are
-checked in fields.py, the headers a timer carries in headers.py.
-
-Unknown top-level and payload keys are ignored, for forward compatibility. A JSON null counts as
-an absent field, except a pause or resume's serviceCallId (see parse_control). `timestampMs` is read
-from the envelope, or from the flat form; when both envelope and payload carry `correlationId` or
-`timestampMs`, the envelope's wins.
-"""
+"""The validation boundary (docs/CONTRACT.md, Reason codes): command bytes in, a typed command or a
+Rejection out. Total: for any bytes it returns one of the two and never raises. The fields themselves
+are checked in fields.py. Unknown keys are ignored, for forward compatibility; a JSON null is an
+absent field, and the envelope's value wins over the payload's."""
 
 from __future__ import annotations
 
@@ -60,13 +49,10 @@ from worker.core.fields import (
 )
 
 T = TypeVar("T")
-# A command as validated: a ScheduleTimer or CancelTimer, a pause or resume, or a bulk action.
 Parsed = Command | PauseTimers | BulkAction
 
-# Every form of what a tenant sends (docs/CONTRACT.md), `<kind>.<form>` on its kind's subject: the
-# forms forms_of tells apart, and the read model's get, which no command parses. What must hold of
-# every command is checked form by form (tests/integration/test_noisy_neighbour.py), so a new form
-# named here without a case there fails a test.
+# Every form a tenant sends, `<kind>.<form>`; each is checked in test_noisy_neighbour.py, so a new one
+# without a case there fails a test.
 Form = Literal[
     "schedule.once", "schedule.cron", "schedule.every", "schedule.data", "schedule.labels",
     "schedule.window", "schedule.expire_after",
@@ -92,8 +78,7 @@ def form_kind(form: Form) -> Kind:
 
 
 def forms_of(parsed: Parsed) -> frozenset[Form]:
-    """The forms a validated command takes: one for a cancel, pause or resume; for a ScheduleTimer its
-    timing (once, cron or every) and each option it carries."""
+    """The forms a validated command takes: a ScheduleTimer's timing and each option it carries."""
     if isinstance(parsed, BulkAction):
         return frozenset({_BULK_FORMS[parsed.kind]})
     if isinstance(parsed, PauseTimers):
@@ -120,9 +105,7 @@ def parse_command(
     max_horizon: timedelta,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> Command | BulkAction | Rejection:
-    """The command in `body`, received on `<prefix>.<subject_tenant>.timer.<kind>`, or why not (a
-    CancelTimer naming `labels`: a BulkAction). `max_payload_bytes` bounds a ScheduleTimer's `data`
-    (TIMER_MAX_PAYLOAD_BYTES)."""
+    """The command in `body`, received on `<prefix>.<subject_tenant>.timer.<kind>`, or why not."""
     token = subject_tenant if is_valid_tenant(subject_tenant) else INVALID_TENANT
     try:
         return _parse(kind, subject_tenant, body, now, max_horizon, max_payload_bytes)
@@ -144,7 +127,6 @@ def _parse(
     fields, envelope = _unwrap(kind, _load(body))
 
     tenant = _tenant(fields, envelope, subject_tenant)
-    # Both levels are checked; the envelope's value wins when both are set.
     correlation_id = _first(_correlation(envelope), _correlation(fields))
     timestamp_ms = _first(_timestamp(envelope), _timestamp(fields))
     if kind == "cancel" and (selector := _selector(fields, envelope)) is not None:
@@ -172,9 +154,8 @@ def _parse(
 
 
 def _selector(fields: JsonObject, envelope: JsonObject) -> dict[str, str] | None:
-    """A cancel's, pause's or resume's `labels`, naming the timers it acts on instead of a
-    serviceCallId (never both: a producer bug naming both is refused, not guessed at). As for
-    serviceCallId, a selector beside the payload is refused: never taken for the whole tenant."""
+    """A `labels` selector instead of a serviceCallId: naming both, or one beside the payload, is
+    refused."""
     if "labels" in envelope:
         raise _Reject("bad_labels", "labels belongs in the payload, not the envelope")
     if "labels" in fields and fields["labels"] is None and fields.get("serviceCallId") is None:
@@ -188,13 +169,9 @@ def _selector(fields: JsonObject, envelope: JsonObject) -> dict[str, str] | None
 def parse_control(
     kind: ControlKind, subject_tenant: str, body: bytes
 ) -> PauseTimers | BulkAction | Rejection:
-    """The PauseTimers or ResumeTimers in `body`, received on `<prefix>.<subject_tenant>.timer.<kind>`
-    (kind pause or resume), or why not. The same boundary as parse_command: size, UTF-8, strict
-    JSON, the flat or the envelope form, and the body's tenantId must be the subject's, so a tenant
-    allowed to publish only on its own subjects can pause only its own timers. Without a
-    serviceCallId in its payload it is about every timer of the tenant; a null one, or one in the
-    envelope, is refused (bad_service_call_id), never taken for the whole tenant. With `labels`
-    instead, it is a BulkAction on the timers carrying them."""
+    """The PauseTimers or ResumeTimers in `body`, or why not; the same boundary as parse_command.
+    Without a serviceCallId it acts on every timer of the tenant; a null one is refused, never
+    widened."""
     token = subject_tenant if is_valid_tenant(subject_tenant) else INVALID_TENANT
     try:
         return _parse_control(kind, subject_tenant, body)
@@ -220,8 +197,7 @@ def _parse_control(kind: ControlKind, subject_tenant: str, body: bytes) -> Pause
     correlation_id = _first(_correlation(envelope), _correlation(fields))
     if (selector := _selector(fields, envelope)) is not None:
         return BulkAction(tenant, selector, kind, correlation_id)
-    # No serviceCallId means every timer of the tenant: only its absence from the payload says so.
-    # A null (a producer serializing a None id) or one beside the payload is refused, never widened.
+    # Only an absent serviceCallId means every timer: a null or misplaced one is refused, never widened.
     if "serviceCallId" in envelope:
         raise _Reject("bad_service_call_id", "serviceCallId belongs in the payload, not the envelope")
     if "serviceCallId" in fields and fields["serviceCallId"] is None:
@@ -238,7 +214,6 @@ def _load(body: bytes) -> JsonObject:
         raise _Reject("invalid_utf8", f"body is not UTF-8 (byte {exc.start})") from None
     try:
         doc = _DECODER.decode(text)
-    # ValueError: syntax, and integers past Python's digit limit; RecursionError: deep nesting.
     except (ValueError, RecursionError) as exc:
         raise _Reject("invalid_json", f"body is not JSON: {exc}") from None
     if not isinstance(doc, dict):
@@ -247,8 +222,8 @@ def _load(body: bytes) -> JsonObject:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> JsonObject:
-    # Called for every object at any depth, with keys already unescaped ("a" and "\u0061" are one key).
-    obj = dict(pairs)  # in C: the common case, no key twice, costs no Python loop per key
+    # Keys arrive unescaped ("a" and "\u0061" are one key).
+    obj = dict(pairs)  # in C: the common case costs no Python loop per key
     if len(obj) == len(pairs):
         return obj
     obj = {}
@@ -265,12 +240,12 @@ def _no_constant(name: str) -> float:
 
 def _finite_float(text: str) -> float:
     value = float(text)
-    if not math.isfinite(value):  # 1e999 parses to inf without ever spelling "Infinity"
+    if not math.isfinite(value):  # 1e999 parses to inf without spelling "Infinity"
         raise _Reject("non_finite_number", f"number {_show(text)} is out of range")
     return value
 
 
-# Made once: json.loads with hooks builds a new decoder (and its scanner) for every body.
+# Made once: json.loads with hooks builds a new decoder per call.
 _DECODER = json.JSONDecoder(
     object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite_float
 )
@@ -293,14 +268,13 @@ def _first(outer: T | None, inner: T | None) -> T | None:
 
 
 def _one_line(detail: str) -> str:
-    # Goes into a NATS header and a log line: printable ASCII only, no CR/LF, bounded.
+    # Goes into a NATS header and a log line: printable ASCII only, bounded.
     clean = "".join(ch if " " <= ch <= "~" else "?" for ch in detail)
     return clean[:MAX_DETAIL_CHARS]
 
 
 def _tenant(fields: dict[str, Any], envelope: dict[str, Any], subject_tenant: str) -> str:
-    """The body's tenantId: valid, the subject's (a producer may only act for the tenant it may
-    publish for), and the envelope's when it names one."""
+    """The body's tenantId: valid, the subject's, and the envelope's when it names one."""
     tenant = _required(fields, "tenantId", str)
     if not is_valid_tenant(tenant):
         raise _Reject("bad_tenant", f"tenantId {_show(tenant)} does not match {TENANT_RULE}")
@@ -313,8 +287,7 @@ def _tenant(fields: dict[str, Any], envelope: dict[str, Any], subject_tenant: st
 
 
 def _check_envelope(body: bytes, subject_tenant: str) -> None:
-    """What is checked before the body is read: its size first (a 10 MB body is turned away
-    before a byte of it is decoded), then the subject's tenant token."""
+    """Size first, before a byte is decoded, then the subject's tenant token."""
     if len(body) > MAX_BODY_BYTES:
         raise _Reject("body_too_large", f"body is {len(body)} bytes, more than {MAX_BODY_BYTES}")
     if not is_valid_tenant(subject_tenant):

@@ -1,11 +1,5 @@
-"""Crash points for the fault-injection suite (tests/chaos).
-
-A replica exits at once, as SIGKILL would leave it (nothing flushed, no lease released), between
-two steps that must survive a crash: claimed / published (PubAck in hand, not marked) / marked,
-and committed (intake: committed, not acknowledged). Timing alone rarely lands a kill exactly
-there. Off unless TIMER_TEST_CRASH names points with a probability per pass, e.g.
-`TIMER_TEST_CRASH=claimed:0.01,published:0.02`; then one dictionary lookup per batch.
-"""
+"""Crash points for tests/chaos: a replica exits at once, as SIGKILL would. Off unless TIMER_TEST_CRASH
+names points, e.g. `claimed:0.01`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The most a DueTimeReached weighs against the NATS server's max_payload (largest_event): made by
-the event's own template (worker.contract.due_event) from the widest occurrence an accepted
-ScheduleTimer can store, so the stream check at start-up (adapters/jetstream/streams.py) holds
-every event any timer will ever make."""
+"""The most a DueTimeReached weighs, made by the event's own template, so the start-up stream check
+holds every event a timer will make."""
 
 from __future__ import annotations
 
@@ -39,24 +37,15 @@ class OccurrenceValues(NamedTuple):
 
 
 def largest_event(max_data_bytes: int, carry: Collection[str]) -> int:
-    """The most a DueTimeReached of a timer stored from an accepted ScheduleTimer counts against the
-    server's max_payload (wire_size), with TIMER_MAX_PAYLOAD_BYTES `max_data_bytes` and
-    TIMER_CARRY_HEADERS `carry`. Made by due_event itself, so it follows the template: the longest
-    tenant; both ids of MAX_ID_CHARS characters the longest to escape (U+10FFFF, a surrogate pair:
-    12 bytes); the latest dueAt, plannedAt and reachedAt; `data` of max_data_bytes as stored (as
-    worker.core.fields._data measures it); every header a timer may carry (carried_headers: a
-    traceparent, a tracestate, one per name of `carry`) at MAX_CARRIED_VALUE_CHARS characters of
-    4 bytes each; the widest labels."""
+    """The most a DueTimeReached of an accepted timer weighs: every field at its widest and costliest."""
     widest_id = "\U0010ffff" * MAX_ID_CHARS
     widest_value = "\U0010ffff" * MAX_CARRIED_VALUE_CHARS
     carried = {TRACEPARENT: f"00-{'1' * 32}-{'1' * 16}-01", TRACESTATE: widest_value}
     carried |= {name: widest_value for name in carry if name not in carried}
     data = "0" * max_data_bytes if max_data_bytes else None  # 0 refuses any `data`
-    # The widest labels as stored: 63-character keys, values of 4-byte characters (a `"` escaped
-    # is 2 bytes; a control character, 6 escaped, is refused).
+    # The widest labels as stored: 63-character keys, values of 4-byte characters.
     widest_label = "\U0010ffff" * MAX_LABEL_VALUE_CHARS
     labels = data_json({f"{i:02d}".ljust(63, "k"): widest_label for i in range(MAX_LABELS)})
-    # A window's plannedAt: an instant as wide as any.
     worst = OccurrenceValues(
         "t" * 64, widest_id, LATEST_DUE_AT, widest_id, carried, data, LATEST_DUE_AT, labels
     )

@@ -1,19 +1,9 @@
-"""The field checks of the validation boundary (worker.core.commands): the ids, timestampMs, dueAt,
-`repeat` (every or cron, times, until, timezone), `window`, `expireAfter`, `data` and `labels`,
-each raising `_Reject` with its reason code (docs/CONTRACT.md, Reason codes and Limits). `_Reject`
-and the helpers here are the boundary's own: commands.py catches `_Reject` in `parse_command` and
-`parse_control`, headers.py quotes values with `_show`. `identifier_problem` is the id rule for
-readers of ids that are no commands (timer.get).
+"""The field checks of the validation boundary (worker.core.commands), each raising `_Reject` with its
+reason code (docs/CONTRACT.md, Reason codes).
 
-Identifiers (serviceCallId, correlationId) are opaque strings: any printable Unicode is accepted,
-including non-ASCII and zero-width/format characters (category Cf), because producers own their
-ids and rejecting them would lose timers for no safety gain. Rejected are only control characters
-(category Cc: NUL, which Postgres text cannot hold, CR/LF, escape sequences for logs) and lone
-surrogates (category Cs: not encodable as UTF-8, so they cannot be stored or echoed).
-
-Inside `repeat` an unknown key is an error: a misspelt "time" would silently mean "forever". A
-JSON null counts as an absent field.
-"""
+Ids are opaque: any printable Unicode is accepted, since producers own them; only control characters
+(Cc) and lone surrogates (Cs), which cannot be stored, logged or echoed safely, are refused. Inside
+`repeat` an unknown key is an error: a misspelt "time" would silently mean "forever"."""
 
 from __future__ import annotations
 
@@ -75,7 +65,7 @@ def _identifier(value: str, key: str, reason: Reason) -> str:
         raise _Reject(reason, f"{key} is empty")
     if len(value) > MAX_ID_CHARS:
         raise _Reject(reason, f"{key} has {len(value)} characters, more than {MAX_ID_CHARS}")
-    if value.isprintable():  # no Cc or Cs among them: the common case, without a lookup per character
+    if value.isprintable():  # no Cc or Cs: the common case, without a lookup per character
         return value
     for ch in value:
         if unicodedata.category(ch) in ("Cc", "Cs"):
@@ -84,8 +74,7 @@ def _identifier(value: str, key: str, reason: Reason) -> str:
 
 
 def identifier_problem(value: str, key: str) -> str | None:
-    """Why `value` cannot be an id (the rule of serviceCallId and correlationId), or None. For
-    readers of ids that are no commands: timer.get."""
+    """Why `value` cannot be an id, or None; for ids that come in no command (timer.get)."""
     try:
         _identifier(value, key, "bad_service_call_id")
     except _Reject as exc:
@@ -105,17 +94,15 @@ def _timestamp(obj: JsonObject) -> int | None:
     return value
 
 
-# RFC 3339 date-time. The offset is required; "T", "t" or " " separate date and time.
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:[Zz]|([+-])(\d{2}):(\d{2}))\Z",
-    re.ASCII,  # \d is 0-9 only, not every Unicode digit
+    re.ASCII,
 )
 
 
 def _due_at(text: str) -> datetime:
-    """An RFC 3339 date-time with an explicit offset, in UTC, within DUE_AT_RANGE. Fractions beyond
-    microseconds are truncated (producers in other languages send nanoseconds); a leap second (:60)
-    is refused."""
+    """An RFC 3339 date-time with an offset, in UTC. Fractions beyond microseconds (nanoseconds from
+    other languages) are truncated; a leap second is refused."""
     m = _RFC3339.match(text)
     if m is None:
         raise _Reject(
@@ -123,16 +110,13 @@ def _due_at(text: str) -> datetime:
         )
     year, month, day, hour, minute, second, fraction, sign, hours, minutes = m.groups()
     micros = int(fraction[:6].ljust(6, "0")) if fraction else 0
-    # Z, the form nearly every producer sends, is UTC already: no offset to build and undo
-    # (issue 21's intake profile).
     offset = None
     if sign is not None:
         if int(minutes) > 59:
             raise _Reject("bad_due_at", f"dueAt {_show(text)} has an offset with minutes past 59")
         offset = timedelta(hours=int(hours), minutes=int(minutes)) * (-1 if sign == "-" else 1)
     try:
-        # Out-of-range fields, an offset of 24h or more, or an instant before year 1 or after
-        # year 9999 once moved to UTC (0001-01-01T00:00+01:00) all land here.
+        # Out-of-range fields, offsets of 24h or more and instants beyond years 1..9999 land here.
         zone = UTC if offset is None else timezone(offset)
         due = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micros, zone)
         if zone is not UTC:
@@ -190,14 +174,13 @@ def _repeat(value: Any) -> Repeat | None:
         if load_zone(zone) is None:
             raise _Reject("unknown_timezone", f"repeat.timezone {_show(zone)} is not an IANA time zone")
     catchup = value.get("catchup")
-    if catchup is not None and catchup not in CATCHUPS:  # `in` a tuple of str: no unhashable trap
+    if catchup is not None and catchup not in CATCHUPS:
         raise _Reject("bad_repeat", f"repeat.catchup must be one, none or all, not {_show(str(catchup))}")
     return Repeat(every, times, zone, cron=cron, until=until, catchup=catchup)
 
 
 def _first_occurrence(repeat: Repeat, due_at: datetime) -> datetime:
-    """The timer's first occurrence: dueAt for `every`; for `cron`, the first instant of the
-    schedule at or after dueAt (dueAt is when the schedule starts). Either must come by `until`."""
+    """The first occurrence: dueAt, or for `cron` the schedule's first instant at or after it."""
     first = due_at
     if repeat.cron is not None:
         found = first_cron_occurrence(repeat, due_at)
@@ -210,12 +193,10 @@ def _first_occurrence(repeat: Repeat, due_at: datetime) -> datetime:
 
 
 def _window(value: Any) -> str | None:
-    """`window`: an ISO 8601 duration of days to seconds, at most a day (worker/core/window.py)."""
     return _span(value, "window", "bad_window", window_ms)
 
 
 def _expire_after(value: Any) -> str | None:
-    """`expireAfter`: as `window`, a second to a week (worker/core/expiry.py)."""
     return _span(value, "expireAfter", "bad_expire_after", expire_after_ms)
 
 
@@ -232,21 +213,9 @@ def _span(value: Any, key: str, reason: Reason, measure: Callable[[str], int]) -
 
 
 def _data(value: Any, limit: int) -> Any:
-    """`data`, any JSON value (null: absent), at most `limit` bytes in UTF-8 as its events carry it.
-
-    Measured as delivered, not as received: stored as jsonb, it is spliced into every event as
-    Postgres prints it (contract.data_json's spacing), each number in plain notation at its full
-    scale. Measured on the compact text received, 16 KiB of 5e-324 (326 characters each as
-    stored) made a 737 KiB event, and at the largest setting events over NATS's 1 MiB max_payload
-    that never fired. The stored form, not a new column of the producer's text: that would
-    rewrite the table (sql/migrations/0009), and a row stored before is measured at firing anyway
-    (BatchFiring._publish). Besides the spacing, only a float's text grows: json.loads makes every
-    number with a fraction or an exponent a float, whose repr (the text Jsonb sends) jsonb parses
-    as an exact numeric; an integer prints the same digits either way, a string the same escapes.
-
-    Stored as jsonb, which holds any JSON but two kinds of string: U+0000 and (not UTF-8 at
-    all) a lone surrogate. Refused here, or the command would fail its whole batch's write.
-    """
+    """`data`, any JSON value, at most `limit` bytes as its events carry it: measured as Postgres prints
+    the stored jsonb, where a float's exponent becomes plain digits, not as received. U+0000 and lone
+    surrogates, which jsonb cannot store, are refused here rather than failing the batch's write."""
     if value is None:
         return None
     try:
@@ -255,7 +224,7 @@ def _data(value: Any, limit: int) -> Any:
         raise _Reject("bad_data", "data holds a lone surrogate (\\ud800-\\udfff): not text") from None
     nul = False
     stack = [value]
-    while stack:  # no recursion: the nesting json.loads accepted may be deeper than Python's stack
+    while stack:  # no recursion: json.loads accepts deeper nesting than Python's stack
         item = stack.pop()
         if isinstance(item, dict):
             stack.extend(item.keys())
@@ -277,12 +246,8 @@ _LABEL_KEY = re.compile(rf"{LABEL_KEY_RULE}\Z")
 
 
 def _labels(value: Any, *, selector: bool = False) -> dict[str, str] | None:
-    """A ScheduleTimer's `labels` (an empty object: none), or a bulk action's selector (at least one
-    pair): an object of at most MAX_LABELS string pairs, keys LABEL_KEY_RULE, values at most
-    MAX_LABEL_VALUE_CHARS characters, none a control character (a log line's or a header's
-    breaker, 6 bytes escaped) or a lone surrogate (no text: Postgres cannot store it). So a
-    timer's labels print, as stored, within contract.largest_event's widest ones, whatever a
-    tenant sends."""
+    """A timer's `labels` (empty: none) or a bulk selector (at least one pair); bounded so that a
+    timer's labels fit within contract.largest_event whatever a tenant sends."""
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -306,8 +271,7 @@ def _labels(value: Any, *, selector: bool = False) -> dict[str, str] | None:
 
 
 def label_problem(labels: dict[str, str]) -> str | None:
-    """Why `labels` cannot be a timer's labels or a selector, or None: the rule of `_labels`, for
-    readers that build labels rather than receive them (the CLI's --label)."""
+    """Why `labels` cannot be labels or a selector, or None; for readers that build them (the CLI)."""
     try:
         _labels(labels, selector=True)
     except _Reject as exc:
@@ -316,11 +280,7 @@ def label_problem(labels: dict[str, str]) -> str | None:
 
 
 def _plain_growth(number: float) -> int:
-    """How much longer jsonb prints `number` than its repr: numeric's plain notation at its full
-    scale. Python's repr is plain already from 1e-4 to 1e16, the same text; outside, it has an
-    exponent, and 5e-324 prints as "0." and 324 decimals, 1e308 as 309 digits. Decimal's "f"
-    format is that notation: exact digits, the exponent's scale (tests/integration/test_data_bound.py
-    holds it to what Postgres prints). -0.0 counts one more than numeric's 0.0."""
+    """How much longer jsonb prints `number` than its repr: numeric's plain notation at full scale."""
     text = repr(number)
     if "e" not in text:
         return 0
@@ -336,6 +296,5 @@ def _json_type(value: object) -> str:
 
 
 def _show(value: str, limit: int = 60) -> str:
-    """A value quoted for a detail line: ASCII escapes (ascii()), and clipped."""
     shown = ascii(value)
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."

@@ -1,6 +1,5 @@
-"""Which of a claimed batch's rows can fire, and the next occurrence of each: the checks a row
-must pass to become an event, the recurring arithmetic under each tenant's time budget, and the
-back-off of a row that cannot fire."""
+"""Which of a claimed batch's rows can fire, and each one's next occurrence under the tenants' time
+budgets; the back-off of a row that cannot."""
 
 from __future__ import annotations
 
@@ -23,17 +22,10 @@ log = logging.getLogger(__name__)
 
 # A failed publish is retried by any replica after this long.
 RETRY_BACKOFF_MS = 1000
-# A row that cannot be made into an event (its dueAt unreadable or out of range, its repeat
-# broken) is retried after RETRY_BACKOFF_MS, doubling with each attempt up to this: it stays
-# visible (attempts, lastError) and never spins the loop.
+# A row that cannot become an event backs off, doubling up to this: visible, never spinning the loop.
 ROW_RETRY_MAX_MS = 300_000
-# What next occurrences cost beyond NEXT_FREE_S each (a rare cron schedule, skipped occurrences
-# counted for `times`: worker/core/budget.py) takes at most a tenth of the loop's time per tenant,
-# a tenth of a second saved up, and a quarter of it for all tenants together. A common schedule's
-# costs 10 to 40 us and is never charged; the free part is about what firing any row costs the
-# replica anyway (~30 us), so a claim of rows just under it holds the loop ~0.1 s at most. A
-# recurring row met while its tenant's budget is overdrawn, or a cron one while the total is, is
-# put back, unfired and with no error, for POSTPONE_MS; every other row goes on.
+# Shares of the loop's time for costly next-occurrence arithmetic, per tenant and in all; a row over
+# budget is put back for POSTPONE_MS.
 NEXT_SHARE = 0.1
 NEXT_BURST_S = 0.1
 NEXT_TOTAL_SHARE = 0.25
@@ -41,8 +33,7 @@ NEXT_TOTAL_BURST_S = 0.25
 NEXT_FREE_S = 0.0001
 POSTPONE_MS = 1000
 
-# Each firing occurrence's next one (worker/core/recurrence.py next_of), by timer: when it fires
-# (with a window, its planned instant), its index, and with a window its dueAt (Fired's fields).
+# Each firing occurrence's next one, by timer: (when it fires, its index, its dueAt with a window).
 Nexts = dict[Key, tuple[datetime | None, int | None, datetime | None]]
 
 
@@ -58,21 +49,17 @@ async def fireable(
     failed: list[Failed],
     ids: MessageIds,
 ) -> tuple[list[Claimed], Nexts]:
-    """The claimed rows that can fire, earliest due first, and each one's next occurrence (`ids`
-    plan it in its window, if it has one). Every
-    other row goes to `failed`: backed off when it cannot be made into an event, put back unfired
-    when its tenant's budget (or the total, for a cron row) is overdrawn."""
+    """The claimed rows that can fire, earliest due first, and each one's next occurrence. Other rows go
+    to `failed`: backed off when they cannot become events, put back when over budget."""
     for u in unreadable:
         cannot_fire(u, "unreadable_due_at", "dueAt cannot be read (infinite, or not in years 1-9999)", failed)
     nexts: Nexts = {}
     postponed = 0
-    # Each tenant's budget bounds its own costly rows; the slices bound what many tenants'
-    # add up to in one claim (40 tenants' budgets held the loop 2 s): other batches and the
-    # fresh lane go on between them.
+    # The budgets bound each tenant; the slices bound what many tenants add up to in one claim.
     slices = Slices()
     for c in claimed:
         await slices.check()
-        # The dueAt, not a window's planned instant: that may be up to a day past LATEST_DUE_AT.
+        # The dueAt, not a window's planned instant, which may be up to a day past LATEST_DUE_AT.
         due = c.due_at if c.nominal_due_at is None else c.nominal_due_at
         if not EARLIEST_DUE_AT <= due <= LATEST_DUE_AT:
             cannot_fire(c, "due_at_out_of_range", f"dueAt {iso(due)} is outside {DUE_AT_RANGE}", failed)

@@ -1,5 +1,5 @@
-"""The firing loop: claim due occurrences, in two lanes and up to PIPELINE_DEPTH batches at once,
-and fire each batch (worker/core/publishing.py: publish DueTimeReached, record, fenced by the lease)."""
+"""The firing loop: claim due occurrences, in two lanes and up to PIPELINE_DEPTH batches at once, and
+fire each batch (worker/core/publishing.py)."""
 
 from __future__ import annotations
 
@@ -20,25 +20,17 @@ from worker.errors import verdict
 
 log = logging.getLogger(__name__)
 
-# A failed claim is retried after this, doubling up to the poll interval. A dropped connection
-# leaves every pooled one broken, each failing one claim: starting at seconds, that stalled a
-# replica long after a blip (chaos scenario latency-drops, docs/RELIABILITY.md); starting small,
-# a blip costs a few fast retries, and an outage one attempt per poll.
+# A failed claim is retried after this, doubling up to the poll interval: a dropped connection breaks
+# every pooled one, so a blip should cost a few fast retries, not a stall.
 CLAIM_RETRY_FIRST_S = 0.05
-# While a backlog drains, a second lane claims the newest this many occurrences this often.
+# While a backlog drains, a second lane claims the newest occurrences, so they do not wait behind it.
 FRESH_LANE_BATCH = 50
 FRESH_LANE_S = 0.1
-FRESH_LANE_WINDOW_MS = 2000  # "newest" means due in the last two seconds, not the backlog's tail
-# Batches in flight at once per replica: one publishing and marking while the next is claimed.
-# Each holds a pooled connection across its publish (its claim's transaction), as does the fresh
-# lane's: Settings.db_pool_size leaves room for intake and the reads beside them.
+FRESH_LANE_WINDOW_MS = 2000  # "newest": due in the last two seconds, not the backlog's tail
+# One batch publishing while the next is claimed; each holds a pooled connection across its publish.
 PIPELINE_DEPTH = 2
-# While occurrences keep coming due, the next claim goes out this long after the one before,
-# while that one's batch still waits for its last occurrences: each claim reaches LOOKAHEAD_MS
-# ahead, so the window of the next overlaps it and every instant is claimed before it is due.
-# Waiting for a batch to end before claiming again left the occurrences due between its reach
-# and the next claim (a mark and a claim long) late: p99 11 to 16 ms at 1,000 due/s on one
-# replica (docs/BENCHMARKS.md, lateness).
+# The next claim's spacing while occurrences keep coming due: each reaches LOOKAHEAD_MS ahead, so
+# successive windows overlap and every instant is claimed before it is due.
 CLAIM_SPACING_S = LOOKAHEAD_MS / 2 / 1000
 
 
@@ -53,7 +45,6 @@ async def _until_at_most(tasks: set[asyncio.Task[None]], keep: int) -> None:
 
 
 def _first(errors: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The first error of a task group, however deeply nested."""
     first = errors.exceptions[0]
     return _first(first) if isinstance(first, BaseExceptionGroup) else first
 
@@ -65,9 +56,8 @@ class FiringLoop(BatchFiring):
         self, settings: Settings, store: FiringStore, broker: EventPublisher, wakeup: Wakeup, clock: Clock
     ) -> None:
         super().__init__(settings, store, broker, wakeup, clock)
-        # A live replica claims at least once a poll interval, so an expired lease is re-claimed
-        # within one; a timer left claimable for TIMER_DOWNTIME_AFTER (at least a lease plus a
-        # poll interval, config.py) had no replica: downtime, and a missed occurrence is skipped.
+        # A live replica claims at least once a poll interval; a timer unclaimed past
+        # TIMER_DOWNTIME_AFTER had no replica: downtime.
         downtime_ms = round(settings.downtime_after.total_seconds() * 1000)
         self._main = ClaimParams(
             owner=settings.worker_id,
@@ -89,31 +79,21 @@ class FiringLoop(BatchFiring):
         )
         self._idle_s = settings.poll_interval_ms / 1000
         self._backlog = asyncio.Event()  # set while claims come back full
-        # Tests only (River's testsignal): told "claimed" after each of tick's claims, so a test
-        # proves that no claim went out by waiting for the signal with a deadline, not by
-        # yielding a few times and hoping. Production leaves it None.
+        # Tests only: told "claimed" after each claim, so a test can wait with a deadline instead of
+        # yielding.
         self.test_signal: Callable[[str], None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Until stop: claim, fire, sleep until the next occurrence. In-flight work finishes.
-
-        The next claim goes out as soon as one comes back full, else when the next occurrence
-        comes within reach but CLAIM_SPACING_S after the one before at the earliest: up to
-        PIPELINE_DEPTH batches publish and mark at once, so neither Postgres nor NATS waits
-        for the other (docs/BENCHMARKS.md, "Where the time went").
-
-        Every task this loop starts (the fresh lane, each batch's fire) belongs to one TaskGroup:
-        a stop lets them finish, and cancelling this loop (the replica's hard stop) or its failure
-        cancels them all, so nothing outlives it (a mark waiting on a row lock held the exit of a
-        replica for as long as the lock was held). Their unmarked claims expire and fire elsewhere.
-        """
+        """Until stop: claim, fire, sleep until the next occurrence; in-flight work finishes. Every task
+        it starts belongs to one TaskGroup, so cancelling the loop cancels them all and nothing
+        outlives it."""
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._fresh_lane(stop), name="fresh-lane")
                 try:
                     await self._claim_until(stop, group)
                 finally:
-                    self._backlog.set()  # wake the lane so it sees the stop and finishes its batch
+                    self._backlog.set()  # wake the lane so it sees the stop
         except BaseExceptionGroup as errors:  # the supervisor reports the error itself, not a group
             raise _first(errors) from None
 
@@ -122,18 +102,18 @@ class FiringLoop(BatchFiring):
         failures = 0
         firing: set[asyncio.Task[None]] = set()
         while not stop.is_set():
-            metrics.tick("firing")  # alive, even while Postgres is down (readiness says that)
+            metrics.tick("firing")  # alive, even while Postgres is down
             try:
                 full = await self._tick_beside(firing, group)
                 failures = 0
-            except Exception as exc:  # one verdict for all (errors.verdict): only fatal ends the loop
+            except Exception as exc:  # only fatal ends the loop (errors.verdict)
                 if (judged := verdict(exc)) == "fatal":
                     raise
                 failures += 1
                 log.warning(
                     "claim failed",
                     extra={"action": "claim_failed", "error": f"{type(exc).__name__}: {exc}"},
-                    exc_info=judged == "alone",  # not foreseen: show where
+                    exc_info=judged == "alone",
                 )
                 await self.wakeup.sleep(min(CLAIM_RETRY_FIRST_S * 2 ** (failures - 1), poll_s), stop)
                 continue
@@ -144,11 +124,8 @@ class FiringLoop(BatchFiring):
                 await self.wakeup.sleep(self._idle_s, stop)
 
     async def _fresh_lane(self, stop: asyncio.Event) -> None:
-        """While a backlog drains in big batches, claim the newest few every FRESH_LANE_S.
-
-        A full batch of a thousand takes a while to claim, publish and mark; timers coming due
-        meanwhile would wait behind it. This lane keeps their lateness to about FRESH_LANE_S.
-        """
+        """While a backlog drains in big batches, claim the newest few every FRESH_LANE_S, so that
+        timers coming due meanwhile do not wait behind a full batch."""
         while not stop.is_set():
             await self._backlog.wait()
             if stop.is_set():
@@ -160,7 +137,7 @@ class FiringLoop(BatchFiring):
                     span.set_attribute("timer.count", len(result.claimed) + len(result.unreadable))
                 self.clock.observe(result.db_now, result.received)
                 await self.fire(batch)
-            except Exception as exc:  # never fatal: its claims expire and fire elsewhere, or here later
+            except Exception as exc:  # never fatal: its claims expire and fire elsewhere
                 log.warning("fresh lane failed", extra={"action": "claim_failed", "error": str(exc)})
             await wait_any(FRESH_LANE_S, stop)
 
@@ -172,9 +149,7 @@ class FiringLoop(BatchFiring):
         return full
 
     async def _tick_beside(self, firing: set[asyncio.Task[None]], group: asyncio.TaskGroup) -> bool:
-        """One claim whose firing goes on beside the next claim, in the loop's `group` (at most
-        PIPELINE_DEPTH of them in `firing`): at once while batches come back full, else after
-        CLAIM_SPACING_S at the earliest."""
+        """One claim fired beside the next one, at most PIPELINE_DEPTH in flight."""
         started = time.monotonic()
         batch, full, wake_at = await self._claim()
         if batch.result.claimed or batch.result.unreadable:
@@ -188,8 +163,8 @@ class FiringLoop(BatchFiring):
         return full
 
     async def _claim(self) -> tuple[ClaimedBatch, bool, float | None]:
-        """The main lane's claim (its batch, open), whether it came back full, and when
-        (time.monotonic) the next occurrence comes within reach of a claim (None: none is known)."""
+        """The main lane's claim (open), whether it was full, and when (monotonic) the next occurrence
+        is in reach."""
         started = time.perf_counter()
         with tracing.span("timer.claim") as span:
             batch = await self.store.claim(self._main)
@@ -200,23 +175,20 @@ class FiringLoop(BatchFiring):
             self.test_signal("claimed")
         self.clock.observe(result.db_now, result.received)
         nxt = result.next_due_in_ms
-        # Wake when the next occurrence comes within reach of a claim, measured from now.
         wake_at = None if nxt is None else time.monotonic() + (nxt - LOOKAHEAD_MS) / 1000
         # Unreadable rows took places in the batch too: a full claim of them is still a backlog.
         return batch, len(result.claimed) + len(result.unreadable) >= self.s.batch_size, wake_at
 
     def _idle_until(self, wake_at: float | None) -> None:
-        """After a claim's firing: an idle loop sleeps until `wake_at`, at most a poll interval."""
         poll_s = self.s.poll_interval_ms / 1000
         self._idle_s = poll_s if wake_at is None else min(poll_s, max(0.0, wake_at - time.monotonic()))
 
     async def _fire_beside(self, batch: ClaimedBatch) -> None:
-        """A batch fired beside the next claim, in the loop's task group: Postgres away or
-        read-only past the lease is no reason to end the loop (and the group with it); its
-        claims expire and fire again, from here or elsewhere."""
+        """A batch fired beside the next claim: Postgres away is no reason to end the loop; its claims
+        expire."""
         try:
             await self.fire(batch)
-        except Exception as exc:  # one verdict for all (errors.verdict): only fatal ends the loop
+        except Exception as exc:  # only fatal ends the loop
             if (judged := verdict(exc)) == "fatal":
                 raise
             log.warning(

@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 FETCH_WAIT_S = 1.0
 # A command whose key could not be written is offered again after this long.
 RETRY_DELAY_S = 2.0
-# A command whose timer's row a batch holds without firing it ("busy": Store.apply) is offered again
-# after this long: about what the rest of such a batch takes, publish and mark, not a lease.
+# A command whose row a batch holds without firing it ("busy") is offered again after about such a
+# batch.
 BUSY_RETRY_S = 0.1
 
 
@@ -59,7 +59,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         self.lane = BulkLane(self._lane_step, self._lane_settle, self._retry_in)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Until stop: fetch a batch and handle it. A batch in hand is finished, never dropped."""
+        """Until stop: fetch a batch and handle it; a batch in hand is finished, never dropped."""
         sub = await self.broker.command_subscription()
         stepping = asyncio.create_task(self.lane.run(stop), name="bulk-lane")
         try:
@@ -72,8 +72,8 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 except TimeoutError:
                     continue
                 except FetchFailed as exc:
-                    # Reconnecting, or no stream leader for a moment: both pass. A deleted consumer
-                    # or stream answers 503 too: the broker puts that one back.
+                    # Reconnecting, or no stream leader for a moment: both pass; a deleted consumer is
+                    # put back.
                     log.warning("fetch failed", extra={"action": "fetch_failed", "error": str(exc)})
                     self.broker.check_streams_soon()
                     await wait_any(1.0, stop)
@@ -81,19 +81,18 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
                 try:
                     await self.handle(msgs)
                 except Exception as exc:
-                    # Whatever the batch met, intake goes on: its unanswered commands come back
-                    # after the consumer's ack wait. Only a fatal verdict (errors.verdict) ends it.
+                    # Unanswered commands come back after the ack wait; only a fatal verdict ends
+                    # intake.
                     if verdict(exc) == "fatal":
                         raise
                     log.error(
                         "intake batch failed",
                         extra={"action": "intake_failed", "error": f"{type(exc).__name__}: {exc}"},
-                        exc_info=verdict(exc) == "alone",  # not foreseen: show where
+                        exc_info=verdict(exc) == "alone",
                     )
                     await wait_any(1.0, stop)
         finally:
-            # Before the connection drains: the lane's commands, and those delivered to this
-            # replica but never handed out, go back to the consumer now, not after the ack wait.
+            # Before the connection drains, so held commands go back now, not after the ack wait.
             self.lane.close()
             await asyncio.gather(stepping, return_exceptions=True)
             await sub.unsubscribe()
@@ -104,7 +103,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             commands: list[tuple[ReceivedCommand, Parsed]] = []
             rejected: list[tuple[ReceivedCommand, Rejection]] = []
             try:
-                slices = Slices()  # a command matching once in decades is checked in ~2 ms
+                slices = Slices()
                 for msg in msgs:
                     await slices.check()
                     parsed = self.parse(msg, now)
@@ -117,7 +116,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             span.set_attribute("timer.rejected", len(rejected))
             if rejected:
                 await self.reject(rejected)
-            if commands and self.s.tenant_max_pending:  # off by default: then not a single extra read
+            if commands and self.s.tenant_max_pending:  # off by default: then no extra read
                 commands = await self._within_quota(commands)
             span.set_attribute("timer.valid", len(commands))
             if commands:
@@ -132,7 +131,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             over = set(await quota.over_limit(self.store, [c for _, c in batch], limit))
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
-            for msg, _ in batch:  # nothing decided, nothing acknowledged
+            for msg, _ in batch:
                 await answer(msg, RETRY_DELAY_S)
             return []
         if over:
@@ -151,11 +150,10 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
 
     def parse(self, msg: ReceivedCommand, now: datetime) -> Parsed | Rejection:
         where = self.broker.subjects.split(msg.subject)
-        # The stream only binds our command subjects; anything else is foreign.
         if where is None or (kind := where[1]) not in ("schedule", "cancel", "pause", "resume"):
             return Rejection("bad_subject", "subject is not <prefix>.<tenant>.timer.<kind>", INVALID_TENANT)
         tenant = where[0]
-        self._received[(kind,)] += 1  # counted once per batch (handle): a labels() call each is not free
+        self._received[(kind,)] += 1  # counted once per batch (handle)
         if kind == "pause" or kind == "resume":
             return parse_control(kind, tenant, msg.data)
         command = parse_command(
@@ -179,8 +177,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         return command
 
     async def reject(self, rejected: Sequence[tuple[ReceivedCommand, Rejection]]) -> None:
-        """Copy each command, unchanged, to its tenant's DLQ subject; acknowledge each once it is
-        stored. Pipelined: a flood of garbage drains at publish speed, not one round trip each."""
+        """Copy each command, unchanged, to its tenant's DLQ and acknowledge it once stored; pipelined."""
         copies = [self._dlq_copy(msg, why) for msg, why in rejected]
         results = await self.broker.publish_many(copies, self.s.publish_timeout_ms / 1000)
         failed: BaseException | None = None
@@ -209,32 +206,26 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             "Timer-Error": why.reason,
             "Timer-Error-Detail": why.detail,
             "Timer-Subject": msg.subject[:200],
-            # From the command's own stream position and time: when a PubAck is lost, the command
-            # comes back and is copied again, and the DLQ stream drops that copy, so it holds each
-            # one once; a recreated command stream's commands get copies of their own.
+            # From the command's stream position: a copy made again after a lost PubAck is deduplicated.
             "Nats-Msg-Id": self.broker.ids.derived(self.s.command_stream, where.seq, where.stored_at),
         }
         data = self._fit(msg.data, headers)
         return Outgoing(self.broker.subjects.of(why.dlq_token, "dlq"), data, headers)
 
     def _fit(self, data: bytes, headers: dict[str, str]) -> bytes:
-        """The command body for its DLQ copy: unchanged, unless the copy's headers would push it past
-        the server's max_payload (a body that alone filled it). The server would refuse such a copy
-        and drop our connection, over and over; so it is cut, and a header says how long it was."""
+        """The body for its DLQ copy, cut (and a header says how long it was) if the copy would pass the
+        server's max_payload, which would drop our connection."""
         limit = self.broker.max_payload
-        header_bytes = headers_size(headers) + 64  # 64 to spare for the truncation header
+        header_bytes = headers_size(headers) + 64
         if len(data) + header_bytes <= limit:
             return data
         headers["Timer-Body-Truncated"] = str(len(data))
         return data[: max(0, limit - header_bytes)]
 
     async def apply(self, batch: list[tuple[ReceivedCommand, Parsed]]) -> None:
-        """Apply the batch in stream order: each run of ScheduleTimers and CancelTimers in one
-        transaction, each run of one timer's pauses and resumes between them in one store call;
-        commands on many timers to the bulk lane (core/lane.py), each timer taking them at their
-        place in the stream. A timer's controls a later one in the batch makes moot are acknowledged
-        as superseded, so a run of controls names each timer once."""
-        placed = [(msg, command, position(msg)) for msg, command in batch]  # read once per message
+        """Apply the batch in stream order: runs of schedules and cancels in one transaction, runs of
+        pauses and resumes in one call, many-timer commands to the bulk lane."""
+        placed = [(msg, command, position(msg)) for msg, command in batch]
         superseded = superseded_controls([c for _, c, _ in placed])
         run: list[tuple[ReceivedCommand, Command, Position]] = []
         controls: list[tuple[ReceivedCommand, PauseTimers, Position]] = []
@@ -264,8 +255,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             await answer(msg)
 
     async def _apply_controls(self, batch: list[tuple[ReceivedCommand, PauseTimers, Position]]) -> None:
-        """A run of timers' own pauses and resumes in one store call, retried like a batch; each at
-        its place in the stream, never undoing a newer one."""
+        """A run of timers' own pauses and resumes in one store call, each at its place in the stream."""
         if not batch:
             return
         commands, positions = [c for _, c, _ in batch], [p for _, _, p in batch]
@@ -283,7 +273,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         await self._hint(done.soonest_due)
 
     async def _lane_step(self, held: Held) -> Applied:
-        """A chunk of a bulk action's timers or a tenant's rows; retried, every step can run again."""
+        """A chunk of a bulk action's timers or a tenant's rows; every step can run again."""
         command = held.command
         if isinstance(command, BulkAction):
             if not isinstance(held.progress, Progress):
@@ -301,8 +291,7 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
     async def _settle_control(
         self, msg: ReceivedCommand, command: PauseTimers | BulkAction, outcome: Outcome
     ) -> None:
-        """Answer a pause, resume or bulk action by its outcome (a bulk action logs its own)."""
-        if outcome == "stuck":  # only rows stuck behind a claim left: give up, visibly, as a cancel
+        if outcome == "stuck":  # only rows stuck behind a claim left: give up, visibly
             log.warning("commands given up", extra={"action": "commands_stuck", "count": 1})
             why = Rejection("timer_stuck", _stuck_detail(self.s), command.tenant_id)
             return await self.reject([(msg, why)])
@@ -325,11 +314,10 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
             return
         started = time.perf_counter()
         try:
-            # Their places in the stream keep each timer's commands in stream order (Store.apply).
             applied = await self._apply_retrying([c for _, c, _ in batch], [p for _, _, p in batch])
         except TransientError as exc:
             log.warning("intake batch failed", extra={"action": "intake_failed", "error": str(exc)})
-            for msg, _, _ in batch:  # nothing committed, nothing acknowledged
+            for msg, _, _ in batch:
                 await answer(msg, RETRY_DELAY_S)
             return
         metrics.COMMAND_BATCH_SECONDS.observe(time.perf_counter() - started)
@@ -355,20 +343,17 @@ class Intake(Loop[IntakeStore, IntakeBroker]):
         await self._hint(applied.soonest_due)
 
     def _retry_in(self, outcome: Outcome) -> float | None:
-        """When a command with this outcome is offered again; None: acknowledged, done.
-        Deferred: a claimed occurrence fires first, the command comes back after a lease for what
-        is left. Busy: a batch that fires nothing of its timer holds the row; back once it ended.
-        Partial: it moved its share of a big tenant's rows; back at once for the rest."""
+        """When a command with this outcome is offered again; None: acknowledged. Deferred: after a
+        lease; busy: once the holding batch ended; partial: at once, for the rest."""
         return {"deferred": self.s.lease_ms / 1000, "busy": BUSY_RETRY_S, "partial": 0.0}.get(outcome)
 
     async def _apply_retrying(self, commands: list[Command], positions: list[Position]) -> Applied:
         return await retry_transient(lambda: self.store.apply(commands, positions), 5, first_s=0.1, max_s=2)
 
     async def _hint(self, soonest_due: datetime | None) -> None:
-        """Tell every replica's firing loop when the soonest timer the batch committed, or only
-        locked, comes due. Locked counts too: a claim that ran meanwhile skipped the row (SKIP
-        LOCKED) and its next wake-up only counts rows beyond its reach, so without this hint an
-        already due row waited a whole poll interval (an ignored duplicate or restatement)."""
+        """Tell every replica's firing loop when the soonest timer the batch committed or locked comes
+        due: a claim meanwhile skipped the locked row, and its next wake-up counts only rows beyond
+        its reach."""
         if soonest_due is None:
             return
         soonest = soonest_due.timestamp()

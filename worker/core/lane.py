@@ -1,13 +1,7 @@
-"""The bulk lane: a replica's commands that act on many timers at once (an action by labels, a
-tenant's pause or resume), run beside intake so that no other command waits behind them.
-
-Intake hands each such command to the lane and goes on fetching. The lane runs one step (a chunk of
-timers) at a time, tenants taking turns; a command it holds is signalled in progress to JetStream,
-so no other replica is given it meanwhile, and answered once done: a command it must try again
-later (a timer claimed, a failure) stays held until then. A newer pause or resume of the same
-tenant and selector makes an older one moot: acknowledged at once, without work. What it holds is
-bounded, per tenant and in all: past that, intake refuses the command (bulk_backlog).
-"""
+"""The bulk lane: commands on many timers at once, run a step at a time beside intake, tenants in turn,
+so that no other command waits behind them. Held commands are signalled in progress so no other
+replica gets them; a newer one of the same tenant and selector makes an older one moot. Bounded per
+tenant and in all: past that, intake refuses the command (bulk_backlog)."""
 
 from __future__ import annotations
 
@@ -27,13 +21,11 @@ from worker.errors import verdict
 
 log = logging.getLogger(__name__)
 
-# Commands the lane holds at once, and of one tenant: each held one is unacknowledged on the
-# command consumer, whose max_ack_pending must stay free for everyone else's commands.
+# Each held command is unacknowledged: max_ack_pending must stay free for everyone else's commands.
 HELD_MAX = 256
 HELD_PER_TENANT = 16
-# Well inside the command consumer's ack wait (adapters/jetstream/streams.py, ACK_WAIT_S).
+# Well inside the command consumer's ack wait.
 PROGRESS_EVERY_S = 3.0
-# A step that failed is tried again after this, doubled at each failure, up to the cap.
 FAILED_FIRST_S = 0.5
 FAILED_MAX_S = 30.0
 
@@ -41,8 +33,8 @@ BulkWork = PauseTimers | BulkAction
 
 
 def _moot_key(command: BulkWork) -> tuple[str, tuple[tuple[str, str], ...]] | None:
-    """Commands of one key leave each timer as the newest of them does; None: not so (a cancel's
-    timestampMs decides per timer)."""
+    """Commands of one key leave each timer as the newest does; None: not so (a cancel's timestampMs
+    decides)."""
     if isinstance(command, PauseTimers):
         return command.tenant_id, ()
     if command.kind == "cancel":
@@ -57,17 +49,14 @@ class Held:
     msg: ReceivedCommand
     command: BulkWork
     where: Position
-    progress: object = None  # the step's own (core/bulk.py keeps its cursor here); None: from the start
+    progress: object = None  # the step's own (bulk.py's cursor); None: from the start
     due: float = field(default_factory=time.monotonic)  # its next step, not before
     failures: int = 0
     moot: bool = False
 
 
-# One step of a held command: Applied(["partial"]) while more is left.
 Step = Callable[[Held], Awaitable[Applied]]
-# Answers a command once done.
 Settle = Callable[[Held, Applied], Awaitable[None]]
-# How long until a command with this outcome is tried again from the start; None: done.
 Retry = Callable[[Outcome], float | None]
 
 
@@ -86,8 +75,7 @@ class BulkLane:
         return self._held
 
     async def submit(self, msg: ReceivedCommand, command: BulkWork, where: Position) -> bool:
-        """Take a command without waiting for its work: held, or acknowledged as moot; False when
-        the lane has no room for it (nothing answered)."""
+        """Take a command without waiting for its work, held or acknowledged as moot; False: no room."""
         queue = self._tenants.get(command.tenant_id, deque())
         if (again := next((h for h in queue if h.where.seq == where.seq), None)) is not None:
             again.msg = msg  # redelivered while held: answer the newest delivery
@@ -114,8 +102,8 @@ class BulkLane:
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Step the held commands, a tenant at a time in turn, until stop or close; then offer
-        every held command again at once, for another replica."""
+        """Step the held commands until stop or close, then offer each again at once, for another
+        replica."""
         signalling = asyncio.create_task(self._signal_progress(stop))
         try:
             while not (stop.is_set() or self._closed.is_set()):
@@ -131,7 +119,7 @@ class BulkLane:
         self._closed.set()
 
     async def step(self) -> bool:
-        """One step of the first command of the next tenant whose turn it is; False when none is due."""
+        """One step of the next due tenant's first command; False when none is due."""
         now = time.monotonic()
         tenant = next((t for t, q in self._tenants.items() if q[0].due <= now), None)
         if tenant is None:
@@ -156,7 +144,7 @@ class BulkLane:
         if not held.moot and (outcome == "partial" or later is not None):
             if later is not None:  # a timer was claimed or busy: the next pass starts over
                 held.progress, held.due = None, time.monotonic() + later
-            self._tenants.move_to_end(tenant)  # the next tenant's turn
+            self._tenants.move_to_end(tenant)
             return True
         queue.popleft()
         self._held -= 1
@@ -176,7 +164,6 @@ class BulkLane:
         )
 
     async def _signal_progress(self, stop: asyncio.Event) -> None:
-        """Every held command, in progress, whatever a step takes meanwhile."""
         while not await wait_any(PROGRESS_EVERY_S, stop, self._closed):
             for queue in list(self._tenants.values()):
                 for held in list(queue):
@@ -192,7 +179,6 @@ class BulkLane:
 
 
 def kind_of(command: BulkWork) -> str:
-    """The command's kind, as metrics and logs name it."""
     return command.kind if isinstance(command, BulkAction) else "resume" if command.resume else "pause"
 
 

@@ -1,6 +1,4 @@
-"""What each of a replica's loops is built from: the settings, its store and broker (as the ports
-it needs of them), the wake-up and the database clock. worker/service.py wires the same ones into
-the firing loop and intake."""
+"""What each of a replica's loops is built from: settings, store, broker, wake-up and database clock."""
 
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
-"""A timer's commands apply in stream order (README, Ordering): the decision, on plain values.
+"""A timer's commands apply in stream order (README, Ordering): the decision, on plain values, round
+after round, over the answers of the intake store's statements.
 
-The intake store (adapters/postgres/store.py, Store.apply) runs the statements of one batch's
-transaction (sql/queries/intake.sql); what to make of their answers is decided here, round after
-round: which commands a round sends, which wait and why, each command's outcome, and the markers
-of the commands waiting for their timer (its deferred_seqs).
-
-- A batch is split into rounds in which each key appears once, each key's commands in stream
-  order: one INSERT ... ON CONFLICT cannot touch a row twice, and applying a key's commands round
-  after round is applying them one by one.
-- A key whose row a claim's batch in flight holds (lock_keys) waits from the start: "deferred" when
-  the claim may fire it, "busy" when it cannot (offered again soon, not a lease later); no marker
-  is written for it (writing one would wait on the lock).
-- A command the statements left alone waits when its timer's occurrence is claimed ("stuck" past
-  TIMER_STUCK_AFTER: given up), or when it comes later in the stream than the oldest command
-  already waiting for the timer (`head`); every later command of that key in the batch waits too.
-- A waiting command joins the timer's marker; a command that no longer waits (ignored, given up)
-  leaves it; an applied one left it in its own statement.
-- A timer's own pause or resume followed in the batch by another of the timer, with no
-  ScheduleTimer or CancelTimer of it between, is moot (superseded_controls): intake applies a run
-  of pauses and resumes together, each timer once.
-"""
+- Rounds hold each key once, in stream order: one INSERT ... ON CONFLICT cannot touch a row twice.
+- A key a claim's batch holds waits: "deferred" if the claim may fire it, else "busy".
+- A command left alone waits while its occurrence is claimed ("stuck" past TIMER_STUCK_AFTER) or
+  behind an older waiting command; later commands of that key wait too."""
 
 from __future__ import annotations
 
@@ -35,11 +20,11 @@ from worker.core.domain import BulkAction, Key, Outcome
 class Held:
     """Why a key's commands may wait, as the store read it (held_among)."""
 
-    claimed: bool  # its occurrence is claimed: they wait for it to be recorded
-    stuck: bool  # claimed for longer than TIMER_STUCK_AFTER: they are given up
-    head: int | None  # the stream sequence of the oldest command waiting for it, if live
-    marked: bool  # some command is recorded as waiting (live or stale)
-    due_at: datetime | None  # Scheduled and no lease holds it: a claim may have skipped it
+    claimed: bool
+    stuck: bool
+    head: int | None  # the oldest waiting command's stream sequence, if live
+    marked: bool
+    due_at: datetime | None  # Scheduled and unleased: a claim may have skipped it
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +37,7 @@ class Marker:
 
 
 def rounds(keys: Sequence[Key], seqs: Sequence[int | None]) -> list[list[int]]:
-    """The batch's indexes in rounds in which each key appears once, each key's in stream order
-    when every command's sequence is known (a fetch may hand a redelivered command after a newer
-    one), else in the batch's."""
+    """The batch's indexes in rounds with each key once, in stream order when every sequence is known."""
     order: Sequence[int] = range(len(keys))
     if seqs and all(s is not None for s in seqs):
         order = sorted(order, key=lambda i: seqs[i] or 0)
@@ -70,9 +53,8 @@ def rounds(keys: Sequence[Key], seqs: Sequence[int | None]) -> list[list[int]]:
 
 
 class StreamOrder:
-    """One batch's decision: built from its commands' keys, their stream sequences (None: not
-    known, no order to keep) and the keys a claim's batch holds (lock_keys: whether it may fire
-    them); then told, round after round, what the statements changed and what held_among says."""
+    """One batch's decision: told, round after round, what the statements changed and why keys were
+    held."""
 
     def __init__(self, keys: Sequence[Key], seqs: Sequence[int | None], locked: Mapping[Key, bool]) -> None:
         self.keys = keys
@@ -80,23 +62,19 @@ class StreamOrder:
         self.locked = locked
         self.rounds = rounds(keys, seqs)
         self.outcomes: list[Outcome] = ["ignored"] * len(keys)
-        # Keys whose commands wait, and why: "deferred", "busy" or "stuck".
         self.waiting: dict[Key, Outcome] = {
             k: "deferred" if claimable else "busy" for k, claimable in locked.items()
         }
 
     def to_send(self, indexes: Sequence[int]) -> list[int]:
-        """Of a round, the commands the statements should try: those whose key does not wait."""
         return [i for i in indexes if self.keys[i] not in self.waiting]
 
     def unchanged(self, sent: Sequence[int], changed: Collection[Key]) -> list[Key]:
-        """The keys of sent commands the statements left alone: the store asks held_among why."""
         return [self.keys[i] for i in sent if self.keys[i] not in changed]
 
     def decide(
         self, indexes: Sequence[int], sent: Sequence[int], changed: Collection[Key], held: Mapping[Key, Held]
     ) -> list[Marker]:
-        """Each command's outcome in this round, and the markers to write for it."""
         keys, seqs, waiting = self.keys, self.seqs, self.waiting
         for i in sent:
             h = held.get(keys[i])
@@ -111,7 +89,7 @@ class StreamOrder:
         for i in indexes:
             key, seq = keys[i], seqs[i]
             if key in changed:
-                self.outcomes[i] = "applied"  # and left deferred_seqs in the same statement
+                self.outcomes[i] = "applied"
             elif key in waiting:
                 self.outcomes[i] = waiting[key]
                 if seq is not None and key not in self.locked:
@@ -122,9 +100,8 @@ class StreamOrder:
 
 
 def superseded_controls(commands: Sequence[Command | PauseTimers | BulkAction]) -> set[int]:
-    """The indexes of the timers' pauses and resumes that the batch makes moot: each followed in it
-    by another of the same timer with no ScheduleTimer or CancelTimer of it between. What is left of
-    a run of them with no ScheduleTimer or CancelTimer between names each timer once."""
+    """The indexes of timers' pauses and resumes the batch makes moot: followed by another of the same
+    timer with no ScheduleTimer or CancelTimer of it between."""
     superseded: set[int] = set()
     timer_last: dict[tuple[str, str], int] = {}
     for i, command in enumerate(commands):

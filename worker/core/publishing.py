@@ -1,7 +1,5 @@
-"""One claimed batch fired: its events published as each occurrence comes due on the database
-clock, all of them acknowledged (or failed) before anything is recorded, then recorded in the
-claim's own transaction (or, that transaction lost, in one of their own). The claiming around
-it is worker/core/firing.py's; which rows can fire, worker/core/fireable.py's."""
+"""One claimed batch fired: each event published when its occurrence comes due on the database clock,
+all acknowledged or failed before anything is recorded, then recorded in the claim's transaction."""
 
 from __future__ import annotations
 
@@ -42,8 +40,8 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         self.next_budget = next_budget()  # both lanes' batches share it
 
     async def fire(self, batch: ClaimedBatch) -> None:
-        """Publish each occurrence of a claimed batch as soon as it is due on the database clock,
-        then record them all; the batch ends here whatever happens."""
+        """Publish each occurrence once it is due on the database clock, then record them all; the batch
+        ends here."""
         try:
             if batch.result.claimed or batch.result.unreadable:
                 await self._fire(batch, batch.result.claimed, batch.result.unreadable)
@@ -60,9 +58,7 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         failed: list[Failed] = []
         waiting, nexts = await fireable(claimed, unreadable, self.next_budget, failed, self.broker.ids)
         fired: list[Fired] = []
-        # Each due instant's events go out when it comes, not after the PubAcks of the instant
-        # before: waiting for those made every later event of the claim a round trip later.
-        # All are acknowledged (or failed) before anything is recorded.
+        # Each due instant's events go out when it comes, not after the previous instant's PubAcks.
         sends: list[asyncio.Task[None]] = []
         try:
             while waiting:
@@ -78,7 +74,7 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
                 await send
         finally:
             for send in sends:
-                send.cancel()  # after an error or a stop: those still out end here too
+                send.cancel()  # after an error or a stop, those still out end too
             await asyncio.gather(*sends, return_exceptions=True)
         crash_point("published")
         await self._record(batch, fired, failed)
@@ -95,17 +91,15 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         fired: list[Fired],
         failed: list[Failed],
     ) -> None:
-        # Not fired: missed ones a timer skips (catch-up "none"), and those too late (expireAfter).
         due, skipped = missed(due)
         due, gone = await self._decided(*expiring(due, now), failed)
-        # First attempts go in atomic batches; an occurrence claimed before may already be in
-        # the stream, which would make its whole batch fail, so those go one by one (deduped).
+        # First attempts go in atomic batches; a re-claimed occurrence may already be in the stream,
+        # which would fail its whole batch, so those go one by one, deduplicated.
         due = sorted(due, key=lambda c: c.attempts > 1)
         reached, reached_ms = iso(now), round(now.timestamp() * 1000)
         subjects = self.broker.subjects
         ids = self.broker.ids
         messages = [due_event(c, subjects.due(c.tenant_id), reached, reached_ms, ids) for c in due]
-        # Expired ones go to the DLQ instead, deduplicated as re-publishes are (worker/core/expiry.py).
         entries = [
             expired_entry(c, subjects, c.expire_after or "", late_ms(c, now.timestamp()), ids) for c in gone
         ]
@@ -115,7 +109,7 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         first, again = messages[: len(messages) - retries], messages[len(messages) - retries :]
         timeout = self.s.publish_timeout_ms / 1000
         started = time.perf_counter()
-        template = subjects.due("*")  # never one tenant's subject in a span's name (worker/tracing.py)
+        template = subjects.due("*")  # never one tenant's subject in a span's name
         with tracing.messaging_span(
             "publish",
             template,
@@ -127,9 +121,7 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
             },
         ):
             traced = tracing.create_spans(due, messages, template)
-            # Side by side, within one timeout (held under the lease): one after the other they
-            # could outlast it, and Postgres would end the claim's idle session, rolling back
-            # every claim, so that the next claim had the same shape again.
+            # Side by side, within one timeout: in turn they could outlast the claim's idle session.
             published, republished, dead = await asyncio.gather(
                 self.broker.publish_atomic(first, timeout) if first else _no_results(),
                 self.broker.publish_many(again, timeout) if again else _no_results(),
@@ -149,7 +141,7 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
             else:
                 errors += 1
                 failed.append((timer, f"publish: {type(err).__name__}: {err}", RETRY_BACKOFF_MS))
-        # One call per batch: a histogram's observe per timer was 3 % of a replica's CPU in a drain.
+        # One call per batch: an observe per timer is costly in a drain.
         metrics.observe_many(metrics.LATENESS_SECONDS, lateness)
         metrics.FIRED.inc(len(due) - errors)
         errors += self._expired(gone, dead, nexts, fired, failed)
@@ -164,10 +156,8 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
     async def _decided(
         self, due: list[Claimed], gone: list[Claimed], failed: list[Failed]
     ) -> tuple[list[Claimed], list[Claimed]]:
-        """(to publish, expired): the expiry of each occurrence with an expireAfter decided and
-        committed before any of them is published, or the decision an earlier claim of it made
-        kept (worker/core/expiry.py). Those whose decision could not be recorded are not published
-        at all: retried after a back-off, like a failed publish."""
+        """(to publish, expired): expiry decisions committed before any is published; those whose
+        decision could not be recorded are retried after a back-off, like a failed publish."""
         if not gone and all(c.expire_after is None for c in due):  # nearly always
             return due, gone
         subject = [c for c in due if c.expire_after is not None] + gone
@@ -175,7 +165,7 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
             expired = await self.store.decide_expiry(
                 subject, {(c.tenant_id, c.service_call_id) for c in gone}
             )
-        except Exception as exc:  # one verdict for all (errors.verdict): only fatal ends the loop
+        except Exception as exc:  # only fatal ends the loop
             if verdict(exc) == "fatal":
                 raise
             error = f"expiry decision: {type(exc).__name__}: {exc}"
@@ -195,8 +185,7 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         fired: list[Fired],
         failed: list[Failed],
     ) -> int:
-        """The expired occurrences whose DLQ entry was acknowledged, recorded as not fired (a
-        recurring one moves on to its next occurrence); the others retried as a failed publish.
+        """Record expired occurrences whose DLQ entry was acknowledged as not fired; retry the others.
         How many failed."""
         errors = 0
         for timer, err in zip(gone, results, strict=True):
@@ -221,8 +210,8 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
 
     @staticmethod
     def _skipped(skipped: list[Claimed], nexts: Nexts, fired: list[Fired]) -> None:
-        """Missed occurrences of timers whose repeat.catchup is "none": nothing to publish, recorded
-        as not fired, each timer on to its first occurrence after now (worker/core/expiry.py)."""
+        """Missed occurrences of catch-up "none" timers: recorded as not fired, each on to its next
+        occurrence."""
         if not skipped:
             return
         fired += [Fired(c, *nexts[c.tenant_id, c.service_call_id], True) for c in skipped]
@@ -239,14 +228,10 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         )
 
     def _oversized(self, messages: list[Outgoing]) -> dict[int, int]:
-        """{place: size} of the events the server would refuse for their size (wire_size over its
-        max_payload): it would answer MaxPayloadError, or, where nats-py checks the payload alone,
-        close the connection. A timer accepted since `data` is measured as delivered never makes
-        one (Broker.ensure_streams checks the settings against the server); a row stored before,
-        or written by hand, may."""
+        """{place: size} of events over the server's max_payload, which would fail or close the
+        connection. Intake bounds new timers; an older or hand-written row may still make one."""
         limit = self.broker.max_payload
-        # Measured whole only where it could be over: an event with its Nats-Msg-Id alone (59
-        # bytes of headers) and half the limit of payload is not, so most cost two len()s.
+        # Measured whole only where it could be over, so most cost two len()s.
         return {
             i: size
             for i, m in enumerate(messages)
@@ -261,9 +246,8 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         oversized: dict[int, int],
         failed: list[Failed],
     ) -> tuple[list[Claimed], list[Outgoing]]:
-        """The occurrences and events left once the oversized ones are set aside as broken rows:
-        recorded on the row and backed off (its attempts and lastError in `get`, a fire error in
-        the metrics), never retried every second as a publish that failed for now."""
+        """Set oversized events aside as broken rows, recorded and backed off, not retried as a failed
+        publish."""
         limit = self.broker.max_payload
         for i, size in oversized.items():
             error = f"its event is {size} bytes, more than the NATS server's max_payload {limit}"
@@ -272,11 +256,9 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         return [due[i] for i in keep], [messages[i] for i in keep]
 
     async def _record(self, batch: ClaimedBatch, fired: list[Fired], failed: list[Failed]) -> None:
-        """Record what was acknowledged and release what failed, in the claim's transaction.
-
-        Not retried: an error rolls the claim back, its rows free at once for another claim. But
-        its firings are out, and a row that looks never claimed would take a command meanwhile (a
-        reschedule firing a one-shot timer twice): _record_again records them, then the error goes on."""
+        """Record what was acknowledged and release what failed, in the claim's transaction. Not
+        retried: on an error the firings are out but the rows look unclaimed, so _record_again
+        records them first."""
         with tracing.span("timer.mark", **{"timer.count": len(fired)}) as span:
             try:
                 marked = await batch.record(fired, failed)
@@ -295,10 +277,8 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
             )
 
     async def _record_again(self, fired: list[Fired], lost: Exception) -> None:
-        """Record acknowledged firings whose claim's transaction was lost (`lost`), each only where
-        its row still holds that occurrence, unclaimed (FiringStore.record_again). Once: if this
-        fails too (the database gone), another claim fires them again, deduplicated by their
-        Nats-Msg-Id, and a command that came first meanwhile applies (docs/RELIABILITY.md)."""
+        """Record acknowledged firings whose claim was lost, where the row still holds that occurrence.
+        Once: if this fails too, another claim fires them again, deduplicated by Nats-Msg-Id."""
         try:
             marked = await self.store.record_again(fired)
         except Exception as exc:  # the batch's own error is what the loop judges, raised after this

@@ -1,13 +1,6 @@
-"""The read model: `<prefix>.<tenant>.timer.get` request/reply, tenant-scoped.
-
-Every replica takes gets from one queue-group subscription. Answered one at a time in arrival
-order, each a lookup, one tenant's flood held everybody's gets behind it: 20,000 of acme's made
-zeta's take 2.3 s, 50,000 past the client's 5 s timeout. Now the subscription's callback only
-reads the subject and queues the request in its tenant's line; one task serves the lines in turn,
-a batch of a tenant's gets (one query) at a time. A tenant's line is bounded: past the bound its
-oldest gets are dropped unanswered (their requesters time out, as they would have waiting), so a
-flood costs its sender and a bounded amount of memory.
-"""
+"""The read model: `<prefix>.<tenant>.timer.get` request/reply, tenant-scoped. Gets are queued in their
+tenant's bounded line and served a batch per tenant in turn, so one tenant's flood costs its sender,
+not everybody's gets."""
 
 from __future__ import annotations
 
@@ -28,22 +21,14 @@ from worker.logs import Throttled
 
 log = logging.getLogger(__name__)
 
-# A tenant's gets waiting on one replica: at most this many, their bodies at most this many bytes
-# (a body may be up to max_payload, a megabyte, where a get needs tens of bytes). Far above what a
-# client waiting on its answers sends at once; a tenant past it loses its oldest, counted.
+# A tenant's gets waiting on one replica, far above what a waiting client sends; past it the oldest go.
 LINE_GETS = 1000
 LINE_BYTES = 1 << 20
-# A tenant's gets looked up in one query, before the next tenant's turn: another tenant's get
-# waits at most for one batch of each tenant before it.
+# A tenant's gets looked up in one query before the next tenant's turn.
 BATCH = 32
 UNAVAILABLE = {"error": "unavailable", "detail": "the timer store is not reachable"}
 
-# Where a `get` is answered: the first token of an inbox its requester may listen on. nats-py's and
-# nats.go's default inbox, a tenant's own (docs/SECURITY.md, tenant_inbox), and the reply a
-# NATS service import makes (`_R_.…`, an account per tenant). Whitelisted: the service answers with
-# its own permissions (its whole prefix, the JetStream API) and a publisher's permissions do not
-# limit the reply subject it names, so an answer sent wherever the request said let one tenant
-# store its timer, `data` and all, in another's event stream, DLQ or commands, a message a request.
+# Where a `get` may be answered: the service replies with its own permissions, so only to inboxes.
 _INBOX = "_INBOX"
 _SERVICE_IMPORT_REPLY = "_R_"
 
@@ -57,8 +42,6 @@ def answerable(tenant: str | None, reply: str) -> bool:
 
 
 class _Line:
-    """One tenant's gets waiting, oldest first, and their bodies' bytes."""
-
     __slots__ = ("gets", "size")
 
     def __init__(self) -> None:
@@ -82,19 +65,17 @@ class ReadModel:
     def __init__(self, store: TimerReader, prefix: str) -> None:
         self.store = store
         self.subjects = Subjects(prefix)
-        # The tenants with gets waiting (None: a subject that names none), in the order of their
-        # turns: a tenant served goes to the back of the line of lines.
+        # The tenants with gets waiting (None: a subject naming none), in turn order.
         self._lines: dict[str | None, _Line] = {}
         self._serving: asyncio.Task[None] | None = None
-        # Once per get when Postgres is away, or NATS for the answers: throttled.
+        # Once per get when Postgres or NATS is away: throttled.
         self._failed = Throttled(log)
         self._refused = Throttled(log)
         self._unanswered = Throttled(log)
 
     async def receive(self, msg: Request) -> None:
-        """The subscription's callback: cheap (the subject and reply read, the body not), so
-        the connection goes on reading while lookups wait. Queues the get in its tenant's line."""
-        if not msg.reply:  # nobody to answer: no lookup either
+        """The subscription's callback: cheap (the body is not read), so the connection goes on reading."""
+        if not msg.reply:
             return
         tenant = self._tenant(msg.subject)
         if not answerable(tenant, msg.reply):
@@ -108,14 +89,12 @@ class ReadModel:
             self._serving = asyncio.create_task(self._serve(), name="gets")
 
     async def drain(self) -> None:
-        """Until every get received has been answered (after the subscription has drained)."""
         if self._serving is not None:
             await self._serving
 
     async def _serve(self) -> None:
-        """Until no get waits: a batch of the first tenant's gets, that tenant then to the back.
-        One task: a tenant's gets are answered in the order they came, and gets take one pool
-        connection at a time, as before, however many tenants send them."""
+        """Until no get waits: a batch of the first tenant's gets, then that tenant to the back. One
+        task, so a tenant's gets are answered in order and take one pool connection at a time."""
         while self._lines:
             tenant = next(iter(self._lines))
             line = self._lines.pop(tenant)
@@ -134,20 +113,17 @@ class ReadModel:
         found = await self.lookup(tenant, ids) if tenant is not None and ids else {}
         for msg, x in zip(batch, asked, strict=True):
             answer = found[x] if isinstance(x, str) else x
-            # UTF-8 as it is, as in the events: ASCII escapes made a `data` of 2-byte characters
-            # three times its size, so a reply could outgrow the max_payload its timer's events fit.
+            # UTF-8 as it is: ASCII escapes could make a reply outgrow the max_payload its events fit.
             await msg.respond(json.dumps(answer, ensure_ascii=False).encode())
 
     def _tenant(self, subject: str) -> str | None:
-        """The tenant of a get's subject, or None when it is not `<prefix>.<tenant>.timer.get`.
-        The tenant comes from the subject the caller was allowed to publish on, never the body."""
+        """The tenant of a get's subject, never the body's, or None when it is not a get subject."""
         where = self.subjects.split(subject)
         return where[0] if where is not None and where[1] == "get" and is_valid_tenant(where[0]) else None
 
     @staticmethod
     def _service_call_id(tenant: str | None, data: bytes) -> str | dict[str, Any]:
-        """The id a get of `tenant` (None: its subject named none) with body `data` asks for, or
-        the answer to a get that cannot be looked up."""
+        """The id a get asks for, or the answer to one that cannot be looked up."""
         if tenant is None:
             return {"error": "bad_request", "detail": "subject is not <prefix>.<tenant>.timer.get"}
         try:
@@ -157,14 +133,12 @@ class ReadModel:
                 raise ValueError
         except (ValueError, KeyError, TypeError, RecursionError):
             return {"error": "bad_request", "detail": 'body must be {"serviceCallId": "<id>"}'}
-        # An id no timer can have (NUL, a lone surrogate, too long) is the caller's mistake, not
-        # the store's: answered bad_request, which a client does not retry, before any query.
+        # An id no timer can have is the caller's mistake: bad_request, not retried, before any query.
         if (problem := identifier_problem(service_call_id, "serviceCallId")) is not None:
             return {"error": "bad_request", "detail": problem}
         return service_call_id
 
     async def lookup(self, tenant: str, ids: list[str]) -> dict[str, dict[str, Any]]:
-        """The answer to a get of each of `tenant`'s `ids`, in one query."""
         try:
             rows = await self.store.get_many(tenant, ids)
         except Exception as exc:

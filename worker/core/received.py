@@ -1,10 +1,5 @@
-"""A message the broker delivered, as the core reads it: a command intake applies, a `get` the read
-model answers, and when the stream stored it.
-
-Protocols, not a type of ours: nats-py's Msg satisfies them as it is, so the broker hands the core
-its messages without a copy each (intake takes thousands a second), and the core never imports the
-library. What a loop reads of a message is all it may read: the protocols list it.
-"""
+"""A message the broker delivered, as the core reads it. Protocols, not a type of ours: nats-py's Msg
+satisfies them without a copy, and the core never imports the library."""
 
 from __future__ import annotations
 
@@ -21,8 +16,7 @@ log = logging.getLogger(__name__)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-# Plain attributes where nats-py's Msg has plain ones; properties where its members are read-only
-# (Msg.metadata, the frozen Msg.Metadata): a protocol's plain attribute must be settable.
+# Properties where nats-py's members are read-only: a protocol's plain attribute must be settable.
 
 
 class StreamSequence(Protocol):
@@ -40,8 +34,7 @@ class Delivery(Protocol):
 
 
 class Delivered(Protocol):
-    """A message a consumer of a stream delivered: its ack subject (`reply`) says where and when
-    the stream stored it, `metadata` reads that."""
+    """A message a stream's consumer delivered: its ack subject says where and when it was stored."""
 
     reply: str
 
@@ -50,7 +43,7 @@ class Delivered(Protocol):
 
 
 class ReceivedCommand(Delivered, Protocol):
-    """A command from the command stream: what intake parses, and how it answers it (ack or nak)."""
+    """A command from the command stream, and how intake answers it."""
 
     subject: str
     data: bytes
@@ -66,7 +59,7 @@ class ReceivedCommand(Delivered, Protocol):
 
 
 class Request(Protocol):
-    """A core-NATS request (the read model's `get`): answered on `reply`, when there is one."""
+    """A core-NATS request (the read model's `get`), answered on `reply`."""
 
     subject: str
     reply: str
@@ -76,19 +69,9 @@ class Request(Protocol):
 
 
 def stored_time(msg: Delivered, *, truncated: bool = False) -> datetime:
-    """When the stream stored `msg`. Two readings, each the one a kind of Nats-Msg-Id has always
-    been made from (contract.MessageIds.derived), so neither may change: a redelivered command, or
-    an entry replayed again, must give the id it gave before.
-
-    - by default nats-py's (Msg.metadata): the nanoseconds as float seconds, rounded to the
-      microsecond. A command's Position (`position`) is, and its DLQ copy's id is made from that.
-    - `truncated`: the nanoseconds cut to the microsecond, as the message-get API's time is. A
-      replay's id is made from it, so an entry listed and an entry got by its sequence (ops.dlq)
-      give the same one. Read from the ack subject,
-      `$JS.ACK.<stream>.<consumer>.<delivered>.<seq>.<cseq>.<ns>.<pending>`, or with a domain and
-      account hash before the stream and a token after the pending count (one that holds no time
-      falls back on the default reading).
-    """
+    """When the stream stored `msg`, in the reading each kind of Nats-Msg-Id was made from, so that a
+    redelivery or replay gives the same id: by default nats-py's float seconds; `truncated`, the
+    nanoseconds cut to the microsecond, as the message-get API gives them."""
     if not truncated:
         return msg.metadata.timestamp
     found = _ack_tokens(msg.reply)
@@ -98,8 +81,7 @@ def stored_time(msg: Delivered, *, truncated: bool = False) -> datetime:
 
 
 def _ack_tokens(reply: str | None) -> tuple[str, str] | None:
-    """(the stream sequence, the stored time in nanoseconds) as an ack subject writes them (see
-    stored_time for its two shapes), unchecked; None for a subject of neither shape."""
+    """(stream sequence, stored nanoseconds) from an ack subject, unchecked; None for an unknown shape."""
     tokens = (reply or "").split(".")
     if len(tokens) == 9:
         return tokens[5], tokens[7]
@@ -109,12 +91,8 @@ def _ack_tokens(reply: str | None) -> tuple[str, str] | None:
 
 
 def position(msg: ReceivedCommand) -> Position:
-    """The command's place in the command stream (domain.Position).
-
-    Read from the ack subject directly, with nats-py's own arithmetic (so a redelivered command
-    gets the Position, and its DLQ copy the id, it always got): Msg.metadata builds a frozen
-    dataclass of eight fields per message, a few microseconds that intake paid for every
-    command (issue 21's profile). A subject of another shape is left to Msg.metadata."""
+    """The command's place in the command stream, read from the ack subject with nats-py's own
+    arithmetic; cheaper than Msg.metadata, which builds a frozen dataclass per message."""
     reply = msg.reply or ""
     if reply.startswith("$JS.ACK.") and (found := _ack_tokens(reply)) is not None:
         seq, nanos = found
@@ -124,16 +102,14 @@ def position(msg: ReceivedCommand) -> Position:
 
 
 async def answer(msg: ReceivedCommand, retry_in: float | None = None) -> None:
-    """Acknowledge a command (retry_in None) or offer it again after retry_in seconds. When NATS
-    cannot take that now (reconnecting, with TIMER_PUBLISH_BUFFER_BYTES too small to hold it),
-    nothing is lost: the command comes back after the consumer's ack wait and, being idempotent,
-    is answered then. So a transient failure here is logged, never raised. (Metric and log
-    action keep the word settle: names operators' alerts and queries use.)"""
+    """Acknowledge a command (retry_in None) or offer it again after retry_in seconds. A transient
+    failure is logged, never raised: the command comes back after the ack wait and, idempotent, is
+    answered then."""
     try:
         await (msg.ack() if retry_in is None else msg.nak(delay=retry_in))
     except Exception as exc:
         if verdict(exc) != "transient":
             raise
         metrics.COMMAND_SETTLE_FAILED.inc()
-        # Counted, and logged at debug only: in an outage every command of a batch meets it.
+        # Logged at debug only: in an outage every command of a batch meets it.
         log.debug("command not settled", extra={"action": "settle_failed", "error": f"{type(exc).__name__}"})

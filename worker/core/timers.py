@@ -1,9 +1,5 @@
-"""A stored timer as the core reads it (StoredTimer: the read port's row type, TimerReader), and
-the contract's view of it (timer_view: `get`'s answer, `describe`'s first fields).
-
-The adapter reads the row by column name into this type; the core and the operator's tools read
-its fields, never a column name, and format its times once, here.
-"""
+"""A stored timer as the core reads it (StoredTimer, the read port's row type) and the contract's view
+of it (timer_view); callers read fields, never column names."""
 
 from __future__ import annotations
 
@@ -16,13 +12,12 @@ from worker.contract import iso
 
 @dataclass(frozen=True, slots=True)
 class StoredTimer:
-    """One row of `timers` (sql/schema.sql), the fields a reader may show: get_timers' columns,
-    by name."""
+    """One row of `timers` (sql/schema.sql), the fields a reader may show."""
 
     tenant_id: str
     service_call_id: str
-    state: str  # Scheduled, Paused, Reached, Cancelled or Expired (Paused is stored only: shown as Scheduled)
-    due_at: datetime | None  # the current occurrence's; None for a cancel's tombstone
+    state: str  # Paused is stored only, shown as Scheduled
+    due_at: datetime | None  # None for a cancel's tombstone
     registered_at: datetime
     updated_at: datetime
     reached_at: datetime | None
@@ -39,18 +34,17 @@ class StoredTimer:
     fired_count: int
     repeat_cron: str | None
     repeat_until: datetime | None
-    data: Any  # the ScheduleTimer's `data`, as JSON decoded; None when it had none
-    # A firing window (sql/migrations/0016): due_at is then the current occurrence's planned
-    # instant and nominal_due_at its dueAt; both None without one.
+    data: Any
+    # With a firing window, due_at is the planned instant and nominal_due_at the dueAt.
     nominal_due_at: datetime | None
     fire_window: str | None
-    expire_after: str | None  # expiry (worker/core/expiry.py): its `expireAfter` as given, or None
-    repeat_catchup: str | None  # repeat.catchup as given, or None ("one")
-    labels: dict[str, str] | None  # the timer's labels; None when it has none
+    expire_after: str | None
+    repeat_catchup: str | None
+    labels: dict[str, str] | None
 
 
 def stored_timer(row: dict[str, Any]) -> StoredTimer:
-    """The StoredTimer in a row read by column name (any other columns it has are left out)."""
+    """The StoredTimer in a row read by column name (other columns left out)."""
     return StoredTimer(**{name: row[name] for name in StoredTimer.__dataclass_fields__})
 
 
@@ -68,11 +62,10 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
             "times": timer.repeat_times,
             "until": t(timer.repeat_until),
             "timezone": timer.repeat_timezone,
-            # Only when sent (docs/USING.md, Recurring timers): absent means "one", as before it existed.
+            # Only when sent: absent means "one".
             **({} if timer.repeat_catchup is None else {"catchup": timer.repeat_catchup}),
         }
-    # Paused is a stored state only (sql/migrations/0011): the contract shows a paused timer as
-    # Scheduled, with paused true; it fires once resumed.
+    # Paused is a stored state only: the contract shows Scheduled, with paused true.
     paused = timer.state == "Paused"
     scheduled = timer.state == "Scheduled" or paused
     due, _ = due_and_planned(timer.due_at, timer.nominal_due_at)
@@ -84,8 +77,7 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
         "paused": paused,
         "dueAt": t(due),
         "nextOccurrence": t(due) if scheduled else None,
-        # With a window only (docs/USING.md, Firing window): its length, and when the occurrence of
-        # dueAt is planned to fire (its last one's, once the timer ended).
+        # With a window only: its length, and when the occurrence of dueAt is planned to fire.
         **planned,
         **({} if timer.expire_after is None else {"expireAfter": timer.expire_after}),
         "registeredAt": t(timer.registered_at),
@@ -103,7 +95,6 @@ def timer_view(timer: StoredTimer) -> dict[str, Any]:
 def due_and_planned(
     due_at: datetime | None, nominal_due_at: datetime | None
 ) -> tuple[datetime | None, datetime | None]:
-    """A stored row's dueAt and, with a firing window, the instant it is planned to fire, as `get`,
-    `list` and the console show them: the row's due_at is that instant then (the claim orders by
-    it), and nominal_due_at the dueAt."""
+    """A stored row's dueAt and, with a firing window, its planned instant (the row's due_at, the claim
+    key)."""
     return (due_at, None) if nominal_due_at is None else (nominal_due_at, due_at)

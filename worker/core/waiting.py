@@ -1,5 +1,4 @@
-"""How a loop waits: until one of some events is set or a timeout passes, and between the
-attempts of a write a transient failure interrupted."""
+"""How a loop waits: for an event or a timeout, and between a write's attempts."""
 
 from __future__ import annotations
 
@@ -16,11 +15,8 @@ T = TypeVar("T")
 
 
 async def wait_any(timeout: float | None, *events: asyncio.Event) -> bool:
-    """Wait until one of `events` is set or `timeout` seconds pass; True when one is set.
-
-    Each loop sleeps this way between rounds, with its stop event among `events`, so a stop ends
-    every wait at once. The waiters are cancelled on every way out, a cancellation included.
-    """
+    """Wait until one of `events` is set or `timeout` seconds pass; True when one is set. With the stop
+    event among `events`, a stop ends every wait at once."""
     if any(e.is_set() for e in events):
         return True
     waiters = [asyncio.ensure_future(e.wait()) for e in events]
@@ -35,9 +31,8 @@ async def wait_any(timeout: float | None, *events: asyncio.Event) -> bool:
 async def retry_transient(
     call: Callable[[], Awaitable[T]], within_s: float, first_s: float, max_s: float
 ) -> T:
-    """`call()`, tried again after each TransientError until `within_s` seconds have passed; then
-    that error is raised. The waits double from `first_s` up to `max_s`. Any other error is raised
-    at once (errors.verdict decided what is transient)."""
+    """`call()`, retried on TransientError for `within_s` seconds, waits doubling from `first_s` to
+    `max_s`; then that error is raised. Any other error is raised at once."""
     retrying = AsyncRetrying(
         retry=retry_if_exception_type(TransientError),
         stop=stop_after_delay(within_s),
@@ -45,22 +40,20 @@ async def retry_transient(
         reraise=True,
     )
 
-    async def attempt() -> T:  # a coroutine function: tenacity would not await a lambda's result
+    async def attempt() -> T:  # tenacity would not await a lambda's result
         return await call()
 
     return await retrying(attempt)
 
 
-# How long a piece of work holds the event loop before Slices hands it back: a claim's next
-# occurrences, an intake batch's checks. A step costs microseconds, but a tenant can choose steps
-# that cost milliseconds (worker/core/recurrence.py): a batch of them held a replica for seconds.
+# How long a piece of work holds the event loop before Slices hands it back: a tenant can choose costly
+# steps.
 SLICE_S = 0.01
 
 
 class Slices:
-    """Hands the event loop back once every `every_s` of a long piece of work, which calls
-    `check()` between its steps: what a tenant's input costs a step (a cron schedule's next
-    occurrence, a command's check) must not hold every other task of the replica up with it."""
+    """Hands the event loop back every `every_s` of a long piece of work that calls `check()` between
+    steps, so a tenant's costly input does not hold up the replica's other tasks."""
 
     __slots__ = ("_ends", "_every_s")
 

@@ -1,13 +1,6 @@
-"""A firing window (docs/USING.md, Firing window): a ScheduleTimer's `window`, and the instant in
-[dueAt, dueAt + window] each occurrence is planned to fire at.
-
-The instant is a keyed hash of the tenant, the timer and the occurrence's nominal dueAt
-(MessageIds.spread, keyed with the fleet secret): the same on every replica and after a crash
-(a re-claim picks the same instant), spread uniformly over the window's milliseconds, and out of a
-tenant's reach: without the secret no tenant can aim its timers at one instant, or work out when
-another's fire. Stored as the row's due_at, the claim key, beside the nominal dueAt
-(sql/migrations/0016_window.sql), so the claim keeps walking the due index.
-"""
+"""A firing window (docs/USING.md, Firing window): each occurrence fires at an instant in [dueAt, dueAt
++ window], a hash of the timer and occurrence keyed with the fleet secret: the same on every replica
+and after a crash, and out of a tenant's reach to aim or predict."""
 
 from __future__ import annotations
 
@@ -17,12 +10,10 @@ from datetime import datetime, timedelta
 
 from worker.contract import MessageIds
 
-# A ScheduleTimer's `window` (docs/CONTRACT.md, Firing window): each occurrence fires within this
-# long after its dueAt, at most a day.
+# Each occurrence fires within this long after its dueAt.
 MAX_WINDOW_MS = 86_400_000
 
-# PnDTnHnMnS with at most millisecond seconds; each part bounded, so the text is short and the
-# arithmetic small whatever a tenant sends (the sum is then held to the span's bounds).
+# Each part bounded, so the text is short and the arithmetic small whatever a tenant sends.
 _SPAN = re.compile(
     r"P(?:(\d{1,3})D)?(?:T(?:(\d{1,5})H)?(?:(\d{1,7})M)?(?:(\d{1,9})(?:[.,](\d{1,3}))?S)?)?\Z", re.ASCII
 )
@@ -35,9 +26,8 @@ def window_ms(text: str) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def span_ms(text: str, name: str, least: int, most: int) -> int:
-    """A span of a timer's (`window`, `expireAfter`) in milliseconds, within least..most;
-    ValueError, with a one-line reason naming it, when it is none. Cached: the firing path reads
-    it for every occurrence of a timer that has one."""
+    """A span (`window`, `expireAfter`) in milliseconds, within least..most; ValueError naming it when
+    it is none. Cached: firing reads it per occurrence."""
     m = _SPAN.match(text)
     if m is None or text in ("P", "PT") or text.endswith("T"):
         raise ValueError(f"{name} must be an ISO 8601 duration in days, hours, minutes and seconds (PT10M)")
@@ -57,8 +47,7 @@ def _shown(ms: int) -> str:
 def planned_at(
     ids: MessageIds, tenant_id: str, service_call_id: str, due_at: datetime, window: str
 ) -> datetime:
-    """When the occurrence nominally due at `due_at` fires: a whole number of milliseconds after
-    it, at most the window's. Never before due_at (clamped at the calendar's end, year 9999)."""
+    """When the occurrence nominally due at `due_at` fires: never before it, at most a window after."""
     offset = ids.spread(tenant_id, service_call_id, due_at, window_ms(window))
     try:
         return due_at + timedelta(milliseconds=offset)
