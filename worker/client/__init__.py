@@ -1,13 +1,12 @@
-"""The producer client: TimerClient and the NATS wire it owns. Imports only the contract, itself,
-nats-py and, when installed, OpenTelemetry (tests/unit/test_layout.py).
+"""The producer client. Imports only the contract, itself, nats-py and, if installed, OpenTelemetry.
 
 producer.py     TimerClient: schedule, cancel, pause, resume, get, the bulk sends
 errors.py       what `get` raises
 consumer.py     due_events: the DueTimeReached consumer
 acks.py         what due_events owes the server: acks not yet sent, events given out
-pulls.py        the pull requests readers of one durable share it by
+pulls.py        the pull requests of due_events
 envelopes.py    command envelopes, built in bulk
-wire.py         every nats-py internal relied on: TLS enforced, raw delivery, one-write publish
+wire.py         every nats-py internal relied on
 batches.py      the atomic and fast-ingest batch protocols
 closing.py      a connection closed within a bound
 tracecontext.py the caller's OpenTelemetry trace context as command headers

@@ -1,5 +1,4 @@
-"""What due_events owes the server: the acks not yet sent, and the events given out and not
-acknowledged."""
+"""What due_events owes the server: acks to send, events given out."""
 
 from __future__ import annotations
 
@@ -13,15 +12,13 @@ _OPEN_FLOOR = 1024
 
 
 class Acks:
-    """The acknowledgements not yet sent, and the events given out and not acknowledged."""
-
     __slots__ = ("closed", "done", "open", "prune_at", "wake")
 
     def __init__(self) -> None:
         self.done: list[bytes] = []  # reply subjects
         self.open: dict[bytes, None] = {}
         self.wake: asyncio.Event | None = None  # set while the reader waits
-        self.prune_at = _OPEN_FLOOR  # forget_superseded once `open` holds more
+        self.prune_at = _OPEN_FLOOR
         self.closed = False  # the loop ended: what was open was handed back
 
     def forget_superseded(self) -> None:
@@ -51,7 +48,7 @@ class Acks:
 
 
 def _delivery(reply: bytes) -> tuple[bytes, int] | None:
-    """An ack subject's stream sequence and delivery count (either form of ADR-15), else None."""
+    """An ack subject's stream sequence and delivery count (ADR-15), else None."""
     tokens = reply.split(b".")
     at = 4 if len(tokens) == 9 else 6 if len(tokens) >= 11 else None
     if at is None or not tokens[at].isdigit():

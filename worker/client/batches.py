@@ -1,5 +1,4 @@
-"""JetStream batch publish (ADR-50), atomic and fast-ingest, for the broker and the client: what
-each kind of batch sends, and what the server's replies say of each message."""
+"""JetStream batch publish (ADR-50), atomic and fast-ingest: what each sends, what replies say."""
 
 from __future__ import annotations
 
@@ -27,7 +26,6 @@ ERR_ATOMIC_DISABLED = 10174  # the stream has no allow_atomic
 def atomic_batch_headers(
     headers: dict[str, str] | None, batch_id: str, seq: int, commit: bool
 ) -> dict[str, str]:
-    """A message's headers as message `seq` (from 1) of atomic batch `batch_id`."""
     out = {**(headers or {}), "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq)}
     if commit:
         out["Nats-Batch-Commit"] = "1"
@@ -127,7 +125,6 @@ class FastBatch:
             self.done.set_result(None)
 
     def on_reply(self, reply: dict[str, Any], seq: int) -> None:
-        """A reply to message `seq`."""
         kind = reply.get("type")
         if kind == "ack":
             self.flowed = max(self.flowed, int(reply.get("seq", 0)))
@@ -172,16 +169,14 @@ class Sent:
 
 
 class FastBatches:
-    """A connection's fast batches in flight. The batch travels in each message's reply subject,
-    `<inbox>.<batch id>.<flow>.fail.<sequence>.<operation>.$FI`, and each reply comes to the
-    reply subject of its message. A duplicate Nats-Msg-Id is skipped, counted as stored."""
+    """A connection's fast batches in flight, each message's batch in its reply subject
+    (`<inbox>.<batch id>.<flow>.fail.<sequence>.<operation>.$FI`)."""
 
     def __init__(self) -> None:
         self.prefix = ""
         self.batches: dict[str, FastBatch] = {}
 
     async def start(self, nc: NATS) -> None:
-        """Subscribe to the replies on `nc`."""
         self.prefix = f"{nc.new_inbox()}."
         await nc.subscribe(f"{self.prefix}>", cb=self.on_reply)
 
@@ -193,8 +188,8 @@ class FastBatches:
         timeout: float,
         headers: Mapping[str, str],
     ) -> tuple[list[tuple[int, Envelope]], bool]:
-        """Send `part` as one fast batch and fill in `results` for what its replies decide; what
-        is left to send one by one, and whether the stream no longer has allow_batched."""
+        """Send `part` as one fast batch, filling in `results`; what is left to send one by one,
+        and whether allow_batched is gone."""
         batch = await self.send(nc, [(c.subject, c.body, {**headers, "Nats-Msg-Id": c.id}) for _, c in part])
         try:
             await asyncio.wait([batch.done], timeout=timeout)
@@ -228,7 +223,7 @@ class FastBatches:
         return batch
 
     def forget(self, batches: Iterable[FastBatch]) -> None:
-        """Done with these: their late replies are dropped."""
+        """Drop these batches' late replies."""
         for b in batches:
             self.batches.pop(b.id, None)
             b.done.cancel()

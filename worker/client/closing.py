@@ -10,8 +10,6 @@ from nats.aio.client import Client as NATS
 
 
 class Drainable(Protocol):
-    """A nats-py Subscription, or anything else to drain."""
-
     def drain(self) -> Awaitable[None]: ...
 
 
@@ -20,9 +18,8 @@ CLOSE_SHARE = 0.25
 
 
 async def close_within(nc: NATS, timeout: float, subscriptions: Iterable[Drainable] = ()) -> bool:
-    """Drain `subscriptions`, flush and close `nc` within `timeout` seconds; whether every step
-    finished in time. The close always runs. Not nats-py's drain: it swallows a cancellation and
-    waits on a flush of its own, so a timeout around it does not bound it."""
+    """Drain `subscriptions`, flush and close `nc` within `timeout`; whether all was in time. Not
+    nats-py's drain, which a timeout does not bound."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
 

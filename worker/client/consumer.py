@@ -29,7 +29,7 @@ _PENDING = "Nats-Pending-Messages"  # the events a request did not deliver
 
 
 class DueEvent:
-    """One DueTimeReached (docs/CONTRACT.md) from due_events: its envelope, headers, and ack()."""
+    """One DueTimeReached (docs/CONTRACT.md): its envelope, headers, and ack()."""
 
     __slots__ = ("_acks", "_event", "_headers", "_raw_headers", "_subject", "acked", "data", "reply")
 
@@ -138,19 +138,15 @@ async def due_events(
     max_ack_pending: int,
 ) -> AsyncGenerator[DueEvent, None]:
     """The DueTimeReached events on `subject`, oldest first, from pull consumer `durable` on
-    `stream` (created when missing). Many readers may share one durable. Call `event.ack()` once
-    handled: an event not acknowledged comes again after the ack wait, so each is handled at
-    least once. When the loop ends, what it holds unacknowledged is handed back (NAK).
-
-    Acks go out together every `ack_every` events and whenever none are waiting; each event is
-    acknowledged on its own (EXPLICIT), so one reader's ack never covers another's events.
-    """
+    `stream` (created when missing), which many readers may share. Call `event.ack()` once
+    handled, else it comes again after the ack wait. Acks go out every `ack_every` events and
+    when none are waiting; what the loop holds at its end is handed back (NAK)."""
     nc = connection_of(js)
     info = await _bound(js, stream, durable, subject, max_ack_pending)
     arrived: deque[_Arrival] = deque()
     waiting = asyncio.Event()
     acks = Acks()
-    # Under the connection's inbox prefix (docs/SECURITY.md): events and statuses come there.
+    # Under the connection's inbox prefix (docs/SECURITY.md).
     inbox = nc.new_inbox()
     pulls = Pulls(stream, info.name, inbox)
 
@@ -267,7 +263,7 @@ async def _bound(
     except nats.js.errors.NotFoundError:
         config = pull_config(max_ack_pending)
         config.durable_name, config.filter_subject = durable, subject
-        # two readers making it at once both succeed: the same configuration
+        # two readers making it at once both succeed
         info = await js.add_consumer(stream, config)
     config = info.config
     if config.deliver_subject:

@@ -58,9 +58,8 @@ def spans(**given: str | timedelta | None) -> dict[str, str]:
 
 
 class Envelopes:
-    """The envelopes of one bulk call, as json.dumps makes `envelope`'s. `payloads` checks and
-    encodes the whole call before anything is sent (a bad tenant gets why, in its place); `part`
-    gives a slice ids as its batch goes out. Shared costs are paid once per call or part."""
+    """One bulk call's envelopes: `payloads` checks and encodes them all before anything is sent,
+    `part` gives a slice ids as its batch goes out."""
 
     def __init__(self, subjects: Subjects, kind: Literal["schedule", "cancel"], type_: str) -> None:
         self.subjects, self.kind, self.type = subjects, kind, json.dumps(type_)

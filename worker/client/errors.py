@@ -1,5 +1,4 @@
-"""What TimerClient.get raises. Each kind also subclasses the nats-py or builtin error an
-`except` would name for the same failure."""
+"""What TimerClient.get raises; each also subclasses nats-py's or Python's error for it."""
 
 from __future__ import annotations
 

@@ -4,9 +4,7 @@
         await timers.schedule("acme", "sc-42", datetime(2026, 11, 22, 9, tzinfo=UTC))
         print(await timers.get("acme", "sc-42"))
 
-`schedule` and `cancel` return once JetStream has stored the command. `schedule_many` and
-`cancel_many` send many in JetStream batches and say for each whether it was stored.
-`due_events` consumes DueTimeReached events.
+A command returns once JetStream has stored it.
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ Kind = Literal["cancel", "pause", "resume"]
 
 
 class TimerClient:
-    """`fast_ingest`: how the bulk sends batch (docs/CONTRACT.md, Producers). "auto": fast-ingest
-    batches when the command stream has allow_batched and is replicated or the service measured
-    them the cheaper, else atomic; "on": fast wherever the stream takes them; "off": atomic."""
+    """`fast_ingest`: how bulk sends batch (docs/CONTRACT.md, Producers): "auto" fast-ingest when
+    the stream allows it and is replicated or measured cheaper; "on" when it allows; "off" never."""
 
     def __init__(
         self,
@@ -99,10 +96,9 @@ class TimerClient:
         expire_after: str | timedelta | None = None,
     ) -> None:
         """Schedule (or reschedule) a timer (docs/CONTRACT.md). `repeat`: {"every": "P1D"} or
-        {"cron": "0 9 * * MON-FRI"}, with optional "times", "until" and "timezone". `data` (any
-        JSON value), `labels` (string pairs) and `headers` (NATS headers) are carried into its
-        events; a reschedule without them clears them. `window`, `expire_after`: an ISO 8601
-        duration or a timedelta."""
+        {"cron": ...}, optional "times", "until", "timezone". `data`, `labels` and `headers` are
+        carried into its events; a reschedule without them clears them. `window`,
+        `expire_after`: ISO 8601 durations or timedeltas."""
         payload = schedule_payload(tenant_id, service_call_id, due_at, correlation_id, repeat, data)
         payload |= spans(window=window, expireAfter=expire_after)
         payload |= {"labels": dict(labels)} if labels else {}
@@ -171,9 +167,8 @@ class TimerClient:
         await self.js.publish(subject, command.body, headers=sent)
 
     async def schedule_many(self, timers: Iterable[Mapping[str, Any]], timeout: float = 10.0) -> list[Sent]:
-        """Send many ScheduleTimer bodies (`dueAt` a string or an aware datetime). For each, in
-        order: accepted, duplicate (its id already stored) or error (not stored: send it again).
-        Only the tenant is checked here; the service sends what it rejects to the DLQ."""
+        """Send many ScheduleTimer bodies; for each, in order: accepted, duplicate or error (send
+        it again). Only the tenant is checked here; the service dead-letters the rest."""
         return await self._many("schedule", "ScheduleTimer", timers, timeout)
 
     async def cancel_many(self, timers: Iterable[Mapping[str, Any]], timeout: float = 10.0) -> list[Sent]:
@@ -183,8 +178,7 @@ class TimerClient:
     async def send_many(
         self, commands: Sequence[Envelope], timeout: float = 10.0, *, fresh: bool = False
     ) -> list[Sent]:
-        """Send envelopes built already, byte for byte, as schedule_many; what became of each.
-        `fresh`: no id was ever sent before, so fast batches may carry them."""
+        """Send envelopes built already, as schedule_many. `fresh`: no id was ever sent before."""
         step = ATOMIC_BATCH_MAX
         parts = (commands[i : i + step] for i in range(0, len(commands), step))
         return await self._send_many(parts, timeout, fresh=fresh)
@@ -192,7 +186,6 @@ class TimerClient:
     def _commands(
         self, kind: Literal["schedule", "cancel"], type_: str, items: Iterable[Mapping[str, Any]]
     ) -> list[Envelope | str]:
-        """The envelopes of one call; in place of an item with a bad tenant, why."""
         envelopes = Envelopes(self.subjects, kind, type_)
         return envelopes.part(envelopes.payloads(items))
 
@@ -212,8 +205,8 @@ class TimerClient:
     async def _send_many(
         self, parts: Iterable[Sequence[Envelope | str]], timeout: float, *, fresh: bool = True
     ) -> list[Sent]:
-        """Send each part as a batch, building the next once this one is on the wire. Only
-        `fresh` ids go in fast batches: they skip a known id silently, counted as stored."""
+        """Send each part as a batch, building the next once this one is on the wire. Only fresh
+        ids go in fast batches, which skip a known id silently."""
         results: list[Sent | None] = []
         traced = trace_headers()
         batches, singles = asyncio.Semaphore(BATCHES_IN_FLIGHT), asyncio.Semaphore(SINGLES_IN_FLIGHT)
@@ -308,8 +301,7 @@ class TimerClient:
         ack_every: int = 256,
         max_ack_pending: int = MAX_ACK_PENDING,
     ) -> AsyncGenerator[DueEvent, None]:
-        """The tenant's DueTimeReached events, oldest first, from consumer `durable` on `stream`
-        (created when missing; a tenant without that permission reads the one provisioned)."""
+        """The tenant's DueTimeReached events from consumer `durable` on `stream` (consumer.py)."""
         return due_events(
             self.js,
             self.subjects.due(_tenant(tenant_id)),

@@ -1,5 +1,4 @@
-"""The pull requests a due_events reader keeps open: readers of one durable share its events,
-each asking only for what it can take."""
+"""The pull requests of due_events readers: each asks only for what it can take."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ PULL_BATCH = 512
 EXPIRES_S = 30.0
 # The server's idle heartbeat: two missed and the reader checks it is still there.
 HEARTBEAT_S = 5.0
-# Statuses that end a request normally (expired; cut short by a bound). Any other is a refusal,
-# asked again only after the next silence, not in a loop.
+# Statuses that end a request normally; on any other, asked again only after a silence.
 _ENDED = frozenset({b"408", b"409"})
 # A consumer's own cap on a request's batch: asked within it.
 _MAX_BATCH = re.compile(r"Exceeded MaxRequestBatch of (\d+)")

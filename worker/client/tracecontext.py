@@ -1,5 +1,5 @@
-"""The caller's OpenTelemetry trace context as headers of each command, when OpenTelemetry is
-installed. Imported on the first command: its propagators load entry points on import."""
+"""The caller's OpenTelemetry trace context as command headers, when installed; imported lazily,
+as its propagators load entry points."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ def _inject() -> Callable[[dict[str, str]], Any] | None:
 
 
 def trace_headers(given: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The current context's propagation headers; none without a current span, or when `given`
-    holds a traceparent already (in any case, as the service reads it)."""
+    """The current context's propagation headers; none when `given` holds a traceparent."""
     if given and any(name.lower() == TRACEPARENT for name in given):
         return {}
     inject = _inject()

@@ -1,7 +1,6 @@
-"""Every nats-py internal this package relies on, and nowhere else: nats-py's public API costs
-too much per message and upgrades to TLS only when the server asks. Each internal name has a test
-in tests/unit/client/test_wire_internals.py; every use but the TLS check falls back to the public
-API when a name is missing."""
+"""Every nats-py internal this package relies on: the public API costs too much per message and
+upgrades to TLS only when asked. Each name is tested (test_wire_internals.py); all but the TLS
+check fall back to the public API."""
 
 from __future__ import annotations
 
@@ -36,19 +35,17 @@ async def nats_connect(servers: str | list[str], **options: Any) -> NATS:
 
 
 def connection_of(js: JetStreamContext) -> NATS:
-    """The connection a JetStream context sends on."""
     nc: NATS = js._nc
     return nc
 
 
 def subscription_id(sub: Any) -> int:
-    """A subscription's `sid`, take_raw's key."""
     sid: int = sub._id
     return sid
 
 
 def queued(sub: Any) -> Any:
-    """The oldest message taken from a subscription's queue; None when empty or there is none."""
+    """Take the oldest message of a subscription's queue; None when there is none."""
     queue: asyncio.Queue[Any] | None = getattr(sub, "_pending_queue", None)
     return None if queue is None or queue.empty() else queue.get_nowait()
 
@@ -58,9 +55,8 @@ RawHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
 
 
 def take_raw(nc: NATS, sid: int, handler: RawHandler) -> Callable[[], None] | None:
-    """Hand subscription `sid`'s messages to `handler` as read, before nats-py makes a Msg of each;
-    the undo, or None when this nats-py cannot be hooked. `handler` runs in the read loop: it must
-    not block."""
+    """Hand subscription `sid`'s messages to `handler` as read, before nats-py makes a Msg; the
+    undo, or None if this nats-py cannot be hooked. `handler` must not block."""
     process = getattr(nc, "_process_msg", None)
     if process is None or not asyncio.iscoroutinefunction(process):
         return None
@@ -93,8 +89,7 @@ _NEWLINES = str.maketrans({"\r": " ", "\n": " "})  # as nats-py: a value never e
 # A header key's `Key: ` once checked (None: blank, skipped); bounded, as keys come from users.
 _KEYS: dict[str, str | None] = {}
 _KEYS_MAX = 256
-# nats-py's invalid subject characters, when they are the whitespace this knows: a scan of a
-# batch's joined replies is cheaper than its regular expression.
+# When nats-py's invalid subject characters are this whitespace, a scan replaces its regex.
 _INVALID = getattr(nats.aio.client, "_SUBJECT_INVALID_RE", None)
 _SUBJECT_WHITESPACE = " \t\r\n" if _INVALID is not None and _INVALID.pattern == r"[ \t\r\n]" else None
 _wire_ok: bool | None = None  # _wire_matches' verdict
@@ -155,7 +150,6 @@ def encode(messages: Sequence[Message], max_payload: int = 1 << 62) -> tuple[byt
 
 
 def _fits(nc: NATS) -> bool:
-    """Whether this nats-py has what publish_all relies on."""
     return (
         all(hasattr(NATS, a) for a in _CLIENT_NEEDS)
         and all(hasattr(nc, a) for a in _INSTANCE_NEEDS)
@@ -183,9 +177,8 @@ async def _wire_matches() -> bool:
 
 
 async def publish_all(nc: NATS, messages: Sequence[Message]) -> None:
-    """`nc.publish` of each message in order, same bytes, errors and stats, in one write. What
-    nats-py handles one by one (not connected, a refused message), or a nats-py this does not fit,
-    goes through `publish` itself."""
+    """`nc.publish` of each message, same bytes, errors and stats, in one write; `publish` itself
+    when not connected, for a refused message, or a nats-py this does not fit."""
     try:
         if not (_fits(nc) and await _wire_matches()) or not nc.is_connected or nc.is_draining_pubs:
             raise _Slow
@@ -223,7 +216,7 @@ async def acknowledge(nc: NATS, replies: Sequence[bytes], body: bytes = b"") -> 
 
 
 async def _write(nc: NATS, command: bytes, count: int, size: int) -> None:
-    """Hand encoded PUBs to nats-py's pending buffer, counted and flushed as publish does."""
+    """Queue encoded PUBs as nats-py's publish does."""
     nc.stats["out_msgs"] += count
     nc.stats["out_bytes"] += size
     await nc._send_command(command)
