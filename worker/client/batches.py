@@ -1,6 +1,4 @@
-"""The JetStream batch publish protocols (ADR-50), atomic and fast-ingest, for the service's broker
-and the producer client alike: the headers and reply subjects each kind of batch speaks, and what
-the server's replies say of each message. Sent through the one-write publish of wire.py."""
+"""JetStream batch publish (ADR-50), atomic and fast-ingest: what each sends, what replies say."""
 
 from __future__ import annotations
 
@@ -20,17 +18,14 @@ from worker.client.envelopes import Envelope
 from worker.client.wire import Message, publish_all
 from worker.contract import FAST_BATCHES
 
-# JetStream atomic batch publish (ADR-50, nats-server 2.12+), shared by the service's broker and
-# the producer client: each message of a batch carries the batch id and its place in it, the last
-# one the commit, and only the commit gets a reply, the batch's PubAck (all stored, or none).
+# Atomic batches (nats-server 2.12+): only the commit gets a reply, the batch's PubAck.
 ATOMIC_BATCH_MAX = 1000  # JetStream's limit on messages in one atomic batch
-ERR_ATOMIC_DISABLED = 10174  # "atomic publish is disabled": the stream was made without allow_atomic
+ERR_ATOMIC_DISABLED = 10174  # the stream has no allow_atomic
 
 
 def atomic_batch_headers(
     headers: dict[str, str] | None, batch_id: str, seq: int, commit: bool
 ) -> dict[str, str]:
-    """A message's headers as message `seq` (from 1) of atomic batch `batch_id`."""
     out = {**(headers or {}), "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq)}
     if commit:
         out["Nats-Batch-Commit"] = "1"
@@ -40,8 +35,7 @@ def atomic_batch_headers(
 def atomic_batch_head(
     chunk: Sequence[tuple[str, bytes, dict[str, str] | None]], batch_id: str
 ) -> list[Message]:
-    """Every message of atomic batch `batch_id` but its commit (the last of `chunk`, which is sent
-    with atomic_batch_headers(..., commit=True) to get the batch's PubAck), for publish_all."""
+    """Every message of atomic batch `batch_id` but its commit, the last of `chunk`."""
     return [
         (subject, payload, "", atomic_batch_headers(headers, batch_id, seq, commit=False))
         for seq, (subject, payload, headers) in enumerate(chunk[:-1], start=1)
@@ -51,21 +45,20 @@ def atomic_batch_head(
 async def send_atomic(
     nc: NATS, chunk: Sequence[tuple[str, bytes, dict[str, str] | None]], timeout: float
 ) -> dict[str, Any] | None:
-    """Send `chunk` as one atomic batch and wait for its PubAck: None once it confirms every
-    message, else why not (the producer client's; the broker pipelines commits of its own)."""
+    """Send `chunk` as one atomic batch: None once its PubAck confirms every message, else why not."""
     batch_id = uuid.uuid4().hex
     try:
         await publish_all(nc, atomic_batch_head(chunk, batch_id))
         subject, payload, headers = chunk[-1]
         commit = atomic_batch_headers(headers, batch_id, len(chunk), commit=True)
         reply = await nc.request(subject, payload, timeout=timeout, headers=commit)
-    except Exception as exc:  # not stored as a batch: the caller sends them one by one
+    except Exception as exc:  # the caller sends them one by one
         return {"description": f"{type(exc).__name__}: {exc}"}
     return batch_ack_error(reply.data, len(chunk))
 
 
 def batch_ack_error(reply: bytes, size: int) -> dict[str, Any] | None:
-    """None when a batch's PubAck confirms all `size` messages; else the error it carries."""
+    """None when a batch's PubAck confirms all `size` messages, else its error."""
     try:
         ack = json.loads(reply)
     except ValueError:
@@ -79,24 +72,19 @@ def batch_ack_error(reply: bytes, size: int) -> dict[str, Any] | None:
     return None
 
 
-# Fast-ingest batch publish (ADR-50's "fast" batches, allow_batched streams, nats-server 2.14+),
-# shared by the service's broker (events) and the producer client (commands).
+# Fast-ingest batches (allow_batched streams).
 FAST_INGEST_SINCE = (2, 14)
-# nats-py knows the allow_batched stream setting since 2.13 (the oldest supported, 2.12, does not:
-# with it, everything goes in atomic batches).
+# An older nats-py has no allow_batched: everything goes in atomic batches.
 CLIENT_KNOWS_BATCHED = "allow_batched" in {f.name for f in dataclasses.fields(api.StreamConfig)}
-# "batch publish is disabled": the stream has no allow_batched (any more).
-ERR_BATCH_DISABLED = 10205
-# Errors that say nothing against a message, only against its batch (disabled, pattern invalid,
-# batch id invalid or unknown, too many batches in flight): such a message goes again one by one.
+ERR_BATCH_DISABLED = 10205  # the stream has no allow_batched (any more)
+# Errors against the batch, not the message: such a message goes again one by one.
 ERR_BATCH_ONLY = {ERR_BATCH_DISABLED, 10206, 10207, 10208, 10211}
-# The flow-control ack the server may send every N stored messages of a fast batch, at most: what
-# a batch cut short by a timeout keeps. 500 is the server's own ceiling.
+# Stored messages per flow ack, at most (the server's ceiling): what a timed-out batch keeps.
 FAST_FLOW = 500
 
 
 def server_has_fast_ingest(nc: NATS | None) -> bool:
-    """Whether the server `nc` is connected to, and this nats-py, know fast-ingest batches."""
+    """Whether `nc`'s server, and this nats-py, know fast-ingest batches."""
     if not CLIENT_KNOWS_BATCHED or nc is None or not nc.is_connected:
         return False
     try:
@@ -107,8 +95,7 @@ def server_has_fast_ingest(nc: NATS | None) -> bool:
 
 
 def api_error(error: dict[str, Any]) -> APIError:
-    """The error a PubAck carries. nats-py's APIError.from_error raises it rather than return it,
-    which took a whole bulk publish down with one refused message."""
+    """The error a PubAck carries, returned (nats-py's from_error raises it)."""
     try:
         APIError.from_error(error)
     except APIError as exc:
@@ -116,22 +103,21 @@ def api_error(error: dict[str, Any]) -> APIError:
     return APIError(description=str(error))  # pragma: no cover  # from_error always raises
 
 
-# A message of a fast batch the server never stored, though it refused no message of its own
-# (a later one of a batch ended by another's error, or all of a batch refused whole): sent again.
+# A message of a fast batch not stored though not refused itself: sent again.
 AGAIN = Exception("send again")
 
 
 @dataclasses.dataclass
 class FastBatch:
-    """What the server said so far of one fast batch (FastBatches)."""
+    """What the server said so far of one fast batch."""
 
     id: str
     size: int
     done: asyncio.Future[None]
     flowed: int = 0  # the highest flow ack: messages 1..flowed are stored
     count: int | None = None  # the PubAck's: messages 1..count are stored, and the batch ended
-    failure: BaseException | None = None  # it could not be sent, or no stream takes it
-    errors: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # a refused message's
+    failure: BaseException | None = None  # not sent, or no stream takes it
+    errors: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # by message
 
     def fail(self, exc: BaseException) -> None:
         if not self.done.done():
@@ -139,33 +125,28 @@ class FastBatch:
             self.done.set_result(None)
 
     def on_reply(self, reply: dict[str, Any], seq: int) -> None:
-        """One reply, sent to the reply subject of message `seq`."""
         kind = reply.get("type")
         if kind == "ack":
             self.flowed = max(self.flowed, int(reply.get("seq", 0)))
         elif kind == "err":
             self.errors[int(reply.get("seq", 0))] = dict(reply.get("error") or {})
         elif kind is None and "error" in reply:
-            # Message `seq` was refused before it joined the batch (too large, limits, the flag
-            # off), or the batch is gone (its first message refused: each later one is then
-            # "unknown batch"). The batch goes on without it; in gap mode "fail" the next
-            # message ends it, and its PubAck says how many were stored.
+            # Refused before joining the batch, or the batch is gone: in gap mode "fail" the
+            # next message ends it, and its PubAck says how many were stored.
             self.errors[seq] = dict(reply["error"])
             if len(self.errors) >= self.size:
                 self.done.set_result(None)
         elif kind is None and reply.get("batch") == self.id:
             self.count = int(reply.get("count", 0))
             self.done.set_result(None)
-        # "gap" is informational: in gap mode "fail" a gap ends the batch, and its PubAck says so.
-        # Anything else (a plain PubAck from a server that does not know fast ingest) proves
-        # nothing about the batch: its messages time out and are retried, deduplicated.
+        # Anything else ("gap", a plain PubAck) proves nothing: its messages time out, retried.
 
     @property
     def disabled(self) -> bool:
         return any(e.get("err_code") == ERR_BATCH_DISABLED for e in self.errors.values())
 
     def result(self, seq: int) -> BaseException | None:
-        """Message `seq`'s outcome: None (stored, or a duplicate skipped), its error, or AGAIN."""
+        """Message `seq`'s outcome: None (stored or a duplicate), its error, or AGAIN."""
         stored = self.count if self.count is not None else self.flowed
         if seq <= stored:
             return None
@@ -183,29 +164,19 @@ class Sent:
     """What became of one command of schedule_many or cancel_many."""
 
     id: str  # the envelope id, also its Nats-Msg-Id
-    outcome: Literal["accepted", "duplicate", "error"]  # duplicate: JetStream already had this id
+    outcome: Literal["accepted", "duplicate", "error"]
     error: str | None = None
 
 
 class FastBatches:
-    """A connection's fast batches in flight, and the wire protocol they speak.
-
-    The batch information travels in each message's reply subject,
-    `<inbox>.<batch id>.<flow>.fail.<sequence>.<operation>.$FI` (0 start, 1 append, 2 commit),
-    so a stored message carries only its own headers. The server stores each message as it comes
-    and skips a duplicate Nats-Msg-Id instead of refusing the batch (silently: its PubAck counts
-    it as stored). Gap mode "fail": the first message the stream refuses (its error comes as
-    `{"type":"err","seq":N}`) ends the batch, and the PubAck of the commit says how many were
-    stored: `count`. Flow acks (`{"type":"ack","seq":N}`: 1..N stored) tell what a batch cut
-    short by a timeout kept. Each reply comes to the reply subject of the message it concerns.
-    """
+    """A connection's fast batches in flight, each message's batch in its reply subject
+    (`<inbox>.<batch id>.<flow>.fail.<sequence>.<operation>.$FI`)."""
 
     def __init__(self) -> None:
         self.prefix = ""
         self.batches: dict[str, FastBatch] = {}
 
     async def start(self, nc: NATS) -> None:
-        """Subscribe to the replies on `nc`, a new connection."""
         self.prefix = f"{nc.new_inbox()}."
         await nc.subscribe(f"{self.prefix}>", cb=self.on_reply)
 
@@ -217,10 +188,8 @@ class FastBatches:
         timeout: float,
         headers: Mapping[str, str],
     ) -> tuple[list[tuple[int, Envelope]], bool]:
-        """Send one fast batch of the commands of `part`, each with `headers` (the caller's trace
-        context) and its id, and fill in `results` for what its replies decide: (what is left to
-        send one by one with the same ids, never stored or not known to be: unanswered; whether
-        the stream's owner took allow_batched away)."""
+        """Send `part` as one fast batch, filling in `results`; what is left to send one by one,
+        and whether allow_batched is gone."""
         batch = await self.send(nc, [(c.subject, c.body, {**headers, "Nats-Msg-Id": c.id}) for _, c in part])
         try:
             await asyncio.wait([batch.done], timeout=timeout)
@@ -229,16 +198,16 @@ class FastBatches:
         again: list[tuple[int, Envelope]] = []
         for seq, (i, c) in enumerate(part, start=1):
             result = batch.result(seq)
-            if result is None:  # fresh ids: none was skipped as a duplicate
+            if result is None:  # fresh ids: no duplicates
                 results[i] = Sent(c.id, "accepted")
-            elif isinstance(result, APIError):  # the stream refused this command
+            elif isinstance(result, APIError):
                 results[i] = Sent(c.id, "error", f"{type(result).__name__}: {result}")
             else:
                 again.append((i, c))
         return again, batch.disabled
 
     async def send(self, nc: NATS, chunk: Sequence[tuple[str, bytes, dict[str, str]]]) -> FastBatch:
-        """Send one fast batch of (subject, payload, headers); its state, which the replies fill in."""
+        """Send one fast batch; its state, which the replies fill in."""
         batch = FastBatch(uuid.uuid4().hex, len(chunk), asyncio.get_running_loop().create_future())
         self.batches[batch.id] = batch
         head = f"{self.prefix}{batch.id}.{FAST_FLOW}.fail."
@@ -249,12 +218,12 @@ class FastBatches:
         ]
         try:
             await publish_all(nc, messages)
-        except Exception as exc:  # not connected and the outbound buffer full...: the server drops the rest
+        except Exception as exc:  # e.g. the reconnect buffer full: the server drops the rest
             batch.fail(exc)
         return batch
 
     def forget(self, batches: Iterable[FastBatch]) -> None:
-        """Done with these: their late replies are dropped."""
+        """Drop these batches' late replies."""
         for b in batches:
             self.batches.pop(b.id, None)
             b.done.cancel()
@@ -265,7 +234,7 @@ class FastBatches:
         if batch is None or batch.done.done():
             return
         if msg.headers and msg.headers.get(api.Header.STATUS) == "503":
-            batch.fail(NoStreamResponseError())  # no stream takes the subject
+            batch.fail(NoStreamResponseError())
             return
         try:
             reply = json.loads(msg.data)
@@ -277,12 +246,10 @@ class FastBatches:
 
 
 async def service_measured_fast(js: JetStreamContext, probe_subject: str) -> bool:
-    """Whether the service measured fast batches the cheaper on this server (the metadata of the
-    stream it measured on, worker/adapters/jetstream/probe.py); False when it did not or it cannot
-    be read."""
+    """Whether the service's probe stream says fast batches are the cheaper on this server."""
     try:
         name = await js.find_stream_name_by_subject(probe_subject)
         config = (await js.stream_info(name)).config
-    except Exception:  # no such stream, no permission: not measured
+    except Exception:  # no stream, no permission: not measured
         return False
     return (config.metadata or {}).get(FAST_BATCHES) == "on"

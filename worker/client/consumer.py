@@ -1,4 +1,4 @@
-"""The client's consumer of DueTimeReached: TimerClient.due_events, acknowledged in batches."""
+"""TimerClient.due_events: DueTimeReached events, acknowledged in batches."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ from worker.client.wire import acknowledge, connection_of, queued, subscription_
 
 _DECODER = json.JSONDecoder()
 _SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # typeshed: "a make_scanner"
-_STATUS = b"NATS/1.0 "  # a status message's header line; a message with headers starts `NATS/1.0\r\n`
-_STATUS_HEADER = "Status"  # where nats-py puts a status message's code
-_DESCRIPTION = "Description"  # and its words ("Request Timeout")
-_PENDING = "Nats-Pending-Messages"  # on a request's end: the events it did not deliver
+_STATUS = b"NATS/1.0 "  # a status message's header line (a plain one ends `NATS/1.0\r\n`)
+_STATUS_HEADER = "Status"
+_DESCRIPTION = "Description"
+_PENDING = "Nats-Pending-Messages"  # the events a request did not deliver
 
 
 class DueEvent:
-    """One DueTimeReached (docs/CONTRACT.md) from due_events: its envelope, headers, and ack()."""
+    """One DueTimeReached (docs/CONTRACT.md): its envelope, headers, and ack()."""
 
     __slots__ = ("_acks", "_event", "_headers", "_raw_headers", "_subject", "acked", "data", "reply")
 
@@ -43,8 +43,8 @@ class DueEvent:
         acks: Acks,
     ) -> None:
         self._subject, self._acks = subject, acks
-        self.reply = reply  # where its acknowledgement goes
-        self.data = data  # the envelope as published: JSON
+        self.reply = reply  # its ack subject
+        self.data = data  # the envelope's JSON
         self._raw_headers, self._headers = raw_headers, headers
         self._event: dict[str, Any] | None = None
         self.acked = False
@@ -58,12 +58,12 @@ class DueEvent:
 
     @property
     def subject(self) -> str:
-        """Where it was published: `<prefix>.<tenantId>.timer.due`."""
+        """`<prefix>.<tenantId>.timer.due`."""
         return self._subject.decode()
 
     @property
     def id(self) -> str:
-        """One id per occurrence, however often it is delivered: drop one already handled."""
+        """One id per occurrence, however often delivered: drop one already handled."""
         return str(self.event["id"])
 
     @property
@@ -73,29 +73,26 @@ class DueEvent:
 
     @property
     def headers(self) -> dict[str, str]:
-        """Its NATS headers: Nats-Msg-Id, and those carried from the ScheduleTimer (traceparent…)."""
+        """Its NATS headers: Nats-Msg-Id, and those carried from the ScheduleTimer."""
         if self._headers is None:
             self._headers = _parse_headers(self._raw_headers)
         return self._headers
 
     def ack(self) -> None:
-        """Handled: acknowledged with the next batch of acknowledgements (see due_events). Once
-        the loop has ended it does nothing (`acked` stays False): the event was handed back.
-        A delivery that a later one of the same event superseded is acknowledged too: the server
-        takes an ack for the event, whichever of its deliveries it names."""
+        """Handled: acknowledged with the next batch of acks. Once the loop has ended it does
+        nothing (`acked` stays False): the event was handed back."""
         acks = self._acks
         if self.acked or acks.closed:
             return
         self.acked = True
         acks.open.pop(self.reply, None)
         acks.done.append(self.reply)
-        if acks.wake is not None:  # acked by a handler of its own while the reader waits
+        if acks.wake is not None:  # acked from another task while the reader waits
             acks.wake.set()
 
 
 def _decode(data: bytes) -> dict[str, Any]:
-    # The C scanner alone, without decode()'s whitespace passes: a third less per event. Anything
-    # it does not take whole (whitespace around, not JSON) goes to decode(), which says why.
+    # The C scanner alone skips decode()'s whitespace passes; decode() says why for the rest.
     text = data.decode()
     try:
         value, end = _SCAN(text, 0)
@@ -109,7 +106,7 @@ def _decode(data: bytes) -> dict[str, Any]:
 
 
 def _parse_headers(raw: bytes | None) -> dict[str, str]:
-    # As nats-py reads a header block: `Name: value` lines after the `NATS/1.0` line.
+    # As nats-py reads a header block.
     headers: dict[str, str] = {}
     for line in (raw or b"").split(b"\r\n")[1:]:
         name, sep, value = line.partition(b":")
@@ -118,19 +115,16 @@ def _parse_headers(raw: bytes | None) -> dict[str, str]:
     return headers
 
 
-# Events handed out and not yet acknowledged, at most, on a consumer due_events makes (and on a
-# tenant's, `timer-service consumer add`), over all its readers: what keeps slow readers from
-# being flooded.
+# Unacknowledged events, at most, over all readers of a consumer: slow readers are not flooded.
 MAX_ACK_PENDING = 4096
 
 
 def pull_config(max_ack_pending: int = MAX_ACK_PENDING) -> api.ConsumerConfig:
-    """The consumer due_events reads (and the one an operator provisions for a tenant, with a
-    filter of its own, worker/ops/consumers.py): pull, each event acknowledged on its own."""
+    """The consumer due_events reads (and an operator provisions): pull, explicit acks."""
     return api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=max_ack_pending)
 
 
-# An event as it arrives: subject, reply, data, raw headers, parsed headers.
+# subject, reply, data, raw headers, parsed headers
 _Arrival = tuple[bytes, bytes, bytes, bytes | None, dict[str, str] | None]
 
 
@@ -143,36 +137,22 @@ async def due_events(
     ack_every: int,
     max_ack_pending: int,
 ) -> AsyncGenerator[DueEvent, None]:
-    """The DueTimeReached events on `subject`, oldest first, from the durable pull consumer
-    `durable` on `stream` (created when missing). Any number of readers may read one durable,
-    in one process or many: each is given events no other reader holds (pulls.py). Call
-    `event.ack()` once an event is handled: events not acknowledged come again after the
-    consumer's ack wait (30 s), to this reader or another, so an event is handled at least
-    once. When the loop ends, the events it was given but not acknowledged, and those received
-    but not yet given, are handed back at once (a NAK each), for the other readers.
-
-    Each event's acknowledgement goes out with others in one write, every `ack_every` events
-    and whenever no more events are waiting (acks made meanwhile, by handlers in tasks of their
-    own, go at once). Each event is acknowledged on its own (AckPolicy EXPLICIT): with AckPolicy
-    ALL, one reader's ack covered the events another reader held, unhandled.
-
-    The events are read as the connection parses them (wire.take_raw), before nats-py makes
-    a message of each, parses its headers and queues it for a task: that was half of a
-    consumer's CPU per event (docs/BENCHMARKS.md).
-    """
+    """The DueTimeReached events on `subject`, oldest first, from pull consumer `durable` on
+    `stream` (created when missing), which many readers may share. Call `event.ack()` once
+    handled, else it comes again after the ack wait. Acks go out every `ack_every` events and
+    when none are waiting; what the loop holds at its end is handed back (NAK)."""
     nc = connection_of(js)
     info = await _bound(js, stream, durable, subject, max_ack_pending)
     arrived: deque[_Arrival] = deque()
     waiting = asyncio.Event()
     acks = Acks()
-    # A subscription of its own under the connection's inbox prefix (a tenant's `_INBOX_acme`,
-    # docs/SECURITY.md): the events its requests ask for come there, with the server's statuses.
+    # Under the connection's inbox prefix (docs/SECURITY.md).
     inbox = nc.new_inbox()
     pulls = Pulls(stream, info.name, inbox)
 
     def on_raw(subject: bytes, reply: bytes, data: bytes, raw_headers: bytes | None) -> None:
         if raw_headers is None or not raw_headers.startswith(_STATUS):
-            if reply:  # else not the consumer's (_delivered)
+            if reply:  # see _delivered
                 arrived.append((subject, reply, data, raw_headers, None))
         else:
             pending = _parse_headers(raw_headers).get(_PENDING)
@@ -182,37 +162,35 @@ async def due_events(
 
     sub = await nc.subscribe(inbox)
     release = take_raw(nc, subscription_id(sub), on_raw)
-    # Where take_raw cannot hook in: nats-py's own queue, read by one next_msg at a time. It is
-    # never cancelled while the reader waits (a cancel can land after it took an event from the
-    # queue, and the event would be lost to this reader): an ack() wakes the reader beside it.
+    # Where take_raw cannot hook in: one next_msg at a time, never cancelled while the reader
+    # waits (it may have taken an event already); an ack() wakes the reader beside it.
     getter: asyncio.Future[Msg] | None = None
 
     def not_given() -> list[bytes]:
-        """After the UNSUB and its flush: the events received and not given out."""
+        """After the UNSUB and flush: the events received and not given out."""
         replies = [a[1] for a in arrived]
         if getter is not None:
             if getter.done() and not getter.cancelled() and getter.exception() is None:
                 if _delivered(got := getter.result()):
                     replies.append(got.reply.encode())
-            else:  # (one it took and had not handed over yet comes again after the ack wait)
+            else:  # one it took comes again after the ack wait
                 getter.cancel()
         while (held := queued(sub)) is not None:
             if _delivered(held):
                 replies.append(held.reply.encode())
         return replies
 
-    # The server tells a reader neither that its consumer was deleted nor that the connection
-    # closed: it goes silent. Two heartbeats missed, as nats-py's own check.
+    # A deleted consumer or a closed connection is only silence: two heartbeats missed.
     silence = 2 * pulls_module.HEARTBEAT_S
 
     async def after_silence() -> None:
         await _still_there(js, stream, durable)
-        pulls.anew(len(arrived))  # what it asked for is no longer on the server: asked afresh
+        pulls.anew(len(arrived))
 
     async def next_queued() -> _Arrival:
         nonlocal getter
         while True:
-            if acks.done:  # acked while it waited: sent now, as below
+            if acks.done:  # acked while it waited
                 await acks.send(nc)
             await pulls.top_up(nc)
             if getter is None:
@@ -240,17 +218,17 @@ async def due_events(
                 return _arrival(msg)
 
     async def next_arrival() -> _Arrival:
-        if release is None:  # this nats-py's internals are not take_raw's: its own queue
+        if release is None:  # take_raw cannot hook this nats-py
             return await next_queued()
         while not arrived:
-            if acks.done:  # acked while it waited: sent now, not with a next event that may not come
+            if acks.done:  # acked while it waited: sent now, a next event may not come
                 await acks.send(nc)
                 continue
             await pulls.top_up(nc)
             waiting.clear()
             acks.wake = waiting
             try:
-                async with asyncio.timeout(silence):  # any arrival, a heartbeat too, sets `waiting`
+                async with asyncio.timeout(silence):  # any arrival, heartbeats too, sets `waiting`
                     await waiting.wait()
             except TimeoutError:
                 await after_silence()
@@ -277,16 +255,15 @@ async def due_events(
 async def _bound(
     js: JetStreamContext, stream: str, durable: str, subject: str, max_ack_pending: int
 ) -> api.ConsumerInfo:
-    """The durable's info, the consumer made when missing; refused with why when it is not one
-    due_events can share (push, another filter, another ack policy). Only its info is asked
-    when it exists: a tenant with docs/SECURITY.md's permissions may create no consumer."""
+    """The durable's info, made when missing; refused with why when due_events cannot share it.
+    Only its info is asked when it exists: a tenant may not create consumers."""
     info: api.ConsumerInfo
     try:
         info = await js.consumer_info(stream, durable)
     except nats.js.errors.NotFoundError:
         config = pull_config(max_ack_pending)
         config.durable_name, config.filter_subject = durable, subject
-        # (two readers making it at once: the same configuration is no change, both succeed)
+        # two readers making it at once both succeed
         info = await js.add_consumer(stream, config)
     config = info.config
     if config.deliver_subject:
@@ -307,20 +284,19 @@ async def _bound(
 
 
 async def _still_there(js: JetStreamContext, stream: str, durable: str) -> None:
-    """After a silence: raises what ended the reading, if something did (nats-py's next_msg
-    raises ConnectionClosedError; consumer_info NotFoundError for a consumer deleted)."""
+    """After a silence: raise what ended the reading, if something did."""
     nc = connection_of(js)
     if nc.is_closed:
         raise nats.errors.ConnectionClosedError
-    if not nc.is_connected:  # reconnecting: asked again after the next silence, or it closes
+    if not nc.is_connected:  # reconnecting: looked at again after the next silence
         return
     try:
         info = await js.consumer_info(stream, durable)
     except (nats.js.errors.NotFoundError, nats.errors.ConnectionClosedError):
         raise
-    except nats.errors.Error:  # slow, or restarting (503): looked at again after the next silence
+    except nats.errors.Error:  # slow or restarting: the same
         return
-    if info.config.deliver_subject:  # deleted, and made again as a push consumer
+    if info.config.deliver_subject:
         raise nats.js.errors.Error(
             description=f"consumer {durable!r} on {stream} was deleted and made again as a push consumer"
         )
@@ -329,17 +305,16 @@ async def _still_there(js: JetStreamContext, stream: str, durable: str) -> None:
 async def _close(
     nc: Any, sub: Any, release: Callable[[], None] | None, acks: Acks, not_given: Callable[[], list[bytes]]
 ) -> None:
-    # Handed back for the other readers now, not after the ack wait; but only once the server
-    # has stopped sending here: after the UNSUB (a request whose inbox has no interest left is
-    # dropped), and after what it sent before it, which the round trip of a flush brings in.
+    # Handed back now, not after the ack wait, but only once the server stopped sending here:
+    # after the UNSUB and a flush's round trip.
     try:
         await acks.send(nc)
         await sub.unsubscribe()
         with contextlib.suppress(Exception):
             await nc.flush(timeout=5)
-        await acks.send(nc)  # those acknowledged meanwhile (by handlers in other tasks)
+        await acks.send(nc)  # those acknowledged meanwhile
         back = [*acks.open, *not_given()]
-        acks.closed = True  # from here ack() does nothing: the event comes again
+        acks.closed = True  # from here ack() does nothing
         acks.open.clear()
         await acknowledge(nc, back, b"-NAK")
     except (
@@ -347,9 +322,8 @@ async def _close(
         nats.errors.ConnectionDrainingError,
         nats.errors.BadSubscriptionError,
     ):
-        # Closed or drained under it (TimerClient.close): nothing goes out any more, and what it
-        # held comes again after the ack wait. Raised here, it would take the place of what
-        # ended the loop (a cancel, the user's own error).
+        # Closed under it: what it held comes again after the ack wait. Raised, it would hide
+        # what ended the loop.
         pass
     finally:
         acks.closed = True
@@ -363,9 +337,7 @@ def _count(header: str | None) -> int | None:
 
 
 def _delivered(msg: Msg) -> bool:
-    # JetStream delivers each message with its ack subject as reply: one without is not the
-    # consumer's (someone else's, on the deliver subject) and cannot be acknowledged (an ack to
-    # "" is a protocol error: the server cuts the connection, and the acks written with it).
+    # One without an ack subject is not the consumer's; an ack to "" would cut the connection.
     return bool(msg.reply)
 
 

@@ -1,6 +1,4 @@
-"""The producer client's command envelopes (producer.py): one for `schedule` and the like,
-and a bulk call's, built tens of thousands a second, byte for byte what json.dumps makes of the
-same envelope (tests/unit/client/test_envelopes.py)."""
+"""Command envelopes: one at a time, and in bulk, byte for byte what json.dumps makes."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from typing import Any, Literal, NamedTuple
 from worker.contract import TENANT_RE, Subjects, duration, iso
 
 
-class Envelope(NamedTuple):  # a tuple: schedule_many makes tens of thousands a second
+class Envelope(NamedTuple):  # a tuple: cheap to make in bulk
     subject: str
     id: str
     body: bytes
@@ -42,7 +40,7 @@ def schedule_payload(
     repeat: dict[str, Any] | None,
     data: Any,
 ) -> dict[str, Any]:
-    """TimerClient.schedule's ScheduleTimer: the fields given, `repeat.until` as RFC 3339."""
+    """TimerClient.schedule's payload, `repeat.until` as RFC 3339."""
     payload: dict[str, Any] = {"tenantId": tenant_id, "serviceCallId": service_call_id, "dueAt": iso(due_at)}
     if correlation_id is not None:
         payload["correlationId"] = correlation_id
@@ -55,28 +53,22 @@ def schedule_payload(
 
 
 def spans(**given: str | timedelta | None) -> dict[str, str]:
-    """The durations given (a firing `window`, `expireAfter`) as the contract writes them: ISO 8601
-    text as it is, a timedelta in seconds (contract.duration); those not given left out."""
+    """The durations given, as the contract writes them; those not given left out."""
     return {k: v if isinstance(v, str) else duration(v) for k, v in given.items() if v is not None}
 
 
 class Envelopes:
-    """The envelopes of one bulk call, byte for byte what json.dumps makes of `envelope`'s
-    (tests/unit/client/test_envelopes.py), in two steps. `payloads` checks each tenant (once per tenant)
-    and encodes each payload, for the whole call before anything is sent: an item with a bad
-    tenant gets why it is not sent, in its place; a payload json.dumps refuses raises, as it
-    always did. `part` gives a slice of them ids and their envelopes' text as its batch is about
-    to go out. The per-command costs that are not the command's own (a clock read, a uuid4's
-    system call, a tenant's check and subject) are paid once per call or per part."""
+    """One bulk call's envelopes: `payloads` checks and encodes them all before anything is sent,
+    `part` gives a slice ids as its batch goes out."""
 
     def __init__(self, subjects: Subjects, kind: Literal["schedule", "cancel"], type_: str) -> None:
         self.subjects, self.kind, self.type = subjects, kind, json.dumps(type_)
-        self.stamp = f', "timestampMs": {time.time_ns() // 1_000_000}, "payload": '  # one per call
-        # tenant -> its subject and its envelope's text from the id to correlationId.
+        self.stamp = f', "timestampMs": {time.time_ns() // 1_000_000}, "payload": '
+        # tenant -> its subject and envelope text from the id to correlationId
         self.tenants: dict[str, tuple[str, str]] = {}
 
     def payloads(self, items: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, str] | str]:
-        """Each item's subject, envelope text after its id up to the payload, and payload JSON."""
+        """Each item's subject, envelope text between id and payload, and payload JSON."""
         tenants, out = self.tenants, list[tuple[str, str, str] | str]()
         last_due, last_text = None, ""
         for item in items:
@@ -89,18 +81,16 @@ class Envelopes:
                 middle = f'", "type": {self.type}, "tenantId": {json.dumps(tenant)}, "correlationId": '
                 known = tenants[tenant] = (self.subjects.of(tenant, self.kind), middle)
             if isinstance(due := item.get("dueAt"), datetime):
-                # The commands of a call often share their due time (reminders for 9:00): the
-                # last one's text is kept, and reused for the very same datetime.
+                # Commands of a call often share a due time: its text is reused.
                 if due is not last_due:
                     last_due, last_text = due, iso(due)
-                item = {**item, "dueAt": last_text}  # a copy: the caller's own is left as it was
+                item = {**item, "dueAt": last_text}  # the caller's item is left as it was
             correlation = item.get("correlationId")
             head = known[1] + (_ascii(correlation) if isinstance(correlation, str) else "null") + self.stamp
             out.append((known[0], head, payload_json(item)))
         return out
 
     def part(self, payloads: Sequence[tuple[str, str, str] | str]) -> list[Envelope | str]:
-        """The commands of these payloads, each with a new id."""
         out: list[Envelope | str] = []
         for id_, p in zip(uuid4s(len(payloads)), payloads, strict=True):
             if isinstance(p, str):
@@ -112,22 +102,19 @@ class Envelopes:
 
 
 def payload_json(payload: Mapping[str, Any]) -> str:
-    """json.dumps(dict(payload)), byte for byte. The common payload, text keys and text values,
-    is joined from json's own string encoder: a third of json.dumps' time, whose cost per call
-    is mostly setting up its encoder."""
+    """json.dumps(dict(payload)), byte for byte; text keys and values joined without its setup."""
     try:
         return "{" + ", ".join([_ascii(k) + ": " + _ascii(v) for k, v in payload.items()]) + "}"
-    except TypeError:  # a key or value that is not text (the string encoder takes only str)
+    except TypeError:  # a key or value that is not text
         return json.dumps(payload if isinstance(payload, dict) else dict(payload))
 
 
-# RFC 9562: the two bits after the version's nibble are 10; the hex digit they start, by the digit drawn.
+# RFC 9562's variant bits (10): the hex digit they start, by the digit drawn.
 _VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 
 
 def uuid4s(n: int) -> list[str]:
-    """n random UUIDs (version 4), as str(uuid.uuid4()) makes them, from one read of os.urandom
-    for all n instead of one each: a third of the time per id."""
+    """n str(uuid.uuid4())s from one os.urandom read."""
     h, v = os.urandom(16 * n).hex(), _VARIANT
     return [
         f"{h[i:j]}-{h[j : j + 4]}-4{h[j + 5 : j + 8]}-{v[h[j + 8]]}{h[j + 9 : j + 12]}-{h[j + 12 : j + 24]}"

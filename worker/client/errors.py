@@ -1,9 +1,4 @@
-"""What TimerClient.get raises, so that a caller can tell its failures apart.
-
-Each kind also subclasses what `get` raised before it had them (nats-py's TimeoutError, which is
-also the builtin TimeoutError, and NoRespondersError; RuntimeError for an error reply), so an
-`except` written against those keeps catching it.
-"""
+"""What TimerClient.get raises; each also subclasses nats-py's or Python's error for it."""
 
 from __future__ import annotations
 
@@ -11,7 +6,7 @@ import nats.errors
 
 
 class TimerClientError(Exception):
-    """A failure of a TimerClient call that the client names: catch this for any of them."""
+    """Any failure a TimerClient call names."""
 
 
 class GetTimeout(TimerClientError, nats.errors.TimeoutError):
@@ -29,10 +24,10 @@ class NoReplica(TimerClientError, nats.errors.NoRespondersError):
 
 
 class GetRefused(TimerClientError, RuntimeError):
-    """The service answered with an error instead of a timer (docs/CONTRACT.md, Read model):
-    `code` is its reason (`bad_request`, `unavailable`), `detail` what it said of it."""
+    """The service answered with an error (docs/CONTRACT.md, Read model): `code` (`bad_request`,
+    `unavailable`) and `detail`."""
 
     def __init__(self, code: str, detail: str) -> None:
-        super().__init__(f"{code}: {detail}")  # the message get's RuntimeError carried
+        super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail

@@ -1,11 +1,5 @@
-"""The caller's OpenTelemetry trace context as NATS headers, for every command TimerClient sends.
-
-OpenTelemetry is optional: a producer that has it installed (opentelemetry-api is enough) and a
-span current gets its trace linked to the service's intake span and carried to the timer's
-DueTimeReached events; one without it sends the same commands as before, and the client imports
-nothing more. Imported on the first command, not with the client: OpenTelemetry's propagators
-load their entry points when imported, which a CLI that never sends one should not pay for.
-"""
+"""The caller's OpenTelemetry trace context as command headers, when installed; imported lazily,
+as its propagators load entry points."""
 
 from __future__ import annotations
 
@@ -26,10 +20,7 @@ def _inject() -> Callable[[dict[str, str]], Any] | None:
 
 
 def trace_headers(given: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The current context's headers as OpenTelemetry's configured propagators write them
-    (`traceparent`, `tracestate`, …): none without OpenTelemetry or a current span, and none when
-    the caller's own `given` headers hold a traceparent already (in any case: the service reads
-    it so), which is then the command's trace context, never replaced."""
+    """The current context's propagation headers; none when `given` holds a traceparent."""
     if given and any(name.lower() == TRACEPARENT for name in given):
         return {}
     inject = _inject()
