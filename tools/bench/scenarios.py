@@ -4,15 +4,12 @@ consumer's receive time minus dueAt (this machine's clock, the database's machin
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import signal
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-
-from nats.js import api
 
 from tools.bench.burst import burst, burst_window
 from tools.bench.intake_scale import intake_quota, intake_tenants
@@ -21,8 +18,6 @@ from tools.bench.rig import Context, Metrics, Rig, lateness_ms, schedule_command
 from tools.bench.shapes import drain_shapes
 from tools.bench.soak import soak
 from tools.bench.steady import steady
-from worker.adapters.jetstream.streams import consumer_config
-from worker.contract import Subjects
 
 
 async def drain(ctx: Context) -> Metrics:
@@ -53,10 +48,9 @@ async def drain(ctx: Context) -> Metrics:
         }
 
 
-async def _lateness(ctx: Context, rate: int, pending: int = 1_000_000, duration: float = 60) -> Metrics:
-    """`rate` timers come due per second for a while, with a large number of future timers pending."""
-    pending = ctx.n(pending)
-    duration = ctx.seconds(duration, floor=20)
+async def _lateness(ctx: Context, rate: int) -> Metrics:
+    """`rate` timers come due per second for 60 s, 1,000,000 future timers pending."""
+    pending, duration = ctx.n(1_000_000), ctx.seconds(60, floor=20)
     n = int(rate * duration)
     async with ctx.rig() as rig:
         ctx.progress(f"seeding {pending:,} future timers")
@@ -91,44 +85,10 @@ async def lateness_5k(ctx: Context) -> Metrics:
     return await _lateness(ctx, 5000)
 
 
-SWEEP_RATES = (250, 500, 1000, 2000, 5000, 10_000)
-
-
-async def sweep(ctx: Context) -> Metrics:
-    """Lateness percentiles against load (docs/lateness.png): 20 s at each rate, 100,000 pending."""
-    out: Metrics = {}
-    for rate in SWEEP_RATES:
-        ctx.progress(f"{rate:,} due/s")
-        m = await _lateness(ctx, rate, pending=100_000, duration=20)
-        out |= {
-            f"{k}@{rate}": m[k] for k in ("lateness_p50_ms", "lateness_p99_ms", "lateness_max_ms", "lost")
-        }
-    return out
-
-
 async def intake(ctx: Context) -> Metrics:
     """Commands already waiting in the stream (one in ten a duplicate): committed and acknowledged."""
-    return await _intake(ctx, work_queue=False)
-
-
-async def intake_work_queue(ctx: Context) -> Metrics:
-    """`intake` on a work-queue command stream (releases before limits retention): an A/B's A."""
-    return await _intake(ctx, work_queue=True)
-
-
-async def _intake(ctx: Context, work_queue: bool) -> Metrics:
     unique = ctx.n(200_000)
     async with ctx.rig() as rig:
-        if work_queue:
-            jsm = rig.nc_.jetstream()
-            name = rig.names["command_stream"]
-            config = (await jsm.stream_info(name)).config
-            await jsm.delete_stream(name)
-            await jsm.add_stream(dataclasses.replace(config, retention=api.RetentionPolicy.WORK_QUEUE))
-            await jsm.add_consumer(
-                name,
-                consumer_config(rig.settings, Subjects(rig.settings.subject_prefix), config.subjects or []),
-            )
         prefix = rig.names["subject_prefix"]
         due = datetime.now(UTC) + timedelta(days=1)
         bodies = [schedule_command(prefix, f"t{i % 10}", f"i-{i}", due) for i in range(unique)]
@@ -297,7 +257,6 @@ SCENARIOS = {
         ),
         Scenario("lateness-5k", lateness_5k, (("lateness_p99_ms", "<=", 250),)),
         Scenario("intake", intake, (("commands_per_s", ">=", 20_000),)),
-        Scenario("intake-workqueue", intake_work_queue, ()),  # on request: the A/B's old stream
         Scenario("intake-quota", intake_quota, (("quota_on_over_off", ">=", 0.9),)),
         Scenario("intake-tenants", intake_tenants, (("many_over_few", ">=", 0.8),)),
         Scenario("producer", producer, (("commands_per_s", ">=", 40_000),)),
@@ -312,7 +271,6 @@ SCENARIOS = {
             (("max_window_p99_ms", "<=", 50), ("lost", "<=", 0), ("cancelled_fired", "<=", 0)),
             on_request=True,
         ),
-        Scenario("sweep", sweep, ()),
         Scenario("burst", burst, (("early", "<=", 0), ("lost", "<=", 0)), on_request=True),
         Scenario("burst-window", burst_window, (("early", "<=", 0), ("lost", "<=", 0)), on_request=True),
     )
