@@ -1,7 +1,4 @@
-"""A/B of the producer's bulk path: `TimerClient.schedule_many` (with its wire code) at a git
-revision against this tree's, taking turns round by round on one embedded nats-server; beside each
-rate the CPU the client and the server spent per command, which holds on a loaded machine.
-"""
+"""A/B of the producer's bulk path: `schedule_many` at a git revision against this tree's, in turns."""
 
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ import nats
 from nats.js import api
 
 import worker.client
-from tools.bench.report import around_loop, module_of, parser, positive, source_at
+from tools.bench.report import around_loop, module_at, parse, parser
 from tools.bench.rig import tree_cpu_s
 from worker.client.batches import CLIENT_KNOWS_BATCHED, server_has_fast_ingest
 from worker.devkit.embedded import EmbeddedNats
@@ -39,34 +36,25 @@ LAYOUTS = (
 )
 
 
-def _layout_at(rev: str) -> tuple[str, str, tuple[str, ...]]:
-    """The client's path and source at `rev`, and the modules to bring with it."""
-    for path, names in LAYOUTS:
-        with contextlib.suppress(ValueError):
-            return path, source_at(rev, path), names
-    raise ValueError(f"no worker/client/producer.py or worker/client.py at {rev!r}")
-
-
 def client_at(rev: str) -> types.ModuleType:
     """The producer client at a git revision with the wire code and envelopes it had (this tree's
     would make it as fast as this one), importing this tree's other modules."""
-    path, client, names = _layout_at(rev)
-    olders: dict[str, str] = {}
-    for name in names:
-        with contextlib.suppress(ValueError):  # a revision before the module was cut out
-            olders[name] = source_at(rev, name.replace(".", "/") + ".py")
-    ours = {name: sys.modules.get(name) for name in olders}
-    try:
-        for name, source in olders.items():
-            # what the older client's `from worker.natsconn import` (or envelopes...) finds
-            sys.modules[name] = module_of(source, f"{rev}:{name}", f"_{name.rpartition('.')[2]}_at_{rev}")
-        return module_of(client, f"{rev}:{path}", f"_client_at_{rev}")
-    finally:
-        for name, module in ours.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
+    for path, names in LAYOUTS:
+        ours = {name: sys.modules.get(name) for name in names}
+        try:
+            for name in names:  # what the older client's `from worker.natsconn import` (...) finds
+                with contextlib.suppress(ValueError):  # a revision before the module was cut out
+                    short = name.rpartition(".")[2]
+                    sys.modules[name] = module_at(rev, name.replace(".", "/") + ".py", f"_{short}_at_{rev}")
+            with contextlib.suppress(ValueError):
+                return module_at(rev, path, f"_client_at_{rev}")
+        finally:
+            for name, module in ours.items():
+                if module is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
+    raise ValueError(f"no worker/client/producer.py or worker/client.py at {rev!r}")
 
 
 async def one_round(
@@ -124,18 +112,14 @@ async def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(PROG, __doc__)
+    counts = {"rounds": (6, "rounds; medians count"), "commands": (50_000, "commands per version per round")}
+    p = parser(PROG, __doc__, counts, json_=False)
     p.add_argument("--against", metavar="REV", required=True, help="the producer client at this git revision")
-    p.add_argument("--rounds", type=int, default=6, help="rounds; medians count (default 6)")
-    p.add_argument(
-        "--commands", type=int, default=50_000, help="commands per version per round (default 50,000)"
-    )
     p.add_argument(
         "--fast-ingest", choices=["auto", "on", "off"], default="on", help="the clients' (default on)"
     )
     p.add_argument("--sync-always", action="store_true", help="the server fsyncs every JetStream write")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if not positive(PROG, args, "--rounds", "--commands"):
+    if (args := parse(p, argv)) is None:
         return 2
     try:
         versions = {"this": worker.client, args.against: client_at(args.against)}
