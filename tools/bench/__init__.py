@@ -1,8 +1,4 @@
-"""The benchmark scenarios of docs/BENCHMARKS.md, several runs, medians and ranges.
-
-From a checkout: `make bench`, `python -m tools.bench` or `timer-service bench` (which hands its
-arguments to `main`); they drive the service through `worker.devkit`.
-"""
+"""The benchmark scenarios of docs/BENCHMARKS.md, several runs, medians and ranges."""
 
 from __future__ import annotations
 
@@ -13,6 +9,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tools.bench.report import brief, calibrate, describe, fmt, invocation, machine, medians, servers
@@ -26,9 +23,8 @@ MAX_SOAK_RATE = 20_000  # ScheduleTimer commands a second: well past what one ma
 
 
 def main(argv: list[str] | None = None, prog: str = MODULE_PROG) -> int:
-    """Parse `argv` (default: this process's arguments) and run the scenarios; the exit status."""
     given = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog, description=__doc__)
     add_arguments(p)
     args = p.parse_args(given)
     try:
@@ -47,44 +43,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sync-always", action="store_true", help="embedded NATS fsyncs every JetStream write")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument(
-        "--vacuum-cost-delay-ms",
-        type=_cost_delay,
-        metavar="MS",
-        help="soak only: autovacuum_vacuum_cost_delay of `timers` (0 to 100; default the migrations' 5)",
+        "--vacuum-cost-delay-ms", type=_cost_delay, metavar="MS", help="soak only: timers' autovacuum"
     )
-    p.add_argument(
-        "--soak-rate",
-        type=_soak_rate,
-        metavar="N",
-        help=f"soak only: N timers scheduled a second (1 to {MAX_SOAK_RATE:,}; default 500)",
-    )
+    p.add_argument("--soak-rate", type=_soak_rate, metavar="N", help="soak only: timers scheduled a second")
 
 
-def _cost_delay(text: str) -> float:
-    """Postgres' range for autovacuum_vacuum_cost_delay, checked before any server runs."""
-    try:
-        ms = float(text)
-    except ValueError:
-        ms = math.nan
-    if not 0 <= ms <= 100:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds from 0 to 100")
-    return ms
+def _ranged(kind: type, lo: float, hi: float, what: str) -> Callable[[str], Any]:
+    """An argparse type: a `kind` from lo to hi, checked before any server runs."""
+
+    def check(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} from {lo:,} to {hi:,}")
+        return value
+
+    return check
 
 
-def _soak_rate(text: str) -> int:
-    try:
-        rate = int(text)
-    except ValueError:
-        rate = 0
-    if not 1 <= rate <= MAX_SOAK_RATE:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a whole number of timers a second from 1 to {MAX_SOAK_RATE:,}"
-        )
-    return rate
+_cost_delay = _ranged(float, 0, 100, "a number of milliseconds")  # Postgres' range
+_soak_rate = _ranged(int, 1, MAX_SOAK_RATE, "a whole number of timers a second")
 
 
 def default_scenarios() -> list[str]:
-    """Every scenario with a target, but those too long for every run (on request)."""
     return [n for n, s in SCENARIOS.items() if s.targets and not s.on_request]
 
 
@@ -125,10 +108,8 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
                 "targets": _verdicts(scenario, runs),
             }
         calibration.append(calibrate(tmp))
-    report = {
-        "command": command,
-        "machine": machine(),
-        "calibration": calibration,
+    report = {"command": command, "machine": machine(), "calibration": calibration}
+    report |= {
         "nats_sync": "always" if args.sync_always else "default",
         "replicas": args.replicas,
         "results": results,
@@ -147,7 +128,6 @@ def _verdicts(scenario: Scenario, runs: list[Metrics]) -> list[dict[str, Any]]:
 
 
 def table(report: dict[str, Any]) -> str:
-    """A Markdown table: one row per target, with the median and the range over the runs."""
     lines = [
         f"{report['command']}  (nats sync: {report['nats_sync']}, {report['replicas']} replicas)",
         *(describe(c) for c in report.get("calibration", [])),

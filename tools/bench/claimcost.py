@@ -1,22 +1,15 @@
-"""What one claim costs Postgres on each table shape, node by node, and an index's share of it.
-
-For each round, shape and variant (as migrated, or `--without` an index), a fresh database built
-to the shape, then `--claims` claims in a row, each claim_due under EXPLAIN (ANALYZE, BUFFERS, WAL)
-and committed: per 1,000 claimed, its time, its index scan (and what of it came before the first
-due row), its UPDATE, buffers and WAL. Medians; variants alternate round by round.
-"""
+"""What one claim costs Postgres on each table shape, node by node, and an index's share of it."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from tools.bench.report import brief, medians, on_servers, parser, positive
+from tools.bench.report import brief, medians, on_servers, parse, parser, say, table_of
 from tools.bench.rig import Rig
 from tools.bench.shapes import SHAPES, TIMERS, add_timers, build
 from worker.adapters.postgres.claim import claim_due_params
@@ -24,42 +17,27 @@ from worker.adapters.postgres.queries import QUERIES
 from worker.core.domain import LOOKAHEAD_MS, ClaimParams
 from worker.core.firing import FRESH_LANE_WINDOW_MS
 
-PROG = "python -m tools.bench.claimcost"
 # Bench-only: the indexes a variant may go without.
 DROPS = {
     "timers_pkey": "ALTER TABLE timers DROP CONSTRAINT timers_pkey",
     "timers_done": "DROP INDEX timers_done",
     "timers_correlation": "DROP INDEX timers_correlation",
 }
-LEASE_MS = 30_000
-DOWNTIME_MS = 60_000
 
 
 def _node(plan: dict[str, Any], match: str) -> dict[str, Any]:
     """The first node of EXPLAIN's JSON `plan` whose type and relation or index read as `match`."""
-    label = f"{plan.get('Node Type')} {plan.get('Index Name', plan.get('Relation Name', ''))}"
-    if label.startswith(match):
+    if f"{plan.get('Node Type')} {plan.get('Index Name', plan.get('Relation Name', ''))}".startswith(match):
         return plan
-    for child in plan.get("Plans", ()):
-        found = _node(child, match)
-        if found:
-            return found
-    return {}
+    return next((found for child in plan.get("Plans", ()) if (found := _node(child, match))), {})
 
 
 def claim_cost(conn: psycopg.Connection[Any], limit: int) -> dict[str, float]:
-    """One claim of up to `limit`, explained and committed: its costs per 1,000 claimed."""
+    """One main-lane claim of up to `limit`, explained and committed: its costs per 1,000 claimed."""
     conn.execute(QUERIES["claim_begin"])
-    main_lane = ClaimParams(  # a replica's main lane: the oldest only
-        owner="claimcost",
-        limit=limit,
-        fresh_limit=0,
-        lease_ms=LEASE_MS,
-        ahead_ms=LOOKAHEAD_MS,
-        fresh_window_ms=FRESH_LANE_WINDOW_MS,
-        downtime_ms=DOWNTIME_MS,
+    params = claim_due_params(
+        ClaimParams("claimcost", limit, 0, 30_000, LOOKAHEAD_MS, FRESH_LANE_WINDOW_MS, downtime_ms=60_000)
     )
-    params = claim_due_params(main_lane)
     row = conn.execute(
         "EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + QUERIES["claim_due"], params
     ).fetchone()
@@ -67,10 +45,8 @@ def claim_cost(conn: psycopg.Connection[Any], limit: int) -> dict[str, float]:
     assert row is not None
     top = row[0][0]
     plan = top["Plan"]
-    update = _node(plan, "ModifyTable timers")
-    scan = _node(plan, "Index Scan timers_due")
-    claimed = update.get("Actual Rows", 0)
-    if not claimed:
+    update, scan = _node(plan, "ModifyTable timers"), _node(plan, "Index Scan timers_due")
+    if not (claimed := update.get("Actual Rows", 0)):
         return {}
     per = 1000 / claimed
     return {
@@ -86,16 +62,15 @@ def claim_cost(conn: psycopg.Connection[Any], limit: int) -> dict[str, float]:
     }
 
 
-async def run(admin_url: str, nats_url: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+async def run(admin_url: str, nats_url: str, workdir: Any, args: argparse.Namespace) -> dict[str, Any]:
     variants = ["as migrated", *(f"without {name}" for name in args.without)]
     samples: dict[str, dict[str, list[dict[str, float]]]] = {
         s: {v: [] for v in variants} for s in args.shapes
     }
     pages: dict[str, int] = {}
     for r in range(args.rounds):
-        order = variants if r % 2 == 0 else variants[::-1]  # a slow moment falls on each in turn
         for shape in args.shapes:
-            for variant in order:
+            for variant in variants[:: 1 if r % 2 == 0 else -1]:  # a slow moment falls on each in turn
                 async with Rig(admin_url, nats_url, workdir) as rig:
                     if variant != "as migrated":
                         await rig.db_.execute(DROPS[variant.removeprefix("without ")])
@@ -103,46 +78,30 @@ async def run(admin_url: str, nats_url: str, workdir: Path, args: argparse.Names
                         build, shape, rig.db_url, add_timers(rig.db_url), TIMERS, args.due, args.big
                     )
                     with psycopg.connect(rig.db_url) as conn:
-                        claims = [c for c in (claim_cost(conn, args.limit) for _ in range(args.claims)) if c]
-                    samples[shape][variant] += claims
-                    last = brief(claims[-1], "{:.1f}".format) if claims else "nothing claimed"
-                    print(
-                        f"[claimcost {r + 1}/{args.rounds}] {shape}, {variant}: {last}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                        claims = [c for _ in range(args.claims) if (c := claim_cost(conn, args.limit))]
+                samples[shape][variant] += claims
+                last = brief(claims[-1], "{:.1f}".format) if claims else "nothing claimed"
+                say(f"claimcost {r + 1}/{args.rounds}", f"{shape}, {variant}: {last}")
     median = {shape: {v: medians(cs) if cs else {} for v, cs in by.items()} for shape, by in samples.items()}
     return {"config": vars(args), "due_pages": pages, "median": median}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(PROG, __doc__)
+    counts = {"big": (500_000, "pending timers in the big table"), "due": (10_000, "overdue timers")}
+    counts |= {"claims": (8, "claims in a row per database"), "limit": (1000, "a claim's limit")}
+    p = parser(
+        "python -m tools.bench.claimcost", __doc__, counts | {"rounds": (3, "rounds; medians over them")}
+    )
     p.add_argument("--shapes", nargs="+", choices=SHAPES, default=["scattered", "fresh"])
     p.add_argument(
         "--without", nargs="*", choices=sorted(DROPS), default=[], help="variants without an index"
     )
-    p.add_argument(
-        "--big", type=int, default=500_000, help="pending timers in the big table (default 500,000)"
-    )
-    p.add_argument("--due", type=int, default=10_000, help="overdue timers (default 10,000)")
-    p.add_argument("--claims", type=int, default=8, help="claims in a row per database (default 8)")
-    p.add_argument("--limit", type=int, default=1000, help="a claim's limit (default 1,000)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds; medians over them (default 3)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if not positive(PROG, args, "--big", "--due", "--claims", "--limit", "--rounds"):
+    if (args := parse(p, argv)) is None:
         return 2
-    result = on_servers(PROG, argv, lambda db, nats, work: run(db, nats, work, args), args.json)
-    if isinstance(result, int):
-        return result
-    keys = ["claimed", "claim_ms", "index_scan_ms", "before_first_due_ms", "update_ms", "buffers"]
-    keys += ["wal_records", "wal_fpi", "wal_kb"]
-    print("\n| shape | variant | " + " | ".join(keys) + " |\n|---|---|" + "---|" * len(keys))
-    for shape, by in result["median"].items():
-        for variant, cost in by.items():
-            cells = " | ".join(f"{cost.get(k, float('nan')):.1f}" for k in keys)
-            print(f"| {shape} | {variant} | {cells} |")
-    return 0
+    result = on_servers(p, argv, args, lambda db, nats, work: run(db, nats, work, args))
+    if isinstance(result, dict):
+        print(table_of({f"{s}, {v}": c for s, by in result["median"].items() for v, c in by.items()}))
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,4 @@
-"""What a consumer of DueTimeReached costs per event: the client's `due_events` beside nats-py's
-`ordered` (no acks), `push` (durable, `msg.ack()`) and `fetch` (pull, `fetch(256)`) consumers,
-reading the same stored events in turns whose order rotates; nothing else runs in the process.
-"""
+"""What a DueTimeReached consumer costs per event: `due_events` beside nats-py's own consumers, in turns."""
 
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
-from tools.bench.report import around_loop, parser, positive
+from tools.bench.report import around_loop, parse, parser, say
 from worker.client.consumer import due_events
 from worker.client.wire import publish_all
 from worker.devkit.embedded import EmbeddedNats
@@ -127,10 +124,7 @@ async def measure(url: str, rounds: int, n: int, readers: list[str]) -> dict[str
             cpu[reader].append((time.process_time() - started_cpu) / n * 1e6)
             rate[reader].append(n / (time.perf_counter() - started))
             await conn.close()
-            print(
-                f"[consumer] round {round_ + 1}: {reader} {cpu[reader][-1]:.1f} ms CPU per 1,000",
-                file=sys.stderr,
-            )
+            say("consumer", f"round {round_ + 1}: {reader} {cpu[reader][-1]:.1f} ms CPU per 1,000")
     await nc.close()
     medians = {r: statistics.median(cpu[r]) for r in readers}
     base = medians.get("ordered")
@@ -144,16 +138,10 @@ async def measure(url: str, rounds: int, n: int, readers: list[str]) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
-    p = parser(PROG, __doc__)
-    p.add_argument("--rounds", type=int, default=5, help="rounds; medians count (default 5)")
-    p.add_argument(
-        "--events", type=int, default=100_000, help="events each reader reads a round (default 100,000)"
-    )
-    p.add_argument(
-        "--readers", nargs="+", choices=list(READERS), default=list(READERS), help="a subset (default all)"
-    )
-    args = p.parse_args(given)
-    if not positive(PROG, args, "--rounds", "--events"):
+    counts = {"rounds": (5, "rounds; medians count"), "events": (100_000, "events each reader reads a round")}
+    p = parser(PROG, __doc__, counts, json_=False)
+    p.add_argument("--readers", nargs="+", choices=list(READERS), default=list(READERS), help="a subset")
+    if (args := parse(p, given)) is None:
         return 2
 
     def measured() -> dict[str, Any]:

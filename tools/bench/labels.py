@@ -1,11 +1,4 @@
-"""What a label selector reads: one tenant's 1,000,000 labelled timers among others' timers
-carrying the very same labels.
-
-The tenant `big` holds --rows timers with campaign=bf, one in 100,000 also vip=yes; ten others as
-many with both. EXPLAIN (ANALYZE, BUFFERS) of a `list --label` page and a bulk chunk, for the rare
-pair and the common one, first and last in key order; then a bulk cancel of the common pair, chunk
-by chunk (a selection starting over each chunk would make the last as slow as the whole).
-"""
+"""What a label selector reads: one tenant's 1,000,000 labelled timers among others' with the same labels."""
 
 from __future__ import annotations
 
@@ -17,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tools.bench.report import on_servers, parser
+from tools.bench.report import on_servers, parser, table_of
 from tools.bench.rig import Rig
 from worker.adapters.postgres.bulk import label_terms, plan_selection
 from worker.adapters.postgres.db import pool
@@ -29,7 +22,6 @@ from worker.core.domain import BulkAction, Position
 
 PROG = "python -m tools.bench.labels"
 RARE_EVERY = 100_000
-OTHERS = 10
 # Bench-only: the timers as intake stores them, labels and all.
 SEED_SQL = """
 INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, labels)
@@ -43,31 +35,7 @@ EXPLAIN = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
 COUNT_SQL = "SELECT count(*) FROM timers WHERE tenant_id LIKE %s AND state = %s"
 
 
-def _page_params(tenant: str, selector: dict[str, str], after: str, limit: int) -> dict[str, Any]:
-    return {
-        "tenant_id": tenant,
-        "after": after,
-        "state": None,
-        "due_from": None,
-        "due_to": None,
-        "terms": label_terms(tenant, selector),
-        "limit": limit,
-    }
-
-
-def _chunk_params(tenant: str, selector: dict[str, str], after: str) -> dict[str, Any]:
-    return {
-        "tenant_id": tenant,
-        "after": after,
-        "terms": label_terms(tenant, selector),
-        "limit": bulk.BULK_CHUNK,
-        "command_seq": None,
-        "command_stored_at": None,
-    }
-
-
 async def _explain(rig: Rig, name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """One statement's run: its time, the buffers it touched and the rows it returned."""
     started = time.perf_counter()
     async with rig.db_.transaction():  # planned as the service plans it (bulk.plan_selection)
         await plan_selection(rig.db_, params)
@@ -88,7 +56,6 @@ async def _explain(rig: Rig, name: str, params: dict[str, Any]) -> dict[str, Any
 
 
 def _nodes(node: dict[str, Any]) -> str:
-    """The plan's node types and indexes, outermost first."""
     here = node["Node Type"] + (f" on {node['Index Name']}" if "Index Name" in node else "")
     return " > ".join([here, *(_nodes(child) for child in node.get("Plans", []))])
 
@@ -105,12 +72,15 @@ async def run(admin_url: str, nats_url: str, workdir: Path, rows: int, with_canc
         reads: dict[str, Any] = {}
         for pair, selector in (("rare", {"vip": "yes"}), ("common", {"campaign": "bf"})):
             for where, after in (("first", ""), ("last", last)):
-                reads[f"list_{pair}_{where}"] = await _explain(
-                    rig, "inspect_tenant_timers", _page_params("big", selector, after, 50)
-                )
-                reads[f"chunk_{pair}_{where}"] = await _explain(
-                    rig, "select_labelled", _chunk_params("big", selector, after)
-                )
+                common_params = {"tenant_id": "big", "after": after, "terms": label_terms("big", selector)}
+                page = common_params | {"state": None, "due_from": None, "due_to": None, "limit": 50}
+                chunk = common_params | {
+                    "limit": bulk.BULK_CHUNK,
+                    "command_seq": None,
+                    "command_stored_at": None,
+                }
+                reads[f"list_{pair}_{where}"] = await _explain(rig, "inspect_tenant_timers", page)
+                reads[f"chunk_{pair}_{where}"] = await _explain(rig, "select_labelled", chunk)
         cancel = await _bulk_cancel(rig, rows) if with_cancel else None
         left = await rig.scalar(COUNT_SQL, "other%", "Scheduled")
     return {
@@ -123,7 +93,7 @@ async def run(admin_url: str, nats_url: str, workdir: Path, rows: int, with_canc
 
 
 async def _bulk_cancel(rig: Rig, rows: int) -> dict[str, Any]:
-    """The common pair cancelled through BulkActions.step, as the bulk lane runs it; each chunk timed."""
+    """The common pair cancelled through BulkActions.step, each chunk timed."""
     async with pool(rig.db_url, "bench-labels", 1, 2, idle_in_transaction_ms=60_000) as p:
         store = Store(p)
         actions = BulkActions(store)
@@ -159,34 +129,22 @@ async def _bulk_cancel(rig: Rig, rows: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(PROG, __doc__)
+    p = parser(PROG, __doc__, {})
     p.add_argument("--rows", type=int, default=1_000_000, help="the tenant's timers (default 1,000,000)")
     p.add_argument("--reads-only", action="store_true", help="measure the reads, not the bulk cancel")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     if args.rows < 4 * bulk.BULK_CHUNK:
         print(f"{PROG}: --rows must be at least {4 * bulk.BULK_CHUNK}", file=sys.stderr)
         return 2
     result = on_servers(
-        PROG, argv, lambda db, nats, work: run(db, nats, work, args.rows, not args.reads_only), args.json
+        p, argv, args, lambda db, nats, work: run(db, nats, work, args.rows, not args.reads_only)
     )
-    if isinstance(result, int):
-        return result
-    print("\n| read | ms | with the count, ms | buffers | rows | plan |\n|---|---|---|---|---|---|")
-    for name, r in result["reads"].items():
+    if isinstance(result, dict):
+        print(table_of(result["reads"]))
         print(
-            f"| {name} | {r['ms']:.2f} | {r['total_ms']:.2f} | {r['buffers']} | {r['rows']} | {r['plan']} |"
+            json.dumps({"bulk_cancel": result["bulk_cancel"], "others_untouched": result["others_untouched"]})
         )
-    c = result["bulk_cancel"]
-    if c is None:
-        return 0
-    print(
-        f"\nbulk cancel of {c['cancelled']:,} timers: {c['total_s']:.1f} s in {c['steps']} chunks;"
-        f" a chunk of {bulk.BULK_CHUNK}: first {c['first_chunk_ms']:.0f} ms,"
-        f" median {c['median_chunk_ms']:.0f} ms, last {c['last_chunk_ms']:.0f} ms;"
-        f" other tenants untouched: {result['others_untouched']}"
-    )
-    return 0
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

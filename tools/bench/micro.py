@@ -1,8 +1,4 @@
-"""Micro-benchmarks of the firing path's pure CPU code: per-call time of `firing_id` and
-`due_event` on a drain's occurrences, and of publishing their events in an atomic batch (nats-py's
-`publish` one by one against `publish_all`); the best of several rounds, and with `--against`
-worker/contract.py at a git revision taking turns with this tree's.
-"""
+"""Per-call time of the firing path's pure CPU code (`firing_id`, `due_event`, publishing a batch)."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 
 import worker.contract
-from tools.bench.report import around_loop, module_of, parser, positive, source_at
+from tools.bench.report import around_loop, lines, module_at, parse, parser
 from worker.client.batches import atomic_batch_headers
 from worker.client.wire import Message, publish_all
 from worker.core.domain import Claimed
@@ -100,11 +96,6 @@ def publish_cases(loop: asyncio.AbstractEventLoop) -> dict[str, dict[str, Callab
     }
 
 
-def contract_at(rev: str) -> types.ModuleType:
-    """worker/contract.py at a git revision (standard library only, so it loads alone)."""
-    return module_of(source_at(rev, "worker/contract.py"), f"{rev}:worker/contract.py", f"_contract_at_{rev}")
-
-
 def measure(versions: dict[str, types.ModuleType], calls: int, repeat: int) -> dict[str, Any]:
     """Best-of-`repeat` nanoseconds per call of each case and version; versions take turns."""
     loops = max(1, calls // BATCH)
@@ -122,46 +113,29 @@ def measure(versions: dict[str, types.ModuleType], calls: int, repeat: int) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(PROG, __doc__)
-    p.add_argument("--calls", type=int, default=100_000, help="calls per round (default 100,000)")
-    p.add_argument("--repeat", type=int, default=15, help="rounds; the best counts (default 15)")
+    counts = {"calls": (100_000, "calls per round"), "repeat": (15, "rounds; the best counts")}
+    p = parser(PROG, __doc__, counts)
     p.add_argument("--against", metavar="REV", help="also time worker/contract.py at this git revision")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if not positive(PROG, args, "--calls", "--repeat"):
+    if (args := parse(p, argv)) is None:
         return 2
     versions = {"this": worker.contract}
-    if args.against:
-        try:
-            versions[args.against] = contract_at(args.against)
-        except ValueError as exc:
-            print(f"{PROG}: {exc}", file=sys.stderr)
-            return 2
+    try:  # worker/contract.py imports the standard library only: it loads alone
+        if args.against:
+            versions[args.against] = module_at(
+                args.against, "worker/contract.py", f"_contract_at_{args.against}"
+            )
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
     report: dict[str, Any] = {"calls_per_round": args.calls, "rounds": args.repeat}
     report |= around_loop(lambda: measure(versions, args.calls, args.repeat))
-    result = {k: v for k, v in report.items() if "_ns@" in k}
-    ratios = {
-        "publish_publish_all/nats-py": round(
-            result["publish_ns@publish_all"] / result["publish_ns@nats-py"], 3
+    ns = {k: v for k, v in report.items() if "_ns@" in k}
+    report["publish_publish_all/nats-py"] = round(ns["publish_ns@publish_all"] / ns["publish_ns@nats-py"], 3)
+    for case in ("firing_id", "due_event") if args.against else ():
+        report[f"{case}_this/{args.against}"] = round(
+            ns[f"{case}_ns@this"] / ns[f"{case}_ns@{args.against}"], 3
         )
-    }
-    if args.against:
-        for case in ("firing_id", "due_event"):
-            ratios[f"{case}_this/{args.against}"] = round(
-                result[f"{case}_ns@this"] / result[f"{case}_ns@{args.against}"], 3
-            )
-    report |= ratios
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(
-            f"{PROG}: best of {args.repeat} rounds of {args.calls:,} calls; "
-            f"cpu loop {report['cpu_loop_ms'][0]:.0f} ms before, {report['cpu_loop_ms'][1]:.0f} ms after"
-        )
-        for k, v in result.items():
-            print(f"  {k}: {v:,.0f} ns per call")
-        for k, v in ratios.items():
-            print(f"  {k}: {v:.2f}")
+    print(json.dumps(report, indent=2) if args.json else lines(report))
     return 0
 
 

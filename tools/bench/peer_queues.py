@@ -1,5 +1,4 @@
-"""graphile-worker and pgqueuer beside this service (peers.py): installed into a throwaway
-directory, run as worker processes whose no-op handlers append their receipts to files."""
+"""graphile-worker and pgqueuer (peers.py): installed apart, workers appending receipts to files."""
 
 from __future__ import annotations
 
@@ -100,12 +99,9 @@ class _PeerOnPostgres:
     def __init__(self, shared: Shared) -> None:
         self.shared = shared
 
-    def install(self, db_url: str) -> None:
-        raise NotImplementedError
+    def install(self, db_url: str) -> None: ...
 
-    def add_jobs(self, db_url: str, rows: int, every: int, start_s: float, rate: float) -> None:
-        """The peer's own insert of `rows` jobs (an AddJobs)."""
-        raise NotImplementedError
+    def add_jobs(self, db_url: str, rows: int, every: int, start_s: float, rate: float) -> None: ...
 
     def worker_argv(self, out: Path) -> list[str]:
         raise NotImplementedError

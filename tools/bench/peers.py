@@ -1,14 +1,10 @@
-"""`make bench-peers`: this service beside graphile-worker, pgqueuer and NATS message schedules.
-
-The same workloads for each on one embedded Postgres and NATS (docs/BENCHMARKS.md, "Side by
-side"): a drain of N overdue jobs on each table shape of shapes.py, the workers started after the
-insert; and lateness, R due a second for S seconds, the workers already running.
-"""
+"""`make bench-peers`: this service beside graphile-worker, pgqueuer and NATS message schedules."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import re
 import statistics
@@ -22,7 +18,7 @@ from typing import Any
 
 from tools.bench.peer_queues import WORKERS, GraphileWorker, PgQueuer, install_peers
 from tools.bench.peer_systems import Measured, NatsSchedules, Ours, Receipt, System, shared_servers
-from tools.bench.report import calibrate, describe, fmt, invocation, machine, parser, progress_to_stderr
+from tools.bench.report import calibrate, describe, fmt, invocation, machine, parser, say
 from tools.bench.rig import admin
 from tools.bench.shapes import FULL_BIG, SHAPES
 from worker.devkit.harness import percentile
@@ -161,7 +157,7 @@ def _one(system: System, args: argparse.Namespace, progress: Callable[[str], Non
 
 
 def run_peers(args: argparse.Namespace, command: str) -> dict[str, Any]:
-    progress = progress_to_stderr("peers")
+    progress = functools.partial(say, "peers")
     chosen = args.systems or list(SYSTEMS)
     with tempfile.TemporaryDirectory(prefix="timer-peers-") as tmp:
         # --tools resolved: the peers' installs run with their own directory as the cwd
@@ -204,17 +200,13 @@ def run_peers(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(PROG, __doc__)
+    p = parser(PROG, __doc__, {}, json_=False)
     p.add_argument("--runs", type=int, default=3, help="runs of each workload per system (default 3)")
     p.add_argument("--drain", type=int, default=50_000, help="overdue jobs in the drain (default 50,000)")
     p.add_argument("--rate", type=int, default=500, help="jobs due per second in lateness (default 500)")
     p.add_argument("--seconds", type=float, default=20, help="how long they come due (default 20; 0: none)")
-    p.add_argument(
-        "--shapes", nargs="+", choices=SHAPES, default=list(SHAPES), help="drains' tables (default all)"
-    )
-    p.add_argument(
-        "--big", type=int, default=FULL_BIG, help=f"future jobs in the big table (default {FULL_BIG:,})"
-    )
+    p.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES), help="drains' tables")
+    p.add_argument("--big", type=int, default=FULL_BIG, help=f"future jobs in the big table ({FULL_BIG:,})")
     p.add_argument("--replicas", type=int, default=WORKERS, help=f"replicas of ours (default {WORKERS})")
     p.add_argument("--systems", nargs="*", choices=SYSTEMS, help="a subset (default all)")
     p.add_argument("--tools", type=Path, help="keep the peers' installs here and reuse them")
@@ -224,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a Postgres setting for the run, e.g. wal_compression=pglz (repeatable)",
+        help="a Postgres setting, repeatable",
     )
     p.add_argument("--json", action="store_true", help="print every run's figures as JSON")
     given = sys.argv[1:] if argv is None else argv

@@ -1,6 +1,4 @@
-"""What every report of tools/bench carries: the command as typed, the machine and its yardstick
-(a CPU loop and an fsync probe, before and after: figures move between hosts and moments), the
-servers it ran on, and the way it is printed."""
+"""What every report carries (command, machine, calibration), its printing, and the tools' options."""
 
 from __future__ import annotations
 
@@ -44,8 +42,8 @@ def cpu_loop_ms(n: int = CPU_LOOP_N, runs: int = 5) -> float:
     return statistics.median(times)
 
 
-def fsync_ms(directory: Path, writes: int = 50) -> tuple[float, float]:
-    """Median and 90th percentile of (write 4 KiB at the file's end + fsync) in `directory`, in ms."""
+def calibrate(directory: Path, writes: int = 50) -> dict[str, Any]:
+    """The machine's yardstick now: the loop, and 4 KiB write + fsync in `directory` (p50, p90)."""
     block, times = os.urandom(4096), []
     fd, path = tempfile.mkstemp(prefix="fsync-probe-", dir=directory)
     try:
@@ -58,24 +56,17 @@ def fsync_ms(directory: Path, writes: int = 50) -> tuple[float, float]:
         os.close(fd)
         os.unlink(path)
     times.sort()
-    return statistics.median(times), times[int(0.9 * (len(times) - 1))]
-
-
-def calibrate(directory: Path) -> dict[str, Any]:
-    """The machine's yardstick now; `directory` on the disk the servers write to."""
-    median, p90 = fsync_ms(directory)
     return {
         "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "cpu_loop_ms": round(cpu_loop_ms(), 1),
-        "fsync_4k_ms_p50": round(median, 3),
-        "fsync_4k_ms_p90": round(p90, 3),
+        "fsync_4k_ms_p50": round(statistics.median(times), 3),
+        "fsync_4k_ms_p90": round(times[int(0.9 * (len(times) - 1))], 3),
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
 
 
 def probe(every_s: float = 1.0, n: int = CPU_LOOP_N // 10) -> None:
-    """A tenth of the loop once every `every_s` until killed, a line `epoch ms` each: in a process
-    of its own (soak.py), or it would stall the consumer whose receive times it measures."""
+    """A tenth of the loop every `every_s` until killed, a line `epoch ms` each (the soak's child)."""
     while True:
         started = time.perf_counter()
         _cpu_loop(n)
@@ -92,7 +83,6 @@ def describe(cal: dict[str, Any]) -> str:
 
 
 def machine() -> dict[str, Any]:
-    """What the results were measured on."""
     info: dict[str, Any] = {"cpus": os.cpu_count()}
     try:
         cpu = next(
@@ -107,8 +97,7 @@ def machine() -> dict[str, Any]:
 
 
 def invocation(prog: str, module_prog: str, make_target: str, argv: list[str]) -> str:
-    """The command as it was typed (`make <target> ARGS=...` when make ran the module), after the
-    TIMER_* settings the replicas inherit: another configuration, and the report says so."""
+    """The command as typed (`make <target> ARGS=...` under make), after the TIMER_* settings."""
     given = shlex.join(argv)
     settings = " ".join(
         f"{k}={shlex.quote(v)}"
@@ -134,30 +123,43 @@ def medians(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
-def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n\n")[0])
+def lines(report: dict[str, Any]) -> str:
+    return "\n".join(f"{k}: {v}" for k, v in report.items())
 
 
-def positive(prog: str, args: argparse.Namespace, *flags: str) -> bool:
-    """Whether every one of these flags is at least 1; if not, says so in one line."""
-    if min(getattr(args, f.lstrip("-").replace("-", "_")) for f in flags) >= 1:
-        return True
+def say(tag: str, msg: str) -> None:
+    print(f"[{tag}] {msg}", file=sys.stderr, flush=True)
+
+
+class Parser(argparse.ArgumentParser):
+    counts: list[str]
+
+
+def parser(prog: str, doc: str | None, counts: dict[str, tuple[int, str]], json_: bool = True) -> Parser:
+    """A tool's parser: `counts` are --NAME whole numbers of at least 1 (default, help)."""
+    p = Parser(prog=prog, description=(doc or "").split("\n")[0])
+    for name, (default, text) in counts.items():
+        p.add_argument(f"--{name}", type=int, default=default, help=f"{text} (default {default:,})")
+    if json_:
+        p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.counts = list(counts)
+    return p
+
+
+def parse(p: Parser, argv: list[str] | None) -> argparse.Namespace | None:
+    """The arguments; None when a count is under 1, said in one line."""
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if not p.counts or min(getattr(args, c) for c in p.counts) >= 1:
+        return args
+    flags = [f"--{c}" for c in p.counts]
     names = ", ".join(flags[:-1]) + f" and {flags[-1]}" if len(flags) > 1 else flags[0]
-    print(f"{prog}: {names} must be at least 1", file=sys.stderr)
-    return False
-
-
-def progress_to_stderr(tag: str) -> Callable[[str], None]:
-    def progress(msg: str) -> None:
-        print(f"[{tag}] {msg}", file=sys.stderr, flush=True)
-
-    return progress
+    print(f"{p.prog}: {names} must be at least 1", file=sys.stderr)
+    return None
 
 
 @contextmanager
 def servers(prefix: str, sync_always: bool = False) -> Iterator[tuple[str, str, Path]]:
-    """The embedded servers in a throwaway directory (or TIMER_DATABASE_URL and TIMER_NATS_URL):
-    (database URL, NATS URL, the directory)."""
+    """(database URL, NATS URL, a throwaway directory): embedded, or TIMER_DATABASE_URL/NATS_URL."""
     from worker.devkit.dev import servers as dev_servers  # not loaded for a bench that needs none
 
     with (
@@ -168,60 +170,60 @@ def servers(prefix: str, sync_always: bool = False) -> Iterator[tuple[str, str, 
 
 
 def on_servers(
-    prog: str,
-    argv: list[str] | None,
-    run: Callable[[str, str, Path], Coroutine[Any, Any, dict[str, Any]]],
-    as_json: bool,
+    p: Parser, argv: list[str] | None, args: argparse.Namespace, run: Callable[..., Coroutine[Any, Any, Any]]
 ) -> dict[str, Any] | int:
-    """`run(db_url, nats_url, workdir)` on the servers between two calibrations: its report, whose
-    head is printed for a table to follow; or the exit status, 0 (printed as JSON) or 2 (no servers)."""
+    """`run(db_url, nats_url, workdir)` between two calibrations: its report, its head printed
+    (a table follows); or the exit status, 0 (printed as JSON) or 2 (no servers)."""
     from worker.errors import ConfigError
     from worker.logs import redact
 
     try:
-        with servers(prog.rsplit(".", 1)[-1]) as (db_url, nats_url, tmp):
+        with servers(p.prog.rsplit(".", 1)[-1]) as (db_url, nats_url, tmp):
             calibration = [calibrate(tmp)]
             result = asyncio.run(run(db_url, nats_url, tmp))
             calibration.append(calibrate(tmp))
     except ConfigError as exc:
-        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
+        print(f"{p.prog}: {redact(str(exc))}", file=sys.stderr)
         return 2
-    command = " ".join([prog, *(argv if argv is not None else sys.argv[1:])])
-    report = {"command": command, "calibration": calibration} | result
-    if as_json:
+    command = " ".join([p.prog, *(argv if argv is not None else sys.argv[1:])])
+    report: dict[str, Any] = {"command": command, "calibration": calibration} | result
+    if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(report["command"])
-    for c in report["calibration"]:
-        print(describe(c))
+    print("\n".join([command, *map(describe, calibration)]))
     return report
 
 
 def around_loop(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """`measure()`'s figures with the CPU loop before and after and the load average: the head of
-    the one-process benchmarks' reports."""
+    """`measure()`'s figures between two CPU loops, and the load average."""
     before = cpu_loop_ms()
     result = measure()
-    return {"cpu_loop_ms": [before, cpu_loop_ms()], **result, "load_average": _load()}
+    return {
+        "cpu_loop_ms": [before, cpu_loop_ms()],
+        **result,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def source_at(rev: str, path: str) -> str:
-    """`path` as it was at a git revision of this checkout; ValueError when it was not there."""
+def module_at(rev: str, path: str, name: str) -> types.ModuleType:
+    """`path` at a git revision of this checkout as module `name`; ValueError when not there."""
     try:
         shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
     except FileNotFoundError:
         raise ValueError("--against needs git and a clone of the repository") from None
     if shown.returncode != 0:
         raise ValueError(f"no {path} at {rev!r}: {shown.stderr.strip()}")
-    return shown.stdout
-
-
-def module_of(source: str, origin: str, name: str) -> types.ModuleType:
     module = types.ModuleType(name)
     sys.modules[name] = module  # dataclasses look their module up while the classes are made
-    exec(compile(source, origin, "exec"), module.__dict__)
+    exec(compile(shown.stdout, f"{rev}:{path}", "exec"), module.__dict__)
     return module
+
+
+def table_of(rows: dict[str, dict[str, Any]]) -> str:
+    """A Markdown table: a row per key, a column per key of the first row's dict."""
+    keys = list(next(iter(rows.values()), {}))
+    lines = ["| | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for name, row in rows.items():
+        cells = (fmt(v) if isinstance(v, float) else str(v) for v in (row.get(k, float("nan")) for k in keys))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,5 +1,4 @@
-"""One run's world: a fresh database and streams on shared servers, replicas as processes, and the
-measures the scenarios share (what a run is given, its CPU from /proc, lateness)."""
+"""One run's world: a fresh database and streams, replicas as processes, and the shared measures."""
 
 from __future__ import annotations
 
@@ -57,11 +56,6 @@ class StreamState:
     @property
     def span_s(self) -> float:
         return self.last_ts - self.first_ts
-
-
-def _rfc3339(ts: str) -> float:
-    head, _, frac = ts.rstrip("Z").partition(".")  # nanoseconds: Python parses microseconds at most
-    return datetime.fromisoformat(head + "+00:00").timestamp() + float("0." + (frac or "0"))
 
 
 class Rig:
@@ -124,8 +118,7 @@ class Rig:
     async def seed(
         self, n: int, *, start_s: float, rate: float, key_prefix: str, tenant: str = "t", tenants: int = 10
     ) -> None:
-        """n Scheduled timers straight into the table, due from now()+start_s at `rate` a second,
-        then VACUUM ANALYZE, as autovacuum would leave timers scheduled long ago."""
+        """n Scheduled timers due from now()+start_s at `rate` a second, then VACUUM ANALYZE."""
         params = {"n": n, "start_s": start_s, "rate": rate, "prefix": key_prefix}
         async with await psycopg.AsyncConnection.connect(self.db_url, autocommit=True) as conn:
             await conn.execute(SEED_SQL, params | {"tenant": tenant, "tenants": tenants})
@@ -156,9 +149,6 @@ class Rig:
             await asyncio.sleep(0.1)
         raise RuntimeError(f"replicas did not come up; logs in {self.workdir}")
 
-    def pids(self) -> list[int]:
-        return [self.fleet.procs[name].pid for name in self.fleet.alive()]
-
     def rss_mb(self) -> dict[str, float]:
         """Resident memory of each live replica, from /proc."""
         out: dict[str, float] = {}
@@ -171,7 +161,7 @@ class Rig:
 
     def cpu_s(self) -> float:
         """CPU seconds the live replicas used so far: steadier than rates."""
-        return tree_cpu_s(self.pids())
+        return tree_cpu_s([self.fleet.procs[name].pid for name in self.fleet.alive()])
 
     def recorder(self, tenant: str = "*", durable: str | None = None) -> EventRecorder:
         """Every event as stored (an ordered consumer); with `durable`, as a user's consumer gets them."""
@@ -183,7 +173,8 @@ class Rig:
         """Messages in the event stream and the times of the first and last (nats-py drops those)."""
         reply = await self.nc_.request(f"$JS.API.STREAM.INFO.{self.names['event_stream']}", b"", timeout=5)
         state = json.loads(reply.data)["state"]
-        return StreamState(state["messages"], _rfc3339(state["first_ts"]), _rfc3339(state["last_ts"]))
+        first, last = (state[k].rstrip("Z").partition(".") for k in ("first_ts", "last_ts"))  # in ns
+        return StreamState(state["messages"], *(_epoch(head, frac) for head, _, frac in (first, last)))
 
     async def scalar(self, sql: str, *params: Any) -> Any:
         row = await (await self.db_.execute(sql, params or None)).fetchone()
@@ -205,6 +196,10 @@ class Rig:
     def db_(self) -> psycopg.AsyncConnection[Any]:
         assert self.db is not None, "use the rig inside `async with`"
         return self.db
+
+
+def _epoch(head: str, frac: str) -> float:  # Python parses microseconds at most
+    return datetime.fromisoformat(head + "+00:00").timestamp() + float("0." + (frac or "0"))
 
 
 def admin(url: str, *statements: str) -> Any:
@@ -240,8 +235,7 @@ class Context:
 
 
 async def python_child(call: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
-    """`call`, Python importing tools/bench, in a process of its own (stdout a pipe): what the
-    bench's interpreter would stall and so falsify the timings of."""
+    """`call` in a Python process of its own (stdout a pipe): what the bench would stall, it does not."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return await asyncio.create_subprocess_exec(
         sys.executable, "-c", call, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE
@@ -290,9 +284,7 @@ def postgres_cpu_s(backend_pid: int) -> float:
 
 
 def lateness_ms(events: list[Firing], prefix: str) -> Metrics:
-    """Percentiles of receive time minus dueAt of each first receipt of a key with this prefix;
-    reachedAt (the replica's database-clock publish time) splits it into the replica's part and
-    the hop (the publish, the delivery and the replica's clock estimate, never ahead)."""
+    """Percentiles of receive time minus dueAt of each key's first receipt, split at reachedAt."""
     first: dict[str, Firing] = {}
     for e in events:
         if e.service_call_id.startswith(prefix):
@@ -300,16 +292,12 @@ def lateness_ms(events: list[Firing], prefix: str) -> Metrics:
     late = [(e.received_at - e.due_at) * 1000 for e in first.values()]
     reached = [(e.reached_at - e.due_at) * 1000 for e in first.values()]
     hop = [(e.received_at - e.reached_at) * 1000 for e in first.values()]
-    return {
-        "reached_p50_ms": percentile(reached, 50),
-        "reached_p99_ms": percentile(reached, 99),
-        "hop_p50_ms": percentile(hop, 50),
-        "hop_p99_ms": percentile(hop, 99),
-        "lateness_p50_ms": percentile(late, 50),
-        "lateness_p99_ms": percentile(late, 99),
-        "lateness_max_ms": max(late, default=float("nan")),
-        "early": sum(1 for x in late if x < 0),
+    out = {
+        f"{name}_p{p}_ms": percentile(xs, p)
+        for name, xs in (("reached", reached), ("hop", hop), ("lateness", late))
+        for p in (50, 99)
     }
+    return out | {"lateness_max_ms": max(late, default=float("nan")), "early": sum(1 for x in late if x < 0)}
 
 
 async def until_fired(rig: Rig, n: int, timeout: float, progress: Progress, rss: list[float]) -> None:
@@ -339,11 +327,6 @@ async def until_marked(rig: Rig, key_prefix: str, timeout: float = 60) -> int:
 
 def schedule_command(prefix: str, tenant: str, key: str, due: datetime) -> tuple[str, bytes]:
     payload = {"tenantId": tenant, "serviceCallId": key, "dueAt": due.isoformat().replace("+00:00", "Z")}
-    body = {
-        "id": str(uuid.uuid4()),
-        "type": "ScheduleTimer",
-        "tenantId": tenant,
-        "timestampMs": time.time_ns() // 1_000_000,
-        "payload": payload,
-    }
+    body: dict[str, Any] = {"id": str(uuid.uuid4()), "type": "ScheduleTimer", "tenantId": tenant}
+    body |= {"timestampMs": time.time_ns() // 1_000_000, "payload": payload}
     return f"{prefix}.{tenant}.timer.schedule", json.dumps(body).encode()

@@ -4,7 +4,6 @@ consumer's receive time minus dueAt (this machine's clock, the database's machin
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -12,17 +11,23 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from nats.js import api
-
 from tools.bench.burst import burst, burst_window
 from tools.bench.intake_scale import intake_quota, intake_tenants
 from tools.bench.producer import producer
-from tools.bench.rig import Context, Metrics, Rig, lateness_ms, schedule_command, until_fired, until_marked
+from tools.bench.rig import (
+    BACKEND_PID_SQL,
+    Context,
+    Metrics,
+    Rig,
+    lateness_ms,
+    postgres_cpu_s,
+    schedule_command,
+    until_fired,
+    until_marked,
+)
 from tools.bench.shapes import drain_shapes
 from tools.bench.soak import soak
 from tools.bench.steady import steady
-from worker.adapters.jetstream.streams import consumer_config
-from worker.contract import Subjects
 
 
 async def drain(ctx: Context) -> Metrics:
@@ -53,10 +58,9 @@ async def drain(ctx: Context) -> Metrics:
         }
 
 
-async def _lateness(ctx: Context, rate: int, pending: int = 1_000_000, duration: float = 60) -> Metrics:
-    """`rate` timers come due per second for a while, with a large number of future timers pending."""
-    pending = ctx.n(pending)
-    duration = ctx.seconds(duration, floor=20)
+async def _lateness(ctx: Context, rate: int) -> Metrics:
+    """`rate` timers come due per second for 60 s, 1,000,000 future timers pending."""
+    pending, duration = ctx.n(1_000_000), ctx.seconds(60, floor=20)
     n = int(rate * duration)
     async with ctx.rig() as rig:
         ctx.progress(f"seeding {pending:,} future timers")
@@ -91,44 +95,10 @@ async def lateness_5k(ctx: Context) -> Metrics:
     return await _lateness(ctx, 5000)
 
 
-SWEEP_RATES = (250, 500, 1000, 2000, 5000, 10_000)
-
-
-async def sweep(ctx: Context) -> Metrics:
-    """Lateness percentiles against load (docs/lateness.png): 20 s at each rate, 100,000 pending."""
-    out: Metrics = {}
-    for rate in SWEEP_RATES:
-        ctx.progress(f"{rate:,} due/s")
-        m = await _lateness(ctx, rate, pending=100_000, duration=20)
-        out |= {
-            f"{k}@{rate}": m[k] for k in ("lateness_p50_ms", "lateness_p99_ms", "lateness_max_ms", "lost")
-        }
-    return out
-
-
 async def intake(ctx: Context) -> Metrics:
     """Commands already waiting in the stream (one in ten a duplicate): committed and acknowledged."""
-    return await _intake(ctx, work_queue=False)
-
-
-async def intake_work_queue(ctx: Context) -> Metrics:
-    """`intake` on a work-queue command stream (releases before limits retention): an A/B's A."""
-    return await _intake(ctx, work_queue=True)
-
-
-async def _intake(ctx: Context, work_queue: bool) -> Metrics:
     unique = ctx.n(200_000)
     async with ctx.rig() as rig:
-        if work_queue:
-            jsm = rig.nc_.jetstream()
-            name = rig.names["command_stream"]
-            config = (await jsm.stream_info(name)).config
-            await jsm.delete_stream(name)
-            await jsm.add_stream(dataclasses.replace(config, retention=api.RetentionPolicy.WORK_QUEUE))
-            await jsm.add_consumer(
-                name,
-                consumer_config(rig.settings, Subjects(rig.settings.subject_prefix), config.subjects or []),
-            )
         prefix = rig.names["subject_prefix"]
         due = datetime.now(UTC) + timedelta(days=1)
         bodies = [schedule_command(prefix, f"t{i % 10}", f"i-{i}", due) for i in range(unique)]
@@ -277,6 +247,66 @@ async def idle(ctx: Context) -> Metrics:
         }
 
 
+# pg_stat_io's counters and the table's sizes: what `capacity` reads around each phase.
+IO_SQL = """
+SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint,
+       coalesce(sum(writes) FILTER (WHERE object = 'wal'), 0)::bigint,
+       coalesce(sum(fsyncs) FILTER (WHERE object = 'wal'), 0)::bigint,
+       coalesce(sum(writes) FILTER (WHERE object <> 'wal'), 0)::bigint,
+       coalesce(sum(fsyncs) FILTER (WHERE object <> 'wal'), 0)::bigint
+FROM pg_stat_io
+"""
+SIZES_SQL = """
+SELECT CASE WHEN c.relname LIKE 'pg_toast%%' THEN 'toast' ELSE c.relname END, pg_relation_size(c.oid)
+FROM pg_class c WHERE c.relname IN ('timers', 'timers_pkey', 'timers_due', 'timers_finished')
+   OR c.oid = (SELECT reltoastrelid FROM pg_class WHERE relname = 'timers')
+"""
+
+
+async def capacity(ctx: Context) -> Metrics:
+    """What Postgres spends per stored, fired and vacuumed timer (docs/OPERATIONS.md's model)."""
+    n = ctx.n(100_000)
+    async with ctx.rig() as rig:
+        pid = int(await rig.scalar(BACKEND_PID_SQL))
+
+        async def counters() -> list[float]:  # after a CHECKPOINT and the backends' stats flush
+            await rig.db_.execute("CHECKPOINT")
+            await asyncio.sleep(1.5)
+            await rig.db_.execute("SELECT pg_stat_clear_snapshot()")
+            return [*map(float, (await (await rig.db_.execute(IO_SQL)).fetchall())[0]), postgres_cpu_s(pid)]
+
+        async def phase(name: str, work: Coroutine[Any, Any, Any]) -> Metrics:
+            before, started = await counters(), time.monotonic()
+            await work
+            took, after = time.monotonic() - started, await counters()
+            names = ("wal_bytes", "wal_writes", "wal_fsyncs", "data_writes", "data_fsyncs", "cpu_ms")
+            per = {f"{name}_{k}": (a - b) / n for k, a, b in zip(names, after, before, strict=True)}
+            return per | {f"{name}_cpu_ms": per[f"{name}_cpu_ms"] * 1000, f"{name}_per_s": n / took}
+
+        due = datetime.now(UTC) + timedelta(days=1)
+        prefix = rig.names["subject_prefix"]
+        await rig.publish_commands(schedule_command(prefix, f"t{i % 10}", f"i-{i}", due) for i in range(n))
+        rig.start_replicas(ctx.replicas)
+        m = await phase("intake", _until(rig, "SELECT count(*) >= %s FROM timers", n))
+        await rig.db_.execute("VACUUM ANALYZE timers")
+        m |= {f"{name}_bytes": size / n for name, size in await (await rig.db_.execute(SIZES_SQL)).fetchall()}
+        await rig.seed(n, start_s=-3660, rate=n / 3600, key_prefix="d-")
+        m |= await phase("fire", _until(rig, "SELECT NOT EXISTS (" + DUE_LEFT_SQL + ")"))
+        # the VACUUM after the drain: what autovacuum left, the rest is in the phases
+        return {"timers": n} | m | await phase("vacuum", rig.db_.execute("VACUUM timers"))
+
+
+DUE_LEFT_SQL = "SELECT FROM timers WHERE state = 'Scheduled' AND due_at < now()"
+
+
+async def _until(rig: Rig, sql: str, *params: Any, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not await rig.scalar(sql, *params):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not done in {timeout:.0f}s: {sql}")
+        await asyncio.sleep(0.2)
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -297,7 +327,6 @@ SCENARIOS = {
         ),
         Scenario("lateness-5k", lateness_5k, (("lateness_p99_ms", "<=", 250),)),
         Scenario("intake", intake, (("commands_per_s", ">=", 20_000),)),
-        Scenario("intake-workqueue", intake_work_queue, ()),  # on request: the A/B's old stream
         Scenario("intake-quota", intake_quota, (("quota_on_over_off", ">=", 0.9),)),
         Scenario("intake-tenants", intake_tenants, (("many_over_few", ">=", 0.8),)),
         Scenario("producer", producer, (("commands_per_s", ">=", 40_000),)),
@@ -312,7 +341,7 @@ SCENARIOS = {
             (("max_window_p99_ms", "<=", 50), ("lost", "<=", 0), ("cancelled_fired", "<=", 0)),
             on_request=True,
         ),
-        Scenario("sweep", sweep, ()),
+        Scenario("capacity", capacity, ()),
         Scenario("burst", burst, (("early", "<=", 0), ("lost", "<=", 0)), on_request=True),
         Scenario("burst-window", burst_window, (("early", "<=", 0), ("lost", "<=", 0)), on_request=True),
     )

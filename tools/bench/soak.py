@@ -1,10 +1,4 @@
-"""`soak`: a long steady run on a realistic table, in windows of 30 s (docs/BENCHMARKS.md).
-
-Producers schedule 500 timers a second (`--soak-rate`), each due 10 to 130 s later, and cancel a
-tenth as many, for 15 minutes beside 5,000,000 pending timers, retention deleting as fast as
-timers finish; a consumer in a process of its own (receiver.py) takes the receive times. Once a
-second a sampler reads what could slow a window (soak_report.py sets it beside the lateness).
-"""
+"""`soak`: a long steady load of schedules and cancels beside a realistic table, in windows."""
 
 from __future__ import annotations
 
@@ -63,8 +57,7 @@ WHERE c.oid = 'timers'::regclass AND o.option_name = 'autovacuum_vacuum_cost_del
 
 @dataclass
 class Load:
-    """What the producers sent and JetStream accepted, kept as it changes (a set difference of the
-    whole run at its end would stall the producers and the sampler)."""
+    """What the producers sent and JetStream accepted, kept as it changes (not at the end: a stall)."""
 
     rate: int = RATE
     due: dict[str, float] = field(default_factory=dict)
@@ -77,8 +70,7 @@ class Load:
     async def run(
         self, client: TimerClient, seconds: float, lead: tuple[float, float], margin: float
     ) -> None:
-        """`rate` schedules and a tenth as many cancels a second, sent every TICK_S (a slow send
-        is caught up at the next tick)."""
+        """`rate` schedules and a tenth as many cancels a second, sent every TICK_S."""
         started = time.monotonic()
         recent: deque[str] = deque(maxlen=self.rate * 2)  # the last two seconds' keys
         scheduled = cancels = 0
@@ -166,30 +158,12 @@ class Sampler:
             await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
 
 
-class CpuProbe:
-    """report.probe in its own process: (epoch, loop ms) once a second."""
-
-    def __init__(self) -> None:
-        self.runs: list[tuple[float, float]] = []
-        self.proc: asyncio.subprocess.Process | None = None
-        self._reading: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self.proc = await python_child("from tools.bench.report import probe; probe()")
-        self._reading = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        async for line in self.proc.stdout:
-            at, ms = line.split()
-            self.runs.append((float(at), float(ms)))
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
-        if self._reading is not None:
-            await self._reading
+async def _read_probe(proc: asyncio.subprocess.Process, runs: list[tuple[float, float]]) -> None:
+    """report.probe's lines, (epoch, loop ms) once a second, until its process ends."""
+    assert proc.stdout is not None
+    async for line in proc.stdout:
+        at, ms = line.split()
+        runs.append((float(at), float(ms)))
 
 
 async def soak(ctx: Context) -> Metrics:
@@ -214,8 +188,9 @@ async def soak(ctx: Context) -> Metrics:
             sampler = Sampler(
                 rig, pid, CHECKPOINTS_SQL if version >= 170000 else CHECKPOINTS_SQL_16, receipts
             )
-            probe = CpuProbe()
-            await probe.start()
+            probe = await python_child("from tools.bench.report import probe; probe()")
+            runs: list[tuple[float, float]] = []
+            reading = asyncio.create_task(_read_probe(probe, runs))
             stop = asyncio.Event()
             sampling = asyncio.create_task(sampler.run(stop))
             client = await TimerClient.connect(ctx.nats_url, rig.names["subject_prefix"])
@@ -233,7 +208,10 @@ async def soak(ctx: Context) -> Metrics:
             finally:
                 stop.set()
                 await sampling
-                await probe.stop()
+                if probe.returncode is None:
+                    probe.kill()
+                await probe.wait()
+                await reading
                 await receiver.stop()
             receipts.absorb()  # what it wrote before it was stopped
     got = receipts.first.keys()
@@ -246,15 +224,14 @@ async def soak(ctx: Context) -> Metrics:
         "lost": len(load.expected - got),
         "cancelled_fired": len(got & load.cancelled),
         "send_errors": len(load.unsure),
-        **summary(sampler.samples, probe.runs, receipts.first, start, width, duration, ctx.progress),
+        **summary(sampler.samples, runs, receipts.first, start, width, duration, ctx.progress),
         "vacuum_cost_delay_ms": vacuum_cost_delay,
         "rate": load.rate,
     }
 
 
 async def _vacuum_cost_delay(rig: Rig, ms: float | None, progress: Progress) -> float:
-    """Sets `timers`' autovacuum_vacuum_cost_delay to `ms` (None: the migrations' own); what the
-    table holds then (nan: none of its own)."""
+    """Sets `timers`' autovacuum_vacuum_cost_delay to `ms` (None: as it is); what it holds then."""
     if ms is not None:
         await rig.db_.execute(sql.SQL(SET_VACUUM_COST_DELAY_SQL).format(sql.Literal(str(ms))))
     held = await rig.scalar(VACUUM_COST_DELAY_SQL)

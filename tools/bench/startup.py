@@ -1,9 +1,4 @@
-"""How long a replica takes from its process start to its first firing, over many runs.
-
-Each run starts `--replicas` replicas at once on a migrated database with one timer overdue, and
-times from the start to `replica_started` in the first one's log and to the first event stored,
-with their CPU by then; `--connect` times Replica.connect alone, in this process.
-"""
+"""How long a replica takes from its process start to its first firing, over many runs."""
 
 from __future__ import annotations
 
@@ -18,11 +13,13 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from tools.bench.report import brief, medians, parser
+from tools.bench.report import brief, medians, parser, say
 from tools.bench.rig import Rig
 
 
-async def _one(rig: Rig, run: int, replicas: int, timeout: float) -> dict[str, float]:
+async def _one(rig: Rig, run: int, replicas: int, timeout: float = 60) -> dict[str, float]:
+    """`replicas` started on one overdue timer: to `replica_started` in the first one's log, to the
+    first event stored, and their CPU by then."""
     before = (await rig.events_state()).messages
     await rig.seed(1, start_s=-60, rate=1, key_prefix=f"s{run}-")
     started_at = time.time()
@@ -35,7 +32,9 @@ async def _one(rig: Rig, run: int, replicas: int, timeout: float) -> dict[str, f
     cpu = rig.cpu_s()  # up to a poll after the first firing: the start-up's CPU, a little idling
     await asyncio.to_thread(rig.fleet.terminate_all)
     # one stopped before it started (another fired first) logged no replica_started
-    up = min((_logged(rig.workdir / f"{name}.log", "replica_started") for name in names), key=_nan_last)
+    up = min(
+        (_logged(rig.workdir / f"{name}.log") for name in names), key=lambda x: math.inf if x != x else x
+    )
     return {"started_s": up - started_at, "first_fire_s": state.last_ts - started_at, "cpu_s": cpu}
 
 
@@ -53,37 +52,16 @@ async def _connect(rig: Rig) -> dict[str, float]:
         await replica.pool.close()
 
 
-def _nan_last(x: float) -> float:
-    return float("inf") if math.isnan(x) else x
-
-
-def _logged(path: Path, action: str) -> float:
-    """The time of the replica's first log line with this action (JSON, millisecond resolution)."""
+def _logged(path: Path) -> float:
+    """The time of the replica's `replica_started` log line (JSON, millisecond resolution)."""
     for line in path.read_text().splitlines():
-        if line.startswith("{") and (rec := json.loads(line)).get("action") == action:
+        if line.startswith("{") and (rec := json.loads(line)).get("action") == "replica_started":
             return datetime.fromisoformat(rec["ts"].replace("Z", "+00:00")).timestamp()
     return float("nan")
 
 
-async def _runs(
-    db_url: str,
-    nats_url: str,
-    workdir: Path,
-    runs: int,
-    replicas: int,
-    byte_compile: bool,
-    connect_only: bool,
-) -> list[dict[str, float]]:
-    out = []
-    async with Rig(db_url, nats_url, workdir, byte_compile=byte_compile, log_level="INFO") as rig:
-        for i in range(runs):
-            out.append(await (_connect(rig) if connect_only else _one(rig, i, replicas, timeout=60)))
-            print(f"[startup {i + 1}/{runs}] {brief(out[-1], '{:.3f}'.format)}", file=sys.stderr, flush=True)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = parser("python -m tools.bench.startup", __doc__)
+    p = parser("python -m tools.bench.startup", __doc__, {})
     p.add_argument("--runs", type=int, default=15, help="replica starts (default 15)")
     p.add_argument("--replicas", type=int, default=1, help="replicas started together (default 1)")
     p.add_argument("--keep", type=Path, help="keep the servers' data and the replicas' logs here")
@@ -91,16 +69,20 @@ def main(argv: list[str] | None = None) -> int:
         "--source", action="store_true", help="no byte-compiling first: replicas compile as they start"
     )
     p.add_argument("--connect", action="store_true", help="time only Replica.connect, in this process")
-    p.add_argument("--json", action="store_true", help="print every run and the medians as JSON")
     args = p.parse_args(argv)
     from worker.devkit.dev import servers  # embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
 
+    async def runs(db: str, nats: str, workdir: Path) -> list[dict[str, float]]:
+        out = []
+        async with Rig(db, nats, workdir, byte_compile=not args.source, log_level="INFO") as rig:
+            for i in range(args.runs):
+                out.append(await (_connect(rig) if args.connect else _one(rig, i, args.replicas)))
+                say(f"startup {i + 1}/{args.runs}", brief(out[-1], "{:.3f}".format))
+        return out
+
     with contextlib.ExitStack() as stack:
         workdir = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="timer-startup-")))
-        db, nats = stack.enter_context(servers(workdir, sync_always=False))
-        results = asyncio.run(
-            _runs(db, nats, workdir, args.runs, args.replicas, not args.source, args.connect)
-        )
+        results = asyncio.run(runs(*stack.enter_context(servers(workdir, sync_always=False)), workdir))
     if args.json:
         print(json.dumps({"runs": results, "median": medians(results)}, indent=2))
         return 0

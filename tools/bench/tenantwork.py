@@ -1,6 +1,4 @@
-"""The CPU one accepted command can make a replica spend, for the costliest schedules a tenant may
-choose: checking it at intake, and its next occurrence when it fires decades overdue (how long one
-row holds the event loop at most); the best of several rounds."""
+"""The CPU one accepted command can make a replica spend, for the costliest schedules a tenant may choose."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ import timeit
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tools.bench.report import around_loop, parser, positive
+from tools.bench.report import around_loop, lines, parse, parser
 from worker.contract import Rejection, ScheduleTimer
 from worker.core.commands import parse_command
 from worker.core.domain import Claimed
@@ -31,12 +29,7 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def command(repeat: dict[str, Any]) -> bytes:
-    body = {"tenantId": "acme", "serviceCallId": "x" * 64, "dueAt": LONG_AGO, "repeat": repeat}
-    return json.dumps(body).encode()
-
-
-def parse(body: bytes) -> ScheduleTimer:
+def _parse(body: bytes) -> ScheduleTimer:
     parsed = parse_command("schedule", "acme", body, now=NOW, max_horizon=timedelta(days=36500))
     if isinstance(parsed, Rejection) or not isinstance(parsed, ScheduleTimer):
         raise SystemExit(f"{PROG}: a case was refused: {parsed}")
@@ -57,35 +50,25 @@ def measure(repeat: int) -> dict[str, float]:
     """Best-of-`repeat` microseconds per row of each case: at intake, and to fire."""
     out: dict[str, float] = {}
     for name, spec in CASES.items():
-        body = command(spec)
-        row = claimed(parse(body))
-        for stage, fn in (("intake", lambda b=body: parse(b)), ("next", lambda r=row: next_of(r))):
-            number = 20
-            best = min(timeit.repeat(fn, number=number, repeat=repeat))
-            out[f"{name}_{stage}_us"] = round(best / number * 1e6, 1)
+        body = json.dumps(
+            {"tenantId": "acme", "serviceCallId": "x" * 64, "dueAt": LONG_AGO, "repeat": spec}
+        ).encode()
+        row = claimed(_parse(body))
+        for stage, fn in (("intake", lambda b=body: _parse(b)), ("next", lambda r=row: next_of(r))):
+            out[f"{name}_{stage}_us"] = round(min(timeit.repeat(fn, number=20, repeat=repeat)) / 20 * 1e6, 1)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(PROG, __doc__)
-    p.add_argument("--repeat", type=int, default=5, help="rounds; the best counts (default 5)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if not positive(PROG, args, "--repeat"):
+    p = parser(PROG, __doc__, {"repeat": (5, "rounds; the best counts")})
+    if (args := parse(p, argv)) is None:
         return 2
     report: dict[str, Any] = {"rounds": args.repeat, **around_loop(lambda: measure(args.repeat))}
     for stage in ("next", "intake"):
         report[f"worst_{stage}_us"] = max(v for k, v in report.items() if k.endswith(f"_{stage}_us"))
     # the firing loop's budget: what such rows may take of each second, and one row beyond it
     report |= {"next_budget_share": NEXT_SHARE, "next_free_us": NEXT_FREE_S * 1e6}
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        loops = f"cpu loop {report['cpu_loop_ms'][0]:.0f} / {report['cpu_loop_ms'][1]:.0f} ms"
-        print(f"{PROG}: best of {args.repeat} rounds; {loops}")
-        for k, v in report.items():
-            if k.endswith("_us"):
-                print(f"  {k}: {v:,.1f} us")
+    print(json.dumps(report, indent=2) if args.json else lines(report))
     return 0
 
 

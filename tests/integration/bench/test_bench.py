@@ -35,11 +35,9 @@ def run_json(argv: list[str], env: dict[str, str] | None = None, timeout: int = 
     [
         ("tools.bench", "usage: python -m tools.bench "),  # `make bench`
         ("tools.bench.peers", "usage: python -m tools.bench.peers "),  # `make bench-peers`
-        ("tools.bench.capacity", "usage: python -m tools.bench.capacity "),  # docs/OPERATIONS.md
         ("tools.bench.micro", "usage: python -m tools.bench.micro "),  # docs/BENCHMARKS.md
         ("tools.bench.indexcost", "usage: python -m tools.bench.indexcost "),  # docs/BENCHMARKS.md
         ("tools.bench.claimcost", "usage: python -m tools.bench.claimcost "),  # docs/BENCHMARKS.md
-        ("tools.bench.producer_ab", "usage: python -m tools.bench.producer_ab "),  # docs/BENCHMARKS.md
         ("tools.bench.consumer", "usage: python -m tools.bench.consumer "),  # docs/BENCHMARKS.md
         ("tools.bench.startup", "usage: python -m tools.bench.startup "),  # docs/BENCHMARKS.md
         ("tools.bench.tenantwork", "usage: python -m tools.bench.tenantwork "),  # docs/BENCHMARKS.md
@@ -54,7 +52,7 @@ def test_the_documented_entry_points_run_from_the_repository_root(module: str, u
 
 def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str, nats_url: str) -> None:
     env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
-    argv = ["drain", "intake", "intake-quota", "intake-tenants", "catchup", "producer"]
+    argv = ["drain", "intake", "intake-quota", "intake-tenants", "catchup", "producer", "capacity"]
     argv += ["--scale", "0.01", "--runs", "1", "--json"]
     report, stderr = run_json(["-m", "worker", "bench", *argv], env)
     assert report["command"] == "timer-service bench " + " ".join(argv)
@@ -80,6 +78,9 @@ def test_bench_runs_its_scenarios_and_checks_what_it_measures(pg_server_url: str
     assert producer["commands_per_s"] > 0 and producer["naive_commands_per_s"] > 0
     assert producer["many_over_naive"] == producer["commands_per_s"] / producer["naive_commands_per_s"]
     assert [v["metric"] for v in results["producer"]["targets"]] == ["commands_per_s"]
+    capacity = results["capacity"]["median"]  # per stored, fired and vacuumed timer
+    assert capacity["timers"] == 1_000 and capacity["timers_bytes"] > 0
+    assert capacity["intake_wal_bytes"] > 0 and capacity["fire_wal_bytes"] > 0 and capacity["fire_per_s"] > 0
     assert "[drain 1/1]" in stderr  # progress goes to stderr, results alone to stdout
 
 
