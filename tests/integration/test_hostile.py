@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 from collections import Counter
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import nats
@@ -15,9 +16,19 @@ import pytest
 from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
-from tests.helpers import iso_in, jetstream, query, recorder, row, running_replica, until
+from tests.helpers import (
+    iso_in,
+    jetstream,
+    query,
+    recorder,
+    row,
+    running_replica,
+    until,
+    while_progressing,
+)
 from worker.config import Settings
 from worker.contract import INVALID_TENANT, REASONS, is_valid_tenant
+from worker.core.recurrence import Repeat, next_occurrence
 
 
 def schedule_body(tenant: str, sc: str, due: str = "2030-01-01T00:00:00Z", **extra: Any) -> bytes:
@@ -75,6 +86,38 @@ GARBAGE: list[tuple[str, str, bytes, str]] = [
 
 
 MIN_GARBAGE = 3000
+# A bystander's lateness beside a flood is bounded by its own lateness with no flood, measured just
+# before on the same replica: RATIO times it (a loaded machine slows both alike) plus the bound each
+# test had on a quiet machine, as an allowance. A flood that holds the loop for seconds exceeds it.
+RATIO = 3.0
+# And the flood's own work slows with the machine, which the calm baseline (none of it) does not
+# show: each costly row is one piece the budgets let start and overdraw (worker/core/budget.py), so
+# the allowance adds PIECES of them, timed in this process (the replica's) just before the flood.
+PIECES = 10
+
+
+def costly_piece_s() -> float:
+    """What one of the floods' costly rows takes here and now: a minutely cron in a zone whose
+    skipped occurrences since 1971 are counted (to the bound), as the replica computes it."""
+    repeat = Repeat(None, 1_000_000, "America/New_York", cron="* * * * *")
+    since = datetime(1971, 1, 1, tzinfo=UTC)
+    took = []
+    for _ in range(3):
+        began = time.perf_counter()
+        next_occurrence(repeat, since, 0, datetime.now(UTC), fired_at=since)
+        took.append(time.perf_counter() - began)
+    return statistics.median(took)
+
+
+async def calm_lateness(js: Any, rec: Any, db_url: str, prefix: str, n: int, **extra: Any) -> float:
+    """The worst lateness of `n` timers of tenant `calm` (keys calm-base-*), due over the next
+    1.5-2.5 s with nothing else to do: the baseline of the same run."""
+    keys = {f"calm-base-{i}" for i in range(n)}
+    for i, sc in enumerate(sorted(keys)):
+        due = iso_in(1.5 + i / n, db_url)
+        await js.publish(f"{prefix}.calm.timer.schedule", schedule_body("calm", sc, due, **extra))
+    await until(lambda: {("calm", sc) for sc in keys} <= set(rec.keys()), timeout=60, what="calm baseline")
+    return max(f.received_at - f.due_at for f in rec.firings if f.service_call_id in keys)
 
 
 def dlq_token(tenant: str) -> str:
@@ -129,6 +172,7 @@ async def test_a_flood_of_garbage_ends_in_the_dlq_while_valid_timers_fire_on_tim
         recorder(settings) as rec,
         jetstream(settings) as js,
     ):
+        baseline = await calm_lateness(js, rec, db_url, prefix, 20)
         for tenant, sc in sorted(valid):
             if sc.startswith("on-time-"):
                 due = iso_in(1.0 + int(sc.rsplit("-", 1)[1]) * 0.1, db_url)  # due over 1..5 s from now
@@ -171,13 +215,16 @@ async def test_a_flood_of_garbage_ends_in_the_dlq_while_valid_timers_fire_on_tim
     assert len(mid_flood) >= 5
     lateness = [f.received_at - f.due_at for f in fired if f.service_call_id != "epoch"]
     assert min(lateness) >= 0, "a timer fired early"
+    bound = RATIO * baseline + 3.0
     print(
         f"\nflood: {total} garbage commands over {flooded_for:.1f}s, all in the DLQ after "
         f"{drained_after:.1f}s; {len(valid)} valid timers ({len(mid_flood)} sent mid-flood), "
-        f"max lateness {max(lateness) * 1000:.0f} ms"
+        f"max lateness {max(lateness) * 1000:.0f} ms (calm {baseline * 1000:.0f} ms)"
     )
-    assert max(lateness) < 3.0, f"a timer was {max(lateness):.2f}s late during the flood"
-    assert query(db_url, "SELECT count(*) FROM timers") == [(len(valid),)]
+    assert max(lateness) < bound, (
+        f"a timer was {max(lateness):.2f}s late during the flood (bound {bound:.2f}s)"
+    )
+    assert query(db_url, "SELECT count(*) FROM timers") == [(len(valid) + 20,)]
 
 
 async def test_a_body_at_the_servers_payload_limit_goes_to_the_dlq_too(
@@ -303,25 +350,34 @@ async def test_costly_schedules_do_not_hold_back_another_tenants_timers(
     postponed = REGISTRY.get_sample_value("timer_postponed_total", {"reason": "next_occurrence"}) or 0.0
     flood = "SELECT count(*) FROM timers WHERE tenant_id LIKE 'flood%%' AND state = 'Paused'"
     async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
+        baseline = await calm_lateness(js, rec, db_url, prefix, len(victims))
+        piece = costly_piece_s()
         for t in tenants:
             await js.publish(f"{prefix}.{t}.timer.pause", json.dumps({"tenantId": t}).encode())
         for sc, repeat in costly.items():
             body = schedule_body(owner[sc], sc, "1971-01-01T00:00:00Z", repeat=repeat)
             await js.publish(f"{prefix}.{owner[sc]}.timer.schedule", body)
-        await until(lambda: query(db_url, flood) == [(len(costly),)], timeout=60, what="the flood stored")
+        await while_progressing(lambda: query(db_url, flood)[0][0], len(costly), what="the flood stored")
         for i, sc in enumerate(sorted(victims)):
             due = iso_in(1.5 + i * 0.1, db_url)
             await js.publish(f"{prefix}.calm.timer.schedule", schedule_body("calm", sc, due))
         for t in tenants:
             await js.publish(f"{prefix}.{t}.timer.resume", json.dumps({"tenantId": t}).encode())
         want = {("calm", sc) for sc in victims} | {(owner[sc], sc) for sc in costly}
-        # The flood's counting is a fixed amount of CPU: its wall time is the machine's share.
-        await until(lambda: set(rec.keys()) >= want, timeout=300, what="every timer's first firing")
-    calm = [f for f in rec.firings if f.tenant_id == "calm"]
+        # The flood's counting is a fixed amount of CPU: its wall time is the machine's share, so
+        # it is waited on while it moves, not for a fixed time.
+        await while_progressing(
+            lambda: len(want & rec.keys().keys()), len(want), what="every timer's first firing"
+        )
+    calm = [f for f in rec.firings if f.service_call_id in victims]
     lateness = [f.received_at - f.due_at for f in calm]
     assert len(calm) == len(victims) and min(lateness) >= 0
-    print(f"\ncalm tenant beside {flooders} flooding: max lateness {max(lateness) * 1000:.0f} ms")
-    assert max(lateness) < 1.0, f"a calm tenant's timer was {max(lateness):.2f}s late"
+    bound = RATIO * baseline + 1.0 + PIECES * piece
+    print(
+        f"\ncalm tenant beside {flooders} flooding: max lateness {max(lateness) * 1000:.0f} ms"
+        f" (calm {baseline * 1000:.0f} ms, a costly row {piece * 1000:.0f} ms)"
+    )
+    assert max(lateness) < bound, f"a calm tenant's timer was {max(lateness):.2f}s late (bound {bound:.2f}s)"
     # The costly rows really were put off for later claims, not computed in one go.
     assert (
         REGISTRY.get_sample_value("timer_postponed_total", {"reason": "next_occurrence"}) or 0
@@ -341,22 +397,29 @@ async def test_one_tenants_costly_schedules_do_not_postpone_another_tenants_recu
     flood = {f"counted-{i}": counted for i in range(60)}
     victims = {f"hourly-{i}" for i in range(10)}
     paused = "SELECT count(*) FROM timers WHERE tenant_id = 'flood' AND state = 'Paused'"
+    hourly = {"every": "PT1H"}
     async with running_replica(settings), recorder(settings) as rec, jetstream(settings) as js:
+        baseline = await calm_lateness(js, rec, db_url, prefix, len(victims), repeat=hourly)
+        piece = costly_piece_s()
         await js.publish(f"{prefix}.flood.timer.pause", b'{"tenantId": "flood"}')
         for sc, repeat in flood.items():
             body = schedule_body("flood", sc, "1971-01-01T00:00:00Z", repeat=repeat)
             await js.publish(f"{prefix}.flood.timer.schedule", body)
-        await until(lambda: query(db_url, paused) == [(len(flood),)], timeout=60, what="the flood stored")
+        await while_progressing(lambda: query(db_url, paused)[0][0], len(flood), what="the flood stored")
         for i, sc in enumerate(sorted(victims)):
             due = iso_in(1.5 + i * 0.1, db_url)
-            await js.publish(
-                f"{prefix}.calm.timer.schedule", schedule_body("calm", sc, due, repeat={"every": "PT1H"})
-            )
+            await js.publish(f"{prefix}.calm.timer.schedule", schedule_body("calm", sc, due, repeat=hourly))
         await js.publish(f"{prefix}.flood.timer.resume", b'{"tenantId": "flood"}')
         await until(
             lambda: {("calm", sc) for sc in victims} <= set(rec.keys()), timeout=120, what="calm's firings"
         )
-    calm = [f for f in rec.firings if f.tenant_id == "calm"]
+    calm = [f for f in rec.firings if f.service_call_id in victims]
     lateness = [f.received_at - f.due_at for f in calm]
-    print(f"\ncalm's hourly timers beside the costly flood: max lateness {max(lateness) * 1000:.0f} ms")
-    assert max(lateness) < 1.0, f"a calm tenant's recurring timer was {max(lateness):.2f}s late"
+    bound = RATIO * baseline + 1.0 + PIECES * piece
+    print(
+        f"\ncalm's hourly timers beside the costly flood: max lateness {max(lateness) * 1000:.0f} ms"
+        f" (calm {baseline * 1000:.0f} ms, a costly row {piece * 1000:.0f} ms)"
+    )
+    assert max(lateness) < bound, (
+        f"a calm tenant's recurring timer was {max(lateness):.2f}s late (bound {bound:.2f}s)"
+    )
