@@ -192,7 +192,9 @@ class ConsoleSettings(Settings):
     # An identity proxy in front (oauth2-proxy): the header naming the user it authenticated
     # (X-Forwarded-User), and the one listing the user's groups, comma-separated. Believed only
     # from TIMER_CONSOLE_TRUSTED_PROXIES (addresses or networks, comma-separated): from anyone
-    # else the headers are ignored, or any client could name itself.
+    # else the headers are ignored, or any client could name itself. From those proxies the
+    # client's address they forward (X-Forwarded-For) is the source the console throttles wrong
+    # guesses by, not the proxy's own.
     console_user_header: str = ""
     console_groups_header: str = ""
     console_trusted_proxies: str = ""
@@ -213,6 +215,8 @@ class ConsoleSettings(Settings):
     def _credentials(self) -> ConsoleSettings:
         if bool(self.console_user) != bool(self.console_password):
             raise ValueError("console_user: TIMER_CONSOLE_USER and TIMER_CONSOLE_PASSWORD go together")
+        if self.console_user == "token":
+            raise ValueError("console_user: `token` names the token's holder; give the user another name")
         if not (self.console_token or self.console_user or self.console_user_header):
             raise ValueError(
                 "console_token: the console needs TIMER_CONSOLE_TOKEN, or TIMER_CONSOLE_USER and "

@@ -1,6 +1,5 @@
-"""The burst: 100,000 timers due at one instant (the seed's nine o'clock birthdays), with and
-without a firing window (docs/USING.md, Firing window). What a consumer sees: the peak number of events
-it receives in one second, and how late each is against the instant it was planned to fire at."""
+"""`burst` and `burst-window`: 100,000 timers due at one instant, without and with a firing window;
+what a consumer sees: its busiest second, and each event's lateness against its planned instant."""
 
 from __future__ import annotations
 
@@ -9,15 +8,14 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from tools.bench.context import Context, Metrics, until_fired
+from tools.bench.rig import Context, Metrics, until_fired
 from worker.adapters.postgres import db
 from worker.contract import MessageIds, duration
 from worker.core.window import planned_at
 from worker.devkit.harness import percentile
 from worker.devkit.recorder import Firing
 
-# As a window's ScheduleTimer leaves its row (sql/queries/intake.sql, upsert_schedules): the planned
-# instant in due_at, the dueAt in anchor_due_at and nominal_due_at. Bench-only, as rig.SEED_SQL.
+# Rows as upsert_schedules leaves a window's: the planned instant in due_at, dueAt in the others.
 SEED_BURST_SQL = """
 INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, nominal_due_at, fire_window)
 SELECT b.tenant_id, b.service_call_id, 'Scheduled', b.planned, %(due)s, %(nominal)s, %(window)s
@@ -44,7 +42,6 @@ async def _burst(ctx: Context, window_s: float | None) -> Metrics:
         await rig.wait_replicas_up(names)
         recorder = rig.recorder(durable="bench-receiver")  # received as a user's consumer would
         await recorder.start()
-        # Seeded straight into the table, a few seconds ahead: long enough for the insert.
         due = await rig.scalar("SELECT now()") + timedelta(seconds=5 + n / 50_000)
         window = None if window_s is None else duration(timedelta(seconds=window_s))
         ctx.progress(f"{n:,} timers due at one instant, window {window or 'none'}")
@@ -79,8 +76,7 @@ async def _seed(db_url: str, n: int, due: datetime, window: str | None) -> None:
 
 
 def burst_measures(events: list[Firing], n: int) -> Metrics:
-    """What the consumer saw of the burst's first receipts: lateness against each event's planned
-    instant (plannedAt, or dueAt without a window), events per second, and any published early."""
+    """The first receipts' lateness against plannedAt (or dueAt), events a second, any early."""
     first: dict[str, Firing] = {}
     for e in events:
         first.setdefault(e.service_call_id, e)

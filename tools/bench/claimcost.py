@@ -1,33 +1,22 @@
-"""What one claim costs Postgres on each table shape, node by node, and what an index's share of
-it is (issue 37).
+"""What one claim costs Postgres on each table shape, node by node, and an index's share of it.
 
-    python -m tools.bench.claimcost                                   # scattered and fresh
-    python -m tools.bench.claimcost --shapes scattered --without timers_pkey --json
-
-For each round, shape and variant (as migrated; without an index, `--without`), a fresh database
-built to the shape (tools/bench/shapes.py: `--big` pending timers, `--due` overdue ones, then a
-CHECKPOINT), then `--claims` claims of `--limit` in a row, each sql/queries/firing.sql's claim_due
-under claim_begin's settings, run with EXPLAIN (ANALYZE, BUFFERS, WAL) and committed. Per 1,000
-claimed: the claim's time, its index scan of timers_due (and, of that, what it spent before the
-first due row: the entries of rows fired by the claims before it), its UPDATE (the new row
-versions and their index entries), the buffers it touched and the WAL it wrote (full-page images
-apart). Medians over the claims of every round; variants alternate in order round by round.
-Dropping an index is bench-only: the variant without the primary key shows what its entries
-cost each fire, a bound for any change that would keep a fire from adding one.
+For each round, shape and variant (as migrated, or `--without` an index), a fresh database built
+to the shape, then `--claims` claims in a row, each claim_due under EXPLAIN (ANALYZE, BUFFERS, WAL)
+and committed: per 1,000 claimed, its time, its index scan (and what of it came before the first
+due row), its UPDATE, buffers and WAL. Medians; variants alternate round by round.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from tools.bench.calibrate import on_servers
+from tools.bench.report import brief, medians, on_servers, parser, positive
 from tools.bench.rig import Rig
 from tools.bench.shapes import SHAPES, TIMERS, add_timers, build
 from worker.adapters.postgres.claim import claim_due_params
@@ -36,7 +25,7 @@ from worker.core.domain import LOOKAHEAD_MS, ClaimParams
 from worker.core.firing import FRESH_LANE_WINDOW_MS
 
 PROG = "python -m tools.bench.claimcost"
-# Bench-only: the indexes of `timers` a variant may go without, and how each is dropped.
+# Bench-only: the indexes a variant may go without.
 DROPS = {
     "timers_pkey": "ALTER TABLE timers DROP CONSTRAINT timers_pkey",
     "timers_done": "DROP INDEX timers_done",
@@ -47,7 +36,7 @@ DOWNTIME_MS = 60_000
 
 
 def _node(plan: dict[str, Any], match: str) -> dict[str, Any]:
-    """The first node of `plan` (EXPLAIN's JSON) whose type and relation/index read as `match`."""
+    """The first node of EXPLAIN's JSON `plan` whose type and relation or index read as `match`."""
     label = f"{plan.get('Node Type')} {plan.get('Index Name', plan.get('Relation Name', ''))}"
     if label.startswith(match):
         return plan
@@ -61,7 +50,7 @@ def _node(plan: dict[str, Any], match: str) -> dict[str, Any]:
 def claim_cost(conn: psycopg.Connection[Any], limit: int) -> dict[str, float]:
     """One claim of up to `limit`, explained and committed: its costs per 1,000 claimed."""
     conn.execute(QUERIES["claim_begin"])
-    main_lane = ClaimParams(  # a replica's main lane (worker/core/firing.py): the oldest only
+    main_lane = ClaimParams(  # a replica's main lane: the oldest only
         owner="claimcost",
         limit=limit,
         fresh_limit=0,
@@ -111,32 +100,23 @@ async def run(admin_url: str, nats_url: str, workdir: Path, args: argparse.Names
                     if variant != "as migrated":
                         await rig.db_.execute(DROPS[variant.removeprefix("without ")])
                     pages[shape] = await asyncio.to_thread(
-                        build, shape, rig.db_url, add_timers(rig), TIMERS, args.due, args.big
+                        build, shape, rig.db_url, add_timers(rig.db_url), TIMERS, args.due, args.big
                     )
                     with psycopg.connect(rig.db_url) as conn:
                         claims = [c for c in (claim_cost(conn, args.limit) for _ in range(args.claims)) if c]
                     samples[shape][variant] += claims
-                    last = _brief(claims[-1]) if claims else "nothing claimed"
+                    last = brief(claims[-1], "{:.1f}".format) if claims else "nothing claimed"
                     print(
                         f"[claimcost {r + 1}/{args.rounds}] {shape}, {variant}: {last}",
                         file=sys.stderr,
                         flush=True,
                     )
-    median = {
-        shape: {
-            v: {k: statistics.median(c[k] for c in cs) for k in cs[0]} if cs else {} for v, cs in by.items()
-        }
-        for shape, by in samples.items()
-    }
+    median = {shape: {v: medians(cs) if cs else {} for v, cs in by.items()} for shape, by in samples.items()}
     return {"config": vars(args), "due_pages": pages, "median": median}
 
 
-def _brief(cost: dict[str, float]) -> str:
-    return " ".join(f"{k}={v:.1f}" for k, v in cost.items())
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    p = parser(PROG, __doc__)
     p.add_argument("--shapes", nargs="+", choices=SHAPES, default=["scattered", "fresh"])
     p.add_argument(
         "--without", nargs="*", choices=sorted(DROPS), default=[], help="variants without an index"
@@ -150,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds; medians over them (default 3)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if min(args.big, args.due, args.claims, args.limit, args.rounds) < 1:
-        print(f"{PROG}: --big, --due, --claims, --limit and --rounds must be at least 1", file=sys.stderr)
+    if not positive(PROG, args, "--big", "--due", "--claims", "--limit", "--rounds"):
         return 2
     result = on_servers(PROG, argv, lambda db, nats, work: run(db, nats, work, args), args.json)
     if isinstance(result, int):

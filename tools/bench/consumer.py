@@ -1,28 +1,12 @@
-"""What a consumer of DueTimeReached costs per event (issue 21, item 6): the client's `due_events`
-beside the consumers most users write with nats-py, reading the same stored events in turn.
-
-    python -m tools.bench.consumer                 # 5 rounds of 100,000 events per consumer
-
-The events are stored once, before the first round, shaped as the replicas publish them (body
-and `Nats-Msg-Id`), on one embedded nats-server. Each round every consumer reads all of them
-from a consumer of its own, decodes each and acknowledges as it would in a user's service:
-- `due_events`: TimerClient.due_events (worker/client/consumer.py): pulling ahead, explicit acks in
-  one write each;
-- `ordered`: a nats-py ordered push consumer with a callback (no acks: a user's reader of a
-  stream it does not need to acknowledge, and what the benchmarks used before due_events);
-- `push`: a nats-py durable push consumer with a callback, `msg.ack()` each;
-- `fetch`: a nats-py pull subscription read with `fetch(256)`, `msg.ack()` each.
-Nothing else runs meanwhile: the process's CPU time is the consumer's. The consumers take turns
-round by round (the order rotating), so a slow moment of a shared machine hits each; the medians
-of CPU per 1,000 events and their ratios to `ordered` are the figures that carry over.
+"""What a consumer of DueTimeReached costs per event: the client's `due_events` beside nats-py's
+`ordered` (no acks), `push` (durable, `msg.ack()`) and `fetch` (pull, `fetch(256)`) consumers,
+reading the same stored events in turns whose order rotates; nothing else runs in the process.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -37,7 +21,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
-from tools.bench.calibrate import cpu_loop_ms
+from tools.bench.report import around_loop, parser, positive
 from worker.client.consumer import due_events
 from worker.client.wire import publish_all
 from worker.devkit.embedded import EmbeddedNats
@@ -159,36 +143,25 @@ async def measure(url: str, rounds: int, n: int, readers: list[str]) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    given = sys.argv[1:] if argv is None else argv
+    p = parser(PROG, __doc__)
     p.add_argument("--rounds", type=int, default=5, help="rounds; medians count (default 5)")
     p.add_argument(
-        "--events", type=int, default=100_000, help="events each consumer reads per round (default 100,000)"
+        "--events", type=int, default=100_000, help="events each reader reads a round (default 100,000)"
     )
     p.add_argument(
         "--readers", nargs="+", choices=list(READERS), default=list(READERS), help="a subset (default all)"
     )
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.rounds < 1 or args.events < 1:
-        print(f"{PROG}: --rounds and --events must be at least 1", file=sys.stderr)
+    args = p.parse_args(given)
+    if not positive(PROG, args, "--rounds", "--events"):
         return 2
-    calibration = [cpu_loop_ms()]
-    with tempfile.TemporaryDirectory(prefix="consumer-bench-") as tmp:
-        server = EmbeddedNats(Path(tmp))
-        server.start()
-        try:
-            result = asyncio.run(measure(server.url, args.rounds, args.events, args.readers))
-        finally:
-            server.stop()
-    calibration.append(cpu_loop_ms())
-    report = {
-        "command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)]),
-        "rounds": args.rounds,
-        "events": args.events,
-        "cpu_loop_ms": calibration,
-        **result,
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
-    print(json.dumps(report, indent=2))
+
+    def measured() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="consumer-bench-") as tmp, EmbeddedNats(Path(tmp)) as server:
+            return asyncio.run(measure(server.url, args.rounds, args.events, args.readers))
+
+    report = {"command": " ".join([PROG, *given]), "rounds": args.rounds, "events": args.events}
+    print(json.dumps(report | around_loop(measured), indent=2))
     return 0
 
 

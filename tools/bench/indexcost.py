@@ -1,23 +1,12 @@
-"""What migration 0008's partial index `timers_correlation` costs intake's Postgres work (issue 21).
+"""What the partial index `timers_correlation` costs intake's Postgres work.
 
-    python -m tools.bench.indexcost                       # 7 rounds of 10 batches of 1,000
-    python -m tools.bench.indexcost --rounds 9 --batches 20 --json
-
-Two fresh migrated databases on one Postgres, one of them without the index; each round applies
-the same kind of batches to both, in turns whose order alternates (A B, B A, ...), through the
-service's own Store.apply (sql/queries/intake.sql, upsert_schedules): ScheduleTimer commands that all
-carry a correlationId (the case the index costs something: it is partial), first new timers
-(inserts), then the same timers moved to another dueAt (reschedules: dueAt is indexed, so these
-updates are not HOT and add an entry to every index). Per 1,000 commands: the wall time of
-Store.apply, the CPU time of the Postgres backend that ran it (/proc: embedded or local servers
-only) and the WAL it wrote. Medians of the rounds, and the ratio with the index over without.
+Two databases, one without the index, take the same batches through Store.apply in alternating
+turns: ScheduleTimers all carrying a correlationId, as inserts then as reschedules (not HOT). Per
+1,000 commands: wall time, the backend's CPU (/proc) and WAL; medians, and with over without.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
 import sys
 import time
 from contextlib import AsyncExitStack
@@ -26,17 +15,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tools.bench.calibrate import on_servers
-from tools.bench.rig import Rig
+from tools.bench.report import brief, medians, on_servers, parser, positive
+from tools.bench.rig import BACKEND_PID_SQL, Rig, tree_cpu_s
 from worker.adapters.postgres.db import pool
 from worker.adapters.postgres.store import Store
 from worker.contract import ScheduleTimer
 
 PROG = "python -m tools.bench.indexcost"
 BATCH = 1000  # intake applies a fetch of up to 1,000 commands per transaction
-# Bench-only SQL (none of it runs in a replica): the A/B's one difference, and its yardsticks.
-DROP_INDEX_SQL = "DROP INDEX timers_correlation"
-BACKEND_PID_SQL = "SELECT pg_backend_pid()"
+DROP_INDEX_SQL = "DROP INDEX timers_correlation"  # bench-only: the A/B's one difference
 WAL_LSN_SQL = "SELECT pg_current_wal_lsn()"
 WAL_BYTES_SQL = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)"
 INDEX_BYTES_SQL = "SELECT pg_relation_size(to_regclass('timers_correlation'))"
@@ -52,15 +39,6 @@ class Variant:
     keys: int = 0  # timers made so far: each round's inserts are new ones
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a local process, NaN when it is not on this machine."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _commands(first: int, n: int, due: datetime) -> list[ScheduleTimer]:
     return [
         ScheduleTimer(f"t{k % 10}", f"k-{k}", due, f"order-{k}", time.time_ns() // 1_000_000, None)
@@ -73,7 +51,7 @@ async def _apply(v: Variant, kind: str, batches: int) -> dict[str, float]:
     base = v.keys if kind == "insert" else v.keys - batches * BATCH
     due = datetime.now(UTC) + timedelta(days=1 if kind == "insert" else 2)
     lsn = await v.rig.scalar(WAL_LSN_SQL)
-    cpu, wall = _cpu_s(v.backend_pid), 0.0
+    cpu, wall = tree_cpu_s([v.backend_pid]), 0.0
     for b in range(batches):
         commands = _commands(base + b * BATCH, BATCH, due)
         started = time.perf_counter()
@@ -83,7 +61,7 @@ async def _apply(v: Variant, kind: str, batches: int) -> dict[str, float]:
             raise RuntimeError(
                 f"{v.name}: {kind} batch applied {applied.outcomes.count('applied')} of {BATCH}"
             )
-    cpu = _cpu_s(v.backend_pid) - cpu
+    cpu = tree_cpu_s([v.backend_pid]) - cpu
     wal = float(await v.rig.scalar(WAL_BYTES_SQL, lsn))
     if kind == "insert":
         v.keys += batches * BATCH
@@ -118,33 +96,28 @@ async def run(admin_url: str, nats_url: str, workdir: Path, rounds: int, batches
                 for kind in KINDS:
                     m |= await _apply(v, kind, batches)
                 runs[v.name].append(m)
-            print(f"[indexcost {r + 1}/{rounds}] {_brief(runs)}", file=sys.stderr, flush=True)
-        # What the index holds at the end (None without it): the A/B's one difference, written.
+            said = "; ".join(f"{n}: {brief(ms[-1], '{:.1f}'.format)}" for n, ms in runs.items())
+            print(f"[indexcost {r + 1}/{rounds}] {said}", file=sys.stderr, flush=True)
         index_kb = {v.name: _kb(await v.rig.scalar(INDEX_BYTES_SQL)) for v in variants}
-    medians = {name: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for name, ms in runs.items()}
-    with_, without = medians["with_index"], medians["without_index"]
+    median = {name: medians(ms) for name, ms in runs.items()}
+    with_, without = median["with_index"], median["without_index"]
     ratio = {k: with_[k] / without[k] if without[k] else float("nan") for k in with_}
-    return {"rounds": runs, "median": medians, "with_over_without": ratio, "index_kb": index_kb}
+    return {"rounds": runs, "median": median, "with_over_without": ratio, "index_kb": index_kb}
 
 
 def _kb(size: int | None) -> float | None:
     return None if size is None else size / 1024
 
 
-def _brief(runs: dict[str, list[dict[str, float]]]) -> str:
-    return "; ".join(f"{n}: " + " ".join(f"{k}={v:.1f}" for k, v in ms[-1].items()) for n, ms in runs.items())
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    p = parser(PROG, __doc__)
     p.add_argument("--rounds", type=int, default=7, help="A/B rounds; medians over them (default 7)")
     p.add_argument(
         "--batches", type=int, default=10, help="batches of 1,000 of each kind per round (default 10)"
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.rounds < 1 or args.batches < 1:
-        print(f"{PROG}: --rounds and --batches must be at least 1", file=sys.stderr)
+    if not positive(PROG, args, "--rounds", "--batches"):
         return 2
     result = on_servers(
         PROG, argv, lambda db, nats, work: run(db, nats, work, args.rounds, args.batches), args.json

@@ -1,15 +1,6 @@
-"""Intake's costs that grow with the table and the tenants (`timer-service bench intake-quota
-intake-tenants`; docs/BENCHMARKS.md):
-
-  * intake-quota: a backlog of ScheduleTimers over 1,000 tenants taken in beside a table of 5M
-    Scheduled timers (1,000 tenants, 34-character keys, due 1-30 days ahead), with the tenant quota
-    on (TIMER_TENANT_MAX_PENDING=10000, which no tenant reaches) and off, in two rounds whose order
-    alternates (off, on; on, off); the best of each, and the ratio.
-  * intake-tenants: a backlog over 5,000 tenants and one over 10, alike; the ratio.
-
-Each phase publishes its backlog first, then starts one replica and times, from the rows' own
-registered_at, how fast it stores them; the replica is stopped before the next phase.
-"""
+"""`intake-quota` (a backlog beside 5M timers, the tenant quota on and off) and `intake-tenants`
+(a backlog over 5,000 tenants and over 10): one replica per phase, timed by registered_at, in
+rounds whose order alternates; the best of each, and the ratio."""
 
 from __future__ import annotations
 
@@ -17,9 +8,8 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
-from tools.bench.context import Context, Metrics, schedule_command
 from tools.bench.realistic import build_realistic
-from tools.bench.rig import Rig
+from tools.bench.rig import Context, Metrics, Rig, schedule_command
 
 FOLD_SQL = """
 WITH gone AS (DELETE FROM tenant_pending RETURNING tenant_id, pending)
@@ -29,17 +19,14 @@ QUOTA = 10_000  # above every tenant's pending timers here: the check runs, and 
 
 
 async def _phase(rig: Rig, ctx: Context, tag: str, n: int, tenants: int, env: dict[str, str]) -> float:
-    """Publish `n` new ScheduleTimers over `tenants` tenants, run one replica until they are stored;
-    its commands per second."""
+    """`n` new ScheduleTimers over `tenants` tenants stored by one replica: its commands a second."""
     due = datetime.now(UTC) + timedelta(days=2)
     bodies = [
         schedule_command(rig.names["subject_prefix"], f"tenant-{i % tenants}", f"{tag}-{i}", due)
         for i in range(n)
     ]
     await rig.publish_commands(bodies)
-    # The quota's bounds as a replica's retention leaves them, a row per tenant (migration 0014):
-    # each command here adds a row for its tenant whether the quota is on or off (its batches hold
-    # every tenant once), and left alone, a phase with the quota on would fold the phase before's.
+    # one tenant_pending row a tenant, as retention leaves it: else a quota phase folds the last's
     await rig.db_.execute(FOLD_SQL)
     await rig.db_.execute("VACUUM tenant_pending")
     rig.fleet.start(1, env)
@@ -69,8 +56,7 @@ async def intake_quota(ctx: Context) -> Metrics:
         ctx.progress(f"building a table of {rows:,} timers over {tenants:,} tenants")
         await asyncio.to_thread(build_realistic, rig.db_url, rows, tenants)  # tenant-0 .. tenant-999
         rates: dict[str, list[float]] = {"off": [], "on": []}
-        # The order alternates round by round: each phase adds its rows to the table (and dirties
-        # its pages), so a later phase runs on a slightly larger, busier database than an earlier.
+        # alternating: each phase leaves the table larger for the next
         for round_, order in enumerate((("off", "on"), ("on", "off"))):
             for quota in order:
                 limit = str(QUOTA if quota == "on" else 0)

@@ -1,23 +1,14 @@
-"""What a label selector reads (issue 35): one tenant's 1,000,000 labelled timers among other
-tenants' timers carrying the very same labels.
+"""What a label selector reads: one tenant's 1,000,000 labelled timers among others' timers
+carrying the very same labels.
 
-    python -m tools.bench.labels                      # 1,000,000 timers of the tenant, as many of others
-    python -m tools.bench.labels --rows 200000 --json
-
-One migrated database. The tenant `big` holds --rows timers, each carrying campaign=bf (the common
-pair) and one in every 100,000 also vip=yes (the rare pair); ten other tenants hold --rows timers
-between them carrying both pairs on every one. Then, each with EXPLAIN (ANALYZE, BUFFERS) of the
-service's own statements (sql/queries/): a `list --label` page (inspect_tenant_timers) and a bulk
-action's chunk (select_labelled), for the rare pair and for the common one, first and last in key
-order (a chunk after the last key costs its own rows, whatever came before). Last, a bulk cancel of
-every timer of the common pair through the service's own path (worker/core/bulk.py over
-Store.apply), chunk by chunk: its total time and its first and last chunks' (a selection starting
-over each chunk is quadratic: the last chunk as slow as the whole).
+The tenant `big` holds --rows timers with campaign=bf, one in 100,000 also vip=yes; ten others as
+many with both. EXPLAIN (ANALYZE, BUFFERS) of a `list --label` page and a bulk chunk, for the rare
+pair and the common one, first and last in key order; then a bulk cancel of the common pair, chunk
+by chunk (a selection starting over each chunk would make the last as slow as the whole).
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -26,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tools.bench.calibrate import on_servers
+from tools.bench.report import on_servers, parser
 from tools.bench.rig import Rig
 from worker.adapters.postgres.bulk import label_terms, plan_selection
 from worker.adapters.postgres.db import pool
@@ -39,7 +30,7 @@ from worker.core.domain import BulkAction, Position
 PROG = "python -m tools.bench.labels"
 RARE_EVERY = 100_000
 OTHERS = 10
-# Bench-only SQL (none of it runs in a replica): the timers as intake stores them, labels and all.
+# Bench-only: the timers as intake stores them, labels and all.
 SEED_SQL = """
 INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at, labels)
 SELECT %(tenant)s || CASE WHEN %(spread)s THEN (g %% 10)::text ELSE '' END,
@@ -97,7 +88,7 @@ async def _explain(rig: Rig, name: str, params: dict[str, Any]) -> dict[str, Any
 
 
 def _nodes(node: dict[str, Any]) -> str:
-    """The plan's node types and indexes, outermost first: enough to see which index a run took."""
+    """The plan's node types and indexes, outermost first."""
     here = node["Node Type"] + (f" on {node['Index Name']}" if "Index Name" in node else "")
     return " > ".join([here, *(_nodes(child) for child in node.get("Plans", []))])
 
@@ -132,8 +123,7 @@ async def run(admin_url: str, nats_url: str, workdir: Path, rows: int, with_canc
 
 
 async def _bulk_cancel(rig: Rig, rows: int) -> dict[str, Any]:
-    """Every timer of the common pair cancelled through BulkActions.step, chunk after chunk, as
-    the bulk lane runs it; each chunk's time from its select to its applied cancels."""
+    """The common pair cancelled through BulkActions.step, as the bulk lane runs it; each chunk timed."""
     async with pool(rig.db_url, "bench-labels", 1, 2, idle_in_transaction_ms=60_000) as p:
         store = Store(p)
         actions = BulkActions(store)
@@ -169,7 +159,7 @@ async def _bulk_cancel(rig: Rig, rows: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    p = parser(PROG, __doc__)
     p.add_argument("--rows", type=int, default=1_000_000, help="the tenant's timers (default 1,000,000)")
     p.add_argument("--reads-only", action="store_true", help="measure the reads, not the bulk cancel")
     p.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -1,48 +1,35 @@
-"""Micro-benchmarks of the firing path's pure CPU code (issue 21, item 7): per-call time of
-`firing_id` and `due_event` on a drain's kind of occurrences, and of publishing their events in an
-atomic batch: nats-py's `publish` one by one against `wire.publish_all` (one write).
-
-    python -m tools.bench.micro                      # best of 15 rounds of 100,000 calls each
-    python -m tools.bench.micro --against main       # A/B: worker/contract.py at that git revision
-
-Pure CPU code in one process: the best of several rounds is the round least disturbed by other
-work on the machine, and with `--against` the two versions take turns round by round, so a slow
-second of the machine hits both; the ratio holds even on a loaded machine (unlike the scenarios,
-whose servers and replicas compete for the cores). The calibration loop (calibrate.py) is
-printed beside the figures, as everywhere in tools/bench.
+"""Micro-benchmarks of the firing path's pure CPU code: per-call time of `firing_id` and
+`due_event` on a drain's occurrences, and of publishing their events in an atomic batch (nats-py's
+`publish` one by one against `publish_all`); the best of several rounds, and with `--against`
+worker/contract.py at a git revision taking turns with this tree's.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import timeit
 import types
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client as NATS
 
 import worker.contract
-from tools.bench.calibrate import cpu_loop_ms
+from tools.bench.report import around_loop, module_of, parser, positive, source_at
 from worker.client.batches import atomic_batch_headers
 from worker.client.wire import Message, publish_all
 from worker.core.domain import Claimed
 
 PROG = "python -m tools.bench.micro"
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"a fleet secret of thirty-two b.."
 BATCH = 1000  # a full claim's batch: the firing loop builds its events in one list comprehension
 
 
 def occurrences(n: int = BATCH) -> list[Claimed]:
-    """A batch as a drain claims it: ten tenants, distinct ids and due times, one in ten with a
-    correlation id, none with data or carried headers (the common timer)."""
+    """A batch as a drain claims it: ten tenants, distinct keys and due times, a tenth correlated."""
     start = datetime(2026, 11, 23, 9, tzinfo=UTC)
     out = []
     for i in range(n):
@@ -55,8 +42,7 @@ def occurrences(n: int = BATCH) -> list[Claimed]:
 
 
 def cases(contract: types.ModuleType) -> dict[str, Callable[[], object]]:
-    """Each case makes one batch, as the firing loop does (so the figure per call includes the
-    comprehension's own cost, the same for both versions)."""
+    """Each case makes one batch, as the firing loop does."""
     batch = occurrences()
     ids = contract.MessageIds(SECRET)
     reached = datetime(2026, 11, 23, 10, tzinfo=UTC)
@@ -75,9 +61,8 @@ def cases(contract: types.ModuleType) -> dict[str, Callable[[], object]]:
 
 
 def publish_cases(loop: asyncio.AbstractEventLoop) -> dict[str, dict[str, Callable[[], object]]]:
-    """A claim's events sent as the broker sends an atomic batch (adapters/jetstream/publisher.py), each call
-    one message with its headers built, on a client that seems connected and whose output (its
-    pending buffer) is dropped after each batch: nats-py's `publish` and `publish_all`."""
+    """A claim's events sent as an atomic batch on a client that seems connected and whose output
+    is dropped after each batch: nats-py's `publish` and `publish_all`."""
     reached = datetime(2026, 11, 23, 10, tzinfo=UTC)
     ids = worker.contract.MessageIds(SECRET)
     events = [
@@ -116,24 +101,8 @@ def publish_cases(loop: asyncio.AbstractEventLoop) -> dict[str, dict[str, Callab
 
 
 def contract_at(rev: str) -> types.ModuleType:
-    """worker/contract.py as it was at a git revision (standard library only, so it loads alone)."""
-    try:
-        shown = subprocess.run(
-            ["git", "show", f"{rev}:worker/contract.py"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    except FileNotFoundError:
-        raise ValueError("--against needs git and a clone of the repository") from None
-    if shown.returncode != 0:
-        raise ValueError(f"no worker/contract.py at {rev!r}: {shown.stderr.strip()}")
-    name = f"_contract_at_{rev}"
-    module = types.ModuleType(name)
-    sys.modules[name] = module  # dataclasses look their module up while the classes are made
-    exec(compile(shown.stdout, f"{rev}:worker/contract.py", "exec"), module.__dict__)
-    return module
+    """worker/contract.py at a git revision (standard library only, so it loads alone)."""
+    return module_of(source_at(rev, "worker/contract.py"), f"{rev}:worker/contract.py", f"_contract_at_{rev}")
 
 
 def measure(versions: dict[str, types.ModuleType], calls: int, repeat: int) -> dict[str, Any]:
@@ -153,14 +122,13 @@ def measure(versions: dict[str, types.ModuleType], calls: int, repeat: int) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    p = parser(PROG, __doc__)
     p.add_argument("--calls", type=int, default=100_000, help="calls per round (default 100,000)")
     p.add_argument("--repeat", type=int, default=15, help="rounds; the best counts (default 15)")
     p.add_argument("--against", metavar="REV", help="also time worker/contract.py at this git revision")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.calls < 1 or args.repeat < 1:
-        print(f"{PROG}: --calls and --repeat must be at least 1", file=sys.stderr)
+    if not positive(PROG, args, "--calls", "--repeat"):
         return 2
     versions = {"this": worker.contract}
     if args.against:
@@ -169,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
             return 2
-    calibration = [cpu_loop_ms()]
-    result = measure(versions, args.calls, args.repeat)
-    calibration.append(cpu_loop_ms())
+    report: dict[str, Any] = {"calls_per_round": args.calls, "rounds": args.repeat}
+    report |= around_loop(lambda: measure(versions, args.calls, args.repeat))
+    result = {k: v for k, v in report.items() if "_ns@" in k}
     ratios = {
         "publish_publish_all/nats-py": round(
             result["publish_ns@publish_all"] / result["publish_ns@nats-py"], 3
@@ -182,19 +150,13 @@ def main(argv: list[str] | None = None) -> int:
             ratios[f"{case}_this/{args.against}"] = round(
                 result[f"{case}_ns@this"] / result[f"{case}_ns@{args.against}"], 3
             )
-    report = {
-        "calls_per_round": args.calls,
-        "rounds": args.repeat,
-        "cpu_loop_ms": calibration,
-        **result,
-        **ratios,
-    }
+    report |= ratios
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(
             f"{PROG}: best of {args.repeat} rounds of {args.calls:,} calls; "
-            f"cpu loop {calibration[0]:.0f} ms before, {calibration[1]:.0f} ms after"
+            f"cpu loop {report['cpu_loop_ms'][0]:.0f} ms before, {report['cpu_loop_ms'][1]:.0f} ms after"
         )
         for k, v in result.items():
             print(f"  {k}: {v:,.0f} ns per call")

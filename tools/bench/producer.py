@@ -1,22 +1,13 @@
-"""The `producer` scenario: how many ScheduleTimer commands a second one Python producer gets
-stored with `TimerClient.schedule_many`, beside the naive producer (one `schedule` per round trip).
-schedule_many runs twice: as the client chooses on this one-replica stream (`commands_per_s`:
-what the service measured the cheaper on this server, TimerClient's "auto") and in fast-ingest
-batches (`fast_commands_per_s`, what a replicated stream gets, or `fast_ingest="on"`).
-
-Issue 21's target: schedule_many ≥ 40,000 commands/s with NATS's default sync. Only commands
-JetStream acknowledged count (`Sent.outcome == "accepted"`), into the command stream as the
-service creates it (the Rig's broker, allow_atomic and all). The two producers take turns in
-halves, so a slow moment of a shared machine hits both: their ratio is the figure that carries
-over between hosts, the rates are this machine's.
-"""
+"""`producer`: ScheduleTimer commands a second one producer gets stored with `schedule_many` (as
+the client chooses, "auto", and in fast-ingest batches) beside one `schedule` per round trip,
+taking turns in halves; only commands JetStream accepted count."""
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
 
-from tools.bench.context import Context
+from tools.bench.rig import Context
 from worker.client import TimerClient
 
 # Commands per schedule_many call: what `timer-service import` sends at once (cli_timers.py).
@@ -25,16 +16,11 @@ HALVES = 2  # each producer runs twice, alternating: many, naive, many, naive
 
 
 async def producer(ctx: Context) -> dict[str, float]:
-    """schedule_many (as the client chooses here, and in fast-ingest batches) against schedule one
-    by one, into the real command stream."""
     many_n = ctx.n(200_000)
     naive_n = ctx.n(4_000, floor=200)  # a few seconds at a round trip each
     due = datetime.now(UTC) + timedelta(days=1)
     async with ctx.rig() as rig:
         prefix = rig.names["subject_prefix"]
-        # "auto" follows what the service measured on this one-replica stream (the Rig waits for
-        # it): fast batches without fsync per write, atomic under --sync-always; "on" measures the
-        # fast-ingest batches a replicated command stream gets.
         client = await TimerClient.connect(ctx.nats_url, prefix)
         fast = await TimerClient.connect(ctx.nats_url, prefix, fast_ingest="on")
         async with client, fast:
@@ -75,7 +61,7 @@ async def producer(ctx: Context) -> dict[str, float]:
 
 
 class Bulk:
-    """One bulk producer's tally: commands accepted, not accepted, seconds in schedule_many."""
+    """One bulk producer's tally: accepted, not accepted, seconds in schedule_many."""
 
     def __init__(self, due: datetime) -> None:
         self.due = due
@@ -84,8 +70,7 @@ class Bulk:
 
     async def send(self, client: TimerClient, tag: str, keys: range) -> None:
         for i in range(keys.start, keys.stop, CALL_SIZE):
-            # The producer's own data, made before the clock starts: only the client's work and
-            # the server's are timed.
+            # made before the clock starts: only the client's and the server's work are timed
             timers = [
                 {"tenantId": f"t{k % 10}", "serviceCallId": f"{tag}-{k}", "dueAt": self.due}
                 for k in range(i, min(i + CALL_SIZE, keys.stop))

@@ -1,13 +1,6 @@
-"""The soak's measuring consumer in a process of its own, as a user's consumer is, and the bench's
-side of it: the first receipt of each timer, read back from the file the consumer writes.
-
-In the bench's process the consumer shared one interpreter with the producers, the sampler and
-the reading of the records: any pause of theirs (a pass over the run's records, the collector
-walking them) delayed the receive times it took, and was counted as the service's lateness.
-In its own process it does nothing but receive, take the time, write a line and acknowledge.
-It writes to a file, not a pipe: a pipe fills while the bench is busy, and a full pipe would
-block the consumer's write, and its next receive times, until the bench read it.
-"""
+"""The soak's consumer in a process of its own, as a user's is (in the bench's, its pauses were
+counted as lateness), and the bench's reading of the file it writes (a pipe would fill and block
+it while the bench is busy)."""
 
 from __future__ import annotations
 
@@ -17,7 +10,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from tools.bench.context import python_child
+from tools.bench.rig import python_child
 from worker.contract import Subjects
 from worker.devkit.recorder import Firing, Received, Recorder
 
@@ -27,10 +20,8 @@ READY_TIMEOUT_S = 60.0  # the child's start on a busy machine: its imports and i
 
 
 def consume() -> None:
-    """The child's entry (python -c 'from tools.bench.receiver import consume; consume()'): the
-    events as a user's consumer receives them (the client's due_events on a durable consumer, each
-    acknowledged: the devkit's recorder), one JSON line `[serviceCallId, dueAt, received]` each
-    (epoch seconds) appended to the file named in $BENCH_RECEIVER, until killed."""
+    """The child's entry: each event received and acknowledged, a line `[serviceCallId, dueAt,
+    received]` appended to the file $BENCH_RECEIVER names, until killed."""
     settings = json.loads(os.environ[ENV])
     with open(settings.pop("out"), "a", buffering=1) as out:  # a line at a time: read whole by the bench
         asyncio.run(_consume(out, **settings))
@@ -40,8 +31,6 @@ async def _consume(out: IO[str], nats_url: str, prefix: str, stream: str, durabl
     def keep(received_at: float, msg: Received) -> None:
         e = Firing.of(received_at, msg)
         out.write(json.dumps([e.service_call_id, e.due_at, e.received_at]) + "\n")
-        # Nothing kept in this process (the recorder's list holds only these Nones): no heap for
-        # the collector to walk, however long the run.
 
     recorder = Recorder(nats_url, Subjects(prefix).due("*"), stream, keep, durable)
     await recorder.start()
@@ -50,8 +39,7 @@ async def _consume(out: IO[str], nats_url: str, prefix: str, stream: str, durabl
 
 
 class Receiver:
-    """The consumer's process, and what it wrote so far: each new complete line, as it comes.
-    Used with `async with`: the process ends with the block, however it ends."""
+    """The consumer's process (ended with the `async with` block) and its new complete lines."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
@@ -84,8 +72,7 @@ class Receiver:
             raise RuntimeError(f"the soak's consumer did not start (exit status {self.proc.returncode})")
 
     def take(self) -> list[tuple[str, float, float]]:
-        """The records written since the last call: (serviceCallId, dueAt, received), in the order
-        received. A line still being written is left for the next call."""
+        """(serviceCallId, dueAt, received) written since the last call; a partial line waits."""
         if self._file is None:
             self._file = self.out.open(encoding="utf-8")
         *lines, self._partial = (self._partial + self._file.read()).split("\n")
@@ -93,7 +80,6 @@ class Receiver:
 
     @property
     def exited(self) -> int | None:
-        """The consumer's exit status once it ended (it runs until stopped)."""
         return None if self.proc is None else self.proc.returncode
 
     async def stop(self) -> None:

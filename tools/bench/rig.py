@@ -1,8 +1,5 @@
-"""One benchmark run's world: its own database and streams on shared servers, replicas as processes.
-
-Every run gets a fresh database (migrated) and its own subject prefix and stream names, so runs
-never see each other's timers or events, and the servers are started once per `bench` call.
-"""
+"""One run's world: a fresh database and streams on shared servers, replicas as processes, and the
+measures the scenarios share (what a run is given, its CPU from /proc, lateness)."""
 
 from __future__ import annotations
 
@@ -11,9 +8,10 @@ import compileall
 import contextlib
 import json
 import os
+import sys
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,16 +21,21 @@ import nats
 import psycopg
 from nats.aio.client import Client as NATS
 
+import tools
 import worker
 from worker.adapters.jetstream.broker import Broker
 from worker.adapters.postgres.migrations import migrate
 from worker.config import Settings
-from worker.devkit.harness import ReplicaSet, replica_env_from
-from worker.devkit.recorder import EventRecorder
+from worker.devkit.harness import ReplicaSet, percentile, replica_env_from
+from worker.devkit.recorder import EventRecorder, Firing
 from worker.settings import load_settings
 
-# Bench-only SQL: loading rows fast and reading results. The service's own statements live in
-# sql/queries/; none of these run in a replica.
+Progress = Callable[[str], None]
+Metrics = dict[str, float]
+ROOT = Path(tools.__file__).resolve().parent.parent  # the checkout: a child imports tools from it
+TICK = os.sysconf("SC_CLK_TCK")
+
+# Bench-only SQL: loading rows fast and reading results; none of it runs in a replica.
 SEED_SQL = """
 INSERT INTO timers (tenant_id, service_call_id, state, due_at, anchor_due_at)
 SELECT %(tenant)s || (i %% %(tenants)s), %(prefix)s || i, 'Scheduled', d, d
@@ -41,6 +44,8 @@ FROM generate_series(0, %(n)s - 1) AS i,
 """
 COUNT_SCHEDULED_SQL = "SELECT count(*) FROM timers WHERE state = 'Scheduled' AND service_call_id LIKE %s"
 XACTS_SQL = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s"
+BACKEND_PID_SQL = "SELECT pg_backend_pid()"
+WAL_LSN_SQL = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"  # WAL written so far, bytes
 
 
 @dataclass(frozen=True)
@@ -55,22 +60,8 @@ class StreamState:
 
 
 def _rfc3339(ts: str) -> float:
-    # Nanosecond fractions: Python parses microseconds at most.
-    head, _, frac = ts.rstrip("Z").partition(".")
+    head, _, frac = ts.rstrip("Z").partition(".")  # nanoseconds: Python parses microseconds at most
     return datetime.fromisoformat(head + "+00:00").timestamp() + float("0." + (frac or "0"))
-
-
-def byte_compiled() -> None:
-    """Byte-compile the service's modules, as installing the package does (pip writes the .pyc of
-    a wheel, so the image's replicas load them). A checkout's editable install has none, and with
-    PYTHONDONTWRITEBYTECODE set no run writes them: every replica the bench starts then compiled
-    the whole package again, a tenth of a second or more of each start-up a deployed replica never
-    spends. Writes only what is missing or stale (__pycache__, ignored by git)."""
-    compileall.compile_dir(Path(worker.__file__).parent, quiet=1)
-
-
-def _tag() -> str:
-    return uuid.uuid4().hex[:8]
 
 
 class Rig:
@@ -79,10 +70,9 @@ class Rig:
     def __init__(
         self, admin_url: str, nats_url: str, workdir: Path, *, byte_compile: bool = True, **settings: Any
     ) -> None:
-        tag = _tag()
+        tag = uuid.uuid4().hex[:8]
         self.byte_compile = byte_compile  # False: replicas compile the package as they start
-        self.admin_url = admin_url
-        self.nats_url = nats_url
+        self.admin_url, self.nats_url = admin_url, nats_url
         self.dbname = f"bench_{tag}"
         self.db_url = admin_url.rsplit("/", 1)[0] + f"/{self.dbname}"
         self.names = {
@@ -104,12 +94,10 @@ class Rig:
         self.nc: NATS | None = None
         self.db: psycopg.AsyncConnection[Any] | None = None
 
-    # -- life cycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> Rig:
-        if self.byte_compile:
-            byte_compiled()
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{self.dbname}"')
+        if self.byte_compile:  # as installing a wheel does: replicas then start as a deployed one
+            compileall.compile_dir(Path(worker.__file__).parent, quiet=1)
+        admin(self.admin_url, f'CREATE DATABASE "{self.dbname}"')
         await asyncio.to_thread(migrate, self.db_url)
         self.db = await psycopg.AsyncConnection.connect(self.db_url, autocommit=True)
         self.nc = await nats.connect(self.nats_url, max_reconnect_attempts=-1)
@@ -127,33 +115,20 @@ class Rig:
         if self.db is not None:
             await self.db.close()
         if self.nc is not None:
-            jsm = self.nc.jetstream()
             for s in ("command_stream", "event_stream", "dlq_stream"):
                 with contextlib.suppress(Exception):  # already gone: nothing to free
-                    await jsm.delete_stream(self.names[s])
+                    await self.nc.jetstream().delete_stream(self.names[s])
             await self.nc.close()
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
+        admin(self.admin_url, f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
 
-    # -- load -----------------------------------------------------------------------------------
     async def seed(
         self, n: int, *, start_s: float, rate: float, key_prefix: str, tenant: str = "t", tenants: int = 10
     ) -> None:
-        """Insert n Scheduled timers straight into the table, due from now()+start_s at `rate` per second.
-
-        This stands for timers scheduled long ago; VACUUM ANALYZE leaves the table as autovacuum
-        would have, so claims run against realistic statistics and visibility.
-        """
-        params = {
-            "n": n,
-            "start_s": start_s,
-            "rate": rate,
-            "prefix": key_prefix,
-            "tenant": tenant,
-            "tenants": tenants,
-        }
+        """n Scheduled timers straight into the table, due from now()+start_s at `rate` a second,
+        then VACUUM ANALYZE, as autovacuum would leave timers scheduled long ago."""
+        params = {"n": n, "start_s": start_s, "rate": rate, "prefix": key_prefix}
         async with await psycopg.AsyncConnection.connect(self.db_url, autocommit=True) as conn:
-            await conn.execute(SEED_SQL, params)
+            await conn.execute(SEED_SQL, params | {"tenant": tenant, "tenants": tenants})
             await conn.execute("VACUUM ANALYZE timers")
 
     async def publish_commands(self, bodies: Iterable[tuple[str, bytes]]) -> int:
@@ -163,7 +138,6 @@ class Rig:
         await asyncio.gather(*futures)
         return len(futures)
 
-    # -- replicas -------------------------------------------------------------------------------
     def start_replicas(self, n: int) -> list[str]:
         return self.fleet.start(n)
 
@@ -171,45 +145,34 @@ class Rig:
         """Until every replica holds a database connection: started, migrated, pool open."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            cur = await self.db_.execute(
+            up = await self.scalar(
                 "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
                 "WHERE datname = %s AND application_name = ANY(%s)",
-                (self.dbname, names),
+                self.dbname,
+                names,
             )
-            row = await cur.fetchone()
-            if row and row[0] == len(names):
+            if up == len(names):
                 return
             await asyncio.sleep(0.1)
         raise RuntimeError(f"replicas did not come up; logs in {self.workdir}")
+
+    def pids(self) -> list[int]:
+        return [self.fleet.procs[name].pid for name in self.fleet.alive()]
 
     def rss_mb(self) -> dict[str, float]:
         """Resident memory of each live replica, from /proc."""
         out: dict[str, float] = {}
         for name in self.fleet.alive():
-            try:
+            with contextlib.suppress(OSError):
                 status = Path(f"/proc/{self.fleet.procs[name].pid}/status").read_text()
-            except OSError:
-                continue
-            for line in status.splitlines():
-                if line.startswith("VmRSS:"):
-                    out[name] = int(line.split()[1]) / 1024
+                rss = next(line for line in status.splitlines() if line.startswith("VmRSS:"))
+                out[name] = int(rss.split()[1]) / 1024
         return out
 
     def cpu_s(self) -> float:
-        """CPU seconds (user + system) the live replicas used so far: steadier than rates."""
-        tick = os.sysconf("SC_CLK_TCK")
-        total = 0.0
-        for name in self.fleet.alive():
-            try:
-                fields = (
-                    Path(f"/proc/{self.fleet.procs[name].pid}/stat").read_text().rsplit(")", 1)[1].split()
-                )
-            except OSError:
-                continue
-            total += (int(fields[11]) + int(fields[12])) / tick
-        return total
+        """CPU seconds the live replicas used so far: steadier than rates."""
+        return tree_cpu_s(self.pids())
 
-    # -- observation ----------------------------------------------------------------------------
     def recorder(self, tenant: str = "*", durable: str | None = None) -> EventRecorder:
         """Every event as stored (an ordered consumer); with `durable`, as a user's consumer gets them."""
         return EventRecorder(
@@ -223,16 +186,14 @@ class Rig:
         return StreamState(state["messages"], _rfc3339(state["first_ts"]), _rfc3339(state["last_ts"]))
 
     async def scalar(self, sql: str, *params: Any) -> Any:
-        cur = await self.db_.execute(sql, params or None)
-        row = await cur.fetchone()
+        row = await (await self.db_.execute(sql, params or None)).fetchone()
         return row[0] if row else None
 
     async def transactions(self) -> int:
         """Transactions committed in this run's database so far (one per autocommit statement)."""
         async with await psycopg.AsyncConnection.connect(self.admin_url, autocommit=True) as conn:
             await conn.execute("SELECT pg_stat_clear_snapshot()")
-            cur = await conn.execute(XACTS_SQL, (self.dbname,))
-            row = await cur.fetchone()
+            row = await (await conn.execute(XACTS_SQL, (self.dbname,))).fetchone()
             return int(row[0]) if row else 0
 
     @property
@@ -246,16 +207,143 @@ class Rig:
         return self.db
 
 
-def machine() -> dict[str, Any]:
-    """What the results were measured on."""
-    info: dict[str, Any] = {"cpus": os.cpu_count()}
+def admin(url: str, *statements: str) -> Any:
+    """Run statements on their own autocommit connection; the first column of the last's row."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for s in statements:
+            cur = conn.execute(s)
+        row = cur.fetchone() if cur.description else None
+        return row[0] if row else None
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every scenario is given: the servers, its sizes and where to say how it goes."""
+
+    admin_url: str
+    nats_url: str
+    workdir: Path
+    replicas: int
+    scale: float
+    progress: Progress
+    vacuum_cost_delay_ms: float | None = None  # the soak's --vacuum-cost-delay-ms
+    soak_rate: int | None = None  # the soak's --soak-rate
+
+    def n(self, full: int, floor: int = 1000) -> int:
+        return max(floor, int(full * self.scale))
+
+    def seconds(self, full: float, floor: float = 10) -> float:
+        return max(floor, full * self.scale)
+
+    def rig(self, **settings: Any) -> Rig:
+        return Rig(self.admin_url, self.nats_url, self.workdir, **settings)
+
+
+async def python_child(call: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    """`call`, Python importing tools/bench, in a process of its own (stdout a pipe): what the
+    bench's interpreter would stall and so falsify the timings of."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-c", call, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE
+    )
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+ProcTable = tuple[dict[int, float], dict[int, list[int]]]  # CPU seconds by pid; children by pid
+
+
+def proc_table() -> ProcTable:
+    """Every process's CPU seconds (its own and its reaped children's) and children, from /proc."""
+    cpu: dict[int, float] = {}
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = _stat(int(entry))
+                cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / TICK  # u, s, cu, cs time
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    return cpu, children
+
+
+def tree_cpu_s(roots: list[int], table: ProcTable | None = None) -> float:
+    """CPU seconds of these processes and all their descendants, live or already reaped."""
+    cpu, children = table or proc_table()
+    total, todo, seen = 0.0, list(roots), set()
+    while todo:
+        pid = todo.pop()
+        if pid not in seen and pid in cpu:
+            seen.add(pid)
+            total += cpu[pid]
+            todo.extend(children.get(pid, []))
+    return total
+
+
+def postgres_cpu_s(backend_pid: int) -> float:
+    """CPU seconds of the whole Postgres server whose backend this is; NaN when not on this machine."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
-        info["memory_gb"] = round(int(mem) / 1024 / 1024, 1)
-    except OSError:
-        pass
-    return info
+        return tree_cpu_s([int(_stat(backend_pid)[1])])  # the backend's parent: the postmaster
+    except (OSError, IndexError):
+        return float("nan")
+
+
+def lateness_ms(events: list[Firing], prefix: str) -> Metrics:
+    """Percentiles of receive time minus dueAt of each first receipt of a key with this prefix;
+    reachedAt (the replica's database-clock publish time) splits it into the replica's part and
+    the hop (the publish, the delivery and the replica's clock estimate, never ahead)."""
+    first: dict[str, Firing] = {}
+    for e in events:
+        if e.service_call_id.startswith(prefix):
+            first.setdefault(e.service_call_id, e)
+    late = [(e.received_at - e.due_at) * 1000 for e in first.values()]
+    reached = [(e.reached_at - e.due_at) * 1000 for e in first.values()]
+    hop = [(e.received_at - e.reached_at) * 1000 for e in first.values()]
+    return {
+        "reached_p50_ms": percentile(reached, 50),
+        "reached_p99_ms": percentile(reached, 99),
+        "hop_p50_ms": percentile(hop, 50),
+        "hop_p99_ms": percentile(hop, 99),
+        "lateness_p50_ms": percentile(late, 50),
+        "lateness_p99_ms": percentile(late, 99),
+        "lateness_max_ms": max(late, default=float("nan")),
+        "early": sum(1 for x in late if x < 0),
+    }
+
+
+async def until_fired(rig: Rig, n: int, timeout: float, progress: Progress, rss: list[float]) -> None:
+    """Poll the event stream until it holds n events; sample replica memory on the way."""
+    deadline, shown = time.monotonic() + timeout, 0.0
+    while (state := await rig.events_state()).messages < n:
+        rss.extend(rig.rss_mb().values())
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {state.messages} of {n} fired in {timeout:.0f}s; logs in {rig.workdir}")
+        if time.monotonic() - shown > 2:
+            progress(f"fired {state.messages:,}/{n:,}")
+            shown = time.monotonic()
+        await asyncio.sleep(0.25)
+    rss.extend(rig.rss_mb().values())
+
+
+async def until_marked(rig: Rig, key_prefix: str, timeout: float = 60) -> int:
+    """Wait until no timer with this key prefix is left Scheduled; the number still left."""
+    deadline, left = time.monotonic() + timeout, -1
+    while time.monotonic() < deadline:
+        left = int(await rig.scalar(COUNT_SCHEDULED_SQL, key_prefix + "%"))
+        if left == 0:
+            break
+        await asyncio.sleep(0.25)
+    return left
+
+
+def schedule_command(prefix: str, tenant: str, key: str, due: datetime) -> tuple[str, bytes]:
+    payload = {"tenantId": tenant, "serviceCallId": key, "dueAt": due.isoformat().replace("+00:00", "Z")}
+    body = {
+        "id": str(uuid.uuid4()),
+        "type": "ScheduleTimer",
+        "tenantId": tenant,
+        "timestampMs": time.time_ns() // 1_000_000,
+        "payload": payload,
+    }
+    return f"{prefix}.{tenant}.timer.schedule", json.dumps(body).encode()

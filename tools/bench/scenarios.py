@@ -1,8 +1,5 @@
-"""The benchmark scenarios. Each runs once in a fresh Rig and returns its measurements.
-
-Lateness is always measured outside the service: a JetStream consumer's receive time minus
-the event's dueAt (both on this machine's clock, the database's machine).
-"""
+"""The scenarios, each a run in a fresh Rig returning its measures; lateness is a JetStream
+consumer's receive time minus dueAt (this machine's clock, the database's machine)."""
 
 from __future__ import annotations
 
@@ -10,17 +7,17 @@ import asyncio
 import dataclasses
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from nats.js import api
 
 from tools.bench.burst import burst, burst_window
-from tools.bench.context import Context, Metrics, lateness_ms, schedule_command, until_fired, until_marked
 from tools.bench.intake_scale import intake_quota, intake_tenants
 from tools.bench.producer import producer
-from tools.bench.rig import Rig
+from tools.bench.rig import Context, Metrics, Rig, lateness_ms, schedule_command, until_fired, until_marked
 from tools.bench.shapes import drain_shapes
 from tools.bench.soak import soak
 from tools.bench.steady import steady
@@ -29,7 +26,7 @@ from worker.contract import Subjects
 
 
 async def drain(ctx: Context) -> Metrics:
-    """N overdue timers (as after downtime): claim, publish, PubAck, mark, as fast as it goes."""
+    """N overdue timers (as after downtime): claimed, published and marked as fast as it goes."""
     n = ctx.n(1_000_000)
     async with ctx.rig() as rig:
         ctx.progress(f"seeding {n:,} overdue timers")
@@ -45,9 +42,7 @@ async def drain(ctx: Context) -> Metrics:
         return {
             "timers": n,
             "fires_per_s": n / state.span_s,
-            # Catch-up after a restart, start-up included: from starting the replicas to the
-            # last event stored (the stream's clock, on this host), not to when this loop,
-            # polling every 0.25 s, noticed (wall_s).
+            # from starting the replicas to the last event stored, not to when this loop noticed
             "catchup_fires_per_s": n / (state.last_ts - started_at),
             "startup_s": state.first_ts - started_at,
             "wall_s": wall,
@@ -117,8 +112,7 @@ async def intake(ctx: Context) -> Metrics:
 
 
 async def intake_work_queue(ctx: Context) -> Metrics:
-    """`intake` on a work-queue command stream, as releases before limits retention made it: the
-    A of an A/B (every acknowledgement deletes a message, one durable write each)."""
+    """`intake` on a work-queue command stream (releases before limits retention): an A/B's A."""
     return await _intake(ctx, work_queue=True)
 
 
@@ -178,8 +172,7 @@ async def failover(ctx: Context) -> Metrics:
         ctx.progress(f"killed {victim} holding {len(orphans)} leases")
         await recorder.wait_for(n, timeout=duration + 60)
         fired = {e.service_call_id for e in recorder.firings}
-        # Every orphan counts, also those whose event got out just before the kill: the
-        # question is how late the victim's timers were, whoever fired them.
+        # every orphan counts, also those fired just before the kill: how late were its timers
         of_victim = [e for e in recorder.firings if e.service_call_id in orphans]
         return {
             "orphaned": len(orphans),
@@ -190,12 +183,8 @@ async def failover(ctx: Context) -> Metrics:
 
 
 async def _kill_a_lease_holder(rig: Rig, tries: int = 50) -> tuple[str, set[str], float]:
-    """Find a replica that holds claims right now and SIGKILL it; what it held, and when.
-
-    A claim is held by a batch in flight (its lease commits with the mark, so it shows only as
-    the rows its transaction locked: their xmax is that transaction's id) or by a committed lease
-    (a batch that ended unrecorded). The victim is frozen while its rows are read, so that what
-    it held is exactly what it held when it died, then killed."""
+    """SIGKILL a replica holding claims: a batch in flight (rows whose xmax is its open
+    transaction) or a committed lease. Frozen while they are read, so they are what it died with."""
     for _ in range(tries):
         owner = await rig.scalar(
             "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
@@ -275,8 +264,7 @@ async def idle(ctx: Context) -> Metrics:
         await rig.seed(ctx.n(100_000), start_s=86_400, rate=10, key_prefix="f-")
         names = rig.start_replicas(ctx.replicas)
         await rig.wait_replicas_up(names)
-        # Past start-up (migrate, stream checks, the first retention sweep), and past the 10 s an
-        # idle backend may hold its statistics before reporting them: the steady state only.
+        # past start-up and the 10 s an idle backend may hold its statistics: the steady state
         await asyncio.sleep(15)
         before = await rig.transactions()
         ctx.progress(f"counting statements for {window:.0f}s")
@@ -292,18 +280,15 @@ async def idle(ctx: Context) -> Metrics:
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    run: Callable[[Context], Awaitable[Metrics]]
-    # (metric, "<=" or ">=", target) rows of the issue's table
-    targets: tuple[tuple[str, str, float], ...]
-    # Run only when named: too long for every `make bench` (the soak: 15 minutes and more a run).
-    on_request: bool = False
+    run: Callable[[Context], Coroutine[Any, Any, Metrics]]
+    targets: tuple[tuple[str, str, float], ...]  # (metric, "<=" or ">=", target)
+    on_request: bool = False  # only when named: too long for every `make bench`
 
 
 SCENARIOS = {
     s.name: s
     for s in (
         Scenario("drain", drain, (("fires_per_s", ">=", 15_000), ("rss_max_mb", "<=", 150))),
-        # Two big tables built a run (5,000,000 rows each at full size): minutes, so on request.
         Scenario("drain-shapes", drain_shapes, (("burst_over_fresh", ">=", 0.9),), on_request=True),
         Scenario(
             "lateness-1k",
@@ -328,7 +313,6 @@ SCENARIOS = {
             on_request=True,
         ),
         Scenario("sweep", sweep, ()),
-        # On request: the window's run lasts its ten minutes; the two are read side by side.
         Scenario("burst", burst, (("early", "<=", 0), ("lost", "<=", 0)), on_request=True),
         Scenario("burst-window", burst_window, (("early", "<=", 0), ("lost", "<=", 0)), on_request=True),
     )

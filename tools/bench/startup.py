@@ -1,19 +1,12 @@
-"""`python -m tools.bench.startup`: how long a replica takes from its process start to its first
-firing, as `drain`'s startup_s measures it, over many runs (the medians: a shared machine is noisy).
+"""How long a replica takes from its process start to its first firing, over many runs.
 
-Each run starts `--replicas` `timer-service run` processes at once (1 by default; drain starts 3)
-on a database already migrated and streams already made (as after a restart), with one timer
-overdue, and times from the process start to `replica_started` (the first replica's log line:
-dependencies up, streams checked) and to the first event stored (the events stream's own
-timestamp, as drain's startup_s), with the replicas' CPU seconds by then (cpu_s, read at the
-first poll after it). Then SIGTERM, and the next run. The package is byte-compiled first, as
-installing it does (rig.byte_compiled); `--source` leaves that out, as the bench did before.
-`--connect` times Replica.connect alone, in this process: no interpreter start, no imports.
+Each run starts `--replicas` replicas at once on a migrated database with one timer overdue, and
+times from the start to `replica_started` in the first one's log and to the first event stored,
+with their CPU by then; `--connect` times Replica.connect alone, in this process.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -25,6 +18,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from tools.bench.report import brief, medians, parser
 from tools.bench.rig import Rig
 
 
@@ -40,13 +34,12 @@ async def _one(rig: Rig, run: int, replicas: int, timeout: float) -> dict[str, f
         await asyncio.sleep(0.05)
     cpu = rig.cpu_s()  # up to a poll after the first firing: the start-up's CPU, a little idling
     await asyncio.to_thread(rig.fleet.terminate_all)
-    # A replica stopped before it started (another fired first) logged no replica_started.
+    # one stopped before it started (another fired first) logged no replica_started
     up = min((_logged(rig.workdir / f"{name}.log", "replica_started") for name in names), key=_nan_last)
     return {"started_s": up - started_at, "first_fire_s": state.last_ts - started_at, "cpu_s": cpu}
 
 
 async def _connect(rig: Rig) -> dict[str, float]:
-    """Replica.connect alone, in this process: no interpreter start, no imports, no first claim."""
     from worker.service import Replica
 
     replica = Replica(rig.settings)
@@ -85,35 +78,19 @@ async def _runs(
     async with Rig(db_url, nats_url, workdir, byte_compile=byte_compile, log_level="INFO") as rig:
         for i in range(runs):
             out.append(await (_connect(rig) if connect_only else _one(rig, i, replicas, timeout=60)))
-            print(f"[startup {i + 1}/{runs}] {_brief(out[-1])}", file=sys.stderr, flush=True)
+            print(f"[startup {i + 1}/{runs}] {brief(out[-1], '{:.3f}'.format)}", file=sys.stderr, flush=True)
     return out
 
 
-def _brief(m: dict[str, float]) -> str:
-    return " ".join(f"{k}={v:.3f}" for k, v in m.items())
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m tools.bench.startup", description=(__doc__ or "").split("\n\n")[0]
-    )
+    p = parser("python -m tools.bench.startup", __doc__)
     p.add_argument("--runs", type=int, default=15, help="replica starts (default 15)")
+    p.add_argument("--replicas", type=int, default=1, help="replicas started together (default 1)")
+    p.add_argument("--keep", type=Path, help="keep the servers' data and the replicas' logs here")
     p.add_argument(
-        "--replicas", type=int, default=1, help="replicas started together, as drain does (default 1)"
+        "--source", action="store_true", help="no byte-compiling first: replicas compile as they start"
     )
-    p.add_argument(
-        "--keep", type=Path, help="keep the servers' data and the replicas' logs in this directory"
-    )
-    p.add_argument(
-        "--source",
-        action="store_true",
-        help="no byte-compiling first: without worker/__pycache__, replicas compile as they start",
-    )
-    p.add_argument(
-        "--connect",
-        action="store_true",
-        help="time only Replica.connect, in this process (Postgres and NATS up, streams checked)",
-    )
+    p.add_argument("--connect", action="store_true", help="time only Replica.connect, in this process")
     p.add_argument("--json", action="store_true", help="print every run and the medians as JSON")
     args = p.parse_args(argv)
     from worker.devkit.dev import servers  # embedded servers, or TIMER_DATABASE_URL / TIMER_NATS_URL
@@ -125,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             _runs(db, nats, workdir, args.runs, args.replicas, not args.source, args.connect)
         )
     if args.json:
-        median = {key: statistics.median(r[key] for r in results) for key in results[0]}
-        print(json.dumps({"runs": results, "median": median}, indent=2))
+        print(json.dumps({"runs": results, "median": medians(results)}, indent=2))
         return 0
     for key in results[0]:
         values = sorted(r[key] for r in results)

@@ -1,26 +1,16 @@
-"""The CPU that one accepted command can make a replica spend, for the costliest inputs a tenant may
-choose: checking the ScheduleTimer at intake, and computing its next occurrence when it fires after
-decades overdue. Each is bounded per row (worker/core/recurrence.py); the firing loop also bounds
-their sum per second (worker/core/budget.py) and intake hands the event loop back between them
-(worker/core/waiting.py, Slices), so this says how long one row holds the loop at most.
-
-    python -m tools.bench.tenantwork              # best of 5 rounds, each case's microseconds per row
-    python -m tools.bench.tenantwork --json
-
-Pure CPU in one process: the best of several rounds is the round least disturbed by the machine.
-The calibration loop (calibrate.py) is printed beside the figures, as everywhere in tools/bench.
-"""
+"""The CPU one accepted command can make a replica spend, for the costliest schedules a tenant may
+choose: checking it at intake, and its next occurrence when it fires decades overdue (how long one
+row holds the event loop at most); the best of several rounds."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import timeit
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tools.bench.calibrate import cpu_loop_ms
+from tools.bench.report import around_loop, parser, positive
 from worker.contract import Rejection, ScheduleTimer
 from worker.core.commands import parse_command
 from worker.core.domain import Claimed
@@ -77,31 +67,21 @@ def measure(repeat: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    p = parser(PROG, __doc__)
     p.add_argument("--repeat", type=int, default=5, help="rounds; the best counts (default 5)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.repeat < 1:
-        print(f"{PROG}: --repeat must be at least 1", file=sys.stderr)
+    if not positive(PROG, args, "--repeat"):
         return 2
-    calibration = [cpu_loop_ms()]
-    result = measure(args.repeat)
-    calibration.append(cpu_loop_ms())
-    worst_next = max(v for k, v in result.items() if k.endswith("_next_us"))
-    report = {
-        "rounds": args.repeat,
-        "cpu_loop_ms": calibration,
-        **result,
-        "worst_next_us": worst_next,
-        "worst_intake_us": max(v for k, v in result.items() if k.endswith("_intake_us")),
-        # The firing loop's budget: what such rows may take of each second, and one row beyond it.
-        "next_budget_share": NEXT_SHARE,
-        "next_free_us": NEXT_FREE_S * 1e6,
-    }
+    report: dict[str, Any] = {"rounds": args.repeat, **around_loop(lambda: measure(args.repeat))}
+    for stage in ("next", "intake"):
+        report[f"worst_{stage}_us"] = max(v for k, v in report.items() if k.endswith(f"_{stage}_us"))
+    # the firing loop's budget: what such rows may take of each second, and one row beyond it
+    report |= {"next_budget_share": NEXT_SHARE, "next_free_us": NEXT_FREE_S * 1e6}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        loops = f"cpu loop {calibration[0]:.0f} / {calibration[1]:.0f} ms"
+        loops = f"cpu loop {report['cpu_loop_ms'][0]:.0f} / {report['cpu_loop_ms'][1]:.0f} ms"
         print(f"{PROG}: best of {args.repeat} rounds; {loops}")
         for k, v in report.items():
             if k.endswith("_us"):

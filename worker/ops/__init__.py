@@ -10,6 +10,7 @@ cli_service.py  its commands that run something: migrate, run, console, dev, ben
 cli_nats.py     how those commands reach NATS: once, giving up at once when it is not there
 cli_output.py   what they print: a line for people, or the same answer as camelCase JSON (--json)
 reads.py        status, list, describe, the cancel outcome: what the database says
+cursors.py      the paging cursors of list and the console: opaque, checked against their listing's key
 diagnosis.py    a timer's `why`, from its row alone; the timers-by-state line of `status`
 browse.py       the console's browsing: a tenant's timers page by page, the search
 tenants.py      every tenant, a page at a time, by name or by pending timers, searched by prefix

@@ -1,6 +1,7 @@
 """The console's browsing reads: a tenant's timers sorted either way with previous and next pages,
 and the search across tenants (by serviceCallId, by correlationId). Keyset paging as in
-worker/ops/reads.py: a page costs what it reads, however deep; cursors are opaque."""
+worker/ops/reads.py: a page costs what it reads, however deep; cursors are opaque
+(worker/ops/cursors.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from psycopg.rows import dict_row
 from worker.adapters.postgres import bulk
 from worker.adapters.postgres.bulk import label_terms
 from worker.adapters.postgres.queries import QUERIES
-from worker.ops.reads import _EARLIEST, _decode, _encode
+from worker.ops.cursors import TEXT, TIME, decode, encode
+from worker.ops.reads import _EARLIEST
 
 # by serviceCallId (the primary key) or by dueAt (Scheduled timers only: the due index); "-" for
 # descending.
@@ -33,8 +35,8 @@ class TenantPage:
 
 def _key(row: dict[str, Any], by_due: bool) -> str:
     if by_due:
-        return _encode([row["due_at"].isoformat(), row["tenant_id"], row["service_call_id"]])
-    return _encode([row["service_call_id"]])
+        return encode([row["due_at"].isoformat(), row["tenant_id"], row["service_call_id"]])
+    return encode([row["service_call_id"]])
 
 
 def tenant_page(
@@ -48,20 +50,21 @@ def tenant_page(
     labels: dict[str, str] | None = None,
 ) -> TenantPage:
     """A page of one tenant's timers in `sort` order, after (or before) a cursor of this sort; those
-    carrying every pair of `labels` only (in key order: an id sort)."""
+    carrying every pair of `labels` only (in key order: an id sort). ValueError for a sort or a
+    cursor this does not know."""
     if sort not in SORTS or (labels and sort.endswith("due")):
         raise ValueError(f"sort: one of {', '.join(SORTS)}, by id with labels")
     by_due, descending = sort.endswith("due"), sort.startswith("-")
     # Walking the index forwards (ascending order, next page) or backwards.
     forwards = (before is None) != descending
     cursor = before if before is not None else after
-    key = _decode(cursor) if cursor else None
+    key = (decode(cursor, TIME, TEXT, TEXT) if by_due else decode(cursor, TEXT)) if cursor else None
     cur = conn.cursor(row_factory=dict_row)
     if by_due:
         if key is None:
             due, tid, sid = (_EARLIEST, "", "") if forwards else (_LATEST, "\U0010ffff", "\U0010ffff")
         else:
-            due, tid, sid = datetime.fromisoformat(key[0]), key[1], key[2]
+            due, tid, sid = key
         if forwards:
             args = {"after_due": due, "after_tenant": tid, "after_id": sid, "due_to": None}
             cur.execute(QUERIES["inspect_due_timers"], {**args, "tenant_id": tenant, "limit": limit + 1})

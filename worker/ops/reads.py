@@ -8,7 +8,6 @@ sql/queries/ and reads on the database clock. `overview` opens its own (adapters
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from worker.contract import iso
 from worker.core.timers import StoredTimer, due_and_planned, stored_timer, timer_view
 from worker.metrics import OVERDUE_CAP
 from worker.ops import fleet_stats
+from worker.ops.cursors import TEXT, TIME, decode, encode
 from worker.ops.diagnosis import counts_line, diagnose
 
 # Paused: the stored state of a paused timer (sql/migrations/0011), which the contract shows as
@@ -89,20 +89,6 @@ class Page:
     filter: TimerFilter = field(default_factory=TimerFilter)
 
 
-def _encode(key: list[Any]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
-
-
-def _decode(cursor: str) -> list[Any]:
-    try:
-        key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except ValueError:
-        raise ValueError("not a cursor this command printed") from None
-    if not isinstance(key, list):
-        raise ValueError("not a cursor this command printed")
-    return key
-
-
 def list_timers(
     conn: psycopg.Connection[Any], f: TimerFilter, after: str | None = None, limit: int = 50
 ) -> Page:
@@ -114,7 +100,7 @@ def list_timers(
     by_due = (f.tenant_id is None or f.overdue) and not every_paused
     cur = conn.cursor(row_factory=dict_row)
     if every_paused:
-        tenant, sid = _decode(after) if after else ["", ""]
+        tenant, sid = decode(after, TEXT, TEXT) if after else ["", ""]
         cur.execute(
             QUERIES["inspect_paused_timers"],
             {
@@ -126,12 +112,12 @@ def list_timers(
             },
         )
     elif by_due:
-        due, tenant, sid = _decode(after) if after else [None, "", ""]
+        due, tenant, sid = decode(after, TIME, TEXT, TEXT) if after else (None, "", "")
         due_to = f.due_to
         if f.overdue:
             (now,) = conn.execute("SELECT now()").fetchone() or (None,)
             due_to = min(due_to, now) if due_to and now else now
-        start = datetime.fromisoformat(due) if due else (f.due_from or _EARLIEST)
+        start = due or f.due_from or _EARLIEST
         if f.due_from and start < f.due_from:
             start = f.due_from
         cur.execute(
@@ -146,7 +132,7 @@ def list_timers(
             },
         )
     else:
-        (last,) = _decode(after) if after else [""]
+        (last,) = decode(after, TEXT) if after else [""]
         terms = bulk.label_terms(f.tenant_id or "", f.labels) if f.labels else None
         params = {"tenant_id": f.tenant_id, "after": last, "state": f.state, "due_from": f.due_from,
                   "due_to": f.due_to, "terms": terms, "limit": limit}  # fmt: skip
@@ -165,7 +151,7 @@ def list_timers(
             if every_paused
             else [last_row["service_call_id"]]
         )
-        cursor = _encode(key)
+        cursor = encode(key)
     return Page(rows, cursor, f)
 
 

@@ -1,7 +1,7 @@
 """Every tenant, a page at a time: the console's tenants page and `/api/v1/tenants`. Sorted by name
 (a loose scan of the primary key, one probe per tenant) or by pending timers (the quota's bounds
 in tenant_pending, a few rows per tenant); never a count of a tenant's timers. Keyset paging with
-opaque cursors, as in worker/ops/reads.py."""
+opaque cursors (worker/ops/cursors.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 from worker.adapters.postgres.queries import QUERIES
 from worker.contract import TENANT_RE, TENANT_RULE
 from worker.ops.cli_output import quoted
-from worker.ops.reads import _decode, _encode
+from worker.ops.cursors import COUNT, TEXT, decode, encode
 
 SORTS = ("name", "pending")
 # The tenants a page sorted by name walks at most: under a collation other than C the tenants of
@@ -54,10 +54,8 @@ def tenants_page(
         raise ValueError(f"sort: one of {', '.join(SORTS)}, not {quoted(sort)}")
     check_prefix(prefix)
     limit = max(1, min(limit, MAX_PAGE))
-    key = _decode(after) if after else None
-    shape = [int, str] if sort == "pending" else [str]  # (bound, tenant) or (tenant,)
-    if key is not None and [type(k) for k in key] != shape:
-        raise ValueError("not a cursor of this listing")
+    shape = (COUNT, TEXT) if sort == "pending" else (TEXT,)  # (bound, tenant) or (tenant,)
+    key = decode(after, *shape) if after else None
     cur = conn.cursor(row_factory=dict_row)
     if sort == "pending":
         bound, last = key if key else [sys.maxsize, ""]
@@ -66,7 +64,7 @@ def tenants_page(
         rows = [{"tenant": r["tenant_id"], "pending": int(r["pending"])} for r in cur.fetchall()]
         more = len(rows) > limit
         rows = rows[:limit]
-        cursor = _encode([rows[-1]["pending"], rows[-1]["tenant"]]) if more else None
+        cursor = encode([rows[-1]["pending"], rows[-1]["tenant"]]) if more else None
         return TenantsPage(rows, cursor)
     (last,) = key if key else [""]
     params = {"prefix": prefix, "after": last, "scan": walk, "limit": limit + 1}
@@ -74,7 +72,7 @@ def tenants_page(
     walked = cur.fetchall()
     matching = [{"tenant": r["tenant_id"], "pending": int(r["pending"])} for r in walked if r["matches"]]
     if len(matching) > limit:
-        return TenantsPage(matching[:limit], _encode([matching[limit - 1]["tenant"]]))
+        return TenantsPage(matching[:limit], encode([matching[limit - 1]["tenant"]]))
     if walked and walked[-1]["n"] == walk:  # the cap, not the end of the tenants
-        return TenantsPage(matching, _encode([walked[-1]["tenant_id"]]), walked[-1]["tenant_id"])
+        return TenantsPage(matching, encode([walked[-1]["tenant_id"]]), walked[-1]["tenant_id"])
     return TenantsPage(matching, None)

@@ -8,10 +8,11 @@ import subprocess
 import pytest
 
 from tools.bench import producer_ab
+from tools.bench.report import ROOT
 
 
 def test_it_compares_this_client_with_one_at_a_revision(capsys: pytest.CaptureFixture[str]) -> None:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=producer_ab.ROOT, capture_output=True, text=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     rev = head.stdout.strip()
     assert producer_ab.main(["--against", rev, "--rounds", "2", "--commands", "2500"]) == 0
     report = json.loads(capsys.readouterr().out)

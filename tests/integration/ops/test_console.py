@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
@@ -264,27 +268,96 @@ def test_the_session_cookie_is_secure_when_served_over_tls(client: TestClient) -
     assert "; secure" in forwarded.headers["set-cookie"].lower()
 
 
-def test_failed_logins_are_throttled_per_user_and_per_address(client: TestClient) -> None:
-    """Issue 22: nothing slowed down guessing. After 5 failures for a user (or the token), or 20
-    from one address, the next try waits, 1 s doubling; the wait is answered 429 with
-    Retry-After, without checking the credentials."""
-    for _ in range(5):
-        assert client.post("/login", data={"token": "wrong-token-0000000"}).status_code == 401
-    held = client.post("/login", data={"token": TOKEN})
-    assert (
-        held.status_code == 429 and held.headers["retry-after"] == "1" and "timer_console" not in held.cookies
-    )
-    clock = [time.monotonic()]  # from here on the throttle's clock is this test's
-    client.app.state.console.throttle.clock = lambda: clock[0]  # type: ignore[attr-defined]
-    clock[0] += 1.5
-    assert client.post("/login", data={"token": "wrong-token-0000000"}).status_code == 401
-    assert client.post("/login", data={"token": TOKEN}).headers["retry-after"] == "2"  # doubled
-    clock[0] += 2.5
-    assert client.post("/login", data={"token": TOKEN}).status_code == 303  # and a success clears it
-    # Per address: many user names from one client.
-    for i in range(20):
-        client.post("/login", data={"user": f"guess{i}", "password": "x" * 12})
-    assert client.post("/login", data={"user": "someone-new", "password": "x" * 12}).status_code == 429
+STRANGER = ("203.0.113.7", 40000)
+HOLDER = ("198.51.100.2", 40000)
+
+
+@contextlib.contextmanager
+def held_waits(app: Any, gate: threading.Event | None = None) -> Iterator[list[float]]:
+    """The waits the console's throttle holds wrong answers for, on a clock of this test's: each
+    hold passes at once (or when `gate` is set), moving that clock on by the wait."""
+    throttle, waits, clock = app.state.console.throttle, [], [time.monotonic()]
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if gate is not None:
+            await anyio.to_thread.run_sync(gate.wait)
+        clock[0] += seconds
+
+    throttle.clock, throttle.sleep = (lambda: clock[0]), sleep
+    yield waits
+
+
+def test_wrong_guesses_wait_per_source_and_a_right_secret_always_gets_in(settings: Settings) -> None:
+    """A stranger's wrong guesses, logins or bearer tokens, hold the stranger's answers, 1 s
+    doubling after the first ten; the token's holders get in from anywhere, the stranger's
+    address included, at once."""
+    app = create_app(console_settings(settings))
+    with TestClient(app, client=STRANGER, follow_redirects=False) as stranger, held_waits(app) as waits:
+        holder = TestClient(app, client=HOLDER, follow_redirects=False)
+        for _ in range(12):
+            assert stranger.post("/login", data={"token": "wrong-token-0000000"}).status_code == 401
+        assert waits == [1.0, 2.0]
+        assert holder.post("/login", data={"token": TOKEN}).status_code == 303
+        assert stranger.post("/login", data={"token": TOKEN}).status_code == 303
+        stranger.cookies.clear()  # a program's requests: the bearer token alone
+        holder.cookies.clear()
+        wrong = {"Authorization": "Bearer wrong-token-0000000"}
+        assert stranger.get("/api/v1/tenants", headers=wrong).status_code == 401
+        right = {"Authorization": f"Bearer {TOKEN}"}
+        assert stranger.get("/api/v1/tenants", headers=right).status_code == 200
+        assert holder.get("/api/v1/tenants", headers=wrong).status_code == 401
+        assert waits == [1.0, 2.0, 4.0], "the bearer's guess held as a login's; the holder's not at all"
+
+
+def test_a_sources_guesses_are_checked_one_at_a_time(settings: Settings) -> None:
+    """While a wrong guess's answer is held, the next guess from its source waits its turn (else a
+    right one answered at once would tell, at any rate, which ones were wrong); another source's
+    does not."""
+    app = create_app(console_settings(settings))
+    gate, throttle = threading.Event(), app.state.console.throttle
+    with TestClient(app, client=STRANGER, follow_redirects=False) as stranger:
+        for _ in range(10):
+            assert stranger.post("/login", data={"token": "wrong-token-0000000"}).status_code == 401
+        with held_waits(app, gate) as waits, ThreadPoolExecutor(2) as pool:
+            wrong = pool.submit(stranger.post, "/login", data={"token": "wrong-token-0000000"})
+            until_sync(lambda: waits == [1.0], "the wrong guess held")
+            right = pool.submit(stranger.post, "/login", data={"token": TOKEN})
+            until_sync(lambda: throttle.waiting(STRANGER[0]) == 2, "the right guess waiting its turn")
+            holder = TestClient(app, client=HOLDER, follow_redirects=False)
+            assert holder.post("/login", data={"token": TOKEN}).status_code == 303
+            assert not right.done()
+            gate.set()
+            assert wrong.result(timeout=30).status_code == 401
+            assert right.result(timeout=30).status_code == 303
+        assert waits == [1.0]
+
+
+def test_behind_a_trusted_proxy_the_source_is_the_address_it_forwards(settings: Settings) -> None:
+    app = create_app(console_settings(settings, console_trusted_proxies="10.1.0.0/16"))
+    with (
+        TestClient(app, client=("10.1.2.3", 40000), follow_redirects=False) as proxy,
+        held_waits(app) as waits,
+    ):
+        wrong = {"token": "wrong-token-0000000"}
+        for _ in range(11):
+            proxy.post("/login", data=wrong, headers={"X-Forwarded-For": f"10.1.9.9, {STRANGER[0]}"})
+        assert waits == [1.0]
+        proxy.post("/login", data=wrong, headers={"X-Forwarded-For": f"{STRANGER[0]}, {HOLDER[0]}"})
+        assert waits == [1.0], "another client behind the proxy: a source of its own"
+        # From anyone else the header is the client's own word: its address is the source (the
+        # one already counted through the proxy, and ten more).
+        elsewhere = TestClient(app, client=HOLDER, follow_redirects=False)
+        for _ in range(10):
+            elsewhere.post("/login", data=wrong, headers={"X-Forwarded-For": STRANGER[0]})
+        assert waits == [1.0, 1.0]
+
+
+def until_sync(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
 
 
 def test_the_overview_does_not_count_the_whole_table_on_every_look(

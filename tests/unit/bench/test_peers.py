@@ -13,19 +13,11 @@ from typing import Any
 
 import pytest
 
-from tools.bench import MODULE_PROG, invocation
-from tools.bench.calibrate import calibrate, describe
-from tools.bench.peers import (
-    Measured,
-    cpu_ms_per_1k,
-    drain_rate,
-    lateness_ms,
-    main,
-    pg_setting,
-    summarize,
-    table,
-    tree_cpu_s,
-)
+from tools.bench import MODULE_PROG
+from tools.bench.peer_systems import Measured
+from tools.bench.peers import cpu_ms_per_1k, drain_rate, lateness_ms, main, pg_setting, summarize, table
+from tools.bench.report import calibrate, describe, invocation
+from tools.bench.rig import tree_cpu_s
 
 
 def test_drain_rate_counts_from_the_first_receive_to_the_last() -> None:

@@ -1,4 +1,4 @@
-"""tools/bench/soak.py's reading of its samples: windows, and what each slow second went with."""
+"""tools/bench/soak_report.py's reading of its samples: windows, and what each slow second went with."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tools.bench.soak import (
+from tools.bench.soak_report import (
     Sample,
     attribution,
     machine_waits_s,

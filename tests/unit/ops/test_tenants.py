@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from worker.contract import is_valid_tenant
 from worker.ops import tenants
-from worker.ops.reads import _encode
+from worker.ops.cursors import encode as _encode
 
 
 @given(st.text(max_size=200))

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from worker.contract import TENANT_RE, TENANT_RULE
+from worker.core.fields import identifier_problem
 from worker.ops import browse, reads, tenants
 from worker.ops.cli_output import quoted
 from worker.ops.console.base import console_of, headers
@@ -91,8 +92,8 @@ async def timer_list(request: Request) -> JSONResponse:
         limit = _limit(request)
         args = (name, state, sort, p.get("after"), p.get("before"), limit, labels)
         page = await console_of(request).db(browse.tenant_page, *args)
-    except (ValueError, KeyError, IndexError, TypeError) as exc:  # a cursor not of this listing
-        return _error(str(exc) if isinstance(exc, ValueError) else "not a cursor of this listing")
+    except ValueError as exc:  # a filter, a limit or a cursor not of this listing
+        return _error(str(exc))
     return _json(
         {"timers": [reads.row_json(r) for r in page.rows], "next": page.next_cursor, "prev": page.prev_cursor}
     )
@@ -101,6 +102,10 @@ async def timer_list(request: Request) -> JSONResponse:
 async def timer(request: Request) -> JSONResponse:
     """`describe --json`: every field of one timer and why it has (not) fired."""
     name, sid = request.path_params["tenant"], request.path_params["sid"]
+    if not TENANT_RE.match(name):
+        return _error(f"not a tenant id ({TENANT_RULE})")
+    if (problem := identifier_problem(sid, "serviceCallId")) is not None:
+        return _error(problem)
     view = await console_of(request).db(reads.describe, name, sid)
     if view is None:
         return _error("no such timer", 404)

@@ -34,7 +34,7 @@ from worker.config import ConsoleSettings
 from worker.errors import ConfigError
 from worker.ops import dlq, reads
 from worker.ops.console import actions, api, bulk, dlq_views, tenant_views, views
-from worker.ops.console.auth import COOKIE, LoginThrottle, RequireLogin, served_over_tls
+from worker.ops.console.auth import COOKIE, RequireLogin, served_over_tls
 from worker.ops.console.base import Console, checked_form, console_of, headers
 
 # /login answers anyone: its body (a urlencoded form of credentials) is read up to this, no further.
@@ -51,18 +51,10 @@ async def login(request: Request) -> Response:
         return Response(status_code=413, headers=headers())
     form = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=10)
     fields = {k: (form.get(k) or [""])[0] for k in ("token", "user", "password")}
-    address = request.client.host if request.client else "?"
-    wait = c.throttle.wait_s(address, fields["user"])
-    if wait > 0:  # not even checked: a guess made now tells nothing
-        refused = c.page(request, "login.html", 429, error=f"tried too often: wait {wait:.0f} s", basic=basic)
-        refused.headers["Retry-After"] = LoginThrottle.retry_after(wait)
-        return refused
-    if not c.credentials.admits(**fields):
-        c.throttle.failed(address, fields["user"])
+    user = await c.throttle.check(c.proxy.source(request), lambda: c.credentials.identity(**fields))
+    if user is None:
         return c.page(request, "login.html", 401, error="not recognised", basic=basic)
-    c.throttle.succeeded(address, fields["user"])
     response = RedirectResponse("/", status_code=303, headers=headers())
-    user = c.credentials.who(fields["token"], fields["user"])
     response.set_cookie(
         COOKIE,
         c.sessions.create(user, c.roles.operator(user)),
@@ -116,11 +108,11 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/", views.overview),
         Route("/search", views.search, methods=["POST"]),
         Route("/tenants", tenant_views.tenant_list),
-        Route("/tenants/{tenant}", views.tenant),
-        Route("/timers/{tenant}/{sid:path}", views.timer),
-        Route("/act/{what}/{tenant}/{sid:path}", actions.timer_action, methods=["POST"]),
-        Route("/act-tenant/{what}/{tenant}", actions.tenant_action, methods=["POST"]),
-        Route("/act-labelled/{what}/{tenant}", bulk.labelled_action, methods=["POST"]),
+        Route("/tenants/{tenant:tenant}", views.tenant),
+        Route("/timers/{tenant:tenant}/{sid:sid}", views.timer),
+        Route("/act/{what}/{tenant:tenant}/{sid:sid}", actions.timer_action, methods=["POST"]),
+        Route("/act-tenant/{what}/{tenant:tenant}", actions.tenant_action, methods=["POST"]),
+        Route("/act-labelled/{what}/{tenant:tenant}", bulk.labelled_action, methods=["POST"]),
         Route("/dlq", dlq_views.dlq_list),
         Route("/dlq/bulk", dlq_views.dlq_bulk, methods=["POST"]),
         Route("/dlq/{seq:int}", dlq_views.dlq_entry),
@@ -129,7 +121,11 @@ def create_app(settings: ConsoleSettings) -> Starlette:
     ]
     middleware = [
         Middleware(
-            RequireLogin, sessions=console.sessions, credentials=console.credentials, proxy=console.proxy
+            RequireLogin,
+            sessions=console.sessions,
+            credentials=console.credentials,
+            proxy=console.proxy,
+            throttle=console.throttle,
         )
     ]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)

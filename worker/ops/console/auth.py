@@ -10,19 +10,25 @@ the proxy's header names the user instead, believed only from the proxies config
 Each identity is an operator or may only read (Roles, TIMER_CONSOLE_OPERATORS): a reader is shown
 no action and refused one (base.action_form).
 
-Failed logins are throttled in this process (the console runs as one pod): LoginThrottle.
+Who someone is comes from the secret that matched and nothing else (Credentials.identity): a user
+name is believed only with its password, and a wrong secret beside a right one admits no one.
+Wrong guesses (a login's, a bearer token's) are throttled per source in this process (the console
+runs as one pod), after the secret is checked: GuessThrottle.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import ipaddress
 import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
@@ -30,7 +36,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from worker.config import ConsoleSettings
 
+T = TypeVar("T")
 COOKIE = "timer_console"
+# The name the token's holder logs in under (TIMER_CONSOLE_OPERATORS may name it); a request that
+# carries the token as a bearer is audited as BEARER.
+TOKEN_HOLDER = "token"
+BEARER = "bearer-token"
 SESSION_TTL_S = 8 * 3600
 # Reachable without a session: the login form and its post. Nothing else.
 OPEN_PATHS = frozenset({"/login"})
@@ -52,7 +63,7 @@ MAX_GROUPS = 100
 class Session:
     csrf: str
     expires: float
-    user: str  # who logged in, for the audit lines of actions: the user name, or "token"
+    user: str  # who logged in, for the audit lines of actions: the user name, or TOKEN_HOLDER
     operator: bool  # may act (when actions are on); else may only read
     proxied: bool = False  # named by the identity proxy on each request: no login, no logout
 
@@ -106,6 +117,21 @@ class ProxyIdentity:
             return False
         return any(ip in network for network in self.proxies)
 
+    def source(self, request: Request) -> str:
+        """Where a guess at a secret comes from (GuessThrottle's key): the client's address; from a
+        trusted proxy, the nearest address it forwards (X-Forwarded-For) that is not one itself."""
+        peer = request.client.host if request.client else "?"
+        if not self.trusted(peer):
+            return peer
+        hops = ",".join(request.headers.getlist("x-forwarded-for")).split(",")
+        for hop in (h.strip() for h in reversed(hops)):
+            if hop and not self.trusted(hop):
+                try:
+                    return str(ipaddress.ip_address(hop))
+                except ValueError:
+                    return peer
+        return peer
+
     def session(self, request: Request) -> Session | None:
         """The proxy's user as a session, or None (no proxy configured, not from one, no header);
         ValueError when the header names no user."""
@@ -149,37 +175,47 @@ class Credentials:
         self.user = settings.console_user
         self.password = settings.console_password.get_secret_value() if settings.console_password else None
 
-    def admits(self, token: str = "", user: str = "", password: str = "") -> bool:
-        """Whether the token, or the user and password, are the configured ones. Every configured
-        secret is compared, whichever was given, so the time taken says nothing about which failed."""
-        ok = False
-        if self.token is not None:
-            ok |= _same(token, self.token) and bool(token)
-        if self.user is not None and self.password is not None:
-            ok |= _same(user, self.user) & _same(password, self.password) and bool(user)
-        return ok
-
-    def who(self, token: str = "", user: str = "") -> str:
-        """The name an admitted login is audited under."""
-        return user if user and self.user is not None and _same(user, self.user) else "token"
+    def identity(self, token: str = "", user: str = "", password: str = "") -> str | None:
+        """Who the secrets given prove to be: the configured user when the password is theirs, else
+        the token's holder (TOKEN_HOLDER) when the token is; None when a secret given is wrong, or
+        none is given. A user name is no secret: without its password it names no one. Every
+        configured secret is compared, whichever was given, so the time taken says nothing."""
+        token_ok = self.token is not None and _same(token, self.token)
+        password_ok = (
+            self.user is not None
+            and self.password is not None
+            and _same(user, self.user) & _same(password, self.password)
+        )
+        if (token and not token_ok) or (password and not password_ok):
+            return None
+        if password:
+            return self.user
+        return TOKEN_HOLDER if token else None
 
     def bearer(self, header: str | None) -> bool:
+        """Whether the header is `Bearer <the token>`: its holder's request."""
         scheme, _, value = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and self.admits(token=value.strip())
+        return scheme.lower() == "bearer" and self.identity(token=value.strip()) == TOKEN_HOLDER
 
 
 class RequireLogin:
     """ASGI middleware: no route answers without the identity proxy's user, a session or a bearer
-    token. A page asked for by GET is redirected to the login form; anything else (a post, the JSON
-    API) gets an empty 401."""
+    token (a wrong one a guess, throttled). A page asked for by GET is redirected to the login
+    form; anything else (a post, the JSON API) gets an empty 401."""
 
     def __init__(
-        self, app: ASGIApp, sessions: Sessions, credentials: Credentials, proxy: ProxyIdentity
+        self,
+        app: ASGIApp,
+        sessions: Sessions,
+        credentials: Credentials,
+        proxy: ProxyIdentity,
+        throttle: GuessThrottle,
     ) -> None:
         self.app = app
         self.sessions = sessions
         self.credentials = credentials
         self.proxy = proxy
+        self.throttle = throttle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -193,7 +229,7 @@ class RequireLogin:
             return
         if session is not None:
             scope.setdefault("state", {})["session"] = session
-        elif self.credentials.bearer(request.headers.get("authorization")):
+        elif await self._bearer(request):
             scope.setdefault("state", {})["session"] = None  # a program: no forms, no CSRF
         else:
             page = request.method in ("GET", "HEAD") and not scope["path"].startswith(API)
@@ -201,6 +237,16 @@ class RequireLogin:
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    async def _bearer(self, request: Request) -> bool:
+        """Whether the request carries the token as a bearer: a guess, when it carries another."""
+        header = request.headers.get("authorization")
+        if header is None:
+            return False
+        found = await self.throttle.check(
+            self.proxy.source(request), lambda: BEARER if self.credentials.bearer(header) else None
+        )
+        return found is not None
 
 
 def csrf_ok(request: Request, posted: object) -> bool:
@@ -223,55 +269,84 @@ def served_over_tls(request: Request) -> bool:
     return forwarded_proto == "https" or "proto=https" in forwarded.split(";")
 
 
-class LoginThrottle:
-    """Failed logins, per client address and per user name: after FREE failures a key must wait
-    before its next try, 1 s doubling with each further failure up to MAX_WAIT_S. A success clears
-    both of its keys; a key forgotten after FORGET_S without failures. Kept in this process (the
-    console runs as one pod), at most MAX_KEYS keys (the oldest go first).
+class GuessThrottle:
+    """Wrong guesses at a secret (a login's, a bearer token's), per source (ProxyIdentity.source).
+    The secret is always checked first and a right one always gets in. A source's first FREE wrong
+    guesses are answered at once; the answer to each further one is held, 1 s doubling up to
+    MAX_WAIT_S, and a source's guesses are checked one at a time, so that holding its wrong answers
+    slows that source, and no other, to one guess a wait (a right guess sent beside them waits its
+    turn: answered at once, it would tell which guesses are wrong without waiting for them).
 
-    Behind a proxy every client has the proxy's address: the address key then throttles everyone
-    together, which is why its allowance is the larger one."""
+    A source is forgotten after FORGET_S without a wrong guess; a right secret does not clear it
+    (a token holder could otherwise guess at a password between logins). Kept in this process
+    (the console runs as one pod), at most MAX_KEYS sources (the oldest go first)."""
 
-    FREE_PER_USER = 5
-    FREE_PER_ADDRESS = 20
-    MAX_WAIT_S = 300.0
+    FREE = 10
+    MAX_WAIT_S = 60.0
     FORGET_S = 3600.0
     MAX_KEYS = 10_000
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        # key -> (failures, when the last one was)
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.clock, self.sleep = clock, sleep
+        # source -> (wrong guesses, when the last one was)
         self._failed: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self._turns: dict[str, _Turn] = {}
 
-    @staticmethod
-    def keys(address: str, user: str) -> list[tuple[str, int]]:
-        return [
-            (f"addr:{address}", LoginThrottle.FREE_PER_ADDRESS),
-            (f"user:{user or 'token'}", LoginThrottle.FREE_PER_USER),
-        ]
+    async def check(self, source: str, check: Callable[[], T | None]) -> T | None:
+        """`check()` (who the secret names, or None) in this source's turn; a None answered only
+        after the source's wait."""
+        async with self._turn(source):
+            # A hold cut short (its request cancelled) still holds the guess after it.
+            await self._hold(source)
+            found = check()
+            if found is None:
+                self._failed_once(source)
+                await self._hold(source)
+            return found
 
-    def wait_s(self, address: str, user: str) -> float:
-        """Seconds before this address or user may try again (0: now)."""
-        now, longest = self.clock(), 0.0
-        for key, free in self.keys(address, user):
-            failures, last = self._failed.get(key, (0, 0.0))
-            if failures >= free and now - last < self.FORGET_S:
-                wait = min(self.MAX_WAIT_S, 2.0 ** (failures - free))
-                longest = max(longest, last + wait - now)
-        return max(0.0, longest)
+    def waiting(self, source: str) -> int:
+        """The guesses from this source being checked or waiting their turn."""
+        turn = self._turns.get(source)
+        return turn.guesses if turn else 0
 
-    def failed(self, address: str, user: str) -> None:
+    def wait_s(self, source: str) -> float:
+        """Seconds this source's next guess waits before it is checked (0: none)."""
+        failures, last = self._failed.get(source, (0, 0.0))
         now = self.clock()
-        for key, _ in self.keys(address, user):
-            failures, last = self._failed.pop(key, (0, now))
-            self._failed[key] = (failures + 1 if now - last < self.FORGET_S else 1, now)
+        if failures <= self.FREE or now - last >= self.FORGET_S:
+            return 0.0
+        return max(0.0, last + min(self.MAX_WAIT_S, 2.0 ** (failures - self.FREE - 1)) - now)
+
+    async def _hold(self, source: str) -> None:
+        wait = self.wait_s(source)
+        if wait > 0:
+            await self.sleep(wait)
+
+    def _failed_once(self, source: str) -> None:
+        now = self.clock()
+        failures, last = self._failed.pop(source, (0, now))
+        self._failed[source] = (failures + 1 if now - last < self.FORGET_S else 1, now)
         while len(self._failed) > self.MAX_KEYS:
             self._failed.popitem(last=False)
 
-    def succeeded(self, address: str, user: str) -> None:
-        for key, _ in self.keys(address, user):
-            self._failed.pop(key, None)
+    @contextlib.asynccontextmanager
+    async def _turn(self, source: str) -> AsyncIterator[None]:
+        turn = self._turns.setdefault(source, _Turn())
+        turn.guesses += 1
+        try:
+            async with turn.lock:
+                yield
+        finally:
+            turn.guesses -= 1
+            if not turn.guesses:
+                del self._turns[source]
 
-    @staticmethod
-    def retry_after(wait_s: float) -> str:
-        return str(max(1, math.ceil(wait_s)))
+
+@dataclass(slots=True)
+class _Turn:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    guesses: int = 0

@@ -18,6 +18,7 @@ import jinja2
 from markupsafe import Markup
 from nats.aio.client import Client as NATS
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -25,10 +26,43 @@ from starlette.responses import HTMLResponse
 
 from worker.client import TimerClient
 from worker.config import ConsoleSettings
+from worker.contract import MAX_ID_CHARS, TENANT_RULE
 from worker.core.fields import label_problem
 from worker.core.timers import due_and_planned
 from worker.ops import dlq, reads
-from worker.ops.console.auth import Credentials, LoginThrottle, ProxyIdentity, Roles, Sessions, csrf_ok
+from worker.ops.console.auth import (
+    BEARER,
+    TOKEN_HOLDER,
+    Credentials,
+    GuessThrottle,
+    ProxyIdentity,
+    Roles,
+    Sessions,
+    csrf_ok,
+)
+
+
+class _Part(Convertor[str]):
+    """A path part the routes take only when it can name something: any other answers 404, never
+    a database error (a NUL, say)."""
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+class _TenantPart(_Part):
+    regex = TENANT_RULE
+
+
+class _IdPart(_Part):  # the id rule (core/fields.py): no control character, at most MAX_ID_CHARS
+    regex = f"[^\\x00-\\x1f\\x7f-\\x9f]{{1,{MAX_ID_CHARS}}}"
+
+
+register_url_convertor("tenant", _TenantPart())
+register_url_convertor("sid", _IdPart())
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -103,6 +137,7 @@ _env = jinja2.Environment(
     autoescape=True,
     undefined=jinja2.StrictUndefined,
 )
+
 _env.filters["q"] = lambda value: urllib.parse.quote(str(value), safe="")
 _env.filters["t"] = fmt_time
 _env.filters["due"] = fmt_due
@@ -118,7 +153,7 @@ class Console:
         self.credentials = Credentials(settings)
         self.roles = Roles(settings)
         self.proxy = ProxyIdentity(settings, self.roles)
-        self.throttle = LoginThrottle()
+        self.throttle = GuessThrottle()
         self.nc: NATS | None = None
         self.queue: dlq.Dlq | None = None
         self.client: TimerClient | None = None
@@ -212,13 +247,13 @@ def may_act(request: Request) -> bool:
     """Actions are on and this is an operator's request. A bearer request is the token's holder."""
     c = console_of(request)
     session = getattr(request.state, "session", None)
-    operator = session.operator if session is not None else c.roles.operator("token")
+    operator = session.operator if session is not None else c.roles.operator(TOKEN_HOLDER)
     return c.s.console_actions and operator
 
 
 def who(request: Request) -> str:
     session = getattr(request.state, "session", None)
-    return session.user if session is not None else "bearer-token"
+    return session.user if session is not None else BEARER
 
 
 def audit(request: Request, what: str, tenant: str | None, id: str | None, **detail: Any) -> None:

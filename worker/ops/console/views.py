@@ -129,7 +129,7 @@ async def tenant(request: Request) -> Response:
         page = await c.db(
             browse.tenant_page, tenant, state, sort, p.get("after"), p.get("before"), 50, labels
         )
-    except (ValueError, KeyError, IndexError, TypeError):
+    except ValueError:
         return Response("bad cursor", status_code=400, headers=headers())
     total = summary["counts"][state] if state else sum(summary["counts"].values())
     return c.page(
