@@ -7,13 +7,15 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,31 @@ from worker.service import Replica
 
 # The devkit's poll-until, under the name the tests have always called it by.
 until = until_async
+
+
+async def while_progressing(
+    count: Callable[[], int | Awaitable[int]],
+    target: int,
+    stall_s: float = 60.0,
+    what: str = "progress",
+    interval: float = 0.1,
+) -> int:
+    """Poll `count` until it reaches `target`; TimeoutError once it has not moved for `stall_s`.
+
+    For work of a fixed size (a backlog to drain, a flood's CPU to spend): a loaded machine takes
+    longer to finish it, not longer between steps, so a wait on progress holds where a deadline
+    for the whole fails, and a drain that stopped still fails after `stall_s`."""
+    last, moved = -1, time.monotonic()
+    while True:
+        value = count()
+        now = await value if inspect.isawaitable(value) else value
+        if now >= target:
+            return now
+        if now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall_s:
+            raise TimeoutError(f"{what}: stuck at {now} of {target} for {stall_s:g}s")
+        await asyncio.sleep(interval)
 
 
 @contextlib.asynccontextmanager

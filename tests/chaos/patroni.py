@@ -208,7 +208,9 @@ class Member(ServerProcess):
                     "replication": {"username": "postgres"},
                     "rewind": {"username": "postgres"},
                 },
-                "parameters": {"unix_socket_directories": str(self.base_dir)},
+                # TCP only, as the embedded server (`-k ""`): a socket in the member's directory
+                # passed the 107-byte limit of its path under an xdist worker's temporary root.
+                "parameters": {"unix_socket_directories": ""},
                 "pg_hba": trust,
                 # A new member copies the leader at once, not after a spread checkpoint (minutes).
                 "basebackup": [{"checkpoint": "fast"}],

@@ -88,6 +88,21 @@ class PgPair:
             row = conn.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
         return str(row[0]) if row else None
 
+    def wait_replayed(self) -> None:
+        """Until the standby has replayed everything the primary had written when this was called:
+        every commit made before it is on both."""
+        with psycopg.connect(self.primary.url, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        lsn = str(row[0])
+
+        def replayed() -> bool:
+            with psycopg.connect(self.standby.url, autocommit=True) as conn:
+                done = conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()
+            return bool(done and done[0])
+
+        until(replayed, timeout=60, what=f"the standby replaying the primary's WAL to {lsn}", interval=POLL_S)
+
     def stall_replication(self) -> None:
         """Hold the WAL stream back in the proxy (a slow network or disk on the standby's side):
         with synchronous replication commits then wait; without, they go on alone."""

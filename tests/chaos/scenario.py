@@ -263,6 +263,14 @@ def _event(received: float, msg: Received) -> Event:
 
 RESULTS: list[str] = []  # one line per scenario, printed again at the end of the session
 
+MakeRun = Callable[..., Run]  # the make_run fixture (tests/chaos/conftest.py)
+
+
+async def passes(run: Run, faults: FaultDriver) -> None:
+    """Run it under `faults`; every timer as the checker wants it."""
+    verdict = await run.execute(faults)
+    assert verdict.ok, "\n".join([verdict.line(), *verdict.examples])
+
 
 def scale() -> float:
     """TIMER_CHAOS_SCALE multiplies timers and duration: 1 in `make test`, more for a soak."""

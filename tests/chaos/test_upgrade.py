@@ -13,8 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.chaos.scenario import RESULTS, Chaos
-from tests.chaos.test_scenarios import MakeRun, passes
+from tests.chaos.scenario import RESULTS, Chaos, MakeRun, passes
 from worker.adapters.postgres import migrations
 
 pytestmark = pytest.mark.chaos

@@ -3,31 +3,13 @@ lives in docs/BENCHMARKS.md, not here."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def run_json(argv: list[str], env: dict[str, str] | None = None, timeout: int = 600) -> tuple[Any, str]:
-    """Run `python <argv>` from the repository root; its JSON report (it must exit 0) and its stderr."""
-    out = subprocess.run(
-        [sys.executable, *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout), out.stderr
+from tests.integration.bench import ROOT, run_json
 
 
 @pytest.mark.parametrize(
@@ -167,99 +149,3 @@ def test_the_tenantwork_bench_times_each_costly_schedule_at_intake_and_to_fire()
     for case in CASES:
         assert report[f"{case}_intake_us"] > 0 and report[f"{case}_next_us"] > 0
     assert report["worst_next_us"] == max(report[f"{case}_next_us"] for case in CASES)
-
-
-def test_the_steady_bench_sets_the_realistic_tables_postgres_cpu_beside_the_empty_ones(
-    pg_server_url: str, nats_url: str
-) -> None:
-    env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
-    argv = ["steady", "--scale", "0.002", "--runs", "1", "--replicas", "1", "--json"]
-    report, stderr = run_json(["-m", "tools.bench", *argv], env)
-    m = report["results"]["steady"]["median"]
-    # --scale honoured (5,000,000 x 0.002), every timer of both arms fired and measured
-    assert m["rows"] == 10_000 and m["due_per_s"] == 500
-    assert m["empty_pg_cpu_us_per_fire"] > 0 and m["pg_cpu_us_per_fire"] > 0
-    assert m["pg_cpu_over_empty"] == m["pg_cpu_us_per_fire"] / m["empty_pg_cpu_us_per_fire"]
-    assert m["lateness_p99_ms"] >= 0 and m["empty_lateness_p99_ms"] >= 0
-    assert [v["metric"] for v in report["results"]["steady"]["targets"]] == ["pg_cpu_over_empty"]
-    assert "building a table of 10,000 pending timers" in stderr
-
-
-def test_drain_shapes_drains_every_table_shape(pg_server_url: str, nats_url: str) -> None:
-    env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
-    argv = ["drain-shapes", "--scale", "0.01", "--runs", "1", "--replicas", "1", "--json"]
-    report, stderr = run_json(["-m", "tools.bench", *argv], env)
-    m = report["results"]["drain-shapes"]["median"]
-    # --scale honoured (50,000 due at its floor of 1,000; 5,000,000 x 0.01), every due timer fired
-    # and recorded on each shape, with its rate, the WAL it took and the pages the due rows sat on
-    assert (m["timers"], m["big_rows"]) == (1_000, 50_000)
-    for shape in ("fresh", "burst", "scattered", "churned"):
-        assert m[f"{shape}_fires_per_s"] > 0 and m[f"{shape}_wal_bytes_per_fire"] > 0, shape
-        assert m[f"{shape}_left_scheduled"] == 0, shape
-        assert 0 < m[f"{shape}_due_pages"] <= 1_000, shape
-    # scattered: one due timer every 51 rows, each on a page of its own; the burst appended
-    # packed; after the churn the burst lands in the slots retention freed, page after page
-    assert m["scattered_due_pages"] == 1_000
-    assert m["burst_due_pages"] < 100
-    assert m["churned_due_pages"] >= 900  # 1,000 slots freed, one every 50 rows: one due row each
-    assert m["burst_over_fresh"] == m["burst_fires_per_s"] / m["fresh_fires_per_s"]
-    assert m["scattered_over_fresh"] == m["scattered_fires_per_s"] / m["fresh_fires_per_s"]
-    assert m["churned_over_fresh"] == m["churned_fires_per_s"] / m["fresh_fires_per_s"]
-    assert [v["metric"] for v in report["results"]["drain-shapes"]["targets"]] == ["burst_over_fresh"]
-    assert "burst: building 1,000 due among 50,000" in stderr
-
-
-def test_the_soak_bench_checks_every_timer_and_prints_its_windows(pg_server_url: str, nats_url: str) -> None:
-    env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
-    argv = [
-        "soak",
-        "--scale",
-        "0.002",
-        "--runs",
-        "1",
-        "--replicas",
-        "1",
-        "--vacuum-cost-delay-ms",
-        "2",
-        "--soak-rate",
-        "300",
-        "--json",
-    ]
-    report, stderr = run_json(["-m", "tools.bench", *argv], env)
-    m = report["results"]["soak"]["median"]
-    # the autovacuum to compare, on the soak's table before the load (the migrations set 5)
-    # as the table held it then, read back from pg_class, and said with the progress
-    assert m["vacuum_cost_delay_ms"] == 2.0
-    assert "autovacuum_vacuum_cost_delay of timers: 2 ms (set by --vacuum-cost-delay-ms)" in stderr
-    # --scale honoured (5,000,000 rows and 900 s x 0.002, at their floors of 10,000 and 20 s in
-    # windows of 5 s), the producers kept --soak-rate and a tenth of it cancelled, and every timer
-    # is accounted for
-    assert (m["rows"], m["seconds"], m["windows"], m["rate"]) == (10_000, 20, 4, 300)
-    assert 5_400 <= m["scheduled"] <= 6_000 and 540 <= m["cancelled"] <= 600
-    assert m["fired"] == m["scheduled"] - m["cancelled"] - m["send_errors"]
-    assert (m["lost"], m["cancelled_fired"], m["early"]) == (0, 0, 0)
-    assert 0 < m["lateness_p50_ms"] <= m["max_window_p99_ms"] <= m["lateness_max_ms"]
-    assert m["rss_max_mb"] > 0 and m["wal_mb"] > 0 and m["cpu_loop_ms_max"] > 0
-    targets = [v["metric"] for v in report["results"]["soak"]["targets"]]
-    assert targets == ["max_window_p99_ms", "lost", "cancelled_fired"]
-    # the window table, one row a window (and the drain's after it), went out with the progress
-    header = next(line for line in stderr.splitlines() if "| t (s) | fires |" in line)
-    rows = stderr[stderr.index(header) :].splitlines()[2:6]
-    assert [r.split(" | ")[1] for r in rows] == ["0", "5", "10", "15"]  # "[soak 1/1] | 0 | ..."
-    assert "slow seconds" in stderr
-
-
-def test_a_burst_with_a_window_reaches_the_consumer_as_a_steady_rate(
-    pg_server_url: str, nats_url: str
-) -> None:
-    # 1,000 timers due at one instant (100,000 x 0.01), without and with a window (ten minutes,
-    # scaled to its floor of 10 s): the consumer's busiest second holds most of the first, a
-    # tenth or so of the second; neither publishes any event before its planned instant.
-    env = {**os.environ, "TIMER_DATABASE_URL": pg_server_url, "TIMER_NATS_URL": nats_url}
-    argv = ["burst", "burst-window", "--scale", "0.01", "--runs", "1", "--json"]
-    report, _ = run_json(["-m", "worker", "bench", *argv], env)
-    spike, spread = (report["results"][name]["median"] for name in ("burst", "burst-window"))
-    assert spike["timers"] == spread["timers"] == 1000
-    assert spike["early"] == spread["early"] == 0 and spike["lost"] == spread["lost"] == 0
-    assert spike["window_s"] == 0 and spread["window_s"] == 10
-    assert spread["receive_span_s"] >= 9 and spread["peak_per_s"] * 2 < spike["peak_per_s"]

@@ -4,6 +4,7 @@ one over ten; the command filters again, in place, as soon as the stream binds a
 
 from __future__ import annotations
 
+import statistics
 import time
 
 from tests.helpers import until
@@ -13,6 +14,8 @@ from worker.config import Settings
 
 # Commands per round: enough that the server's per-message cost, not a round trip, sets the time.
 BACKLOG = 8_000
+# Pairs of rounds: single rounds spread 2.5 x on a busy machine; the median of five does not.
+PAIRS = 5
 
 
 async def delivered_per_s(broker: Broker, settings: Settings, tenants: int) -> float:
@@ -44,18 +47,21 @@ async def test_a_backlog_over_thousands_of_tenants_is_delivered_about_as_fast_as
     settings: Settings,
 ) -> None:
     """With the four command filters nats-server delivered 0.04 x as fast over 5,000 tenants as
-    over 10 (docs/BENCHMARKS.md, intake-tenants). Rounds interleaved, the best of each counts: the
-    machine's load varies, the server's cost per subject does not."""
+    over 10 (docs/BENCHMARKS.md, intake-tenants). The machine's load varies, the server's cost per
+    subject does not: each pair of rounds is run back to back (in alternating order, so neither
+    always has the machine first) and gives a ratio, and the median of PAIRS ratios counts."""
     broker = Broker(settings)
     await broker.connect()
     try:
         await broker.ensure_streams()
         rates: dict[int, list[float]] = {10: [], 5_000: []}
-        for _ in range(2):
-            for tenants, seen in rates.items():
-                seen.append(await delivered_per_s(broker, settings, tenants))
-        ratio = max(rates[5_000]) / max(rates[10])
-        assert ratio >= 0.5, f"commands/s over 10 tenants {rates[10]}, over 5,000 {rates[5_000]}"
+        for pair in range(PAIRS):
+            for tenants in (10, 5_000) if pair % 2 == 0 else (5_000, 10):
+                rates[tenants].append(await delivered_per_s(broker, settings, tenants))
+        ratio = statistics.median(many / few for few, many in zip(rates[10], rates[5_000], strict=True))
+        assert ratio >= 0.5, (
+            f"median ratio {ratio:.2f}: commands/s over 10 tenants {rates[10]}, over 5,000 {rates[5_000]}"
+        )
     finally:
         await broker.close()
 

@@ -30,6 +30,7 @@ ROOT = Path(__file__).parents[3]
 NEXT_RELEASE = ROOT / "tests" / "fixtures" / "next_release"
 TENANT = "acme"
 MIGRATORS = 6  # replicas and `timer-service migrate` Jobs starting at once
+LATE_RATIO = 3.0  # timers beside a blocked migration against the same run's calm ones
 log = logging.getLogger(__name__)
 
 
@@ -85,17 +86,32 @@ async def test_an_add_column_blocked_by_a_long_reader_keeps_timers_on_time(
                     f"{settings.subject_prefix}.{TENANT}.timer.schedule", json.dumps(body).encode()
                 )
 
+        # The baseline: how late timers fire here with no migration at all (a loaded machine
+        # makes both late alike); the bound is a multiple of it plus the quiet machine's second.
+        await schedule("calm", 20, 1.0, 1.0)
+        await until(lambda: len(rec.records) == 20, timeout=60, what="20 calm timers fired")
+        baseline = max(f.reached_at - f.due_at for f in rec.records)
         await schedule("stored", 20, 3.0, 4.0)  # stored before the migration starts
-        await until(lambda: query(db_url, "SELECT count(*) FROM timers")[0][0] == 20, what="20 timers stored")
+        await until(lambda: query(db_url, "SELECT count(*) FROM timers")[0][0] == 40, what="20 timers stored")
         migration = asyncio.create_task(asyncio.to_thread(migrations.migrate, db_url, release))
         await until(lambda: waiting_for(db_url, "AccessExclusiveLock"), what="the ALTER waiting for its lock")
         await schedule("sent", 20, 1.0, 4.0)  # intake while the migration is blocked
-        await until(lambda: len(rec.records) == 40, timeout=60, what="40 timers fired")
+        await until(lambda: len(rec.records) == 60, timeout=60, what="40 timers fired")
         blocked_throughout = not migration.done()
-        lateness = sorted(f.reached_at - f.due_at for f in rec.records)
+        lateness = sorted(
+            f.reached_at - f.due_at for f in rec.records if not f.service_call_id.startswith("calm")
+        )
         late = [x for x in lateness if x > 0.25]
-        log.warning("lateness while blocked: max %.3f s, %d of 40 later than 250 ms", lateness[-1], len(late))
-        assert lateness[-1] < 1.0, f"max lateness {lateness[-1]:.3f}s, {len(late)} of 40 later than 250 ms"
+        bound = LATE_RATIO * baseline + 1.0
+        log.warning(
+            "lateness while blocked: max %.3f s (calm %.3f s), %d of 40 later than 250 ms",
+            lateness[-1],
+            baseline,
+            len(late),
+        )
+        assert lateness[-1] < bound, (
+            f"max lateness {lateness[-1]:.3f}s (bound {bound:.3f}s), {len(late)} of 40 later than 250 ms"
+        )
         assert blocked_throughout, "the migration was not blocked while the timers fired: nothing measured"
         long_reader.rollback()  # the dump ends
         applied = await asyncio.wait_for(migration, timeout=60)
