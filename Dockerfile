@@ -21,7 +21,7 @@ RUN /opt/timer-service/bin/pip install --constraint constraints.txt '.[console]'
 # --- runtime: the venv on a clean base, as an unprivileged user --------------------------------
 FROM ${PYTHON_IMAGE}
 # The image's version label: pass the release's (a tag, a commit); the default is pyproject's.
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 # OCI annotations (registries and scanners show them). The source is a placeholder until the
 # project has a public address (pyproject.toml's [project.urls] names the same one).
 LABEL org.opencontainers.image.title="timer-service" \
