@@ -94,7 +94,7 @@ class Row:
     lease_expires_at: float | None = None  # epoch seconds on the database clock
     claimed_at: datetime | None = None  # the recurrence reference (claim_due)
     first_claimed_at: float | None = None
-    updated_at: float = 0.0  # epoch seconds on the database clock: the last command or mark
+    updated_at: float = 0.0  # epoch seconds on the database clock: the last command or record
     last_error: str | None = None
     carried: dict[str, str] | None = None
     deferred: list[int] = field(default_factory=list)  # deferred_seqs (never stale here)
@@ -353,7 +353,7 @@ class TwinStore:
         row, now = self.rows.get(key), self.now()
         if row is None:
             return Applied(["ignored"], None)
-        if self._in_flight(key):  # a claim's batch holds it: the pause or resume waits for its mark
+        if self._in_flight(key):  # a claim's batch holds it: the pause or resume waits for its record
             return Applied(["deferred" if row.state == "Scheduled" else "ignored"], None)
         last = row.control
         # Older than its last pause or resume: changes nothing (control_timers).
@@ -380,7 +380,7 @@ class TwinStore:
             return Applied(["ignored"], None)
         row.paused_at = row.paused_at or now
         if row.lease_expires_at is not None:
-            # A released claim fires after its back-off; its mark stores the next one Paused.
+            # A released claim fires after its back-off; its record stores the next one Paused.
             return Applied(["applied"], None)
         row.state = "Paused"
         row.claimed_at, row.updated_at = None, now
@@ -509,20 +509,20 @@ class TwinStore:
         return row
 
     def _record_fired(self, fired: Sequence[Fired]) -> int:
-        marked = 0
+        recorded = 0
         now = self.now()
         for f in fired:
             row = self._fenced(f.timer)
             if row is None or row.due_at != f.timer.due_at:
                 continue
-            marked += 1
+            recorded += 1
             row.lease_token = None
             self._record_firing(row, f, now)
             # An occurrence due already keeps this one's reference (record_fired).
             if f.next_due_at is None or f.next_due_at.timestamp() > now:
                 row.claimed_at = None
         self.log.append(("record_fired", list(fired)))
-        return marked
+        return recorded
 
     def _record_firing(self, row: Row, f: Fired, now: float) -> None:
         """What record_fired and record_fired_again both set: the lease gone, and Reached or the next
@@ -544,7 +544,7 @@ class TwinStore:
         self._end_frozen()
         now = self.now()
         held = {(row.tenant_id, row.service_call_id) for b in self.open for row, _ in b.before}
-        marked = 0
+        recorded = 0
         for f in fired:
             t = f.timer
             row = self.rows.get((t.tenant_id, t.service_call_id))
@@ -556,13 +556,13 @@ class TwinStore:
                 or _occurrence(row) != _occurrence_of(t)
             ):
                 continue
-            marked += 1
+            recorded += 1
             self._record_firing(row, f, now)
             # The claim's reference, which the rollback took from the row (record_fired_again).
             due_now = f.next_due_at is not None and f.next_due_at.timestamp() <= now
             row.claimed_at = t.recurrence_ref if due_now else None
         self.log.append(("record_fired_again", list(fired)))
-        return marked
+        return recorded
 
     async def decide_expiry(self, due: Sequence[Claimed], expired: Collection[Key]) -> set[Key]:
         """decide_expiry: each occurrence's first decision stands; the keys of those that expire."""
@@ -622,10 +622,10 @@ class TwinBatch:
             self.store.open.remove(self)
         if self.killed:
             raise TransientError("postgres: 25P03 terminating connection due to idle-in-transaction timeout")
-        marked = self.store._record_fired(fired) if fired else 0
+        recorded = self.store._record_fired(fired) if fired else 0
         if failed:
             self.store._retry_later(failed)
-        return marked
+        return recorded
 
     async def close(self) -> None:
         self.ended = True

@@ -93,8 +93,8 @@ EXPIRED = Counter(
     "timer_expired_total",
     "Occurrences not fired: later than their expireAfter (a DLQ entry each, reason expired)",
 )
-MARKED = Counter("timer_marked_total", "Firings recorded in Postgres")
-FENCE_REJECTED = Counter("timer_fence_rejected_total", "Marks refused because the lease was lost")
+RECORDED = Counter("timer_marked_total", "Firings recorded in Postgres")
+FENCE_REJECTED = Counter("timer_fence_rejected_total", "Records refused because the lease was lost")
 PUBLISH_FAILED = Counter("timer_publish_failures_total", "Publishes that failed or timed out")
 FIRE_ERRORS = Counter(
     "timer_fire_errors_total",
@@ -139,7 +139,7 @@ DB_POOL = Gauge(
 DB_POOL_WAITING = Gauge("timer_db_pool_requests_waiting", "Requests queued for a Postgres pool connection")
 DB_OLDEST_WRITE = Gauge(
     "timer_db_oldest_write_seconds",
-    "Age of the oldest write transaction in flight (an intake batch, a mark), COMMIT included",
+    "Age of the oldest write transaction in flight (an intake batch, a record), COMMIT included",
 )
 READY = Gauge("timer_ready", "1 when Postgres and NATS are reachable")
 BUILD_INFO = Gauge("timer_build_info", "Always 1; the labels say which build runs", ["version", "python"])

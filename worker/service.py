@@ -237,7 +237,7 @@ class Replica:
         self.stop.set()
         self.exit_by = asyncio.get_running_loop().time() + self.s.drain_timeout_ms / 1000 + EXIT_MARGIN_S
         log.info("draining", extra={"action": "drain_started"})
-        # Soft stop: loops finish the batch in hand; after the drain timeout, unmarked claims expire.
+        # Soft stop: loops finish the batch in hand; after the drain timeout, unrecorded claims expire.
         _, late = await asyncio.wait(tasks, timeout=self.s.drain_timeout_ms / 1000)
         for t in late:
             t.cancel()

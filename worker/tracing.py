@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for intake, claim, publish and mark (docs/OPERATIONS.md, Traces), and the
+"""OpenTelemetry spans for intake, claim, publish and record (docs/OPERATIONS.md, Traces), and the
 W3C traceparent rule.
 
 Off unless OpenTelemetry's environment asks for an exporter; off, nothing imports OpenTelemetry

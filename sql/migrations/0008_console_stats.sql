@@ -22,7 +22,7 @@ CREATE TABLE IF NOT EXISTS timer_stats (
 );
 
 -- The console's search by correlationId, across tenants. Partial: timers without one (and their
--- inserts) cost nothing here; the lease columns a claim and a mark change are not in it, so those
+-- inserts) cost nothing here; the lease columns a claim and a record change are not in it, so those
 -- updates stay HOT.
 DROP INDEX CONCURRENTLY IF EXISTS timers_correlation;
 CREATE INDEX CONCURRENTLY timers_correlation ON timers (correlation_id)

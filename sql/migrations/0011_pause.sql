@@ -14,7 +14,7 @@
 ALTER TABLE timers DROP CONSTRAINT IF EXISTS timers_state_check,
     ADD CONSTRAINT timers_state_check CHECK (state IN ('Scheduled', 'Paused', 'Reached', 'Cancelled')) NOT VALID;
 -- Every row written so far holds one of the three old states, so this only records that: a scan
--- under SHARE UPDATE EXCLUSIVE, which no claim, mark or command waits for.
+-- under SHARE UPDATE EXCLUSIVE, which no claim, record or command waits for.
 ALTER TABLE timers VALIDATE CONSTRAINT timers_state_check;
 
 -- paused_at: this timer itself was paused (pause with a serviceCallId), and when. A tenant's resume
@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS paused_tenants (
 
 -- Paused rows by tenant: resume walks a tenant's paused rows, and `status`, the console and the
 -- timer_paused gauge count them, without reading anything else. Partial: every other row (and every
--- claim, mark and command that leaves a row unpaused) costs nothing here; state already decides HOT
+-- claim, record and command that leaves a row unpaused) costs nothing here; state already decides HOT
 -- updates (it is in timers_due's predicate), so no update stops being HOT.
 DROP INDEX CONCURRENTLY IF EXISTS timers_paused;
 CREATE INDEX CONCURRENTLY timers_paused ON timers (tenant_id, service_call_id) WHERE state = 'Paused';

@@ -37,7 +37,7 @@ END
 $$;
 
 -- Updates into a pending state, one row at a time, chosen by the trigger's WHEN: Postgres tests it
--- on each updated row without calling anything, so a claim or a mark (Scheduled to Reached,
+-- on each updated row without calling anything, so a claim or a record (Scheduled to Reached,
 -- Scheduled to Scheduled) costs that test alone. What passes is rare: a cancelled timer scheduled
 -- again, a one-shot occurrence a claim recorded fired and put back (retry_later: a failed publish,
 -- a stop), an operator's change.

@@ -24,7 +24,7 @@ ALTER TABLE timers ADD COLUMN IF NOT EXISTS caught_up integer;
 -- The state check admits Expired: a one-shot timer whose occurrence expired unpublished, final
 -- like Reached. As in 0011: NOT VALID (no scan under the ALTER's brief ACCESS EXCLUSIVE lock),
 -- dropped and added in one statement, then validated under SHARE UPDATE EXCLUSIVE, which no claim,
--- mark or command waits for.
+-- record or command waits for.
 ALTER TABLE timers DROP CONSTRAINT IF EXISTS timers_state_check,
     ADD CONSTRAINT timers_state_check
         CHECK (state IN ('Scheduled', 'Paused', 'Reached', 'Cancelled', 'Expired')) NOT VALID;

@@ -65,7 +65,7 @@ class Fleet(ReplicaSet):
         )
 
     def fence_rejections(self) -> int:
-        """Marks the fence turned away (a replica that lost its lease), from the replicas' logs."""
+        """Records the fence turned away (a replica that lost its lease), from the replicas' logs."""
         total = 0
         for log in self.log_dir.glob("replica-*.log"):
             for line in log.read_text(errors="replace").splitlines():

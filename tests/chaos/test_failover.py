@@ -103,7 +103,7 @@ class Failover:
             await nc.close()
 
     def first_mark_after_kill_ms(self) -> int:
-        """When a replica first marked a firing on the new primary (database clock)."""
+        """When a replica first recorded a firing on the new primary (database clock)."""
         with psycopg.connect(self.pair.url, autocommit=True) as conn:
             row = conn.execute(
                 "SELECT (extract(epoch FROM min(reached_at)) * 1000)::bigint FROM timers"
@@ -156,7 +156,7 @@ async def run_failover(make_run: MakeRun, base: Path, synchronous: bool) -> tupl
         print(line)
         assert fault.killed_ms, "the workload ended before the fault: the scenario tested nothing"
         assert deaths == [0], "a replica died in the failover: it must recover without a restart"
-        # Reconnected within a second (db.Refill), a replica may mark before promote returns.
+        # Reconnected within a second (db.Refill), a replica may record before promote returns.
         assert firing_again > fault.promote_asked_ms, "nothing fired on the new primary"
         # Every claim committed before the kill (all of them, when synchronous) is on the
         # standby; the promoted standby's sequence goes on above them, so a fence never confuses
@@ -172,7 +172,7 @@ async def test_primary_killed_synchronous_standby_promoted(make_run: MakeRun, tm
 
 async def test_primary_killed_asynchronous_standby_promoted(make_run: MakeRun, tmp_path: Path) -> None:
     """What asynchronous replication loses, exactly: commands acknowledged while the standby was
-    behind (their commit was on the primary alone). Nothing else goes wrong: a firing whose mark
+    behind (their commit was on the primary alone). Nothing else goes wrong: a firing whose record
     was lost fires again with the same Nats-Msg-Id, and JetStream drops the copy."""
     run, fault, v = await run_failover(make_run, tmp_path, synchronous=False)
     assert v.lost > 0, "the standby was never behind: the scenario tested nothing"

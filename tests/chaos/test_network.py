@@ -16,7 +16,7 @@ pytestmark = pytest.mark.chaos
 async def test_replies_lost_after_the_commit_or_the_puback(
     make_run: MakeRun, chaos_db: str, chaos_pg: EmbeddedPostgres, chaos_nats: EmbeddedNats
 ) -> None:
-    """The work is done, the answer never comes: a mark or an intake commit whose reply is cut
+    """The work is done, the answer never comes: a record or an intake commit whose reply is cut
     after Postgres committed, a DueTimeReached whose PubAck is cut after JetStream stored it."""
     with Proxy("127.0.0.1", chaos_pg.port) as pg, Proxy("127.0.0.1", chaos_nats.port) as nats:
         run = make_run(

@@ -22,7 +22,7 @@ LEASE_MS = 3000
 
 
 async def test_replicas_killed_at_random_and_at_crash_points(make_run: MakeRun) -> None:
-    # Every replica may also die between claim, publish, PubAck and mark, or between an intake
+    # Every replica may also die between claim, publish, PubAck and record, or between an intake
     # commit and its acknowledgements (worker/core/crashpoints.py), where a timed kill seldom lands.
     crash = "claimed:0.003,published:0.005,marked:0.003,committed:0.005"
     run = make_run("kill", replicas=4, variants=[{"TIMER_TEST_CRASH": crash}])
@@ -92,7 +92,7 @@ async def test_a_long_transaction_holds_back_vacuum(make_run: MakeRun, chaos_db:
 
 def _lease_holders(db_url: str) -> set[str]:
     """Replicas holding claims: committed leases, and batches in flight (a session in its claim's
-    transaction, whose lease commits with the mark: application_name is the replica's name)."""
+    transaction, whose lease commits with the record: application_name is the replica's name)."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT DISTINCT lease_owner FROM timers"

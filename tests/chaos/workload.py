@@ -5,7 +5,7 @@ Kinds, by key: `plain` (one ScheduleTimer), `duplicate` (the same command sent t
 `cancel` (cancelled before it is due, then a stale copy of the ScheduleTimer, which must not re-arm
 it), `recurring` (a few occurrences two seconds apart). Poison commands are mixed in; each must
 land in the DLQ, once. Due times are always a few seconds after the command is sent, so the
-faults hit timers at every stage: stored, claimed, published, marked.
+faults hit timers at every stage: stored, claimed, published, recorded.
 """
 
 from __future__ import annotations

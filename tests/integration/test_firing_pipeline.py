@@ -110,7 +110,7 @@ async def two_batches_held(held: Held) -> None:
 async def test_a_stop_with_two_batches_held_at_their_pubacks_ends_both_and_claims_no_more(
     settings: Settings, db_url: str
 ) -> None:
-    """On the smallest pool: the stop waits for both batches, nothing is marked before its
+    """On the smallest pool: the stop waits for both batches, nothing is recorded before its
     PubAck, exactly what the two claims took is Reached, and the rest is left unclaimed for the
     next replica, which fires it: each timer once, none early."""
     s = settings.model_copy(update={"db_pool_size": 4})
@@ -123,7 +123,7 @@ async def test_a_stop_with_two_batches_held_at_their_pubacks_ends_both_and_claim
             with pytest.raises(TimeoutError):  # held by its batches, as it must be
                 await asyncio.wait_for(asyncio.shield(task), timeout=0.5)
             assert [st for st, _ in states(db_url).values() if st != "Scheduled"] == [], (
-                "marked before its PubAck"
+                "recorded before its PubAck"
             )
             assert len(held.taken) == PIPELINE_DEPTH
             claimed = {sc for taken in held.taken for _, sc in taken}
@@ -143,7 +143,7 @@ async def test_a_stop_with_two_batches_held_at_their_pubacks_ends_both_and_claim
 async def test_a_hard_stop_with_two_batches_held_at_their_pubacks_marks_nothing(
     settings: Settings, db_url: str
 ) -> None:
-    """With no drain time the loops are cancelled at once: neither batch publishes or marks
+    """With no drain time the loops are cancelled at once: neither batch publishes or records
     anything, their claims stay until the lease runs out, and the next replica fires every timer
     once (the events that did go out are the same messages, deduplicated)."""
     s = settings.model_copy(update={"db_pool_size": 4, "drain_timeout_ms": 0, "lease_ms": 1000})
@@ -156,7 +156,7 @@ async def test_a_hard_stop_with_two_batches_held_at_their_pubacks_marks_nothing(
             held.replica.stop.set()
             assert await asyncio.wait_for(task, timeout=10) == 0
         after = states(db_url)
-        assert [st for st, _ in after.values() if st != "Scheduled"] == [], "marked without its PubAck"
+        assert [st for st, _ in after.values() if st != "Scheduled"] == [], "recorded without its PubAck"
         assert {sc for sc, (_, owner) in after.items() if owner is not None} == claimed
         assert len(rec.firings) == 0
         async with running_replica(s):

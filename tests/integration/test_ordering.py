@@ -202,7 +202,7 @@ async def test_without_timestamps_commands_apply_in_stream_order_across_a_crashe
 ) -> None:
     """The property without timestampMs (issue 19, defect 4): each timer ends as its commands
     applied in stream order, the claimed occurrence firing where it was claimed, when a replica
-    crashed between publish and mark, commands came in while the occurrence waited for its lease
+    crashed between publish and record, commands came in while the occurrence waited for its lease
     to run out (deferred), and more came right after another replica recorded it: a command
     deferred behind the occurrence is never overtaken by a later one. Commands sent back to back
     (before the claim and after the firing) are taken by both replicas side by side: the one
@@ -227,7 +227,7 @@ async def test_without_timestamps_commands_apply_in_stream_order_across_a_crashe
             for key, (before_claim, _, _) in zip(keys, history, strict=True):
                 got = query(db_url, "SELECT state, anchor_due_at FROM timers WHERE service_call_id = %s", key)
                 assert got == [("Scheduled", due(before_claim[-1].slot))], f"{key} first: {history}"
-            # A replica claimed each occurrence, published it and died before the mark.
+            # A replica claimed each occurrence, published it and died before the record.
             query(
                 db_url,
                 "UPDATE timers SET due_at = now() - interval '1 second',"

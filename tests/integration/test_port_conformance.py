@@ -415,7 +415,7 @@ async def test_a_timer_paused_by_itself_stays_paused_through_its_tenants_resume(
     own_timer = schedule("own", 60)
     await ports.apply([own_timer, schedule("with", 60), schedule("held", -1)])
     assert [c.service_call_id for c in await claim_one(ports, "a")] == ["held"]
-    # Its claimed occurrence fires first; the pause is recorded, for its mark (record_fired).
+    # Its claimed occurrence fires first; the pause is recorded, for its record (record_fired).
     assert (await ports.pause(pause(key="held"))).outcomes == ["applied"]
     assert (await ports.pause(pause(key="own"))).outcomes == ["applied"]
     assert (await ports.pause(pause(key="nobody"))).outcomes == ["ignored"]
@@ -434,7 +434,7 @@ async def test_a_timer_paused_by_itself_stays_paused_through_its_tenants_resume(
 async def test_a_paused_recurring_timer_resumed_after_downtime_has_its_reference_moved_to_now(
     ports: Ports,
 ) -> None:
-    """Without the pause, a missed occurrence marked overdue keeps its reference (a crash skips
+    """Without the pause, a missed occurrence recorded overdue keeps its reference (a crash skips
     nothing); a pause clears it, so the resumed timer fires once for the missed window."""
     every = ScheduleTimer("acme", "rec", at(-10).replace(microsecond=0), None, 1, Repeat("PT1S", None, None))
     await ports.apply([every])
@@ -457,7 +457,7 @@ async def test_a_paused_recurring_timer_resumed_after_downtime_has_its_reference
 async def test_the_mark_of_an_occurrence_claimed_as_its_timer_or_tenant_was_paused_stores_it_paused(
     ports: Ports,
 ) -> None:
-    """A claimed occurrence fires; the timer is paused right after it, in the mark itself, so a
+    """A claimed occurrence fires; the timer is paused right after it, in the record itself, so a
     recurring timer does not fire again before the pause is offered again (issue 23 review)."""
     every = Repeat("PT1S", None, None)
     start = at(-1).replace(microsecond=0)
@@ -468,7 +468,7 @@ async def test_the_mark_of_an_occurrence_claimed_as_its_timer_or_tenant_was_paus
     batch = await ports.claim(params)
     claimed = {c.service_call_id: c for c in batch.result.claimed}
     assert sorted(claimed) == ["mine", "once", "tenant"]
-    # A claim's batch in flight holds them: the tenant's flag is set, its rows wait for the mark.
+    # A claim's batch in flight holds them: the tenant's flag is set, its rows wait for the record.
     assert (await ports.pause(pause(), PAUSED)).outcomes == ["deferred"]
     next_due = start + timedelta(seconds=60)
     fired = [
@@ -481,7 +481,7 @@ async def test_the_mark_of_an_occurrence_claimed_as_its_timer_or_tenant_was_paus
     assert (await ports.pause(pause(), PAUSED)).outcomes == ["applied"]
     assert (await ports.pause(pause(resume=True), RESUMED)).outcomes == ["applied"]
     # A released claim (a publish backing off, its lease committed): the timer's own pause is
-    # recorded at once, and the mark of its retried occurrence stores the next one Paused.
+    # recorded at once, and the record of its retried occurrence stores the next one Paused.
     await ports.apply([dataclasses.replace(mine, service_call_id="rel")])
     batch = await ports.claim(params)
     (rel,) = batch.result.claimed
@@ -639,8 +639,8 @@ async def test_the_record_made_again_leaves_what_a_command_or_another_claim_took
     ports: Ports, db_url: str
 ) -> None:
     """Between the rollback and the record made again: a reschedule applied to the unclaimed row
-    (it wins: the record marks nothing), another replica's batch in flight (its row is locked; it
-    re-publishes with the same id and marks it), a claim ended unrecorded (its lease holds it)."""
+    (it wins: the record made again changes nothing), another replica's batch in flight (its row is locked; it
+    re-publishes with the same id and records it), a claim ended unrecorded (its lease holds it)."""
     await ports.apply([schedule("moved", -3), schedule("flight", -2), schedule("leased", -1)])
     batch = await ports.claim(claim_params("a", 10, 0, lease_ms=10_000, ahead_ms=100))
     fired = [Fired(c, None, None) for c in batch.result.claimed]

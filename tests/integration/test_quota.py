@@ -215,7 +215,7 @@ async def test_the_pending_count_stays_exact_through_every_change_of_a_timer(
 
 
 async def test_firing_leaves_the_quota_bound_alone(settings: Settings, db_url: str) -> None:
-    """Claims and marks write timers at every fire: nothing of the quota's bound is written then
+    """Claims and records write timers at every fire: nothing of the quota's bound is written then
     (a statement trigger counting them cost Postgres 26% more CPU per fire, docs/BENCHMARKS.md)."""
     query(
         db_url,

@@ -163,7 +163,7 @@ async def test_a_replica_fires_a_timer_over_tls_to_nats_and_postgres(
                 row = conn.execute("SELECT state FROM timers WHERE service_call_id = 'over-tls'").fetchone()
             return row is not None and row[0] == "Reached"
 
-        await until(reached, what="the timer marked Reached over TLS")
+        await until(reached, what="the timer recorded Reached over TLS")
 
         # Postgres says the replica's own connections are encrypted and carry its client certificate.
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -488,7 +488,7 @@ async def test_a_tenant_cannot_make_another_tenants_event_vanish(settings: Setti
     """Defect 1: mallory, allowed to publish on its own subjects, publishes on its own `due`
     subject first, with the id the victim's firing would carry if it were the envelope id
     (`<tenant>:<serviceCallId>:<dueAt ms>`, public in the docs). The events stream deduplicates
-    across every subject: the victim's event was dropped, its PubAck a success, the timer marked
+    across every subject: the victim's event was dropped, its PubAck a success, the timer recorded
     Reached, and nothing delivered. Now the Nats-Msg-Id is an HMAC nobody outside can work out."""
     p = settings.subject_prefix
     (now,) = query(db_url, "SELECT now()")[0]

@@ -53,7 +53,7 @@ def spread(n: int, start_s: float, over_s: float, db_url: str) -> list[str]:
 
 def leased_by(db_url: str, owner: str) -> set[tuple[str, str]]:
     """What a replica holds: its committed leases, and the rows its batches in flight keep locked
-    (their lease commits with the mark, unseen until then), while it has a session in a
+    (their lease commits with the record, unseen until then), while it has a session in a
     transaction: every Scheduled row another session cannot lock (a test with one replica)."""
     rows = query(
         db_url,

@@ -74,7 +74,7 @@ async def test_sigterm_ends_a_replica_in_time_while_a_server_does_not_answer(
                 took = time.monotonic() - began
             assert took <= bound, f"exited {took:.1f} s after SIGTERM, more than {bound} s"
             assert code == 0
-            # What it claimed and did not mark fires from another replica once its lease ends.
+            # What it claimed and did not record fires from another replica once its lease ends.
             fleet.start(1)
             await until(lambda: rec.keys().keys() >= keys, timeout=60, what="every timer fired")
 

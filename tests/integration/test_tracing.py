@@ -144,10 +144,10 @@ async def test_a_trace_passes_from_the_producer_through_the_timer_to_the_consume
     # The consumer's context: the same trace, with the service's create span as parent.
     assert got["traceparent"].startswith(f"00-{producer_ctx.trace_id:032x}-{create.context.span_id:016x}-")
     assert got["Nats-Msg-Id"] == message_ids(db_url).event(event["id"])
-    (mark,) = [s for s in finished if s.name == "timer.mark"]
-    assert mark.attributes is not None and (
-        mark.attributes["timer.marked"],
-        mark.attributes["timer.fenced"],
+    (record,) = [s for s in finished if s.name == "timer.mark"]
+    assert record.attributes is not None and (
+        record.attributes["timer.marked"],
+        record.attributes["timer.fenced"],
     ) == (1, 0)
 
 

@@ -31,7 +31,7 @@ from tools.bench.steady import steady
 
 
 async def drain(ctx: Context) -> Metrics:
-    """N overdue timers (as after downtime): claimed, published and marked as fast as it goes."""
+    """N overdue timers (as after downtime): claimed, published and recorded as fast as it goes."""
     n = ctx.n(1_000_000)
     async with ctx.rig() as rig:
         ctx.progress(f"seeding {n:,} overdue timers")
@@ -176,7 +176,7 @@ async def _kill_a_lease_holder(rig: Rig, tries: int = 50) -> tuple[str, set[str]
         killed_at = time.time()
         if orphans:
             return owner, orphans, killed_at
-        rig.start_replicas(1)  # it marked everything before it died: try again with a fresh one
+        rig.start_replicas(1)  # it recorded everything before it died: try again with a fresh one
     raise RuntimeError("never caught a replica holding leases")
 
 

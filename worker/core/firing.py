@@ -192,7 +192,7 @@ class FiringLoop(BatchFiring):
             if (judged := verdict(exc)) == "fatal":
                 raise
             log.warning(
-                "mark failed",
+                "record failed",
                 extra={"action": "claim_failed", "error": f"{type(exc).__name__}: {exc}"},
                 exc_info=judged == "alone",
             )

@@ -23,7 +23,7 @@ class Held:
     claimed: bool
     stuck: bool
     head: int | None  # the oldest waiting command's stream sequence, if live
-    marked: bool
+    waiting: bool  # any of its commands is recorded as waiting (deferred_seqs)
     due_at: datetime | None  # Scheduled and unleased: a claim may have skipped it
 
 
@@ -94,7 +94,7 @@ class StreamOrder:
                 self.outcomes[i] = waiting[key]
                 if seq is not None and key not in self.locked:
                     markers.append(Marker(key, seq, waiting[key] == "deferred"))
-            elif seq is not None and (h := held.get(key)) is not None and h.marked:
+            elif seq is not None and (h := held.get(key)) is not None and h.waiting:
                 markers.append(Marker(key, seq, False))  # ignored: it waits no more
         return markers
 

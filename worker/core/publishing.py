@@ -261,30 +261,30 @@ class BatchFiring(Loop[FiringStore, EventPublisher]):
         records them first."""
         with tracing.span("timer.mark", **{"timer.count": len(fired)}) as span:
             try:
-                marked = await batch.record(fired, failed)
+                recorded = await batch.record(fired, failed)
             except Exception as exc:
                 if fired:
                     await self._record_again(fired, exc)
                 raise
-            span.set_attribute("timer.marked", marked)
-            span.set_attribute("timer.fenced", len(fired) - marked)
-        metrics.MARKED.inc(marked)
-        if marked < len(fired):
-            metrics.FENCE_REJECTED.inc(len(fired) - marked)
+            span.set_attribute("timer.marked", recorded)
+            span.set_attribute("timer.fenced", len(fired) - recorded)
+        metrics.RECORDED.inc(recorded)
+        if recorded < len(fired):
+            metrics.FENCE_REJECTED.inc(len(fired) - recorded)
             log.warning(
-                "lease lost before mark",
-                extra={"action": "fence_rejected", "count": len(fired) - marked},
+                "lease lost before record",
+                extra={"action": "fence_rejected", "count": len(fired) - recorded},
             )
 
     async def _record_again(self, fired: list[Fired], lost: Exception) -> None:
         """Record acknowledged firings whose claim was lost, where the row still holds that occurrence.
         Once: if this fails too, another claim fires them again, deduplicated by Nats-Msg-Id."""
         try:
-            marked = await self.store.record_again(fired)
+            recorded = await self.store.record_again(fired)
         except Exception as exc:  # the batch's own error is what the loop judges, raised after this
             again = {"count": len(fired), "error": f"{type(exc).__name__}: {exc}"}
             log.warning("record again failed", extra={"action": "record_again_failed", **again})
             return
-        metrics.MARKED.inc(marked)
-        done = {"count": len(fired), "marked": marked, "error": f"{type(lost).__name__}: {lost}"}
+        metrics.RECORDED.inc(recorded)
+        done = {"count": len(fired), "marked": recorded, "error": f"{type(lost).__name__}: {lost}"}
         log.warning("batch recorded again", extra={"action": "recorded_again", **done})

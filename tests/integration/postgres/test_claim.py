@@ -629,7 +629,7 @@ async def test_a_command_is_not_deferred_a_lease_behind_a_claim_that_left_its_ro
 # The fence
 #
 # The fence: a replica whose batch outlived its lease changes nothing. A batch is one transaction
-# from the claim to the mark (its row locks keep everyone else off); a replica frozen mid-batch has
+# from the claim to the record (its row locks keep everyone else off); a replica frozen mid-batch has
 # its session ended by idle_in_transaction_session_timeout (the lease) and its claim rolled back; a
 # batch that ends unrecorded (a stop) commits its lease, which holds the rows until it runs out.
 
@@ -766,7 +766,7 @@ def insert_tick(db_url: str, due_in_s: float) -> None:
 async def test_an_occurrence_claimed_late_but_before_downtime_skips_nothing(
     fenced: Store, db_url: str
 ) -> None:
-    # The replica that marked the occurrence before this one died right after: the next claim
+    # The replica that recorded the occurrence before this one died right after: the next claim
     # comes from another replica's poll, a poll interval (2 s) later. Not downtime, so the
     # occurrence due meanwhile is next, not skipped.
     insert_tick(db_url, -1.5)
@@ -920,7 +920,7 @@ async def test_a_pause_of_a_timer_in_a_batch_in_flight_is_deferred_without_waiti
     db_url: str,
 ) -> None:
     """As a cancel (lock_keys): a pause that waited on the batch's lock would, after a rollback
-    past the PubAck, pause a timer whose event is out. It is deferred, and after the mark it finds
+    past the PubAck, pause a timer whose event is out. It is deferred, and after the record it finds
     the timer Reached."""
     insert_due(db_url, "held")
     # Not the 1 s idle timeout of fenced's: only the test ends this batch.

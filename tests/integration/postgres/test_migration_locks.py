@@ -1,7 +1,7 @@
 """A migration that must wait for its lock does not hold up the fleet (docs/UPGRADING.md).
 
 A long transaction that has read `timers` (a pg_dump, a report) holds a lock an `ALTER TABLE`
-needs; the ALTER waits in the lock queue, and every claim, mark and intake write that comes after
+needs; the ALTER waits in the lock queue, and every claim, record and intake write that comes after
 it queues behind it. The runner therefore waits a short `lock_timeout` per attempt, rolls back
 and retries with back-off, so the queue is never held for longer than that.
 

@@ -191,7 +191,7 @@ async def test_a_claimed_recurring_timer_fires_at_most_once_after_its_tenant_is_
             timeout=60,
             what="every timer paused",
         )
-        # Every occurrence fired before its timer was paused was published before its mark: the
+        # Every occurrence fired before its timer was paused was published before its record: the
         # canary, published after, reaches the recorder after all of them.
         (now,) = query(db_url, "SELECT now()")[0]
         await _canary_fired(settings, db_url, js, rec, after=now)
@@ -276,7 +276,7 @@ async def test_a_pause_behind_a_stuck_claim_is_given_up_once_the_rest_is_paused(
         dlq = await js.pull_subscribe(f"{settings.subject_prefix}.acme.timer.dlq", stream=settings.dlq_stream)
         cancel, pause = await dlq.fetch(2, timeout=10)
     # Given up visibly, as the cancel was, once every other row is paused; the stuck row is left as is
-    # (its mark, if it ever comes, stores it Paused: record_fired).
+    # (its record, if it ever comes, stores it Paused: record_fired).
     assert pause.headers is not None and pause.headers["Timer-Error"] == "timer_stuck"
     assert json.loads(pause.data) == {"tenantId": "acme"}
     assert cancel.headers is not None and cancel.headers["Timer-Error"] == "timer_stuck"

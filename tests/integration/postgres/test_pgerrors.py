@@ -358,7 +358,7 @@ async def test_sessions_speak_utf8_whatever_the_database_sets_for_clients(
         await publish_raw(js, settings, "acme", "schedule", schedule("注文-42", iso_in(0.3, db_url)))
         await until(lambda: rec.keys()[("acme", "注文-42")] == 1, what="注文-42 fired")
 
-        async def reached() -> bool:  # the mark commits just after the PubAck: the event can be first
+        async def reached() -> bool:  # the record commits just after the PubAck: the event can be first
             return (await get(js, settings, "注文-42"))["state"] == "Reached"
 
         await until(reached, what="注文-42 read back Reached")

@@ -1,8 +1,8 @@
 """The plans the hot statements depend on (docs/SQL.md says why): a planner
-change, an index dropped or a rewrite that loses them fails here, not in production at 1 s a mark.
+change, an index dropped or a rewrite that loses them fails here, not in production at 1 s a record.
 
 Whatever the statistics and cost settings: at 50,000 rows with the default random_page_cost the
-key joins the claim and the mark once made went to a sequential scan and a hash join, at 200,000
+key joins the claim and the record once made went to a sequential scan and a hash join, at 200,000
 rows only once leases were rare in the statistics, and on SSD costs (1.1) not at all. And whatever
 the heap order: on a table whose rows are not stored in due order, as months of scheduling leave
 it, the claim went to a bitmap scan and a sort with a few rows due (issue 36), and read and sorted

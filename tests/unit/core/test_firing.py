@@ -136,7 +136,7 @@ async def test_while_timers_keep_coming_due_the_next_claim_goes_out_before_the_b
 ) -> None:
     """A claim reaches LOOKAHEAD_MS ahead and its batch lasts until its last occurrence is due:
     the next claim must not wait for that batch to be acknowledged and recorded, or what comes
-    due between the two is late by a mark and a claim. At most PIPELINE_DEPTH are in flight."""
+    due between the two is late by a record and a claim. At most PIPELINE_DEPTH are in flight."""
     store, publisher = TwinStore(time), TwinPublisher(time)
     start = time.t
     await schedule(store, time, *(0.01 * i for i in range(1, 60)))  # one every 10 ms, never a full batch
@@ -194,16 +194,16 @@ def stall_past(settings: Settings, time: FakeTime) -> Callable[[], None]:
 async def test_a_batch_whose_transaction_ended_after_its_puback_is_recorded_again_at_once(
     settings: Settings, time: FakeTime, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The mark in the claim's transaction fails, and that error still reaches the loop; the
+    """The record in the claim's transaction fails, and that error still reaches the loop; the
     acknowledged firings are recorded in a transaction of their own, so a command arriving next
     meets them fired (a reschedule of a one-shot timer is ignored), not as if never claimed."""
     store, publisher = TwinStore(time), TwinPublisher(time)
     await schedule(store, time, -2.0, -1.0)
     publisher.on_publish = stall_past(settings, time)
-    marked = counter("timer_marked_total")
+    recorded = counter("timer_marked_total")
     with pytest.raises(TransientError, match="idle-in-transaction"):
         await firing(settings, store, publisher, FakeClock(time)).tick()
-    assert counter("timer_marked_total") - marked == 2
+    assert counter("timer_marked_total") - recorded == 2
     assert [r.state for r in store.rows.values()] == ["Reached", "Reached"]
     assert [name for name, _ in store.log].count("record_fired_again") == 1
     (again,) = [r for r in caplog.records if getattr(r, "action", None) == "recorded_again"]
@@ -215,8 +215,8 @@ async def test_a_batch_recorded_after_another_replica_took_its_rows_changes_noth
     settings: Settings, time: FakeTime
 ) -> None:
     """Another replica claimed the rows once the lease ran out (their batch in flight): neither
-    the mark nor the record made again touches them; that replica re-publishes (deduplicated by
-    the same Nats-Msg-Id) and marks them."""
+    the first record nor the one made again touches them; that replica re-publishes (deduplicated by
+    the same Nats-Msg-Id) and records them."""
     store, publisher = TwinStore(time), TwinPublisher(time)
     await schedule(store, time, -2.0, -1.0)
     publisher.gate = asyncio.Event()
@@ -228,10 +228,10 @@ async def test_a_batch_recorded_after_another_replica_took_its_rows_changes_noth
         assert len(other.result.claimed) == 2
     finally:
         publisher.gate.set()
-    marked = counter("timer_marked_total")
+    recorded = counter("timer_marked_total")
     with pytest.raises(TransientError, match="idle-in-transaction"):
         await tick
-    assert counter("timer_marked_total") - marked == 0
+    assert counter("timer_marked_total") - recorded == 0
     assert [(r.state, r.lease_owner) for r in store.rows.values()] == [("Scheduled", "other")] * 2
     assert await other.record([Fired(c, None, None) for c in other.result.claimed], []) == 2
 

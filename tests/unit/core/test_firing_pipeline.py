@@ -73,7 +73,7 @@ async def two_windows_held(
 async def test_a_stop_with_two_batches_in_flight_ends_both_and_claims_no_more(
     settings: Settings, time: FakeTime
 ) -> None:
-    """The stop waits for the batches out (their PubAcks, then their marks), records nothing
+    """The stop waits for the batches out (their PubAcks, then their records), records nothing
     before its PubAck, and no claim goes out after it."""
     store, publisher, claims, stop, task = await two_windows_held(settings, time)
     try:
@@ -100,7 +100,7 @@ async def test_a_hard_stop_with_two_batches_in_flight_ends_them_at_once_and_reco
     settings: Settings, time: FakeTime
 ) -> None:
     """Cancelling the loop (the replica's hard stop) cancels both publishes and closes both
-    batches: nothing is marked without its PubAck, and the claims stay until their lease ends."""
+    batches: nothing is recorded without its PubAck, and the claims stay until their lease ends."""
     store, publisher, claims, _, task = await two_windows_held(settings, time)
     claimed = {k for k, r in store.rows.items() if r.lease_expires_at is not None}
     task.cancel()

@@ -14,8 +14,8 @@ from worker.core.ordering import Held, Marker, StreamOrder, rounds, superseded_c
 A, B = ("t", "a"), ("t", "b")
 
 
-def held(claimed: bool = False, stuck: bool = False, head: int | None = None, marked: bool = False) -> Held:
-    return Held(claimed=claimed, stuck=stuck, head=head, marked=marked, due_at=None)
+def held(claimed: bool = False, stuck: bool = False, head: int | None = None, waiting: bool = False) -> Held:
+    return Held(claimed=claimed, stuck=stuck, head=head, waiting=waiting, due_at=None)
 
 
 def test_rounds_hold_each_key_once_in_stream_order() -> None:
@@ -60,7 +60,9 @@ def test_a_command_behind_an_older_waiting_one_waits_too() -> None:
     order = StreamOrder([A, B], [12, 8], {})
     (only,) = order.rounds
     sent = order.to_send(only)
-    markers = order.decide(only, sent, set(), {A: held(head=10, marked=True), B: held(head=10, marked=True)})
+    markers = order.decide(
+        only, sent, set(), {A: held(head=10, waiting=True), B: held(head=10, waiting=True)}
+    )
     # A (12) comes after the oldest waiting command (10): it waits. B (8) does not, and was left
     # alone by the statements (older than the last applied): ignored, and off the marker.
     assert order.outcomes == ["deferred", "ignored"]
@@ -71,7 +73,7 @@ def test_without_positions_no_marker_is_written() -> None:
     order = StreamOrder([A, B], [None, None], {})
     (only,) = order.rounds
     sent = order.to_send(only)
-    assert order.decide(only, sent, set(), {A: held(claimed=True), B: held(head=1, marked=True)}) == []
+    assert order.decide(only, sent, set(), {A: held(claimed=True), B: held(head=1, waiting=True)}) == []
     assert order.outcomes == ["deferred", "ignored"]
 
 

@@ -1,5 +1,5 @@
 """How the loops wait (worker/core/waiting.py): retry_transient, the one retry of a write that a
-transient failure interrupted (the firing loop's marks, intake's batches)."""
+transient failure interrupted (the firing loop's records, intake's batches)."""
 
 from __future__ import annotations
 

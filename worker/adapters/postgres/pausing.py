@@ -80,10 +80,10 @@ async def pause(
         return Applied(["partial"], min(dues, default=None))
     left, claimed, stuck = await _left(conn, command, stuck_after)
     if left > claimed:
-        # Rows a mark or a command held as the chunks passed: once more now, not a lease later.
+        # Rows a record or a command held as the chunks passed: once more now, not a lease later.
         dues += (await _move_rows(conn, command))[0]
         left, claimed, stuck = await _left(conn, command, stuck_after)
-    # Claimed rows fire first (their mark honours the flag); only rows stuck behind a claim: given up.
+    # Claimed rows fire first (their record honours the flag); only rows stuck behind a claim: given up.
     outcome: Outcome = "applied" if left == 0 else "stuck" if left == stuck else "deferred"
     return Applied([outcome], min(dues, default=None))
 
@@ -167,7 +167,7 @@ async def _control(
     }
     async with conn.transaction():
         rows = await (await conn.execute(QUERIES["control_timers"], params)).fetchall()
-    # A claimed occurrence's pause applies through its mark; one held by a batch in flight waits.
+    # A claimed occurrence's pause applies through its record; one held by a batch in flight waits.
     outcomes: dict[Key, Outcome] = {
         (t, s): "deferred" if claimed else "applied" if applied else "ignored"
         for t, s, applied, _, claimed in rows
