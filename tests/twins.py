@@ -34,6 +34,7 @@ from worker.core.domain import (
     Position,
     Unreadable,
 )
+from worker.core.ordering import Held, StreamOrder
 from worker.errors import TransientError
 
 
@@ -132,16 +133,24 @@ class TwinStore:
     async def apply(
         self, commands: Sequence[Command], positions: Sequence[Position] | None = None
     ) -> Applied:
-        by_index: dict[int, Outcome] = {}
-        order = (
-            range(len(commands))
-            if positions is None
-            else sorted(range(len(commands)), key=lambda i: positions[i].seq)
-        )
-        for i in order:
-            by_index[i] = self._apply_one(commands[i], None if positions is None else positions[i])
+        keys = [(c.tenant_id, c.service_call_id) for c in commands]
+        seqs: list[int | None] = [None] * len(commands) if positions is None else [p.seq for p in positions]
+        # A row a batch in flight holds is locked (lock_keys); the twin's claims may always fire it.
+        locked = {k: True for k in set(keys) if k in self.rows and self._in_flight(k)}
+        order = StreamOrder(keys, seqs, locked)
+        for indexes in order.rounds:
+            sent = order.to_send(indexes)
+            changed = {
+                keys[i]
+                for i in sent
+                if self._apply_statement(commands[i], None if positions is None else positions[i])
+            }
+            held = {k: self._held(k) for k in order.unchanged(sent, changed) if k in self.rows}
+            for m in order.decide(indexes, sent, changed, held):  # update_deferred_seqs
+                row = self.rows[m.key]
+                row.deferred = sorted({*row.deferred, m.seq} if m.waits else set(row.deferred) - {m.seq})
         self.log.append(("apply", list(commands)))
-        touched = [self.rows.get((c.tenant_id, c.service_call_id)) for c in commands]
+        touched = [self.rows.get(k) for k in keys]
         dues = [
             r.due_at
             for r in touched
@@ -150,35 +159,36 @@ class TwinStore:
             and r.due_at is not None
             and (r.lease_expires_at is None or r.lease_expires_at < self.now())
         ]
-        return Applied([by_index[i] for i in range(len(commands))], min(dues, default=None))
+        return Applied(order.outcomes, min(dues, default=None))
 
-    def _apply_one(self, c: Command, position: Position | None) -> Outcome:
-        """One command, in stream order; a command waiting for its timer holds up the later ones."""
+    def _stuck(self, row: Row) -> bool:
+        return row.first_claimed_at is not None and (
+            self.now() - row.first_claimed_at > self.stuck_after.total_seconds()
+        )
+
+    def _held(self, key: Key) -> Held:
+        """held_among: why the key's commands may wait (the ordering decision is the core's)."""
+        row = self.rows[key]
+        claimed = self._claimed(row)
+        head = row.deferred[0] if row.deferred else None
+        return Held(claimed, claimed and self._stuck(row), head, bool(row.deferred), None)
+
+    def _apply_statement(self, c: Command, position: Position | None) -> bool:
+        """upsert_schedules or cancel_timers for one command: whether it changed the timer. Neither
+        touches a claimed row, nor one a command older than this one waits for (held_among then
+        says why: worker/core/ordering.py decides)."""
         key = (c.tenant_id, c.service_call_id)
         row = self.rows.get(key)
         seq = None if position is None else position.seq
-        waits: Outcome | None = None
-        if row is not None and self._in_flight(key):
-            return "deferred"  # its row is locked by a batch in flight: no marker (Store.apply)
-        if row is not None and self._claimed(row):
-            stuck = row.first_claimed_at is not None and (
-                self.now() - row.first_claimed_at > self.stuck_after.total_seconds()
-            )
-            waits = "stuck" if stuck else "deferred"
-        elif row is not None and row.deferred and seq is not None and seq > row.deferred[0]:
-            waits = "deferred"
-        if waits is not None:
-            assert row is not None
-            if seq is not None:
-                row.deferred = sorted(
-                    {*row.deferred, seq} if waits == "deferred" else set(row.deferred) - {seq}
-                )
-            return waits
+        if row is not None and (
+            self._claimed(row) or (row.deferred and seq is not None and seq > row.deferred[0])
+        ):
+            return False
         before = [] if row is None else row.deferred
         outcome = self._apply_free(c, row, position)
         if (now_row := self.rows.get(key)) is not None:  # a new Row keeps the others waiting
             now_row.deferred = [d for d in before if d != seq]
-        return outcome
+        return outcome == "applied"
 
     def _apply_free(self, c: Command, row: Row | None, position: Position | None) -> Outcome:
         """A command for a timer nothing holds up: the state machine of upsert_schedules and
