@@ -166,6 +166,8 @@ class Dlq:
 
     async def get(self, seq: int) -> DlqEntry | None:
         """The entry at this sequence, or None (never stored, replayed, purged or aged out)."""
+        if not 0 < seq < 2**64:  # JetStream's are 64-bit from 1: any other names nothing
+            return None
         try:
             raw = await self.js.get_msg(self.settings.dlq_stream, seq=seq)
         except NotFoundError:

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from worker.contract import TENANT_RE
+from worker.core.fields import identifier_problem
 from worker.ops import browse, dlq, fleet, fleet_stats, history, reads
 from worker.ops.console import bulk
 from worker.ops.console.base import Console, checked_form, console_of, field, headers, label_filter
@@ -95,6 +96,8 @@ async def search(request: Request) -> Response:
         return RedirectResponse(where, status_code=303)
     if not text:
         return RedirectResponse("/", status_code=303)
+    if identifier_problem(text, "id") is not None:  # it names no timer: nothing to look up
+        return c.page(request, "found.html", text=text, rows=[], most=browse.FOUND_MAX)
     rows = await c.db(browse.find, text)
     if len(rows) == 1:
         r = rows[0]
