@@ -34,7 +34,7 @@ from worker.config import ConsoleSettings
 from worker.errors import ConfigError
 from worker.ops import dlq, reads
 from worker.ops.console import actions, api, bulk, dlq_views, tenant_views, views
-from worker.ops.console.auth import COOKIE, RequireLogin, served_over_tls
+from worker.ops.console.auth import COOKIE, RequireLogin, TooManyGuesses, served_over_tls, too_many
 from worker.ops.console.base import Console, checked_form, console_of, headers
 
 # /login answers anyone: its body (a urlencoded form of credentials) is read up to this, no further.
@@ -51,7 +51,10 @@ async def login(request: Request) -> Response:
         return Response(status_code=413, headers=headers())
     form = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=10)
     fields = {k: (form.get(k) or [""])[0] for k in ("token", "user", "password")}
-    user = await c.throttle.check(c.proxy.source(request), lambda: c.credentials.identity(**fields))
+    try:
+        user = await c.throttle.check(c.proxy.source(request), lambda: c.credentials.identity(**fields))
+    except TooManyGuesses as exc:
+        return too_many(exc)
     if user is None:
         return c.page(request, "login.html", 401, error="not recognised", basic=basic)
     response = RedirectResponse("/", status_code=303, headers=headers())

@@ -227,9 +227,14 @@ class RequireLogin:
         except ValueError as exc:  # the proxy's header, malformed: one line, no session
             await PlainTextResponse(str(exc), status_code=400)(scope, receive, send)
             return
+        try:
+            bearer = session is None and await self._bearer(request)
+        except TooManyGuesses as exc:
+            await too_many(exc)(scope, receive, send)
+            return
         if session is not None:
             scope.setdefault("state", {})["session"] = session
-        elif await self._bearer(request):
+        elif bearer:
             scope.setdefault("state", {})["session"] = None  # a program: no forms, no CSRF
         else:
             page = request.method in ("GET", "HEAD") and not scope["path"].startswith(API)
@@ -247,6 +252,10 @@ class RequireLogin:
             self.proxy.source(request), lambda: BEARER if self.credentials.bearer(header) else None
         )
         return found is not None
+
+
+def too_many(exc: TooManyGuesses) -> Response:
+    return PlainTextResponse(str(exc), status_code=429, headers={"Retry-After": f"{exc.retry_after_s:.0f}"})
 
 
 def csrf_ok(request: Request, posted: object) -> bool:
@@ -269,6 +278,14 @@ def served_over_tls(request: Request) -> bool:
     return forwarded_proto == "https" or "proto=https" in forwarded.split(";")
 
 
+class TooManyGuesses(Exception):
+    """A source past its free guesses already has MAX_WAITING waiting: refused unchecked."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"too many guesses waiting; retry in {retry_after_s:.0f} s")
+        self.retry_after_s = retry_after_s
+
+
 class GuessThrottle:
     """Wrong guesses at a secret (a login's, a bearer token's), per source (ProxyIdentity.source).
     The secret is always checked first and a right one always gets in. A source's first FREE wrong
@@ -283,6 +300,9 @@ class GuessThrottle:
 
     FREE = 10
     MAX_WAIT_S = 60.0
+    # Guesses of a source past FREE that may wait their turn: more are refused unchecked (429), so
+    # a right secret from that source waits at most this many holds, and no connection piles up.
+    MAX_WAITING = 2
     FORGET_S = 3600.0
     MAX_KEYS = 10_000
 
@@ -298,7 +318,10 @@ class GuessThrottle:
 
     async def check(self, source: str, check: Callable[[], T | None]) -> T | None:
         """`check()` (who the secret names, or None) in this source's turn; a None answered only
-        after the source's wait."""
+        after the source's wait. TooManyGuesses, unchecked, past MAX_WAITING."""
+        failures = self._failed.get(source, (0, 0.0))[0]
+        if failures >= self.FREE and self.waiting(source) >= self.MAX_WAITING:
+            raise TooManyGuesses(max(1.0, self.wait_s(source)))
         async with self._turn(source):
             # A hold cut short (its request cancelled) still holds the guess after it.
             await self._hold(source)

@@ -3,6 +3,9 @@ may hold is bounded, whatever a client sends; who is an operator."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,7 +13,14 @@ from pydantic import SecretStr
 
 from worker.config import ConsoleSettings
 from worker.errors import ConfigError
-from worker.ops.console.auth import MAX_GROUPS, MAX_NAME_CHARS, Roles, proxied_identity
+from worker.ops.console.auth import (
+    MAX_GROUPS,
+    MAX_NAME_CHARS,
+    GuessThrottle,
+    Roles,
+    TooManyGuesses,
+    proxied_identity,
+)
 from worker.settings import load_console_settings
 
 TOKEN = SecretStr("console-token-0123456789")
@@ -77,3 +87,33 @@ def test_proxy_settings_that_would_trust_anyone_or_nothing_are_refused_in_one_li
 def test_behind_a_proxy_the_console_needs_no_token() -> None:
     s = load_console_settings(console_user_header="X-Forwarded-User", console_trusted_proxies="127.0.0.1")
     assert s.console_token is None and [str(n) for n in s.trusted_proxies] == ["127.0.0.1/32"]
+
+
+async def test_past_its_free_guesses_a_source_may_have_only_a_few_waiting_the_rest_refused_unchecked() -> (
+    None
+):
+    now = [0.0]
+    gate, holding = asyncio.Event(), asyncio.Event()
+
+    async def held(_: float) -> None:  # a hold lasts until the test lets it go
+        holding.set()
+        await gate.wait()
+
+    throttle = GuessThrottle(clock=lambda: now[0], sleep=held)
+    throttle.FREE = 1
+    checked: list[str] = []
+
+    def wrong(name: str) -> Callable[[], None]:
+        return lambda: checked.append(name)
+
+    assert await asyncio.wait_for(throttle.check("s", wrong("first")), 1) is None  # free: at once
+    waiting = [asyncio.create_task(throttle.check("s", wrong(f"w{i}"))) for i in range(throttle.MAX_WAITING)]
+    await holding.wait()  # the first is held; the ready tasks ran in order up to their turn
+    assert throttle.waiting("s") == throttle.MAX_WAITING
+    with pytest.raises(TooManyGuesses) as refused:
+        await throttle.check("s", lambda: "token")  # even a right one: it is not checked
+    assert refused.value.retry_after_s >= 1
+    assert await throttle.check("elsewhere", lambda: "token") == "token"  # another source: at once
+    gate.set()
+    await asyncio.gather(*waiting)
+    assert checked == ["first", "w0", "w1"]
