@@ -189,6 +189,9 @@ async def console(servers: Servers, module_db: str) -> AsyncIterator[Console]:
     # Wrong guesses are the matrix's cases, not an attack: none is held.
     app.state.console.throttle.FREE = 10**9
     audit, logger = Audit(), logging.getLogger("worker.ops.console")
+    for name, known in logging.root.manager.loggerDict.items():  # a dictConfig elsewhere may disable them
+        if name.startswith("worker.ops.console") and isinstance(known, logging.Logger):
+            known.disabled = False
     logger.addHandler(audit)
     level, logger.level = logger.level, logging.INFO
     server = uvicorn.Server(uvicorn.Config(app, host="0.0.0.0", port=0, log_config=None))
